@@ -1,0 +1,89 @@
+"""The two calls most users need: benchmark a registered op, or any nn.Module class."""
+from __future__ import annotations
+
+import sys
+from typing import Any, Optional, Sequence
+
+import torch
+
+from . import ops  # noqa: F401  (registers the built-in ops)
+from .bench.job import DTYPES, BenchmarkJob
+from .bench.registry import get_op
+from .bench.runner import run
+from .bench.schema import BenchmarkResult
+from .errors import WideTesseraError
+from .ops.custom import custom_job
+
+__all__ = ["benchmark", "benchmark_custom", "resolve_device", "build_job"]
+
+
+def resolve_device(device: Optional[str]) -> str:
+    """None means CUDA when available, else CPU; anything else must exist on this machine."""
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        d = torch.device(device)
+    except (RuntimeError, TypeError):
+        d = None
+    if d is None or d.type not in ("cpu", "cuda"):
+        raise WideTesseraError(f"unknown device {device!r} (valid: cpu, cuda, cuda:N)")
+    if d.type == "cuda":
+        if not torch.cuda.is_available():
+            raise WideTesseraError(f"device {device!r}: CUDA is not available on this machine (valid here: cpu)")
+        if d.index is not None and d.index >= torch.cuda.device_count():
+            raise WideTesseraError(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return str(d)
+
+
+def _supported_dtypes(device: str) -> Sequence[str]:
+    if torch.device(device).type == "cuda" and not torch.cuda.is_bf16_supported():
+        return [d for d in DTYPES if d != "bfloat16"]
+    return list(DTYPES)
+
+
+def build_job(name: str, preset: str, device: str, **overrides: Any) -> BenchmarkJob:
+    """The op's job for `preset` with `overrides`, its dtypes limited to what `device` supports.
+
+    A preset's unsupported dtypes are dropped with a note; an explicitly asked-for one is an error.
+    """
+    job = get_op(name).benchmark_job(preset, **overrides)
+    supported = _supported_dtypes(device)
+    dtypes = job.sweep.axes.get("dtype", ())
+    unsupported = [d for d in dtypes if d not in supported]
+    if unsupported and "dtype" in overrides:
+        raise WideTesseraError(f"dtype {unsupported[0]!r} is not supported on {device} (valid: {', '.join(supported)})")
+    if unsupported:
+        print(f"[{name}] skipping {', '.join(unsupported)}: not supported on {device}", file=sys.stderr)
+        job.sweep = job.sweep.with_overrides(dtype=[d for d in dtypes if d in supported])
+    return job
+
+
+def benchmark(
+    name: str, preset: str = "full", device: Optional[str] = None, verbose: bool = True, seed: int = 0, **overrides: Any
+) -> BenchmarkResult:
+    """Benchmark a registered op: N separate calls against each wide strategy, over the preset's sweep.
+
+    `overrides` replace sweep axes, e.g. n_values=[8, 16], channels=[32], dtype=['float32'].
+    """
+    device = resolve_device(device)
+    return run(build_job(name, preset, device, **overrides), device=device, verbose=verbose, seed=seed)
+
+
+def benchmark_custom(
+    model_class: type,
+    input_shape: Sequence[int],
+    n_values: Sequence[int],
+    name: str = "custom",
+    device: Optional[str] = None,
+    verbose: bool = True,
+    dtype: str = "float32",
+    seed: int = 0,
+    **model_kwargs: Any,
+) -> BenchmarkResult:
+    """Benchmark N copies of `model_class(**model_kwargs)` made wide with torch.func.vmap.
+
+    `input_shape` is the shape of one model's input; each of the N models gets its own.
+    """
+    device = resolve_device(device)
+    job = custom_job(model_class, input_shape, n_values, name=name, dtype=dtype, **model_kwargs)
+    return run(job, device=device, verbose=verbose, seed=seed)

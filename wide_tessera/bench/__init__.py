@@ -1,0 +1,1 @@
+"""Generic benchmark machinery: nothing in this package knows about any particular op."""

@@ -1,0 +1,53 @@
+"""The human-readable summary of a result: one row per point, then the crossover per group."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, List, Optional, Sequence
+
+if TYPE_CHECKING:
+    from .schema import BenchmarkResult, PointResult
+
+__all__ = ["format_summary", "format_table"]
+
+
+def format_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Columns padded to their widest cell, two spaces apart."""
+    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
+    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in [header, *rows])
+
+
+def _cell(point: "PointResult", strategy: str) -> str:
+    check = point.checks.get(strategy)
+    if check is not None and not check.correct:
+        return "INCORRECT"
+    return f"{point.timings[strategy]:.4g} ({point.speedups[strategy]:.2f}x)"
+
+
+def _n_or_never(n: Optional[int]) -> str:
+    return "never" if n is None else str(n)
+
+
+def format_summary(result: "BenchmarkResult") -> str:
+    env = result.environment
+    axes: List[str] = list(result.points[0].params) if result.points else []
+    header = ["N", *axes, "baseline ms", *(f"{s} ms (speedup)" for s in result.strategies), "winner"]
+    rows = [
+        [str(p.n), *(str(p.params[a]) for a in axes), f"{p.timings['baseline']:.4g}",
+         *(_cell(p, s) for s in result.strategies), p.winner]
+        for p in result.points
+    ]
+    crossed = sum(g.crossover_n is not None for g in result.groups)
+    lines = [
+        f"== {result.op} (preset {result.preset}) on {env.device}: {env.device_name}, {env.threads} threads, "
+        f"timer {result.timer}, torch {env.torch_version}, {result.duration_s:.1f} s",
+        format_table(header, rows),
+        "crossover N per parameter group (smallest N from which fusing wins at every larger N):",
+        *(f"  {' '.join(f'{k}={v}' for k, v in g.params.items())}: {_n_or_never(g.crossover_n)}" for g in result.groups),
+        f"crossover_n: {_n_or_never(result.crossover_n)} ({crossed}/{len(result.groups)} groups cross) | "
+        f"recommended_threshold: {_n_or_never(result.recommended_threshold)} | best speedup: "
+        + ("none correct" if result.best_speedup is None else f"{result.best_speedup:.2f}x"),
+        "wins: " + ", ".join(f"{s} {k}" for s, k in sorted(result.strategy_wins.items(), key=lambda x: -x[1])),
+    ]
+    if result.failures:
+        lines.append(f"INCORRECT ({len(result.failures)}):")
+        lines.extend(f"  {f}" for f in result.failures)
+    return "\n".join(lines)

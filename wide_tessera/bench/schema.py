@@ -1,0 +1,176 @@
+"""Results: one point, one parameter group, one op's whole run; saved and loaded as JSON."""
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Union
+
+from dataclasses_json import dataclass_json
+
+from ..errors import WideTesseraError
+from . import analysis
+from .correctness import Check
+from .environment import Environment
+from .stats import TimingStats
+
+__all__ = ["PointResult", "GroupResult", "BenchmarkResult", "save_results", "load_results", "SCHEMA_VERSION"]
+
+SCHEMA_VERSION = 1
+
+
+@dataclass_json
+@dataclass
+class PointResult:
+    """One N at one parameter combination.
+
+    timings: strategy -> median ms per call ('baseline' included; incorrect strategies are not timed)
+    speedups: strategy -> baseline median / strategy median
+    correct: strategy -> passed the correctness check
+    best_strategy, best_speedup: the fastest correct wide strategy and its speedup (None if none is correct)
+    """
+
+    n: int
+    params: Dict[str, Any]
+    timings: Dict[str, float]
+    speedups: Dict[str, float]
+    correct: Dict[str, bool]
+    best_strategy: Optional[str]
+    best_speedup: Optional[float]
+    checks: Dict[str, Check]
+    stats: Dict[str, TimingStats]
+
+    @classmethod
+    def from_measurements(
+        cls, n: int, params: Dict[str, Any], stats: Dict[str, TimingStats], checks: Dict[str, Check]
+    ) -> "PointResult":
+        timings = {s: st.median_ms for s, st in stats.items()}
+        correct = {s: c.correct for s, c in checks.items()}
+        speedups, best, best_speedup = analysis.best_of(timings, correct)
+        return cls(n, params, timings, speedups, correct, best, best_speedup, checks, stats)
+
+    @property
+    def fused_wins(self) -> bool:
+        return self.best_speedup is not None and self.best_speedup > 1.0
+
+    @property
+    def winner(self) -> str:
+        return self.best_strategy if self.fused_wins else "baseline"
+
+
+@dataclass_json
+@dataclass
+class GroupResult:
+    """All points that share their parameters and differ in N, and where fusing starts to pay."""
+
+    params: Dict[str, Any]
+    n_values: List[int]
+    crossover_n: Optional[int]
+
+
+@dataclass_json
+@dataclass
+class BenchmarkResult:
+    """One op's benchmark. The crossover and threshold rules are in `wide_tessera.bench.analysis`."""
+
+    op: str
+    preset: str
+    strategies: List[str]
+    environment: Environment
+    timer: str
+    seed: int
+    duration_s: float
+    points: List[PointResult]
+    groups: List[GroupResult]
+    crossover_n: Optional[int]
+    recommended_threshold: Optional[int]
+    strategy_wins: Dict[str, int]
+    best_speedup: Optional[float]
+    schema_version: int = SCHEMA_VERSION
+
+    @classmethod
+    def from_points(cls, points: List[PointResult], **run_info: Any) -> "BenchmarkResult":
+        groups: Dict[str, List[PointResult]] = {}
+        for p in points:
+            groups.setdefault(json.dumps(p.params, sort_keys=True), []).append(p)
+        group_results = [
+            GroupResult(
+                params=ps[0].params,
+                n_values=[p.n for p in ps],
+                crossover_n=analysis.group_crossover([(p.n, p.fused_wins) for p in ps]),
+            )
+            for ps in groups.values()
+        ]
+        crossovers = [g.crossover_n for g in group_results]
+        speedups = [p.best_speedup for p in points if p.best_speedup is not None]
+        return cls(
+            points=points,
+            groups=group_results,
+            crossover_n=analysis.overall_crossover(crossovers),
+            recommended_threshold=analysis.recommended_threshold(crossovers),
+            strategy_wins=dict(Counter(p.winner for p in points)),
+            best_speedup=max(speedups) if speedups else None,
+            **run_info,
+        )
+
+    @property
+    def device(self) -> str:
+        return self.environment.device
+
+    @property
+    def failures(self) -> List[str]:
+        """One line per strategy that failed its correctness check, with the reason."""
+        return [
+            f"N={p.n} {_params_text(p.params)} {s}: {c.error}"
+            for p in self.points
+            for s, c in p.checks.items()
+            if not c.correct
+        ]
+
+    @property
+    def all_correct(self) -> bool:
+        return not self.failures
+
+    def summary(self) -> str:
+        from .report import format_summary
+
+        return format_summary(self)
+
+    def save(self, path: Union[str, Path]) -> None:
+        save_results([self], path)
+
+    @classmethod
+    def load(cls, path: Union[str, Path]) -> "BenchmarkResult":
+        results = load_results(path)
+        if len(results) != 1:
+            raise WideTesseraError(
+                f"{path}: holds {len(results)} results; read it with wide_tessera.load_results"
+            )
+        return results[0]
+
+
+def _params_text(params: Dict[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in params.items())
+
+
+def save_results(results: Sequence[BenchmarkResult], path: Union[str, Path]) -> None:
+    """Write results to one JSON file (the format `load_results` reads)."""
+    doc = {"schema_version": SCHEMA_VERSION, "results": [r.to_dict() for r in results]}
+    Path(path).write_text(json.dumps(doc, indent=1, allow_nan=False) + "\n")
+
+
+def load_results(path: Union[str, Path]) -> List[BenchmarkResult]:
+    """Read every result from a file written by `save_results`, `result.save` or `wide_tessera benchmark -o`."""
+    try:
+        doc = json.loads(Path(path).read_text())
+        version = doc["schema_version"]
+        if version != SCHEMA_VERSION:
+            raise WideTesseraError(f"{path}: schema version {version!r}; this wide_tessera reads {SCHEMA_VERSION}")
+        return [BenchmarkResult.from_dict(r) for r in doc["results"]]
+    except WideTesseraError:
+        raise
+    except OSError as e:
+        raise WideTesseraError(f"{path}: cannot read ({e.strerror})") from None
+    except (ValueError, KeyError, TypeError) as e:
+        raise WideTesseraError(f"{path}: not a wide_tessera results file ({type(e).__name__}: {e})") from None

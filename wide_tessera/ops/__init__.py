@@ -1,0 +1,9 @@
+"""The built-in ops; importing this package registers them."""
+# Registration order is the order `wide_tessera list` and `--all` use.
+from .gemm import WideLinear  # isort: skip
+from .conv import WideConv1d, WideConv2d  # isort: skip
+from .attention import AttentionBlock, WideAttention  # isort: skip
+from .base import WideOp
+from .custom import WideFunctional
+
+__all__ = ["WideOp", "WideLinear", "WideConv1d", "WideConv2d", "AttentionBlock", "WideAttention", "WideFunctional"]

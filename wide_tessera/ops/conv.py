@@ -1,0 +1,156 @@
+"""N independent Conv1d/Conv2d layers as one grouped convolution (or a vmap over stacked weights)."""
+from __future__ import annotations
+
+from typing import Any, Callable, ClassVar, List, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..bench.job import SweepParams
+from ..bench.registry import register
+from ..errors import WideTesseraError
+from .base import WideOp, shared_config
+
+__all__ = ["WideConv1d", "WideConv2d"]
+
+
+class _WideConvNd(WideOp, nn.Module):
+    """N convolutions. Wide layout: channels of the N models side by side, [B, N*C, *spatial].
+
+    The weights are stored as one grouped-conv weight [N*C_out, C_in, *k], which
+    every strategy can view as [N, C_out, C_in, *k] without a copy.
+    """
+
+    CONV: ClassVar[Callable[..., torch.Tensor]]
+    MODULE: ClassVar[type]
+
+    def __init__(
+        self,
+        n: int,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: Any,
+        stride: Any = 1,
+        padding: Any = 0,
+        dilation: Any = 1,
+        bias: bool = True,
+        strategy: Optional[str] = None,
+    ):
+        super().__init__()
+        self.n, self.in_channels, self.out_channels = n, in_channels, out_channels
+        self.stride, self.padding, self.dilation = stride, padding, dilation
+        self.strategy = self.check_strategy(strategy)
+        shape = (n * out_channels, in_channels, *self.MODULE(1, 1, kernel_size).kernel_size)
+        self.weight = nn.Parameter(torch.empty(shape, memory_format=self._memory_format()))
+        self.bias = nn.Parameter(torch.empty(n * out_channels)) if bias else None
+
+    def _memory_format(self) -> torch.memory_format:
+        return torch.channels_last if self.strategy == "channels_last" else torch.contiguous_format
+
+    @classmethod
+    def from_modules(cls, modules: Sequence[nn.Module], strategy: Optional[str] = None) -> "_WideConvNd":
+        config = shared_config(modules, cls.MODULE, _describe_conv)
+        if config.pop("groups") != 1 or config.pop("padding_mode") != "zeros":
+            raise WideTesseraError(f"{cls.__name__} fuses only groups=1, padding_mode='zeros' convolutions")
+        ref = modules[0].weight
+        wide = cls(len(modules), strategy=strategy, **config).to(device=ref.device, dtype=ref.dtype)
+        with torch.no_grad():
+            wide.weight.copy_(torch.cat([m.weight for m in modules]))
+            if wide.bias is not None:
+                wide.bias.copy_(torch.cat([m.bias for m in modules]))
+        return wide
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.strategy == "vmap":
+            return self._vmap_forward(x)
+        return type(self).CONV(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.n)
+
+    def _vmap_forward(self, x: torch.Tensor) -> torch.Tensor:
+        conv = type(self).CONV
+
+        def one(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor]) -> torch.Tensor:
+            return conv(x, w, b, self.stride, self.padding, self.dilation)
+
+        w = self.weight.unflatten(0, (self.n, self.out_channels))
+        b = None if self.bias is None else self.bias.unflatten(0, (self.n, self.out_channels))
+        y = torch.func.vmap(one, in_dims=(1, 0, None if b is None else 0), out_dims=1)(
+            x.unflatten(1, (self.n, self.in_channels)), w, b
+        )
+        return y.flatten(1, 2)
+
+    def pack(self, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
+        return torch.cat(list(inputs), dim=1).contiguous(memory_format=self._memory_format())
+
+    def unpack(self, output: torch.Tensor) -> List[torch.Tensor]:
+        return list(output.unflatten(1, (self.n, self.out_channels)).unbind(1))
+
+
+def _describe_conv(m: nn.Module) -> dict:
+    return dict(
+        in_channels=m.in_channels,
+        out_channels=m.out_channels,
+        kernel_size=m.kernel_size,
+        stride=m.stride,
+        padding=m.padding,
+        dilation=m.dilation,
+        bias=m.bias is not None,
+        groups=m.groups,
+        padding_mode=m.padding_mode,
+    )
+
+
+@register("conv1d")
+class WideConv1d(_WideConvNd):
+    """N Conv1d. Strategies: 'grouped' (one conv with groups=N), 'vmap' (torch.func.vmap over the weights)."""
+
+    CONV = F.conv1d
+    MODULE = nn.Conv1d
+    BENCHMARK_STRATEGIES = ("grouped", "vmap")
+    BENCHMARK_SWEEPS = {
+        "ci": SweepParams.of([1, 4, 16], batch=[4], channels=[32], kernel_size=[3], length=[256], dtype=["float32"]),
+        "quick": SweepParams.of(
+            [1, 2, 4, 8, 16, 32], batch=[8], channels=[32, 64], kernel_size=[3], length=[256],
+            dtype=["float32", "bfloat16"],
+        ),
+        "full": SweepParams.of(
+            [1, 2, 4, 8, 16, 32, 64], batch=[8, 32], channels=[32, 64, 128], kernel_size=[1, 3, 7],
+            length=[256, 1024], dtype=["float32", "bfloat16", "float16"],
+        ),
+    }
+
+    @classmethod
+    def bench_model(cls, channels: int, kernel_size: int, **_: Any) -> nn.Module:
+        return nn.Conv1d(channels, channels, kernel_size, padding=kernel_size // 2)
+
+    @classmethod
+    def bench_inputs(cls, n: int, batch: int, channels: int, length: int, **_: Any) -> List[torch.Tensor]:
+        return [torch.randn(batch, channels, length) for _ in range(n)]
+
+
+@register("conv2d")
+class WideConv2d(_WideConvNd):
+    """N Conv2d. Strategies: 'grouped', 'channels_last' (grouped, NHWC memory layout), 'vmap'."""
+
+    CONV = F.conv2d
+    MODULE = nn.Conv2d
+    BENCHMARK_STRATEGIES = ("grouped", "channels_last", "vmap")
+    BENCHMARK_SWEEPS = {
+        "ci": SweepParams.of([1, 4, 16], batch=[2], channels=[16], kernel_size=[3], size=[16], dtype=["float32"]),
+        "quick": SweepParams.of(
+            [1, 2, 4, 8, 16], batch=[4], channels=[16, 32], kernel_size=[3], size=[32],
+            dtype=["float32", "bfloat16"],
+        ),
+        "full": SweepParams.of(
+            [1, 2, 4, 8, 16, 32], batch=[8, 32], channels=[32, 64], kernel_size=[1, 3], size=[32, 64],
+            dtype=["float32", "bfloat16", "float16"],
+        ),
+    }
+
+    @classmethod
+    def bench_model(cls, channels: int, kernel_size: int, **_: Any) -> nn.Module:
+        return nn.Conv2d(channels, channels, kernel_size, padding=kernel_size // 2)
+
+    @classmethod
+    def bench_inputs(cls, n: int, batch: int, channels: int, size: int, **_: Any) -> List[torch.Tensor]:
+        return [torch.randn(batch, channels, size, size) for _ in range(n)]
