@@ -1,0 +1,87 @@
+"""Speedups, winners, crossover and threshold on synthetic timings with known answers."""
+from wide_tessera import BenchmarkResult, PointResult, TimingStats
+from wide_tessera.bench import analysis
+from wide_tessera.bench.correctness import Check
+from wide_tessera.bench.environment import capture_environment
+
+
+def point(n, params, baseline_ms, strategy_ms, correct=None):
+    """A PointResult from medians: one sample per strategy, so each median is exactly the given value."""
+    correct = correct or {}
+    stats = {"baseline": TimingStats.from_samples([baseline_ms], "synthetic")}
+    stats.update({s: TimingStats.from_samples([ms], "synthetic") for s, ms in strategy_ms.items()})
+    checks = {s: Check(correct.get(s, True), 0.0, 1e-4, None if correct.get(s, True) else "wrong") for s in strategy_ms}
+    return PointResult.from_measurements(n, params, stats, checks)
+
+
+def result(points):
+    return BenchmarkResult.from_points(
+        points, op="synthetic", preset="test", strategies=["a", "b"], environment=capture_environment("cpu"),
+        timer="synthetic", seed=0, duration_s=0.0,
+    )
+
+
+def test_best_is_fastest_correct_strategy():
+    p = point(4, {}, 10.0, {"a": 5.0, "b": 2.0}, correct={"b": False})
+    assert p.speedups == {"a": 2.0, "b": 5.0}
+    assert (p.best_strategy, p.best_speedup, p.winner) == ("a", 2.0, "a")
+
+
+def test_no_correct_strategy_means_no_best():
+    p = point(4, {}, 10.0, {"a": 5.0}, correct={"a": False})
+    assert (p.best_strategy, p.best_speedup, p.winner) == (None, None, "baseline")
+
+
+def test_slower_best_strategy_leaves_baseline_the_winner():
+    p = point(2, {}, 1.0, {"a": 2.0, "b": 4.0})
+    assert (p.best_strategy, p.best_speedup, p.winner) == ("a", 0.5, "baseline")
+
+
+def test_crossover_is_smallest_n_from_which_every_larger_n_wins():
+    assert analysis.group_crossover([(1, False), (2, True), (4, True), (8, True)]) == 2
+    assert analysis.group_crossover([(8, True), (1, False), (4, True)]) == 4  # order of points does not matter
+    assert analysis.group_crossover([(1, True), (2, True)]) == 1
+
+
+def test_group_that_crosses_and_falls_back_has_not_crossed_at_the_earlier_n():
+    # wins at N=2 and 4, loses at 8, wins again at 16: the crossover is 16, not 2
+    assert analysis.group_crossover([(1, False), (2, True), (4, True), (8, False), (16, True)]) == 16
+    # falling back at the largest N means the group never crosses
+    assert analysis.group_crossover([(1, False), (2, True), (4, False)]) is None
+
+
+def test_overall_crossover_is_the_median_group_and_threshold_covers_every_crossing_group():
+    assert analysis.overall_crossover([2, 4, 8]) == 4
+    assert analysis.overall_crossover([2, None, None]) is None  # fewer than half cross
+    assert analysis.overall_crossover([2, 16, None]) == 16
+    assert analysis.overall_crossover([]) is None
+    assert analysis.recommended_threshold([2, 16, None]) == 16
+    assert analysis.recommended_threshold([None, None]) is None
+
+
+def test_result_is_grouped_by_params_not_pooled():
+    lucky = {"size": 1}
+    unlucky = {"size": 2}
+    r = result([
+        point(2, lucky, 10.0, {"a": 1.0, "b": 20.0}),     # lucky group wins everywhere
+        point(4, lucky, 10.0, {"a": 1.0, "b": 20.0}),
+        point(2, unlucky, 1.0, {"a": 2.0, "b": 3.0}),     # unlucky group never wins
+        point(4, unlucky, 1.0, {"a": 2.0, "b": 3.0}),
+    ])
+    assert [(g.params, g.crossover_n) for g in r.groups] == [(lucky, 2), (unlucky, None)]
+    assert r.crossover_n == 2  # lower median of [2, inf]: half the groups cross from N=2
+    assert r.recommended_threshold == 2
+    assert r.strategy_wins == {"a": 2, "baseline": 2}
+    assert r.best_speedup == 10.0
+
+
+def test_incorrect_strategy_never_wins_nor_moves_the_crossover():
+    r = result([
+        point(2, {}, 10.0, {"a": 20.0, "b": 1.0}, correct={"b": False}),
+        point(4, {}, 10.0, {"a": 5.0, "b": 1.0}, correct={"b": False}),
+    ])
+    assert r.crossover_n == 4
+    assert "b" not in r.strategy_wins
+    assert r.best_speedup == 2.0
+    assert len(r.failures) == 2 and all(" b: wrong" in f for f in r.failures)
+    assert "INCORRECT" in r.summary()

@@ -1,0 +1,157 @@
+"""The Python API as a user calls it: benchmark, benchmark_custom, measure, save/load, bad input."""
+import json
+import time
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import wide_tessera
+from wide_tessera import BenchmarkResult, WideTesseraError, benchmark, benchmark_custom, load_results, measure
+from wide_tessera.bench import runner
+from wide_tessera.bench.schema import save_results
+
+
+@pytest.fixture(autouse=True)
+def _fast_runs(monkeypatch, fast_timing):
+    """benchmark() takes no timing config; shorten the runner's default for these tests."""
+    monkeypatch.setattr(runner, "TimingConfig", lambda: fast_timing)
+
+
+class Expert(nn.Module):
+    def __init__(self, d=16, hidden=32):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(d, hidden), nn.Linear(hidden, d)
+
+    def forward(self, x):
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+class NormedConv(nn.Module):
+    """Has buffers (BatchNorm running stats), which must be stacked too."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.norm = nn.Conv1d(4, 4, 3, padding=1), nn.BatchNorm1d(4)
+        self.norm.running_mean.uniform_(-1, 1)
+
+    def forward(self, x):
+        return self.norm(self.conv(x))
+
+
+def test_benchmark_overrides_replace_sweep_values():
+    r = benchmark("conv1d", preset="ci", device="cpu", verbose=False, n_values=[2, 3], channels=[4], length=16)
+    assert [p.n for p in r.points] == [2, 3]
+    assert all(p.params["channels"] == 4 and p.params["length"] == 16 for p in r.points)
+    assert r.op == "conv1d" and r.preset == "ci" and r.device == "cpu" and r.all_correct
+
+
+def test_alias_and_default_device():
+    r = benchmark("linear", preset="ci", verbose=False, n_values=[2])
+    assert r.op == "gemm"
+    assert r.device == ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@pytest.mark.parametrize("model,shape,kwargs", [(Expert, (5, 16), {"hidden": 24}), (NormedConv, (2, 4, 10), {})])
+def test_benchmark_custom_fuses_any_module(model, shape, kwargs):
+    r = benchmark_custom(model, shape, [1, 3], device="cpu", verbose=False, **kwargs)
+    assert r.op == "custom" and r.strategies == ["vmap"]
+    assert [p.n for p in r.points] == [1, 3]
+    assert all(p.correct == {"vmap": True} for p in r.points)
+
+
+def test_benchmark_custom_reports_a_module_vmap_cannot_run():
+    class Noisy(nn.Module):
+        """Draws random numbers in forward, which torch.func.vmap refuses by default."""
+
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(4))
+
+        def forward(self, x):
+            return x * self.w + torch.randn(x.shape)
+
+    r = benchmark_custom(Noisy, (2, 4), [2], verbose=False, device="cpu")
+    assert r.points[0].correct == {"vmap": False}
+    assert "randomness" in r.points[0].checks["vmap"].error
+    assert r.best_speedup is None and r.strategy_wins == {"baseline": 1} and not r.all_correct
+
+
+def test_save_load_round_trip_is_exact(tmp_path):
+    r = benchmark("gemm", preset="ci", device="cpu", verbose=False, n_values=[1, 2])
+    path = tmp_path / "r.json"
+    r.save(path)
+    loaded = BenchmarkResult.load(path)
+    assert loaded == r
+    assert loaded.summary() == r.summary()
+    doc = json.loads(path.read_text())
+    assert doc["schema_version"] == 1 and doc["results"][0]["points"][0]["timings"]["baseline"] > 0
+
+
+def test_load_results_reads_a_multi_op_file(tmp_path):
+    rs = [benchmark(op, preset="ci", device="cpu", verbose=False, n_values=[1]) for op in ("gemm", "conv2d")]
+    save_results(rs, tmp_path / "all.json")
+    assert load_results(tmp_path / "all.json") == rs
+    with pytest.raises(WideTesseraError, match="holds 2 results; read it with wide_tessera.load_results"):
+        BenchmarkResult.load(tmp_path / "all.json")
+
+
+@pytest.mark.parametrize(
+    "content,match", [("{", "not a wide_tessera results file"), ('{"schema_version": 99}', "schema version 99")]
+)
+def test_load_rejects_bad_files(tmp_path, content, match):
+    path = tmp_path / "bad.json"
+    path.write_text(content)
+    with pytest.raises(WideTesseraError, match=match):
+        load_results(path)
+
+
+def test_measure_keeps_samples_and_statistics():
+    stats = measure(lambda: torch.ones(64).sum(), device="cpu")
+    assert stats.timer == "cpu_perf_counter"
+    assert stats.n_samples == len(stats.samples_ms) >= 7
+    assert stats.calls_per_sample > 1  # a microsecond call is looped so timer overhead is negligible
+    assert stats.min_ms <= stats.median_ms <= stats.max_ms and stats.iqr_ms >= 0 and stats.std_ms >= 0
+
+
+def test_measure_is_not_fooled_about_a_known_duration():
+    stats = measure(lambda: time.sleep(0.002), device="cpu")
+    assert 2.0 <= stats.median_ms < 20.0
+
+
+def test_timing_stats_from_known_samples():
+    stats = wide_tessera.TimingStats.from_samples([1.0, 2.0, 3.0, 4.0, 100.0], "t")
+    assert (stats.median_ms, stats.min_ms, stats.max_ms, stats.mean_ms) == (3.0, 1.0, 100.0, 22.0)
+    assert stats.iqr_ms == 2.0  # 4 - 2 with linear interpolation
+
+
+@pytest.mark.parametrize(
+    "call,match",
+    [
+        (lambda: benchmark("conv1", preset="ci"), "unknown op 'conv1'; did you mean 'conv1d'"),
+        (lambda: benchmark("gemm", preset="fast"), "unknown preset for gemm 'fast'.*valid: ci, quick, full"),
+        (lambda: benchmark("gemm", preset="ci", chanels=[4]), "unknown sweep axis 'chanels'.*in_features"),
+        (lambda: benchmark("gemm", preset="ci", n_values=[0, 4]), "n_values: 0 is not a positive integer"),
+        (lambda: benchmark("gemm", preset="ci", n_values=[2.5]), "n_values: 2.5 is not a positive integer"),
+        (lambda: benchmark("gemm", preset="ci", n_values=[]), "n_values: empty list"),
+        (lambda: benchmark("gemm", preset="ci", batch=[-3]), "batch: -3 is not a positive integer"),
+        (lambda: benchmark("gemm", preset="ci", dtype=["float64"]), "unknown dtype 'float64'"),
+        (lambda: benchmark("flash_attention", preset="ci", causal=["yes"]), "causal: 'yes' is not True or False"),
+        (lambda: benchmark("gemm", preset="ci", device="tpu"), "unknown device 'tpu'"),
+        (lambda: benchmark_custom(Expert, (5, 17), [2]), r"input_shape \(5, 17\) does not fit Expert"),
+        (lambda: benchmark_custom(Expert, (5, 0), [2]), "input_shape must be a non-empty tuple of positive ints"),
+        (lambda: benchmark_custom(Expert, (5, 16), [-1]), "n_values: -1 is not a positive integer"),
+        (lambda: benchmark_custom(Expert, (5, 16), [2], width=3), r"cannot build Expert\(\*\*\{'width': 3\}\)"),
+        (lambda: benchmark_custom("Expert", (5, 16), [2]), "model_class must be an nn.Module subclass"),
+    ],
+)
+def test_bad_input_names_the_bad_value(call, match):
+    with pytest.raises(WideTesseraError, match=match):
+        call()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without CUDA")
+def test_cuda_without_cuda_is_a_clear_error():
+    with pytest.raises(WideTesseraError, match="CUDA is not available on this machine"):
+        benchmark("gemm", preset="ci", device="cuda")

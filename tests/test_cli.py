@@ -1,0 +1,121 @@
+"""The command line end to end, through click's test runner."""
+import subprocess
+import sys
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from wide_tessera import load_results, register
+from wide_tessera.bench import runner
+from wide_tessera.bench.registry import REGISTRY
+from wide_tessera.cli import cli, parse_override
+from wide_tessera.errors import WideTesseraError
+
+from .test_runner import SometimesWrongLinear
+
+
+@pytest.fixture(autouse=True)
+def _fast_runs(monkeypatch, fast_timing):
+    monkeypatch.setattr(runner, "TimingConfig", lambda: fast_timing)
+
+
+def invoke(*args):
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+
+def test_list_shows_every_op_with_strategies_presets_and_axes():
+    r = invoke("list")
+    assert r.exit_code == 0
+    for op in ("gemm (alias: linear)", "conv1d", "conv2d", "flash_attention"):
+        assert op in r.output
+    assert "strategies: baseline, grouped, channels_last, vmap" in r.output
+    assert "kernel_size=" in r.output and "quick" in r.output
+
+
+def test_benchmark_writes_a_loadable_file_with_every_result(tmp_path):
+    out = tmp_path / "results.json"
+    r = invoke("benchmark", "conv1d", "conv2d", "--preset", "ci", "--device", "cpu", "--n-values", "1,2", "-o", str(out))
+    assert r.exit_code == 0, r.output
+    assert "== conv1d (preset ci) on cpu" in r.stdout and "== conv2d" in r.stdout
+    assert "crossover_n:" in r.stdout
+    assert "[conv1d] 1/2 N=1" in r.stderr  # progress on stderr
+    results = load_results(out)
+    assert [x.op for x in results] == ["conv1d", "conv2d"]
+    assert [p.n for p in results[0].points] == [1, 2]
+    show = invoke("show", str(out))
+    assert show.exit_code == 0 and show.stdout.count("== conv") == 2
+
+
+def test_set_and_quiet(tmp_path):
+    r = invoke("benchmark", "gemm", "--preset", "ci", "--device", "cpu", "--quiet", "--n-values", "2",
+               "--set", "batch=3", "--set", "dtype=float32,bfloat16")
+    assert r.exit_code == 0, r.output
+    assert r.stderr == ""
+    assert "bfloat16" in r.stdout and " 3 " in r.stdout
+
+
+def test_all_runs_every_op(tmp_path):
+    out = tmp_path / "all.json"
+    r = invoke("benchmark", "--all", "--preset", "ci", "--device", "cpu", "--n-values", "1", "--quiet", "-o", str(out))
+    assert r.exit_code == 0, r.output
+    assert [x.op for x in load_results(out)] == ["gemm", "conv1d", "conv2d", "flash_attention"]
+
+
+def test_incorrect_strategy_makes_the_exit_status_nonzero():
+    register("test_cli_wrong")(SometimesWrongLinear)
+    try:
+        r = invoke("benchmark", "test_cli_wrong", "--preset", "test", "--device", "cpu", "--n-values", "2")
+    finally:
+        del REGISTRY["test_cli_wrong"]
+    assert r.exit_code == 1
+    assert "INCORRECT" in r.stdout
+    assert "2 incorrect strategy result(s)" in r.stderr and "raises: RuntimeError: kernel exploded" in r.stderr
+
+
+BAD = [
+    (["benchmark", "gemn", "--preset", "ci"], "unknown op 'gemn'; did you mean 'gemm'"),
+    (["benchmark", "--preset", "ci"], "name one or more ops, or give --all"),
+    (["benchmark", "gemm", "--all"], "name one or more ops, or give --all"),
+    (["benchmark", "gemm", "--preset", "huge"], "unknown preset for gemm 'huge'"),
+    (["benchmark", "gemm", "--preset", "ci", "--n-values", "4,x"], "n_values: 'x' is not a positive integer"),
+    (["benchmark", "gemm", "--preset", "ci", "--n-values", "0"], "n_values: 0 is not a positive integer"),
+    (["benchmark", "gemm", "--preset", "ci", "--set", "chanels=4"], "unknown sweep axis 'chanels'"),
+    (["benchmark", "gemm", "--preset", "ci", "--set", "batch"], "--set 'batch': expected AXIS=V1,V2"),
+    (["benchmark", "gemm", "--preset", "ci", "--set", "dtype=fp8"], "unknown dtype 'fp8'"),
+    (["benchmark", "gemm", "--preset", "ci", "--device", "npu"], "unknown device 'npu'"),
+    (["benchmark", "gemm", "--preset", "ci", "-o", "/nonexistent/dir/r.json"], "folder '/nonexistent/dir' does not exist"),
+    (["show", "/nonexistent.json"], "/nonexistent.json: cannot read"),
+]
+if not torch.cuda.is_available():
+    BAD.append((["benchmark", "gemm", "--preset", "ci", "--device", "cuda"], "CUDA is not available on this machine"))
+
+
+@pytest.mark.parametrize("args,message", BAD)
+def test_bad_input_exits_2_with_one_clear_line(args, message):
+    r = CliRunner().invoke(cli, args)
+    assert r.exit_code == 2, r.output
+    assert message in r.output
+    assert "Traceback" not in r.output
+    assert isinstance(r.exception, SystemExit)  # click's clean exit, not an escaped error
+
+
+def test_output_that_is_a_directory_is_refused(tmp_path):
+    r = CliRunner().invoke(cli, ["benchmark", "gemm", "--preset", "ci", "-o", str(tmp_path)])
+    assert r.exit_code == 2 and "is a directory" in r.output
+
+
+def test_parse_override():
+    assert parse_override("channels=32,64") == ("channels", [32, 64])
+    assert parse_override("causal=true,False") == ("causal", [True, False])
+    assert parse_override(" dtype = float32 ") == ("dtype", ["float32"])
+    with pytest.raises(WideTesseraError, match="expected AXIS=V1,V2"):
+        parse_override("=3")
+
+
+def test_python_dash_m_works():
+    r = subprocess.run([sys.executable, "-m", "wide_tessera", "list"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "flash_attention" in r.stdout
+    r = subprocess.run([sys.executable, "-m", "wide_tessera", "benchmark", "gemm", "--preset", "nope"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "unknown preset" in r.stderr and "Traceback" not in r.stderr

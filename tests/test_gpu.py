@@ -1,0 +1,25 @@
+"""The CUDA path: device timers and every op on the GPU. Skipped where there is no CUDA device."""
+import pytest
+import torch
+
+from wide_tessera import benchmark, measure
+from wide_tessera.bench.timing import cuda_timer_name
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device; this machine has none"),
+]
+
+
+def test_measure_uses_a_device_timer():
+    a = torch.randn(1024, 1024, device="cuda")
+    stats = measure(lambda: a @ a, device="cuda")
+    assert stats.timer == cuda_timer_name() and stats.timer in ("triton_do_bench", "cuda_event")
+    assert stats.n_samples >= 7 and 0 < stats.min_ms <= stats.median_ms
+
+
+@pytest.mark.parametrize("op", ["gemm", "conv1d", "conv2d", "flash_attention"])
+def test_every_op_is_correct_on_cuda_in_every_preset_dtype(op):
+    r = benchmark(op, preset="quick", device="cuda", verbose=False, n_values=[1, 4])
+    assert r.device == "cuda" and r.all_correct, r.failures
+    assert len({p.params["dtype"] for p in r.points}) >= 2

@@ -1,0 +1,89 @@
+"""Every strategy of every built-in op computes what N separate calls compute."""
+import random
+
+import pytest
+import torch
+from torch import nn
+
+from wide_tessera import REGISTRY, AttentionBlock, WideAttention, WideConv1d, WideConv2d, WideLinear, WideTesseraError
+from wide_tessera.bench.correctness import check_outputs, tolerance
+from wide_tessera.bench.job import DTYPES
+from wide_tessera.bench.registry import op_names
+
+
+def random_params(op: str, rng: random.Random) -> dict:
+    """Small random shapes for `op`, drawn from axes its bench factories understand."""
+    if op == "gemm":
+        return dict(batch=rng.randint(1, 9), in_features=rng.randint(1, 40), out_features=rng.randint(1, 40))
+    if op in ("conv1d", "conv2d"):
+        size = dict(length=rng.randint(5, 40)) if op == "conv1d" else dict(size=rng.randint(5, 12))
+        return dict(batch=rng.randint(1, 4), channels=rng.randint(1, 9), kernel_size=rng.choice([1, 3, 5]), **size)
+    heads = rng.choice([1, 2, 4])
+    return dict(
+        batch=rng.randint(1, 3), seq_len=rng.randint(1, 33), d_model=heads * rng.randint(2, 9), heads=heads,
+        causal=rng.choice([False, True]),
+    )
+
+
+CASES = [
+    (op, strategy, dtype, seed)
+    for op in op_names()
+    for strategy in REGISTRY[op].BENCHMARK_STRATEGIES
+    for dtype in DTYPES
+    for seed in range(3)
+]
+
+
+@pytest.mark.parametrize("op,strategy,dtype,seed", CASES)
+def test_strategy_matches_separate_calls(op, strategy, dtype, seed):
+    rng = random.Random(seed)
+    params = random_params(op, rng)
+    n = rng.randint(1, 6)
+    cls = REGISTRY[op]
+    torch_dtype = DTYPES[dtype]
+    modules = [cls.bench_model(**params).to(torch_dtype).eval() for _ in range(n)]
+    inputs = [x.to(torch_dtype) for x in cls.bench_inputs(n, **params)]
+    with torch.no_grad():
+        reference = [m(x) for m, x in zip(modules, inputs)]
+        wide = cls.from_modules(modules, strategy)
+        outputs = wide.unpack(wide(wide.pack(inputs)))
+    check = check_outputs(outputs, reference, tolerance(torch_dtype, "cpu"))
+    assert check.correct, (params, n, check)
+
+
+def test_wide_modules_are_usable_modules():
+    """A user can build a wide module directly, move it, and read its parameters."""
+    wide = WideLinear(3, 8, 4)
+    assert isinstance(wide, nn.Module)
+    assert sorted(n for n, _ in wide.named_parameters()) == ["bias", "weight"]
+    assert wide.to(torch.float64).weight.dtype == torch.float64
+    assert WideConv2d(2, 3, 5, 3, strategy="channels_last").weight.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_attention_block_is_causal_when_asked():
+    block = AttentionBlock(8, 2, causal=True).eval()
+    x = torch.randn(1, 5, 8)
+    changed = x.clone()
+    changed[:, -1] += 1.0  # the last token must not influence earlier positions
+    with torch.no_grad():
+        assert torch.allclose(block(x)[:, :-1], block(changed)[:, :-1])
+        assert not torch.allclose(block(x)[:, -1], block(changed)[:, -1])
+
+
+@pytest.mark.parametrize(
+    "make,match",
+    [
+        (lambda: WideLinear.from_modules([]), "at least one module"),
+        (lambda: WideLinear.from_modules([nn.Linear(4, 4), nn.Linear(4, 5)]), "out_features=5"),
+        (lambda: WideLinear.from_modules([nn.Linear(4, 4), nn.Linear(4, 4, bias=False)]), "bias=False"),
+        (lambda: WideLinear.from_modules([nn.Conv1d(4, 4, 3)]), "Conv1d; expected Linear"),
+        (lambda: WideLinear.from_modules([nn.Linear(4, 4)], "fast"), "unknown strategy for gemm 'fast'"),
+        (lambda: WideConv1d.from_modules([nn.Conv1d(4, 4, 3, groups=2)]), "groups=1"),
+        (lambda: WideConv2d.from_modules([nn.Conv2d(4, 4, 3), nn.Conv2d(4, 4, 5)]), "kernel_size=\\(5, 5\\)"),
+        (lambda: WideAttention.from_modules([AttentionBlock(8, 2), AttentionBlock(8, 2, causal=True)]), "causal=True"),
+        (lambda: AttentionBlock(10, 4), "d_model=10 is not divisible by heads=4"),
+    ],
+)
+def test_from_modules_rejects_unlike_modules(make, match):
+    with pytest.raises(WideTesseraError, match=match):
+        make()

@@ -1,0 +1,85 @@
+"""The generic runner: distinct models, correctness first, wrong strategies caught and reported."""
+from typing import List
+
+import pytest
+import torch
+from torch import nn
+
+from wide_tessera import SweepParams, WideLinear, register, run
+from wide_tessera.bench.registry import REGISTRY
+
+
+class SometimesWrongLinear(WideLinear):
+    """WideLinear plus two broken strategies: one fast and wrong, one that raises."""
+
+    BENCHMARK_STRATEGIES = ("bmm", "wrong", "raises")
+    BENCHMARK_SWEEPS = {"test": SweepParams.of([1, 2, 4], batch=[4], in_features=[8], out_features=[8])}
+
+    def forward(self, x):
+        if self.strategy == "wrong":
+            return torch.zeros(self.n, *x.shape[1:-1], self.out_features)  # far faster than any real strategy
+        if self.strategy == "raises":
+            raise RuntimeError("kernel exploded")
+        return super().forward(x)
+
+
+@pytest.fixture
+def wrong_op():
+    register("test_sometimes_wrong")(SometimesWrongLinear)
+    yield SometimesWrongLinear
+    del REGISTRY["test_sometimes_wrong"]
+
+
+def test_wrong_and_raising_strategies_are_reported_and_never_win(wrong_op, fast_timing):
+    r = run(wrong_op.benchmark_job("test"), timing=fast_timing, verbose=False)
+    for p in r.points:
+        assert p.correct == {"bmm": True, "wrong": False, "raises": False}
+        assert p.best_strategy == "bmm"
+        assert set(p.timings) == {"baseline", "bmm"}  # incorrect strategies are not timed
+        assert "exceeds tolerance" in p.checks["wrong"].error
+        assert p.checks["raises"].error == "RuntimeError: kernel exploded"
+    assert set(r.strategy_wins) <= {"bmm", "baseline"}
+    assert not r.all_correct and len(r.failures) == 6
+
+
+def test_baseline_uses_n_distinct_models_with_distinct_inputs(fast_timing):
+    built: List[nn.Module] = []
+    job = WideLinear.benchmark_job("ci", n_values=[3])
+    factory = job.model_factory
+
+    def recording_factory(**params):
+        built.append(factory(**params))
+        return built[-1]
+
+    job.model_factory = recording_factory
+    inputs_seen = []
+    make_inputs = job.input_factory
+    job.input_factory = lambda n, **p: inputs_seen.append(make_inputs(n, **p)) or inputs_seen[-1]
+    run(job, timing=fast_timing, verbose=False)
+    assert len(built) == 3
+    assert not torch.equal(built[0].weight, built[1].weight)
+    assert len(inputs_seen[0]) == 3 and not torch.equal(inputs_seen[0][0], inputs_seen[0][1])
+
+
+def test_same_seed_same_models_and_verdicts(fast_timing):
+    job = WideLinear.benchmark_job("ci", n_values=[2])
+    a = run(job, seed=7, timing=fast_timing, verbose=False)
+    b = run(job, seed=7, timing=fast_timing, verbose=False)
+    assert [p.checks for p in a.points] == [p.checks for p in b.points]
+
+
+def test_progress_goes_to_stderr_and_quiet_silences_it(capsys, fast_timing):
+    job = WideLinear.benchmark_job("ci", n_values=[2])
+    run(job, timing=fast_timing, verbose=True)
+    out, err = capsys.readouterr()
+    assert out == "" and "[gemm] 1/1 N=2" in err
+    run(job, timing=fast_timing, verbose=False)
+    assert capsys.readouterr() == ("", "")
+
+
+def test_result_records_where_and_how_it_was_measured(fast_timing):
+    r = run(WideLinear.benchmark_job("ci", n_values=[2]), timing=fast_timing, verbose=False)
+    env = r.environment
+    assert (env.device, r.timer) == ("cpu", "cpu_perf_counter")
+    assert env.torch_version == torch.__version__ and env.threads == torch.get_num_threads()
+    assert r.duration_s > 0 and env.device_name
