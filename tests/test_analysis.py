@@ -1,4 +1,5 @@
 """Speedups, winners, crossover and threshold on synthetic timings with known answers."""
+
 from wide_tessera import BenchmarkResult, PointResult, TimingStats
 from wide_tessera.bench import analysis
 from wide_tessera.bench.correctness import Check
@@ -16,8 +17,14 @@ def point(n, params, baseline_ms, strategy_ms, correct=None):
 
 def result(points):
     return BenchmarkResult.from_points(
-        points, op="synthetic", preset="test", strategies=["a", "b"], environment=capture_environment("cpu"),
-        timer="synthetic", seed=0, duration_s=0.0,
+        points,
+        op="synthetic",
+        preset="test",
+        strategies=["a", "b"],
+        environment=capture_environment("cpu"),
+        timer="synthetic",
+        seed=0,
+        duration_s=0.0,
     )
 
 
@@ -62,12 +69,14 @@ def test_overall_crossover_is_the_median_group_and_threshold_covers_every_crossi
 def test_result_is_grouped_by_params_not_pooled():
     lucky = {"size": 1}
     unlucky = {"size": 2}
-    r = result([
-        point(2, lucky, 10.0, {"a": 1.0, "b": 20.0}),     # lucky group wins everywhere
-        point(4, lucky, 10.0, {"a": 1.0, "b": 20.0}),
-        point(2, unlucky, 1.0, {"a": 2.0, "b": 3.0}),     # unlucky group never wins
-        point(4, unlucky, 1.0, {"a": 2.0, "b": 3.0}),
-    ])
+    r = result(
+        [
+            point(2, lucky, 10.0, {"a": 1.0, "b": 20.0}),  # lucky group wins everywhere
+            point(4, lucky, 10.0, {"a": 1.0, "b": 20.0}),
+            point(2, unlucky, 1.0, {"a": 2.0, "b": 3.0}),  # unlucky group never wins
+            point(4, unlucky, 1.0, {"a": 2.0, "b": 3.0}),
+        ]
+    )
     assert [(g.params, g.crossover_n) for g in r.groups] == [(lucky, 2), (unlucky, None)]
     assert r.crossover_n == 2  # lower median of [2, inf]: half the groups cross from N=2
     assert r.recommended_threshold == 2
@@ -76,10 +85,12 @@ def test_result_is_grouped_by_params_not_pooled():
 
 
 def test_incorrect_strategy_never_wins_nor_moves_the_crossover():
-    r = result([
-        point(2, {}, 10.0, {"a": 20.0, "b": 1.0}, correct={"b": False}),
-        point(4, {}, 10.0, {"a": 5.0, "b": 1.0}, correct={"b": False}),
-    ])
+    r = result(
+        [
+            point(2, {}, 10.0, {"a": 20.0, "b": 1.0}, correct={"b": False}),
+            point(4, {}, 10.0, {"a": 5.0, "b": 1.0}, correct={"b": False}),
+        ]
+    )
     assert r.crossover_n == 4
     assert "b" not in r.strategy_wins
     assert r.best_speedup == 2.0

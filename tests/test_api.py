@@ -1,14 +1,13 @@
 """The Python API as a user calls it: benchmark, benchmark_custom, measure, save/load, bad input."""
+
 import json
-import time
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-import wide_tessera
-from wide_tessera import BenchmarkResult, WideTesseraError, benchmark, benchmark_custom, load_results, measure
+from wide_tessera import BenchmarkResult, WideTesseraError, benchmark, benchmark_custom, load_results
 from wide_tessera.bench import runner
 from wide_tessera.bench.schema import save_results
 
@@ -105,25 +104,6 @@ def test_load_rejects_bad_files(tmp_path, content, match):
     path.write_text(content)
     with pytest.raises(WideTesseraError, match=match):
         load_results(path)
-
-
-def test_measure_keeps_samples_and_statistics():
-    stats = measure(lambda: torch.ones(64).sum(), device="cpu")
-    assert stats.timer == "cpu_perf_counter"
-    assert stats.n_samples == len(stats.samples_ms) >= 7
-    assert stats.calls_per_sample > 1  # a microsecond call is looped so timer overhead is negligible
-    assert stats.min_ms <= stats.median_ms <= stats.max_ms and stats.iqr_ms >= 0 and stats.std_ms >= 0
-
-
-def test_measure_is_not_fooled_about_a_known_duration():
-    stats = measure(lambda: time.sleep(0.002), device="cpu")
-    assert 2.0 <= stats.median_ms < 20.0
-
-
-def test_timing_stats_from_known_samples():
-    stats = wide_tessera.TimingStats.from_samples([1.0, 2.0, 3.0, 4.0, 100.0], "t")
-    assert (stats.median_ms, stats.min_ms, stats.max_ms, stats.mean_ms) == (3.0, 1.0, 100.0, 22.0)
-    assert stats.iqr_ms == 2.0  # 4 - 2 with linear interpolation
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,5 @@
 """The command line end to end, through click's test runner."""
+
 import subprocess
 import sys
 
@@ -35,7 +36,9 @@ def test_list_shows_every_op_with_strategies_presets_and_axes():
 
 def test_benchmark_writes_a_loadable_file_with_every_result(tmp_path):
     out = tmp_path / "results.json"
-    r = invoke("benchmark", "conv1d", "conv2d", "--preset", "ci", "--device", "cpu", "--n-values", "1,2", "-o", str(out))
+    r = invoke(
+        "benchmark", "conv1d", "conv2d", "--preset", "ci", "--device", "cpu", "--n-values", "1,2", "-o", str(out)
+    )
     assert r.exit_code == 0, r.output
     assert "== conv1d (preset ci) on cpu" in r.stdout and "== conv2d" in r.stdout
     assert "crossover_n:" in r.stdout
@@ -48,8 +51,21 @@ def test_benchmark_writes_a_loadable_file_with_every_result(tmp_path):
 
 
 def test_set_and_quiet(tmp_path):
-    r = invoke("benchmark", "gemm", "--preset", "ci", "--device", "cpu", "--quiet", "--n-values", "2",
-               "--set", "batch=3", "--set", "dtype=float32,bfloat16")
+    r = invoke(
+        "benchmark",
+        "gemm",
+        "--preset",
+        "ci",
+        "--device",
+        "cpu",
+        "--quiet",
+        "--n-values",
+        "2",
+        "--set",
+        "batch=3",
+        "--set",
+        "dtype=float32,bfloat16",
+    )
     assert r.exit_code == 0, r.output
     assert r.stderr == ""
     assert "bfloat16" in r.stdout and " 3 " in r.stdout
@@ -84,7 +100,10 @@ BAD = [
     (["benchmark", "gemm", "--preset", "ci", "--set", "batch"], "--set 'batch': expected AXIS=V1,V2"),
     (["benchmark", "gemm", "--preset", "ci", "--set", "dtype=fp8"], "unknown dtype 'fp8'"),
     (["benchmark", "gemm", "--preset", "ci", "--device", "npu"], "unknown device 'npu'"),
-    (["benchmark", "gemm", "--preset", "ci", "-o", "/nonexistent/dir/r.json"], "folder '/nonexistent/dir' does not exist"),
+    (
+        ["benchmark", "gemm", "--preset", "ci", "-o", "/nonexistent/dir/r.json"],
+        "folder '/nonexistent/dir' does not exist",
+    ),
     (["show", "/nonexistent.json"], "/nonexistent.json: cannot read"),
 ]
 if not torch.cuda.is_available():
@@ -116,6 +135,10 @@ def test_parse_override():
 def test_python_dash_m_works():
     r = subprocess.run([sys.executable, "-m", "wide_tessera", "list"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "flash_attention" in r.stdout
-    r = subprocess.run([sys.executable, "-m", "wide_tessera", "benchmark", "gemm", "--preset", "nope"],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "wide_tessera", "benchmark", "gemm", "--preset", "nope"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 2 and "unknown preset" in r.stderr and "Traceback" not in r.stderr

@@ -1,4 +1,5 @@
 """The CUDA path: device timers and every op on the GPU. Skipped where there is no CUDA device."""
+
 import pytest
 import torch
 
@@ -23,3 +24,12 @@ def test_every_op_is_correct_on_cuda_in_every_preset_dtype(op):
     r = benchmark(op, preset="quick", device="cuda", verbose=False, n_values=[1, 4])
     assert r.device == "cuda" and r.all_correct, r.failures
     assert len({p.params["dtype"] for p in r.points}) >= 2
+
+
+def test_cuda_event_timer_when_triton_is_absent(monkeypatch):
+    from wide_tessera.bench import timing
+
+    monkeypatch.setattr(timing, "cuda_timer_name", lambda: "cuda_event")
+    a = torch.randn(1024, 1024, device="cuda")
+    stats = measure(lambda: a @ a, device="cuda")
+    assert stats.timer == "cuda_event" and stats.n_samples >= 7 and stats.median_ms > 0

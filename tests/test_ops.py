@@ -1,4 +1,5 @@
 """Every strategy of every built-in op computes what N separate calls compute."""
+
 import random
 
 import pytest
@@ -20,7 +21,10 @@ def random_params(op: str, rng: random.Random) -> dict:
         return dict(batch=rng.randint(1, 4), channels=rng.randint(1, 9), kernel_size=rng.choice([1, 3, 5]), **size)
     heads = rng.choice([1, 2, 4])
     return dict(
-        batch=rng.randint(1, 3), seq_len=rng.randint(1, 33), d_model=heads * rng.randint(2, 9), heads=heads,
+        batch=rng.randint(1, 3),
+        seq_len=rng.randint(1, 33),
+        d_model=heads * rng.randint(2, 9),
+        heads=heads,
         causal=rng.choice([False, True]),
     )
 

@@ -1,4 +1,5 @@
 """The README's Python examples run as written."""
+
 import re
 from pathlib import Path
 

@@ -1,4 +1,5 @@
 """The generic runner: distinct models, correctness first, wrong strategies caught and reported."""
+
 from typing import List
 
 import pytest

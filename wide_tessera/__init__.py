@@ -1,4 +1,5 @@
 """wide_tessera: at what N does fusing N copies of an op beat N separate calls, and which strategy wins?"""
+
 from .api import benchmark, benchmark_custom
 from .bench.job import BenchmarkJob, SweepParams
 from .bench.registry import REGISTRY, register

@@ -1,4 +1,5 @@
 """The two calls most users need: benchmark a registered op, or any nn.Module class."""
+
 from __future__ import annotations
 
 import sys
@@ -72,7 +73,10 @@ def build_job(name: str, preset: str, device: str, **overrides: Any) -> Benchmar
         )
     if len(kept) < len(dtypes):
         dropped = ", ".join(d for d in dtypes if d not in kept)
-        print(f"[{job.op}] preset {preset}: skipping {dropped} on {device} (ask with dtype=... to run it)", file=sys.stderr)
+        print(
+            f"[{job.op}] preset {preset}: skipping {dropped} on {device} (ask with dtype=... to run it)",
+            file=sys.stderr,
+        )
         job.sweep = job.sweep.with_overrides(dtype=kept)
     return job
 

@@ -1,4 +1,5 @@
 """The `wide_tessera` command: list ops, run benchmarks, show saved results."""
+
 from __future__ import annotations
 
 import sys
@@ -60,8 +61,12 @@ def list_ops() -> None:
         click.echo(f"{name}" + (f" (alias: {', '.join(aliases)})" if aliases else "") + f"  [{cls.__name__}]")
         click.echo(f"  strategies: baseline, {', '.join(cls.BENCHMARK_STRATEGIES)}")
         rows = [
-            [preset, ",".join(map(str, sweep.n_values)), str(sweep.n_points()),
-             " ".join(f"{k}={','.join(map(str, v))}" for k, v in sweep.axes.items())]
+            [
+                preset,
+                ",".join(map(str, sweep.n_values)),
+                str(sweep.n_points()),
+                " ".join(f"{k}={','.join(map(str, v))}" for k, v in sweep.axes.items()),
+            ]
             for preset, sweep in cls.BENCHMARK_SWEEPS.items()
         ]
         click.echo("  " + format_table(["preset", "n_values", "points", "axes"], rows).replace("\n", "\n  "))
@@ -78,8 +83,15 @@ def list_ops() -> None:
 @click.option("--seed", default=0, show_default=True, help="Seed for models and inputs.")
 @click.option("--quiet", is_flag=True, help="No progress on stderr.")
 def benchmark(
-    names: Tuple[str, ...], run_all: bool, preset: str, device: Optional[str], output: Optional[str],
-    n_values: Optional[str], sets: Tuple[str, ...], seed: int, quiet: bool,
+    names: Tuple[str, ...],
+    run_all: bool,
+    preset: str,
+    device: Optional[str],
+    output: Optional[str],
+    n_values: Optional[str],
+    sets: Tuple[str, ...],
+    seed: int,
+    quiet: bool,
 ) -> None:
     """Benchmark ops: N separate calls against every wide strategy.
 

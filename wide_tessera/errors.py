@@ -1,4 +1,5 @@
 """The one error type for bad user input, so the CLI can turn it into a clean exit 2."""
+
 from __future__ import annotations
 
 import difflib

@@ -14,15 +14,18 @@ The rules, which the README repeats:
   from that N on, fusing wins in every configuration that ever wins. None when
   no group crosses.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 __all__ = ["best_of", "group_crossover", "overall_crossover", "recommended_threshold"]
 
 
-def best_of(timings: Dict[str, float], correct: Dict[str, bool]) -> Tuple[Dict[str, float], Optional[str], Optional[float]]:
+def best_of(
+    timings: Dict[str, float], correct: Dict[str, bool]
+) -> Tuple[Dict[str, float], Optional[str], Optional[float]]:
     """Speedups of every timed wide strategy, and the fastest correct one with its speedup."""
     base = timings["baseline"]
     speedups = {s: base / t for s, t in timings.items() if s != "baseline"}
@@ -55,4 +58,3 @@ def overall_crossover(crossovers: Sequence[Optional[int]]) -> Optional[int]:
 def recommended_threshold(crossovers: Sequence[Optional[int]]) -> Optional[int]:
     crossed = [c for c in crossovers if c is not None]
     return max(crossed) if crossed else None
-

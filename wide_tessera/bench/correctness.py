@@ -1,4 +1,5 @@
 """Is a wide output the same as N separate calls? Relative error against a dtype-aware tolerance."""
+
 from __future__ import annotations
 
 import math

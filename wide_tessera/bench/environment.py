@@ -1,4 +1,5 @@
 """Where a result was measured: device, library versions, threads."""
+
 from __future__ import annotations
 
 import platform

@@ -1,4 +1,5 @@
 """What to benchmark: the sweep of N values and parameter axes, and the op's factories."""
+
 from __future__ import annotations
 
 import itertools

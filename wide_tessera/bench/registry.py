@@ -1,4 +1,5 @@
 """Maps op names to op classes; `register` lets users add their own."""
+
 from __future__ import annotations
 
 from typing import Callable, Dict, List, TypeVar

@@ -1,4 +1,5 @@
 """The human-readable summary of a result: one row per point, then the crossover per group."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, List, Optional, Sequence
@@ -31,8 +32,13 @@ def format_summary(result: "BenchmarkResult") -> str:
     axes: List[str] = list(result.points[0].params) if result.points else []
     header = ["N", *axes, "baseline ms", *(f"{s} ms (speedup)" for s in result.strategies), "winner"]
     rows = [
-        [str(p.n), *(str(p.params[a]) for a in axes), f"{p.timings['baseline']:.4g}",
-         *(_cell(p, s) for s in result.strategies), p.winner]
+        [
+            str(p.n),
+            *(str(p.params[a]) for a in axes),
+            f"{p.timings['baseline']:.4g}",
+            *(_cell(p, s) for s in result.strategies),
+            p.winner,
+        ]
         for p in result.points
     ]
     crossed = sum(g.crossover_n is not None for g in result.groups)
@@ -41,7 +47,10 @@ def format_summary(result: "BenchmarkResult") -> str:
         f"timer {result.timer}, torch {env.torch_version}, {result.duration_s:.1f} s",
         format_table(header, rows),
         "crossover N per parameter group (smallest N from which fusing wins at every larger N):",
-        *(f"  {' '.join(f'{k}={v}' for k, v in g.params.items())}: {_n_or_never(g.crossover_n)}" for g in result.groups),
+        *(
+            f"  {' '.join(f'{k}={v}' for k, v in g.params.items())}: {_n_or_never(g.crossover_n)}"
+            for g in result.groups
+        ),
         f"crossover_n: {_n_or_never(result.crossover_n)} ({crossed}/{len(result.groups)} groups cross) | "
         f"recommended_threshold: {_n_or_never(result.recommended_threshold)} | best speedup: "
         + ("none correct" if result.best_speedup is None else f"{result.best_speedup:.2f}x"),

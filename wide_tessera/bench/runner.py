@@ -1,4 +1,5 @@
 """Walks a job's sweep: build N models and inputs, check every strategy, time baseline and strategies."""
+
 from __future__ import annotations
 
 import sys

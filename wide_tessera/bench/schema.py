@@ -1,9 +1,10 @@
 """Results: one point, one parameter group, one op's whole run; saved and loaded as JSON."""
+
 from __future__ import annotations
 
 import json
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Union
 
@@ -144,9 +145,7 @@ class BenchmarkResult:
     def load(cls, path: Union[str, Path]) -> "BenchmarkResult":
         results = load_results(path)
         if len(results) != 1:
-            raise WideTesseraError(
-                f"{path}: holds {len(results)} results; read it with wide_tessera.load_results"
-            )
+            raise WideTesseraError(f"{path}: holds {len(results)} results; read it with wide_tessera.load_results")
         return results[0]
 
 

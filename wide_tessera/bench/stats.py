@@ -1,4 +1,5 @@
 """Summary statistics of timing samples; the samples themselves are kept."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,4 +1,5 @@
 """Timers: `triton.testing.do_bench` or CUDA events on a GPU, a calibrated perf_counter loop on a CPU."""
+
 from __future__ import annotations
 
 import gc

@@ -1,4 +1,5 @@
 """The built-in ops; importing this package registers them."""
+
 # Registration order is the order `wide_tessera list` and `--all` use.
 from .gemm import WideLinear  # isort: skip
 from .conv import WideConv1d, WideConv2d  # isort: skip

@@ -1,4 +1,5 @@
 """N independent self-attention blocks, their attention done by one scaled_dot_product_attention call."""
+
 from __future__ import annotations
 
 from typing import Any, List, Optional, Sequence
@@ -48,12 +49,22 @@ class WideAttention(WideOp, nn.Module):
             [1, 4, 16], batch=[2], seq_len=[64], d_model=[64], heads=[4], causal=[True], dtype=["float32"]
         ),
         "quick": SweepParams.of(
-            [1, 2, 4, 8, 16], batch=[2], seq_len=[128], d_model=[64], heads=[4], causal=[False, True],
+            [1, 2, 4, 8, 16],
+            batch=[2],
+            seq_len=[128],
+            d_model=[64],
+            heads=[4],
+            causal=[False, True],
             dtype=["float32", "bfloat16"],
         ),
         "full": SweepParams.of(
-            [1, 2, 4, 8, 16, 32], batch=[2, 8], seq_len=[128, 512], d_model=[64, 256], heads=[4],
-            causal=[False, True], dtype=["float32", "bfloat16", "float16"],
+            [1, 2, 4, 8, 16, 32],
+            batch=[2, 8],
+            seq_len=[128, 512],
+            d_model=[64, 256],
+            heads=[4],
+            causal=[False, True],
+            dtype=["float32", "bfloat16", "float16"],
         ),
     }
 
@@ -68,7 +79,9 @@ class WideAttention(WideOp, nn.Module):
 
     @classmethod
     def from_modules(cls, modules: Sequence[nn.Module], strategy: Optional[str] = None) -> "WideAttention":
-        config = shared_config(modules, AttentionBlock, lambda m: dict(d_model=m.d_model, heads=m.heads, causal=m.causal))
+        config = shared_config(
+            modules, AttentionBlock, lambda m: dict(d_model=m.d_model, heads=m.heads, causal=m.causal)
+        )
         wide = cls(len(modules), strategy=strategy, **config)
         wide.qkv = WideLinear.from_modules([m.qkv for m in modules])
         wide.out = WideLinear.from_modules([m.out for m in modules])

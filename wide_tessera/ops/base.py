@@ -1,4 +1,5 @@
 """The contract every op class fulfils, so the generic runner can benchmark it."""
+
 from __future__ import annotations
 
 from typing import Any, Callable, ClassVar, Dict, List, Optional, Sequence, Tuple
@@ -9,7 +10,7 @@ from torch import nn
 from ..bench.job import BenchmarkJob, SweepParams
 from ..errors import WideTesseraError, unknown
 
-__all__ = ["WideOp", "shared_config"]
+__all__ = ["WideOp", "shared_config", "load_joined_parameters"]
 
 
 class WideOp:
@@ -89,3 +90,16 @@ def shared_config(
                     f"module {i} has {key}={value!r} but module 0 has {config[key]!r}; all modules must match"
                 )
     return config
+
+
+def load_joined_parameters(
+    wide: nn.Module, modules: Sequence[nn.Module], join: Callable[[List[torch.Tensor]], torch.Tensor]
+) -> nn.Module:
+    """Move `wide` to the modules' device and dtype; fill its weight and bias by joining theirs."""
+    ref = modules[0].weight
+    wide.to(device=ref.device, dtype=ref.dtype)
+    with torch.no_grad():
+        wide.weight.copy_(join([m.weight for m in modules]))
+        if wide.bias is not None:
+            wide.bias.copy_(join([m.bias for m in modules]))
+    return wide

@@ -1,4 +1,5 @@
 """N independent Conv1d/Conv2d layers as one grouped convolution (or a vmap over stacked weights)."""
+
 from __future__ import annotations
 
 from typing import Any, Callable, ClassVar, List, Optional, Sequence
@@ -10,7 +11,7 @@ from torch import nn
 from ..bench.job import SweepParams
 from ..bench.registry import register
 from ..errors import WideTesseraError
-from .base import WideOp, shared_config
+from .base import WideOp, load_joined_parameters, shared_config
 
 __all__ = ["WideConv1d", "WideConv2d"]
 
@@ -53,13 +54,7 @@ class _WideConvNd(WideOp, nn.Module):
         config = shared_config(modules, cls.MODULE, _describe_conv)
         if config.pop("groups") != 1 or config.pop("padding_mode") != "zeros":
             raise WideTesseraError(f"{cls.__name__} fuses only groups=1, padding_mode='zeros' convolutions")
-        ref = modules[0].weight
-        wide = cls(len(modules), strategy=strategy, **config).to(device=ref.device, dtype=ref.dtype)
-        with torch.no_grad():
-            wide.weight.copy_(torch.cat([m.weight for m in modules]))
-            if wide.bias is not None:
-                wide.bias.copy_(torch.cat([m.bias for m in modules]))
-        return wide
+        return load_joined_parameters(cls(len(modules), strategy=strategy, **config), modules, torch.cat)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.strategy == "vmap":
@@ -110,12 +105,20 @@ class WideConv1d(_WideConvNd):
     BENCHMARK_SWEEPS = {
         "ci": SweepParams.of([1, 4, 16], batch=[4], channels=[32], kernel_size=[3], length=[256], dtype=["float32"]),
         "quick": SweepParams.of(
-            [1, 2, 4, 8, 16, 32], batch=[8], channels=[32, 64], kernel_size=[3], length=[256],
+            [1, 2, 4, 8, 16, 32],
+            batch=[8],
+            channels=[32, 64],
+            kernel_size=[3],
+            length=[256],
             dtype=["float32", "bfloat16"],
         ),
         "full": SweepParams.of(
-            [1, 2, 4, 8, 16, 32, 64], batch=[8, 32], channels=[32, 64, 128], kernel_size=[1, 3, 7],
-            length=[256, 1024], dtype=["float32", "bfloat16", "float16"],
+            [1, 2, 4, 8, 16, 32, 64],
+            batch=[8, 32],
+            channels=[32, 64, 128],
+            kernel_size=[1, 3, 7],
+            length=[256, 1024],
+            dtype=["float32", "bfloat16", "float16"],
         ),
     }
 
@@ -138,11 +141,19 @@ class WideConv2d(_WideConvNd):
     BENCHMARK_SWEEPS = {
         "ci": SweepParams.of([1, 4, 16], batch=[2], channels=[16], kernel_size=[3], size=[16], dtype=["float32"]),
         "quick": SweepParams.of(
-            [1, 2, 4, 8, 16], batch=[4], channels=[16, 32], kernel_size=[3], size=[32],
+            [1, 2, 4, 8, 16],
+            batch=[4],
+            channels=[16, 32],
+            kernel_size=[3],
+            size=[32],
             dtype=["float32", "bfloat16"],
         ),
         "full": SweepParams.of(
-            [1, 2, 4, 8, 16, 32], batch=[8, 32], channels=[32, 64], kernel_size=[1, 3], size=[32, 64],
+            [1, 2, 4, 8, 16, 32],
+            batch=[8, 32],
+            channels=[32, 64],
+            kernel_size=[1, 3],
+            size=[32, 64],
             dtype=["float32", "bfloat16", "float16"],
         ),
     }

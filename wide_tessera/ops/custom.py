@@ -1,8 +1,9 @@
 """Any nn.Module made wide with torch.func: stacked parameters, vmap over functional_call."""
+
 from __future__ import annotations
 
 import copy
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import torch
 from torch import nn

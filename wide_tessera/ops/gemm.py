@@ -1,4 +1,5 @@
 """N independent nn.Linear layers as one batched matrix product."""
+
 from __future__ import annotations
 
 from typing import Any, List, Optional, Sequence
@@ -8,7 +9,7 @@ from torch import nn
 
 from ..bench.job import SweepParams
 from ..bench.registry import register
-from .base import WideOp, shared_config
+from .base import WideOp, load_joined_parameters, shared_config
 
 __all__ = ["WideLinear"]
 
@@ -49,13 +50,7 @@ class WideLinear(WideOp, nn.Module):
             nn.Linear,
             lambda m: dict(in_features=m.in_features, out_features=m.out_features, bias=m.bias is not None),
         )
-        ref = modules[0].weight
-        wide = cls(len(modules), strategy=strategy, **config).to(device=ref.device, dtype=ref.dtype)
-        with torch.no_grad():
-            wide.weight.copy_(torch.stack([m.weight for m in modules]))
-            if wide.bias is not None:
-                wide.bias.copy_(torch.stack([m.bias for m in modules]))
-        return wide
+        return load_joined_parameters(cls(len(modules), strategy=strategy, **config), modules, torch.stack)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[1:-1]
