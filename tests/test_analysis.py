@@ -1,16 +1,23 @@
 """Speedups, winners, crossover and threshold on synthetic timings with known answers."""
 
+import numpy as np
+
 from wide_tessera import BenchmarkResult, PointResult, TimingStats
 from wide_tessera.bench import analysis
 from wide_tessera.bench.correctness import Check
 from wide_tessera.bench.environment import capture_environment
 
 
+def samples(median_ms, spread=0.002, k=11):
+    """k tightly spread samples whose median is exactly `median_ms`."""
+    return [median_ms * (1 + spread * (i - k // 2)) for i in range(k)]
+
+
 def point(n, params, baseline_ms, strategy_ms, correct=None):
-    """A PointResult from medians: one sample per strategy, so each median is exactly the given value."""
+    """A PointResult from medians, each backed by a tight spread of samples."""
     correct = correct or {}
-    stats = {"baseline": TimingStats.from_samples([baseline_ms], "synthetic")}
-    stats.update({s: TimingStats.from_samples([ms], "synthetic") for s, ms in strategy_ms.items()})
+    stats = {"baseline": TimingStats.from_samples(samples(baseline_ms), "synthetic")}
+    stats.update({s: TimingStats.from_samples(samples(ms), "synthetic") for s, ms in strategy_ms.items()})
     checks = {s: Check(correct.get(s, True), 0.0, 1e-4, None if correct.get(s, True) else "wrong") for s in strategy_ms}
     return PointResult.from_measurements(n, params, stats, checks)
 
@@ -96,3 +103,32 @@ def test_incorrect_strategy_never_wins_nor_moves_the_crossover():
     assert r.best_speedup == 2.0
     assert len(r.failures) == 2 and all(" b: wrong" in f for f in r.failures)
     assert "INCORRECT" in r.summary()
+
+
+def test_a_difference_within_noise_is_no_difference_not_a_win():
+    p = point(4, {}, 1.0, {"a": 0.995})
+    assert p.verdicts == {"a": "same"} and p.winner == "no_difference" and not p.fused_wins
+    low, high = p.speedup_ci["a"]
+    assert low <= p.speedups["a"] <= high
+
+
+def test_equal_cost_strategy_is_never_a_winner_and_a_clearly_faster_one_always_is():
+    """200 simulated noisy paired measurements of each kind, seeded."""
+    rng = np.random.default_rng(0)
+    equal_wins = faster_wins = 0
+    for _ in range(200):
+        drift = rng.lognormal(0, 0.05, 30)  # machine drift shared by both sides of a round
+        base = drift * rng.lognormal(0, 0.05, 30)
+        same = drift * rng.lognormal(0, 0.05, 30)
+        twice_as_fast = 0.5 * drift * rng.lognormal(0, 0.05, 30)
+        equal_wins += analysis.verdict(analysis.speedup_ci(base, same)) == "faster"
+        faster_wins += analysis.verdict(analysis.speedup_ci(base, twice_as_fast)) == "faster"
+    assert equal_wins == 0
+    assert faster_wins == 200
+
+
+def test_noise_cannot_create_a_crossover():
+    # every strategy costs the same as the baseline: no point may win, no group may cross
+    r = result([point(n, {}, 1.0, {"a": 1.0 + 0.004 * (-1) ** n, "b": 1.0}) for n in (1, 2, 4, 8)])
+    assert r.crossover_n is None and r.recommended_threshold is None
+    assert r.strategy_wins == {"no_difference": 4}

@@ -1,13 +1,18 @@
 """Timers: what measure() returns on a CPU, and how it drives triton's do_bench on a GPU."""
 
+import random
 import sys
 import time
 import types
 
+import numpy as np
+import pytest
 import torch
 
 import wide_tessera
 from wide_tessera import TimingConfig, measure
+from wide_tessera.bench.stats import median_ci
+from wide_tessera.bench.timing import measure_paired
 
 
 def test_measure_keeps_samples_and_statistics():
@@ -46,3 +51,63 @@ def test_gpu_path_asks_do_bench_for_every_sample_in_ms(monkeypatch):
     stats = measure(lambda: ran.append(1), device="cuda", config=TimingConfig(warmup_s=0.02, budget_s=0.1))
     assert calls == [(20.0, 100.0, "all")] and ran == [1]
     assert (stats.timer, stats.samples_ms, stats.median_ms) == ("triton_do_bench", [0.5, 0.25, 1.0], 0.5)
+
+
+def test_paired_rounds_interleave():
+    log = []
+    fns = {name: (lambda name=name: log.append(name)) for name in "abc"}
+    config = TimingConfig(warmup_s=0.0, min_sample_s=0.0, min_samples=5, max_samples=5)
+    stats = measure_paired(fns, device="cpu", config=config)
+    assert all(s.calls_per_sample == 1 and s.n_samples == 5 for s in stats.values())
+    assert log == list("abc") + list("abc") * 5  # calibration, then rounds A B C A B C ...
+
+
+def busy(iterations):
+    def fn():
+        x = 0
+        for i in range(iterations):
+            x += i
+        return x
+
+    return fn
+
+
+def test_a_quiet_function_stops_as_soon_as_its_median_is_known():
+    config = TimingConfig(budget_s=5.0, target_rel_ci=0.05, max_samples=1000)
+    t0 = time.perf_counter()
+    stats = measure(busy(20_000), device="cpu", config=config)
+    assert stats.converged and not any("did not converge" in w for w in stats.warnings)
+    assert stats.median_ci_rel_width <= 0.05
+    assert time.perf_counter() - t0 < 4.0 and stats.n_samples < 1000
+
+
+def test_a_noisy_function_runs_out_of_budget_and_says_so():
+    rng = random.Random(0)
+    config = TimingConfig(warmup_s=0.0, budget_s=0.2, target_rel_ci=0.001, min_sample_s=0.0)
+    stats = measure(lambda: time.sleep(rng.choice([0.0005, 0.003])), device="cpu", config=config)
+    assert not stats.converged
+    assert any("did not converge" in w for w in stats.warnings)
+    assert any("high spread" in w for w in stats.warnings)
+
+
+def test_median_ci_covers_the_true_median_about_95_percent_of_the_time():
+    rng = np.random.default_rng(1)
+    for n in (10, 50, 200):
+        covered = 0
+        for _ in range(1000):
+            lo, hi = median_ci(rng.lognormal(0.0, 0.5, n))  # the true median is exp(0) = 1
+            covered += lo <= 1.0 <= hi
+        assert 0.90 <= covered / 1000 <= 0.99, (n, covered)
+
+
+def test_statistics_count_outliers_without_dropping_them():
+    stats = wide_tessera.TimingStats.from_samples([1.0] * 9 + [1.1] * 9 + [50.0], "t")
+    assert stats.outliers == 1 and stats.n_samples == 19 and stats.max_ms == 50.0
+    assert stats.p10_ms == 1.0 and stats.p99_ms > 40
+    assert stats.median_ci_ms[0] <= stats.median_ms <= stats.median_ci_ms[1]
+    assert any("high spread" in w for w in stats.warnings)
+
+
+def test_config_refuses_too_few_samples_for_an_interval():
+    with pytest.raises(ValueError, match="min_samples=1"):
+        TimingConfig(min_samples=1)

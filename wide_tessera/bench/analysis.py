@@ -2,8 +2,13 @@
 
 The rules, which the README repeats:
 
-* A point's `best_strategy` is the fastest *correct* wide strategy; fusing wins
-  at that point when its speedup (baseline median / strategy median) is > 1.
+* A strategy's speedup at a point is baseline median / strategy median, with a
+  95% bootstrap confidence interval over the paired, interleaved rounds. It is
+  'faster' when the whole interval lies above 1 + MIN_EFFECT, 'slower' when it
+  lies below 1 / (1 + MIN_EFFECT), else 'same': no significant difference.
+* Fusing wins at a point when a correct strategy is 'faster'; `best_strategy`
+  is then the fastest such one, else the correct strategy with the highest
+  speedup. Incorrect strategies are never considered.
 * A parameter group is all points that share every parameter but N. Its
   crossover is the smallest N of the sweep from which fusing wins at that N and
   at every larger N of the sweep; None when the largest N does not win.
@@ -18,22 +23,69 @@ The rules, which the README repeats:
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Dict, Optional, Sequence, Tuple
 
-__all__ = ["best_of", "group_crossover", "overall_crossover", "recommended_threshold"]
+import numpy as np
+from scipy import stats
+
+__all__ = [
+    "MIN_EFFECT",
+    "speedup_ci",
+    "verdict",
+    "pick_best",
+    "group_crossover",
+    "overall_crossover",
+    "recommended_threshold",
+]
+
+# Differences under 1% are not reported as significant: with the default 2% target
+# width for each median's CI, a smaller effect is below what a measurement resolves.
+MIN_EFFECT = 0.01
 
 
-def best_of(
-    timings: Dict[str, float], correct: Dict[str, bool]
-) -> Tuple[Dict[str, float], Optional[str], Optional[float]]:
-    """Speedups of every timed wide strategy, and the fastest correct one with its speedup."""
-    base = timings["baseline"]
-    speedups = {s: base / t for s, t in timings.items() if s != "baseline"}
+def speedup_ci(baseline_ms: Sequence[float], strategy_ms: Sequence[float], seed: int = 0) -> Tuple[float, float]:
+    """95% bootstrap CI of median(baseline) / median(strategy).
+
+    Samples of equal count are paired by round (they were interleaved) and resampled
+    together; otherwise each side is resampled on its own.
+    """
+    if min(len(baseline_ms), len(strategy_ms)) < 2:
+        raise ValueError("a speedup's confidence interval needs at least 2 samples on each side")
+
+    def ratio(b: np.ndarray, s: np.ndarray, axis: int = -1) -> np.ndarray:
+        return np.median(b, axis=axis) / np.median(s, axis=axis)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # identical samples make a degenerate, but valid, interval
+        res = stats.bootstrap(
+            (np.asarray(baseline_ms), np.asarray(strategy_ms)),
+            ratio,
+            paired=len(baseline_ms) == len(strategy_ms),
+            vectorized=True,
+            n_resamples=2000,
+            confidence_level=0.95,
+            method="percentile",
+            random_state=np.random.default_rng(seed),
+        )
+    return float(res.confidence_interval.low), float(res.confidence_interval.high)
+
+
+def verdict(ci: Sequence[float]) -> str:
+    """'faster', 'slower' or 'same' (no significant difference) from a speedup's CI."""
+    low, high = ci
+    if low > 1 + MIN_EFFECT:
+        return "faster"
+    if high < 1 / (1 + MIN_EFFECT):
+        return "slower"
+    return "same"
+
+
+def pick_best(speedups: Dict[str, float], verdicts: Dict[str, str], correct: Dict[str, bool]) -> Optional[str]:
+    """The fastest correct significantly-faster strategy, else the correct one with the highest speedup."""
     eligible = [s for s in speedups if correct.get(s, False)]
-    if not eligible:
-        return speedups, None, None
-    best = max(eligible, key=lambda s: speedups[s])
-    return speedups, best, speedups[best]
+    pool = [s for s in eligible if verdicts[s] == "faster"] or eligible
+    return max(pool, key=lambda s: speedups[s]) if pool else None
 
 
 def group_crossover(wins_by_n: Sequence[Tuple[int, bool]]) -> Optional[int]:

@@ -20,7 +20,9 @@ def _cell(point: "PointResult", strategy: str) -> str:
     check = point.checks.get(strategy)
     if check is not None and not check.correct:
         return "INCORRECT"
-    return f"{point.timings[strategy]:.4g} ({point.speedups[strategy]:.2f}x)"
+    low, high = point.speedup_ci[strategy]
+    mark = {"faster": "", "slower": "", "same": " n.s."}[point.verdicts[strategy]]
+    return f"{point.timings[strategy]:.4g} {point.speedups[strategy]:.2f}x [{low:.2f},{high:.2f}]{mark}"
 
 
 def _n_or_never(n: Optional[int]) -> str:
@@ -30,7 +32,7 @@ def _n_or_never(n: Optional[int]) -> str:
 def format_summary(result: "BenchmarkResult") -> str:
     env = result.environment
     axes: List[str] = list(result.points[0].params) if result.points else []
-    header = ["N", *axes, "baseline ms", *(f"{s} ms (speedup)" for s in result.strategies), "winner"]
+    header = ["N", *axes, "baseline ms", *(f"{s} ms speedup [95% CI]" for s in result.strategies), "winner"]
     rows = [
         [
             str(p.n),
@@ -46,6 +48,7 @@ def format_summary(result: "BenchmarkResult") -> str:
         f"== {result.op} (preset {result.preset}) on {env.device}: {env.device_name}, {env.threads} threads, "
         f"timer {result.timer}, torch {env.torch_version}, {result.duration_s:.1f} s",
         format_table(header, rows),
+        "n.s.: no significant difference from baseline; a win needs the whole CI above 1.01",
         "crossover N per parameter group (smallest N from which fusing wins at every larger N):",
         *(
             f"  {' '.join(f'{k}={v}' for k, v in g.params.items())}: {_n_or_never(g.crossover_n)}"
@@ -56,6 +59,9 @@ def format_summary(result: "BenchmarkResult") -> str:
         + ("none correct" if result.best_speedup is None else f"{result.best_speedup:.2f}x"),
         "wins: " + ", ".join(f"{s} {k}" for s, k in sorted(result.strategy_wins.items(), key=lambda x: -x[1])),
     ]
+    if result.warnings:
+        lines.append(f"WARNINGS ({len(result.warnings)}):")
+        lines.extend(f"  {w}" for w in result.warnings)
     if result.failures:
         lines.append(f"INCORRECT ({len(result.failures)}):")
         lines.extend(f"  {f}" for f in result.failures)

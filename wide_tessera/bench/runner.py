@@ -13,7 +13,7 @@ from .environment import capture_environment
 from .job import DTYPES, BenchmarkJob
 from .schema import BenchmarkResult, PointResult
 from .stats import TimingStats
-from .timing import TimingConfig, measure
+from .timing import TimingConfig, measure_paired
 
 __all__ = ["run"]
 
@@ -72,13 +72,18 @@ def _measure_point(
         if checks[strategy].correct:
             timed[strategy] = lambda wide=wide, packed=packed: wide(packed)
 
-    stats: Dict[str, TimingStats] = {name: measure(fn, device, timing) for name, fn in timed.items()}
-    return PointResult.from_measurements(n, params, stats, checks)
+    # Interleaved rounds, so the speedups come from paired samples that saw the same machine state.
+    stats: Dict[str, TimingStats] = measure_paired(timed, device, timing)
+    return PointResult.from_measurements(n, params, stats, checks, seed)
 
 
 def _progress(job: BenchmarkJob, point: PointResult, done: int, total: int) -> None:
     params = " ".join(f"{k}={v}" for k, v in point.params.items())
-    best = "no correct strategy" if point.best_speedup is None else f"{point.best_strategy} {point.best_speedup:.2f}x"
+    best = (
+        "no correct strategy"
+        if point.best_speedup is None
+        else f"{point.best_strategy} {point.best_speedup:.2f}x ({point.verdicts[point.best_strategy]})"
+    )
     bad = [s for s, ok in point.correct.items() if not ok]
     flag = f"  INCORRECT: {', '.join(bad)}" if bad else ""
     print(f"[{job.op}] {done}/{total} N={point.n} {params}: {best}{flag}", file=sys.stderr, flush=True)

@@ -28,14 +28,18 @@ class PointResult:
 
     timings: strategy -> median ms per call ('baseline' included; incorrect strategies are not timed)
     speedups: strategy -> baseline median / strategy median
+    speedup_ci: strategy -> [low, high], its 95% confidence interval
+    verdicts: strategy -> 'faster', 'slower' or 'same' (no significant difference)
     correct: strategy -> passed the correctness check
-    best_strategy, best_speedup: the fastest correct wide strategy and its speedup (None if none is correct)
+    best_strategy, best_speedup: see `wide_tessera.bench.analysis` (None if no strategy is correct)
     """
 
     n: int
     params: Dict[str, Any]
     timings: Dict[str, float]
     speedups: Dict[str, float]
+    speedup_ci: Dict[str, List[float]]
+    verdicts: Dict[str, str]
     correct: Dict[str, bool]
     best_strategy: Optional[str]
     best_speedup: Optional[float]
@@ -44,20 +48,31 @@ class PointResult:
 
     @classmethod
     def from_measurements(
-        cls, n: int, params: Dict[str, Any], stats: Dict[str, TimingStats], checks: Dict[str, Check]
+        cls, n: int, params: Dict[str, Any], stats: Dict[str, TimingStats], checks: Dict[str, Check], seed: int = 0
     ) -> "PointResult":
+        base = stats["baseline"]
         timings = {s: st.median_ms for s, st in stats.items()}
+        speedups = {s: base.median_ms / st.median_ms for s, st in stats.items() if s != "baseline"}
+        cis = {s: list(analysis.speedup_ci(base.samples_ms, stats[s].samples_ms, seed)) for s in speedups}
+        verdicts = {s: analysis.verdict(ci) for s, ci in cis.items()}
         correct = {s: c.correct for s, c in checks.items()}
-        speedups, best, best_speedup = analysis.best_of(timings, correct)
-        return cls(n, params, timings, speedups, correct, best, best_speedup, checks, stats)
+        best = analysis.pick_best(speedups, verdicts, correct)
+        best_speedup = None if best is None else speedups[best]
+        return cls(n, params, timings, speedups, cis, verdicts, correct, best, best_speedup, checks, stats)
 
     @property
     def fused_wins(self) -> bool:
-        return self.best_speedup is not None and self.best_speedup > 1.0
+        """A correct strategy is significantly faster than the N separate calls."""
+        return self.best_strategy is not None and self.verdicts[self.best_strategy] == "faster"
 
     @property
     def winner(self) -> str:
-        return self.best_strategy if self.fused_wins else "baseline"
+        """The winning strategy; 'baseline' when fusing loses, 'no_difference' when it is a statistical tie."""
+        if self.fused_wins:
+            return self.best_strategy
+        if self.best_strategy is not None and self.verdicts[self.best_strategy] == "same":
+            return "no_difference"
+        return "baseline"
 
 
 @dataclass_json
@@ -127,6 +142,16 @@ class BenchmarkResult:
             for p in self.points
             for s, c in p.checks.items()
             if not c.correct
+        ]
+
+    @property
+    def warnings(self) -> List[str]:
+        """One line per timing that was noisy or did not converge."""
+        return [
+            f"N={p.n} {_params_text(p.params)} {s}: {'; '.join(st.warnings)}"
+            for p in self.points
+            for s, st in p.stats.items()
+            if st.warnings
         ]
 
     @property

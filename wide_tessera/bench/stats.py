@@ -1,14 +1,34 @@
-"""Summary statistics of timing samples; the samples themselves are kept."""
+"""Summary statistics of timing samples, with their uncertainty; the samples themselves are kept."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import List, Sequence
+from dataclasses import dataclass, field
+from typing import List, Sequence, Tuple
 
 import numpy as np
 from dataclasses_json import dataclass_json
+from scipy import stats as scipy_stats
 
-__all__ = ["TimingStats"]
+__all__ = ["TimingStats", "median_ci", "HIGH_CV"]
+
+# Above this coefficient of variation a timing is flagged as noisy.
+HIGH_CV = 0.10
+
+
+def median_ci(samples: Sequence[float], confidence: float = 0.95) -> Tuple[float, float]:
+    """A distribution-free confidence interval of the median, from order statistics.
+
+    The number of samples below the true median is Binomial(n, 1/2), so the sorted
+    samples at its two tail quantiles bracket the median with at least `confidence`.
+    Too few samples for that confidence give the full range.
+    """
+    a = np.sort(np.asarray(samples, dtype=np.float64))
+    n = len(a)
+    lo = int(scipy_stats.binom.ppf((1 - confidence) / 2, n, 0.5))  # 1-based rank of the lower bound
+    hi = n - lo + 1
+    if lo < 1:
+        return float(a[0]), float(a[-1])
+    return float(a[lo - 1]), float(a[hi - 1])
 
 
 @dataclass_json
@@ -18,6 +38,7 @@ class TimingStats:
 
     The statistics are stored, not only derived, so a saved JSON file can be read
     without this package; `from_samples` is the one place that computes them.
+    Outliers (beyond 1.5 IQR from the quartiles) are counted, never dropped.
     """
 
     timer: str
@@ -30,22 +51,58 @@ class TimingStats:
     min_ms: float
     max_ms: float
     iqr_ms: float
+    p10_ms: float
+    p90_ms: float
+    p99_ms: float
+    median_ci_ms: List[float]
+    cv: float
+    outliers: int
+    converged: bool = True
+    warnings: List[str] = field(default_factory=list)
 
     @classmethod
-    def from_samples(cls, samples_ms: Sequence[float], timer: str, calls_per_sample: int = 1) -> "TimingStats":
+    def from_samples(
+        cls, samples_ms: Sequence[float], timer: str, calls_per_sample: int = 1, converged: bool = True
+    ) -> "TimingStats":
         if len(samples_ms) == 0:
             raise ValueError("no timing samples")
         a = np.asarray(samples_ms, dtype=np.float64)
-        q1, median, q3 = np.percentile(a, [25, 50, 75])
+        p10, q1, median, q3, p90, p99 = np.percentile(a, [10, 25, 50, 75, 90, 99])
+        iqr = q3 - q1
+        mean = a.mean()
+        std = a.std(ddof=1) if len(a) > 1 else 0.0
+        cv = std / mean if mean > 0 else 0.0
+        lo, hi = median_ci(a)
+        warnings = []
+        if cv > HIGH_CV:
+            warnings.append(f"high spread: coefficient of variation {cv:.0%} (above {HIGH_CV:.0%})")
+        if not converged:
+            warnings.append(
+                f"did not converge: the median's 95% CI spans {(hi - lo) / median:.1%} of it after {len(a)} samples"
+            )
         return cls(
             timer=timer,
             samples_ms=[float(x) for x in a],
             calls_per_sample=calls_per_sample,
             n_samples=len(a),
             median_ms=float(median),
-            mean_ms=float(a.mean()),
-            std_ms=float(a.std(ddof=1)) if len(a) > 1 else 0.0,
+            mean_ms=float(mean),
+            std_ms=float(std),
             min_ms=float(a.min()),
             max_ms=float(a.max()),
-            iqr_ms=float(q3 - q1),
+            iqr_ms=float(iqr),
+            p10_ms=float(p10),
+            p90_ms=float(p90),
+            p99_ms=float(p99),
+            median_ci_ms=[lo, hi],
+            cv=float(cv),
+            outliers=int(((a < q1 - 1.5 * iqr) | (a > q3 + 1.5 * iqr)).sum()),
+            converged=converged,
+            warnings=warnings,
         )
+
+    @property
+    def median_ci_rel_width(self) -> float:
+        """Width of the median's 95% CI as a fraction of the median."""
+        lo, hi = self.median_ci_ms
+        return (hi - lo) / self.median_ms if self.median_ms > 0 else 0.0

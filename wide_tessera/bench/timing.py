@@ -1,44 +1,103 @@
-"""Timers: `triton.testing.do_bench` or CUDA events on a GPU, a calibrated perf_counter loop on a CPU."""
+"""Timers that adapt to noise: samples are taken until the median is known well enough.
+
+CPU: perf_counter around a calibrated loop of calls. CUDA: CUDA events, the L2
+flushed before every sample; a lone function can go to `triton.testing.do_bench`.
+Several functions are timed in interleaved rounds (A B C A B C ...), so drift in
+the machine's speed hits all of them alike and their samples pair up by round.
+"""
 
 from __future__ import annotations
 
 import gc
+import statistics
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator, List, Optional, Tuple
+from typing import Callable, Dict, Iterator, List, Optional
 
 import torch
 
-from .stats import TimingStats
+from .stats import TimingStats, median_ci
 
-__all__ = ["TimingConfig", "measure", "cuda_timer_name"]
+__all__ = ["TimingConfig", "measure", "measure_paired", "cuda_timer_name"]
 
 # An L2 flush buffer larger than any current GPU's L2 (H100: 50 MB, H200: 60 MB).
 _L2_FLUSH_BYTES = 256 * 1024 * 1024
 
+Fn = Callable[[], object]
+
 
 @dataclass(frozen=True)
 class TimingConfig:
-    """How long and how often to sample one function."""
+    """When to stop sampling: the median's 95% CI is narrow enough, or the time budget is spent."""
 
     warmup_s: float = 0.05
-    budget_s: float = 0.3
-    min_samples: int = 7
-    max_samples: int = 500
+    # Time budget per function; a paired measurement of k functions gets k budgets.
+    budget_s: float = 0.5
+    min_samples: int = 10
+    max_samples: int = 1000
+    # Stop once the 95% CI of every median is narrower than this fraction of it.
+    target_rel_ci: float = 0.02
     # A CPU sample runs the function in a loop for at least this long, so that
     # perf_counter's own cost (well under a microsecond) stays below 0.1% of it.
     min_sample_s: float = 1e-3
+    # CUDA only: capture each function in a CUDA graph and time its replay,
+    # which removes kernel-launch overhead from every side.
+    cuda_graph: bool = False
+
+    def __post_init__(self) -> None:
+        if self.min_samples < 2:
+            raise ValueError(f"min_samples={self.min_samples}: a median's uncertainty needs at least 2 samples")
 
 
-def measure(fn: Callable[[], object], device: str = "cpu", config: Optional[TimingConfig] = None) -> TimingStats:
-    """Time `fn()` on `device` and return every sample with its statistics (ms per call)."""
+def measure(fn: Fn, device: str = "cpu", config: Optional[TimingConfig] = None) -> TimingStats:
+    """Time `fn()` on `device`; every sample (ms per call) is kept with its statistics.
+
+    On CUDA without graph mode, uses `triton.testing.do_bench` when triton imports.
+    """
     config = config or TimingConfig()
-    if torch.device(device).type == "cuda":
-        samples, timer, calls = _cuda_samples(fn, config)
-    else:
-        samples, timer, calls = _cpu_samples(fn, config)
-    return TimingStats.from_samples(samples, timer, calls)
+    if torch.device(device).type == "cuda" and not config.cuda_graph and cuda_timer_name() == "triton_do_bench":
+        import triton.testing
+
+        # do_bench warms up, flushes L2 before every call, and times each call with CUDA events.
+        samples = triton.testing.do_bench(
+            fn, warmup=config.warmup_s * 1e3, rep=config.budget_s * 1e3, return_mode="all"
+        )
+        return TimingStats.from_samples([float(s) for s in samples], "triton_do_bench")
+    return measure_paired({"fn": fn}, device, config)["fn"]
+
+
+def measure_paired(
+    fns: Dict[str, Fn], device: str = "cpu", config: Optional[TimingConfig] = None
+) -> Dict[str, TimingStats]:
+    """Time several functions in interleaved rounds; sample i of each comes from round i."""
+    config = config or TimingConfig()
+    with _gc_paused():
+        if torch.device(device).type == "cuda":
+            sampler: _Sampler = _CudaSampler(fns, config)
+        else:
+            sampler = _CpuSampler(fns, config)
+        samples: Dict[str, List[float]] = {name: [] for name in fns}
+        deadline = time.perf_counter() + config.budget_s * len(fns)
+        while True:
+            for name in fns:
+                samples[name].append(sampler.sample(name))
+            rounds = len(samples[next(iter(fns))])
+            converged = rounds >= config.min_samples and all(_narrow(s, config) for s in samples.values())
+            if converged or rounds >= config.max_samples:
+                break
+            if rounds >= config.min_samples and time.perf_counter() > deadline:
+                break
+    return {
+        name: TimingStats.from_samples(s, sampler.timer, sampler.calls[name], converged=_narrow(s, config))
+        for name, s in samples.items()
+    }
+
+
+def _narrow(samples: List[float], config: TimingConfig) -> bool:
+    lo, hi = median_ci(samples)
+    mid = statistics.median(samples)
+    return mid > 0 and (hi - lo) / mid <= config.target_rel_ci
 
 
 @contextmanager
@@ -53,33 +112,47 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _cpu_samples(fn: Callable[[], object], config: TimingConfig) -> Tuple[List[float], str, int]:
-    with _gc_paused():
+class _Sampler:
+    timer: str
+    calls: Dict[str, int]
+
+    def sample(self, name: str) -> float:
+        """One sample of function `name`, in ms per call."""
+        raise NotImplementedError
+
+
+class _CpuSampler(_Sampler):
+    timer = "cpu_perf_counter"
+
+    def __init__(self, fns: Dict[str, Fn], config: TimingConfig):
+        self.fns = fns
+        self.calls = {name: self._calibrate(fn, config) for name, fn in fns.items()}
+
+    @staticmethod
+    def _calibrate(fn: Fn, config: TimingConfig) -> int:
+        """Double the loop until one sample lasts long enough; this also warms up."""
         calls = 1
         warm_until = time.perf_counter() + config.warmup_s
-        while True:  # calibrate: double the loop until one sample lasts long enough (this also warms up)
+        while True:
             t0 = time.perf_counter()
             for _ in range(calls):
                 fn()
             elapsed = time.perf_counter() - t0
             if elapsed >= config.min_sample_s and time.perf_counter() >= warm_until:
-                break
+                return calls
             if elapsed < config.min_sample_s:
                 calls *= 2
-        samples: List[float] = []
-        deadline = time.perf_counter() + config.budget_s
-        while len(samples) < config.max_samples and (
-            len(samples) < config.min_samples or time.perf_counter() < deadline
-        ):
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            samples.append((time.perf_counter() - t0) * 1e3 / calls)
-    return samples, "cpu_perf_counter", calls
+
+    def sample(self, name: str) -> float:
+        fn, calls = self.fns[name], self.calls[name]
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        return (time.perf_counter() - t0) * 1e3 / calls
 
 
 def cuda_timer_name() -> str:
-    """The GPU timer `measure` will use: do_bench when triton imports, else CUDA events."""
+    """The timer `measure` uses for a lone function on CUDA: do_bench when triton imports, else CUDA events."""
     try:
         import triton.testing  # noqa: F401
     except ImportError:
@@ -87,36 +160,40 @@ def cuda_timer_name() -> str:
     return "triton_do_bench"
 
 
-def _cuda_samples(fn: Callable[[], object], config: TimingConfig) -> Tuple[List[float], str, int]:
-    if cuda_timer_name() == "triton_do_bench":
-        import triton.testing
+class _CudaSampler(_Sampler):
+    def __init__(self, fns: Dict[str, Fn], config: TimingConfig):
+        self.timer = "cuda_graph_event" if config.cuda_graph else "cuda_event"
+        self.fns = {name: _graphed(fn) if config.cuda_graph else fn for name, fn in fns.items()}
+        self.calls = {name: 1 for name in fns}
+        self.flush = torch.empty(_L2_FLUSH_BYTES, dtype=torch.int8, device="cuda")
+        warm_until = time.perf_counter() + config.warmup_s
+        while time.perf_counter() < warm_until:
+            for fn in self.fns.values():
+                fn()
+        torch.cuda.synchronize()
 
-        # do_bench warms up, flushes L2 before every call, and times each call with CUDA events.
-        samples = triton.testing.do_bench(
-            fn, warmup=config.warmup_s * 1e3, rep=config.budget_s * 1e3, return_mode="all"
-        )
-        return [float(s) for s in samples], "triton_do_bench", 1
-    return _cuda_event_samples(fn, config), "cuda_event", 1
-
-
-def _cuda_event_samples(fn: Callable[[], object], config: TimingConfig) -> List[float]:
-    flush = torch.empty(_L2_FLUSH_BYTES, dtype=torch.int8, device="cuda")
-    fn()
-    torch.cuda.synchronize()
-    warm_until = time.perf_counter() + config.warmup_s
-    while time.perf_counter() < warm_until:
-        fn()
-    torch.cuda.synchronize()
-    pairs = []
-    deadline = time.perf_counter() + config.budget_s
-    while len(pairs) < config.max_samples and (len(pairs) < config.min_samples or time.perf_counter() < deadline):
-        flush.zero_()  # outside the timed region: every sample starts with a cold L2
+    def sample(self, name: str) -> float:
+        self.flush.zero_()  # outside the timed region: every sample starts with a cold L2
+        # Wait for the flush, so the timed region starts on an idle GPU and includes the
+        # CPU's launch overhead: N separate calls pay it N times, and fusion saves it.
+        torch.cuda.synchronize()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        fn()
+        self.fns[name]()
         end.record()
-        pairs.append((start, end))
-        if len(pairs) % 32 == 0:
-            torch.cuda.synchronize()  # keep the wall-clock deadline honest
-    torch.cuda.synchronize()
-    return [float(s.elapsed_time(e)) for s, e in pairs]
+        end.synchronize()
+        return float(start.elapsed_time(end))
+
+
+def _graphed(fn: Fn) -> Fn:
+    """`fn` captured once in a CUDA graph; calling the result replays it."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):  # warm up outside the graph, as capture requires
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
