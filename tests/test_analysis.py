@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from wide_tessera import BenchmarkResult, PointResult, TimingStats
+from wide_tessera import BenchmarkResult, PointResult, TimingConfig, TimingStats
 from wide_tessera.bench import analysis
 from wide_tessera.bench.correctness import Check
 from wide_tessera.bench.environment import capture_environment
@@ -30,6 +30,7 @@ def result(points):
         strategies=["a", "b"],
         environment=capture_environment("cpu"),
         timer="synthetic",
+        timing=TimingConfig(),
         seed=0,
         duration_s=0.0,
     )

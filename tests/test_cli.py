@@ -8,7 +8,6 @@ import torch
 from click.testing import CliRunner
 
 from wide_tessera import load_results, register
-from wide_tessera.bench import runner
 from wide_tessera.bench.registry import REGISTRY
 from wide_tessera.cli import cli, parse_override
 from wide_tessera.errors import WideTesseraError
@@ -16,12 +15,10 @@ from wide_tessera.errors import WideTesseraError
 from .test_runner import SometimesWrongLinear
 
 
-@pytest.fixture(autouse=True)
-def _fast_runs(monkeypatch, fast_timing):
-    monkeypatch.setattr(runner, "TimingConfig", lambda: fast_timing)
-
-
 def invoke(*args):
+    """Run the CLI; benchmark runs sample briefly, through the real flags."""
+    if args[0] == "benchmark":
+        args = (*args, "--budget", "0.005", "--target-ci", "0.5")
     return CliRunner().invoke(cli, list(args), catch_exceptions=False)
 
 
@@ -90,6 +87,10 @@ def test_incorrect_strategy_makes_the_exit_status_nonzero():
 
 
 BAD = [
+    (["benchmark", "gemm", "--preset", "ci", "--target-ci", "2"], "--target-ci 2.0: give a fraction between 0 and 1"),
+    (["benchmark", "gemm", "--preset", "ci", "--budget", "0"], "--budget 0.0: give a positive number of seconds"),
+    (["benchmark", "gemm", "--preset", "ci", "--threads", "0"], "--threads 0: give a positive number of threads"),
+    (["benchmark", "gemm", "--preset", "ci", "--device", "cpu", "--cuda-graph"], "--cuda-graph needs a CUDA device"),
     (["benchmark", "gemn", "--preset", "ci"], "unknown op 'gemn'; did you mean 'gemm'"),
     (["benchmark", "--preset", "ci"], "name one or more ops, or give --all"),
     (["benchmark", "gemm", "--all"], "name one or more ops, or give --all"),
@@ -142,3 +143,30 @@ def test_python_dash_m_works():
         timeout=120,
     )
     assert r.returncode == 2 and "unknown preset" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_timing_settings_and_threads_are_recorded(tmp_path):
+    out = tmp_path / "r.json"
+    threads = torch.get_num_threads()
+    try:
+        r = invoke(
+            "benchmark",
+            "gemm",
+            "--preset",
+            "ci",
+            "--device",
+            "cpu",
+            "--n-values",
+            "2",
+            "--threads",
+            "1",
+            "--quiet",
+            "-o",
+            str(out),
+        )
+    finally:
+        torch.set_num_threads(threads)
+    assert r.exit_code == 0, r.output
+    result = load_results(out)[0]
+    assert result.environment.threads == 1
+    assert (result.timing.budget_s, result.timing.target_rel_ci, result.timing.cuda_graph) == (0.005, 0.5, False)

@@ -12,6 +12,7 @@ from .bench.job import DTYPES, BenchmarkJob
 from .bench.registry import get_op
 from .bench.runner import run
 from .bench.schema import BenchmarkResult
+from .bench.timing import TimingConfig
 from .errors import WideTesseraError
 from .ops.custom import custom_job
 
@@ -82,14 +83,22 @@ def build_job(name: str, preset: str, device: str, **overrides: Any) -> Benchmar
 
 
 def benchmark(
-    name: str, preset: str = "full", device: Optional[str] = None, verbose: bool = True, seed: int = 0, **overrides: Any
+    name: str,
+    preset: str = "full",
+    device: Optional[str] = None,
+    verbose: bool = True,
+    seed: int = 0,
+    timing: Optional[TimingConfig] = None,
+    **overrides: Any,
 ) -> BenchmarkResult:
     """Benchmark a registered op: N separate calls against each wide strategy, over the preset's sweep.
 
     `overrides` replace sweep axes, e.g. n_values=[8, 16], channels=[32], dtype=['float32'].
+    `timing` sets when sampling stops (TimingConfig: CI target, time budget, CUDA graphs).
     """
     device = resolve_device(device)
-    return run(build_job(name, preset, device, **overrides), device=device, verbose=verbose, seed=seed)
+    job = build_job(name, preset, device, **overrides)
+    return run(job, device=device, verbose=verbose, seed=seed, timing=timing)
 
 
 def benchmark_custom(
@@ -101,6 +110,7 @@ def benchmark_custom(
     verbose: bool = True,
     dtype: str = "float32",
     seed: int = 0,
+    timing: Optional[TimingConfig] = None,
     **model_kwargs: Any,
 ) -> BenchmarkResult:
     """Benchmark N copies of `model_class(**model_kwargs)` made wide with torch.func.vmap.
@@ -109,4 +119,4 @@ def benchmark_custom(
     """
     device = resolve_device(device)
     job = custom_job(model_class, input_shape, n_values, name=name, dtype=dtype, **model_kwargs)
-    return run(job, device=device, verbose=verbose, seed=seed)
+    return run(job, device=device, verbose=verbose, seed=seed, timing=timing)

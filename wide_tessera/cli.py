@@ -7,12 +7,14 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 import click
+import torch
 
 from .api import build_job, resolve_device
 from .bench.registry import REGISTRY, op_names
 from .bench.report import format_table
 from .bench.runner import run
 from .bench.schema import load_results, save_results
+from .bench.timing import TimingConfig
 from .errors import WideTesseraError
 
 __all__ = ["cli", "main"]
@@ -44,6 +46,17 @@ def _check_output(path: Optional[str]) -> None:
         raise WideTesseraError(f"-o {path}: is a directory; give a file path")
     if not p.parent.is_dir():
         raise WideTesseraError(f"-o {path}: folder {str(p.parent)!r} does not exist")
+
+
+def _timing_config(device: str, target_ci: float, budget: float, cuda_graph: bool) -> TimingConfig:
+    if cuda_graph and not device.startswith("cuda"):
+        raise WideTesseraError(f"--cuda-graph needs a CUDA device; the run is on {device}")
+    try:
+        return TimingConfig(target_rel_ci=target_ci, budget_s=budget, cuda_graph=cuda_graph)
+    except ValueError as e:
+        raise WideTesseraError(
+            str(e).replace("target_rel_ci=", "--target-ci ").replace("budget_s=", "--budget ")
+        ) from None
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -81,6 +94,18 @@ def list_ops() -> None:
 @click.option("--n-values", default=None, metavar="N1,N2,...", help="Replace the preset's N values.")
 @click.option("--set", "sets", multiple=True, metavar="AXIS=V1,V2", help="Replace a sweep axis (repeatable).")
 @click.option("--seed", default=0, show_default=True, help="Seed for models and inputs.")
+@click.option("--threads", type=int, default=None, help="CPU threads for torch  [default: torch's choice]")
+@click.option(
+    "--target-ci",
+    type=float,
+    default=TimingConfig.target_rel_ci,
+    show_default=True,
+    help="Sample until each median's 95% CI is narrower than this fraction of it.",
+)
+@click.option(
+    "--budget", type=float, default=TimingConfig.budget_s, show_default=True, help="Sampling seconds per function."
+)
+@click.option("--cuda-graph", is_flag=True, help="CUDA only: time CUDA-graph replays, without launch overhead.")
 @click.option("--quiet", is_flag=True, help="No progress on stderr.")
 def benchmark(
     names: Tuple[str, ...],
@@ -91,6 +116,10 @@ def benchmark(
     n_values: Optional[str],
     sets: Tuple[str, ...],
     seed: int,
+    threads: Optional[int],
+    target_ci: float,
+    budget: float,
+    cuda_graph: bool,
     quiet: bool,
 ) -> None:
     """Benchmark ops: N separate calls against every wide strategy.
@@ -100,6 +129,7 @@ def benchmark(
       wide_tessera benchmark --all --preset quick
       wide_tessera benchmark conv1d conv2d --preset ci -o results.json
       wide_tessera benchmark gemm --n-values 4,8 --set batch=64 --set dtype=float32,bfloat16
+      wide_tessera benchmark flash_attention --preset quick --device cuda --cuda-graph
 
     Exit status: 0 when every strategy was correct, 1 when any was incorrect, 2 for bad input.
     """
@@ -111,13 +141,18 @@ def benchmark(
             overrides["n_values"] = [_parse_value(v) for v in n_values.split(",")]
         _check_output(output)
         resolved = resolve_device(device)
+        timing = _timing_config(resolved, target_ci, budget, cuda_graph)
+        if threads is not None:
+            if threads <= 0:
+                raise WideTesseraError(f"--threads {threads}: give a positive number of threads")
+            torch.set_num_threads(threads)
         jobs = [build_job(name, preset, resolved, **overrides) for name in (op_names() if run_all else names)]
     except WideTesseraError as e:
         raise click.UsageError(str(e)) from None
 
     results = []
     for job in jobs:
-        result = run(job, device=resolved, verbose=not quiet, seed=seed)
+        result = run(job, device=resolved, verbose=not quiet, seed=seed, timing=timing)
         results.append(result)
         click.echo(result.summary() + "\n")
     if output:

@@ -44,6 +44,7 @@ def run(
         strategies=list(job.strategies),
         environment=capture_environment(device),
         timer=points[0].stats["baseline"].timer,
+        timing=timing,
         seed=seed,
         duration_s=time.perf_counter() - started,
     )

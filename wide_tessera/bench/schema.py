@@ -15,6 +15,7 @@ from . import analysis
 from .correctness import Check
 from .environment import Environment
 from .stats import TimingStats
+from .timing import TimingConfig
 
 __all__ = ["PointResult", "GroupResult", "BenchmarkResult", "save_results", "load_results", "SCHEMA_VERSION"]
 
@@ -95,6 +96,7 @@ class BenchmarkResult:
     strategies: List[str]
     environment: Environment
     timer: str
+    timing: TimingConfig
     seed: int
     duration_s: float
     points: List[PointResult]

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, Iterator, List, Optional
 
 import torch
+from dataclasses_json import dataclass_json
 
 from .stats import TimingStats, median_ci
 
@@ -27,6 +28,7 @@ _L2_FLUSH_BYTES = 256 * 1024 * 1024
 Fn = Callable[[], object]
 
 
+@dataclass_json
 @dataclass(frozen=True)
 class TimingConfig:
     """When to stop sampling: the median's 95% CI is narrow enough, or the time budget is spent."""
@@ -48,6 +50,10 @@ class TimingConfig:
     def __post_init__(self) -> None:
         if self.min_samples < 2:
             raise ValueError(f"min_samples={self.min_samples}: a median's uncertainty needs at least 2 samples")
+        if not 0 < self.target_rel_ci < 1:
+            raise ValueError(f"target_rel_ci={self.target_rel_ci}: give a fraction between 0 and 1, e.g. 0.02")
+        if self.budget_s <= 0:
+            raise ValueError(f"budget_s={self.budget_s}: give a positive number of seconds")
 
 
 def measure(fn: Fn, device: str = "cpu", config: Optional[TimingConfig] = None) -> TimingStats:
