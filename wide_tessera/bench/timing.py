@@ -127,10 +127,25 @@ class _Sampler:
         raise NotImplementedError
 
 
+# glibc raises its mmap threshold to the size of any mmap'd block that is freed, up to
+# 32 MiB. Below the threshold, tensors come from the heap; above it, every allocation is
+# a fresh mmap that page-faults on first touch. So a timing depended on what the process
+# had freed before: 32 conv1d calls took 28 ms, or 17 ms once a larger conv had run
+# (2-core CI machine). Freeing one block just under the cap pins the threshold at its
+# ceiling, the state a long-running process settles in, and no later free can move it.
+_SETTLE_BYTES = 31 * 1024 * 1024
+
+
+def _settle_allocator() -> None:
+    block = torch.empty(_SETTLE_BYTES, dtype=torch.uint8)
+    del block
+
+
 class _CpuSampler(_Sampler):
     timer = "cpu_perf_counter"
 
     def __init__(self, fns: Dict[str, Fn], config: TimingConfig):
+        _settle_allocator()
         self.fns = fns
         self.calls = {name: self._calibrate(fn, config) for name, fn in fns.items()}
 
