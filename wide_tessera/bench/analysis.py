@@ -39,9 +39,11 @@ __all__ = [
     "recommended_threshold",
 ]
 
-# Differences under 1% are not reported as significant: with the default 2% target
-# width for each median's CI, a smaller effect is below what a measurement resolves.
-MIN_EFFECT = 0.01
+# A win must clear 5%, not just 1.0: between separate runs on a shared machine, speedups
+# move by a few percent even when each run's interval is tight (scripts/repeatability.py:
+# conv1d at N=1, one conv either way, came out 1.03x [1.02, 1.05] in one run and within
+# noise in the next). A gain that small is no reason to fuse, and not reproducible.
+MIN_EFFECT = 0.05
 
 
 def speedup_ci(baseline_ms: Sequence[float], strategy_ms: Sequence[float], seed: int = 0) -> Tuple[float, float]:

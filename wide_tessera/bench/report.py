@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, List, Optional, Sequence
 
+from .analysis import MIN_EFFECT
+
 if TYPE_CHECKING:
     from .schema import BenchmarkResult, PointResult
 
@@ -48,7 +50,7 @@ def format_summary(result: "BenchmarkResult") -> str:
         f"== {result.op} (preset {result.preset}) on {env.device}: {env.device_name}, {env.threads} threads, "
         f"timer {result.timer}, torch {env.torch_version}, {result.duration_s:.1f} s",
         format_table(header, rows),
-        "n.s.: no significant difference from baseline; a win needs the whole CI above 1.01",
+        f"n.s.: no significant difference from baseline; a win needs the whole CI above {1 + MIN_EFFECT:.2f}",
         "crossover N per parameter group (smallest N from which fusing wins at every larger N):",
         *(
             f"  {' '.join(f'{k}={v}' for k, v in g.params.items())}: {_n_or_never(g.crossover_n)}"
