@@ -33,3 +33,12 @@ def test_cuda_event_timer_when_triton_is_absent(monkeypatch):
     a = torch.randn(1024, 1024, device="cuda")
     stats = measure(lambda: a @ a, device="cuda")
     assert stats.timer == "cuda_event" and stats.n_samples >= 7 and stats.median_ms > 0
+
+
+def test_paired_cuda_timing_and_graph_mode_are_recorded():
+    from wide_tessera import TimingConfig
+
+    plain = benchmark("gemm", preset="ci", device="cuda", verbose=False)
+    graphed = benchmark("gemm", preset="ci", device="cuda", verbose=False, timing=TimingConfig(cuda_graph=True))
+    assert (plain.timer, graphed.timer) == ("cuda_event", "cuda_graph_event")
+    assert graphed.timing.cuda_graph and plain.all_correct and graphed.all_correct
