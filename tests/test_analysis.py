@@ -102,8 +102,8 @@ def test_incorrect_strategy_never_wins_nor_moves_the_crossover():
     assert r.crossover_n == 4
     assert "b" not in r.strategy_wins
     assert r.best_speedup == 2.0
-    assert len(r.failures) == 2 and all(" b: wrong" in f for f in r.failures)
-    assert "INCORRECT" in r.summary()
+    assert len(r.failures) == 2 and all(" b: incorrect: wrong" in f for f in r.failures)
+    assert "INCORRECT" in r.summary() and "FAILED (2)" in r.summary()
 
 
 def test_a_difference_within_noise_is_no_difference_not_a_win():

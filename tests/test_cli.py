@@ -83,7 +83,7 @@ def test_incorrect_strategy_makes_the_exit_status_nonzero():
         del REGISTRY["test_cli_wrong"]
     assert r.exit_code == 1
     assert "INCORRECT" in r.stdout
-    assert "2 incorrect strategy result(s)" in r.stderr and "raises: RuntimeError: kernel exploded" in r.stderr
+    assert "2 failure(s)" in r.stderr and "raises: error in check: RuntimeError: kernel exploded" in r.stderr
 
 
 BAD = [

@@ -4,7 +4,8 @@ from .api import benchmark, benchmark_custom
 from .bench.job import BenchmarkJob, SweepParams
 from .bench.registry import REGISTRY, register
 from .bench.runner import run
-from .bench.schema import BenchmarkResult, GroupResult, PointResult, load_results, save_results
+from .bench.schema import BenchmarkResult, Failure, GroupResult, PointResult, load_results, save_results
+from .bench.stages import StageTimeouts
 from .bench.stats import TimingStats
 from .bench.timing import TimingConfig, measure
 from .errors import WideTesseraError
@@ -26,6 +27,8 @@ __all__ = [
     "BenchmarkResult",
     "GroupResult",
     "PointResult",
+    "Failure",
+    "StageTimeouts",
     "TimingConfig",
     "TimingStats",
     "WideTesseraError",

@@ -12,6 +12,7 @@ from .bench.job import DTYPES, BenchmarkJob
 from .bench.registry import get_op
 from .bench.runner import run
 from .bench.schema import BenchmarkResult
+from .bench.stages import StageTimeouts
 from .bench.timing import TimingConfig
 from .errors import WideTesseraError
 from .ops.custom import custom_job
@@ -89,16 +90,22 @@ def benchmark(
     verbose: bool = True,
     seed: int = 0,
     timing: Optional[TimingConfig] = None,
+    isolate: bool = False,
+    timeouts: Optional[StageTimeouts] = None,
+    memory_budget: Optional[int] = None,
     **overrides: Any,
 ) -> BenchmarkResult:
     """Benchmark a registered op: N separate calls against each wide strategy, over the preset's sweep.
 
     `overrides` replace sweep axes, e.g. n_values=[8, 16], channels=[32], dtype=['float32'].
     `timing` sets when sampling stops (TimingConfig: CI target, time budget, CUDA graphs).
+    `isolate` runs the points in a worker process, so a hang or a crash costs one strategy;
+    `timeouts` limits each stage of a point (StageTimeouts); `memory_budget` (bytes) skips
+    points whose estimated footprint is larger.
     """
     device = resolve_device(device)
     job = build_job(name, preset, device, **overrides)
-    return run(job, device=device, verbose=verbose, seed=seed, timing=timing)
+    return run(job, device, verbose, seed, timing, timeouts, _check_budget(memory_budget), isolate)
 
 
 def benchmark_custom(
@@ -111,6 +118,9 @@ def benchmark_custom(
     dtype: str = "float32",
     seed: int = 0,
     timing: Optional[TimingConfig] = None,
+    isolate: bool = False,
+    timeouts: Optional[StageTimeouts] = None,
+    memory_budget: Optional[int] = None,
     **model_kwargs: Any,
 ) -> BenchmarkResult:
     """Benchmark N copies of `model_class(**model_kwargs)` made wide with torch.func.vmap.
@@ -119,4 +129,12 @@ def benchmark_custom(
     """
     device = resolve_device(device)
     job = custom_job(model_class, input_shape, n_values, name=name, dtype=dtype, **model_kwargs)
-    return run(job, device=device, verbose=verbose, seed=seed, timing=timing)
+    return run(job, device, verbose, seed, timing, timeouts, _check_budget(memory_budget), isolate)
+
+
+def _check_budget(memory_budget: Optional[int]) -> Optional[int]:
+    if memory_budget is not None and (
+        isinstance(memory_budget, bool) or not isinstance(memory_budget, int) or memory_budget <= 0
+    ):
+        raise WideTesseraError(f"memory_budget={memory_budget!r}: give a positive number of bytes")
+    return memory_budget

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import re
 import sys
+import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -12,8 +15,10 @@ import torch
 from .api import build_job, resolve_device
 from .bench.registry import REGISTRY, op_names
 from .bench.report import format_table
-from .bench.runner import run
-from .bench.schema import load_results, save_results
+from .bench.job import BenchmarkJob
+from .bench.runner import RunSettings, build_result, job_points, point_key, progress
+from .bench.stages import StageTimeouts
+from .bench.schema import BenchmarkResult, load_results, save_results
 from .bench.timing import TimingConfig
 from .errors import WideTesseraError
 
@@ -38,14 +43,56 @@ def parse_override(text: str) -> Tuple[str, List[Any]]:
     return key.strip(), [_parse_value(v) for v in values.split(",")]
 
 
-def _check_output(path: Optional[str]) -> None:
+def _check_output(path: Optional[str], resume: bool) -> None:
     if path is None:
+        if resume:
+            raise WideTesseraError("--resume needs -o FILE: the results file to continue")
         return
     p = Path(path)
     if p.is_dir():
         raise WideTesseraError(f"-o {path}: is a directory; give a file path")
     if not p.parent.is_dir():
         raise WideTesseraError(f"-o {path}: folder {str(p.parent)!r} does not exist")
+    if not os.access(p.parent, os.W_OK):
+        raise WideTesseraError(f"-o {path}: folder {str(p.parent)!r} is not writable")
+    if resume and not p.exists():
+        raise WideTesseraError(f"--resume: {path} does not exist; run without --resume to start it")
+
+
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 2**10,
+    "kb": 2**10,
+    "kib": 2**10,
+    "m": 2**20,
+    "mb": 2**20,
+    "mib": 2**20,
+    "g": 2**30,
+    "gb": 2**30,
+    "gib": 2**30,
+}
+
+
+def parse_size(text: str) -> int:
+    """'512MiB', '2GB', '1.5g', '1048576' -> bytes (K, M, G are powers of 1024)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    unit = match.group(2).lower() if match else None
+    if match is None or unit not in _SIZE_UNITS or float(match.group(1)) <= 0:
+        raise WideTesseraError(f"--memory-budget {text!r}: expected a positive size such as 512MiB or 2GiB")
+    return int(float(match.group(1)) * _SIZE_UNITS[unit])
+
+
+def _previous_results(path: str, preset: str, device: str) -> Dict[str, BenchmarkResult]:
+    """The results a --resume continues, by op, after checking they were measured the same way."""
+    previous = {r.op: r for r in load_results(path)}
+    for r in previous.values():
+        if (r.preset, r.device) != (preset, device):
+            raise WideTesseraError(
+                f"--resume: {path} has {r.op} measured with preset {r.preset} on {r.device}; "
+                f"this run asks for preset {preset} on {device}"
+            )
+    return previous
 
 
 def _timing_config(device: str, target_ci: float, budget: float, cuda_graph: bool) -> TimingConfig:
@@ -90,7 +137,8 @@ def list_ops() -> None:
 @click.option("--all", "run_all", is_flag=True, help="Benchmark every registered op.")
 @click.option("--preset", default="full", show_default=True, help="Sweep preset: ci, quick or full.")
 @click.option("--device", default=None, help="cpu, cuda or cuda:N  [default: cuda if available, else cpu]")
-@click.option("-o", "--output", default=None, help="Write every result of the run to this JSON file.")
+@click.option("-o", "--output", default=None, help="Write every result to this JSON file, after every point.")
+@click.option("--resume", is_flag=True, help="Continue the incomplete results in -o FILE, skipping measured points.")
 @click.option("--n-values", default=None, metavar="N1,N2,...", help="Replace the preset's N values.")
 @click.option("--set", "sets", multiple=True, metavar="AXIS=V1,V2", help="Replace a sweep axis (repeatable).")
 @click.option("--seed", default=0, show_default=True, help="Seed for models and inputs.")
@@ -106,6 +154,11 @@ def list_ops() -> None:
     "--budget", type=float, default=TimingConfig.budget_s, show_default=True, help="Sampling seconds per function."
 )
 @click.option("--cuda-graph", is_flag=True, help="CUDA only: time CUDA-graph replays, without launch overhead.")
+@click.option("--isolate", is_flag=True, help="Run each op in a worker process: a hang or crash costs one strategy.")
+@click.option(
+    "--timeout-multiplier", type=float, default=1.0, show_default=True, help="Scale every stage's time limit."
+)
+@click.option("--memory-budget", default=None, metavar="SIZE", help="Skip points estimated above SIZE (e.g. 4GiB).")
 @click.option("--quiet", is_flag=True, help="No progress on stderr.")
 def benchmark(
     names: Tuple[str, ...],
@@ -113,6 +166,7 @@ def benchmark(
     preset: str,
     device: Optional[str],
     output: Optional[str],
+    resume: bool,
     n_values: Optional[str],
     sets: Tuple[str, ...],
     seed: int,
@@ -120,6 +174,9 @@ def benchmark(
     target_ci: float,
     budget: float,
     cuda_graph: bool,
+    isolate: bool,
+    timeout_multiplier: float,
+    memory_budget: Optional[str],
     quiet: bool,
 ) -> None:
     """Benchmark ops: N separate calls against every wide strategy.
@@ -130,8 +187,11 @@ def benchmark(
       wide_tessera benchmark conv1d conv2d --preset ci -o results.json
       wide_tessera benchmark gemm --n-values 4,8 --set batch=64 --set dtype=float32,bfloat16
       wide_tessera benchmark flash_attention --preset quick --device cuda --cuda-graph
+      wide_tessera benchmark --all --preset full --isolate -o full.json   (Ctrl-C, then add --resume)
 
-    Exit status: 0 when every strategy was correct, 1 when any was incorrect, 2 for bad input.
+    Exit status: 0 when every strategy ran and was correct; 1 when any was incorrect,
+    failed, timed out or crashed; 2 for bad input; 130 when interrupted (what was
+    measured is saved, marked incomplete).
     """
     try:
         if run_all == bool(names):
@@ -139,29 +199,84 @@ def benchmark(
         overrides: Dict[str, Any] = dict(parse_override(s) for s in sets)
         if n_values is not None:
             overrides["n_values"] = [_parse_value(v) for v in n_values.split(",")]
-        _check_output(output)
+        _check_output(output, resume)
         resolved = resolve_device(device)
-        timing = _timing_config(resolved, target_ci, budget, cuda_graph)
+        settings = RunSettings(
+            resolved,
+            seed,
+            _timing_config(resolved, target_ci, budget, cuda_graph),
+            _timeouts(timeout_multiplier),
+            None if memory_budget is None else parse_size(memory_budget),
+        )
         if threads is not None:
             if threads <= 0:
                 raise WideTesseraError(f"--threads {threads}: give a positive number of threads")
             torch.set_num_threads(threads)
         jobs = [build_job(name, preset, resolved, **overrides) for name in (op_names() if run_all else names)]
+        previous = _previous_results(output, preset, resolved) if resume else {}
     except WideTesseraError as e:
         raise click.UsageError(str(e)) from None
 
-    results = []
+    results: List[BenchmarkResult] = []
     for job in jobs:
-        result = run(job, device=resolved, verbose=not quiet, seed=seed, timing=timing)
+        result = _run_job(job, settings, isolate, previous.get(job.op), results, output, quiet)
         results.append(result)
         click.echo(result.summary() + "\n")
     if output:
-        save_results(results, output)
         click.echo(f"wrote {len(results)} result(s) to {output}", err=True)
     failures = [f"{r.op}: {f}" for r in results for f in r.failures]
     if failures:
-        click.echo(f"{len(failures)} incorrect strategy result(s):\n  " + "\n  ".join(failures), err=True)
+        click.echo(f"{len(failures)} failure(s):\n  " + "\n  ".join(failures), err=True)
         sys.exit(1)
+
+
+def _run_job(
+    job: BenchmarkJob,
+    settings: RunSettings,
+    isolate: bool,
+    previous: Optional[BenchmarkResult],
+    done: List[BenchmarkResult],
+    output: Optional[str],
+    quiet: bool,
+) -> BenchmarkResult:
+    """Measure one job, saving after every point; on Ctrl-C save what was measured and exit 130."""
+    if previous is not None and previous.complete:
+        return previous
+    order = {point_key(n, p): i for i, (n, p) in enumerate(job.sweep.points())}
+    points = [p for p in (previous.points if previous else []) if point_key(p.n, p.params) in order]
+    started = time.perf_counter() - (previous.duration_s if previous else 0.0)
+
+    def partial_result(complete: bool) -> BenchmarkResult:
+        ordered = sorted(points, key=lambda p: order[point_key(p.n, p.params)])
+        return build_result(job, settings, ordered, time.perf_counter() - started, complete)
+
+    try:
+        for point in job_points(job, settings, isolate, skip={point_key(p.n, p.params) for p in points}):
+            points.append(point)
+            if not quiet:
+                progress(job.op, point, len(points), len(order))
+            if output:
+                save_results([*done, partial_result(complete=False)], output)
+    except KeyboardInterrupt:
+        if output:
+            save_results([*done, partial_result(complete=False)], output)
+            click.echo(
+                f"\ninterrupted: saved {len(points)} point(s) of {job.op} to {output}; continue with --resume", err=True
+            )
+        else:
+            click.echo("\ninterrupted (nothing saved: no -o FILE)", err=True)
+        sys.exit(130)
+    result = partial_result(complete=True)
+    if output:
+        save_results([*done, result], output)
+    return result
+
+
+def _timeouts(multiplier: float) -> StageTimeouts:
+    try:
+        return StageTimeouts(multiplier=multiplier)
+    except ValueError:
+        raise WideTesseraError(f"--timeout-multiplier {multiplier}: give a positive number") from None
 
 
 @cli.command()

@@ -39,6 +39,10 @@ class SweepParams:
         for values in itertools.product(*(self.axes[k] for k in names)):
             yield dict(zip(names, values))
 
+    def points(self) -> List[Tuple[int, Dict[str, Any]]]:
+        """Every (N, params) of the sweep in run order: each parameter group's N values together."""
+        return [(n, params) for params in self.param_grid() for n in self.n_values]
+
     def n_points(self) -> int:
         return len(self.n_values) * len(list(self.param_grid()))
 

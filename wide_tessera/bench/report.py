@@ -19,12 +19,27 @@ def format_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 
 def _cell(point: "PointResult", strategy: str) -> str:
+    if strategy in point.failures:
+        return point.failures[strategy].kind.upper()  # ERROR, TIMEOUT, CRASH
     check = point.checks.get(strategy)
     if check is not None and not check.correct:
         return "INCORRECT"
+    if strategy not in point.speedup_ci:
+        return "-"
     low, high = point.speedup_ci[strategy]
     mark = {"faster": "", "slower": "", "same": " n.s."}[point.verdicts[strategy]]
     return f"{point.timings[strategy]:.4g} {point.speedups[strategy]:.2f}x [{low:.2f},{high:.2f}]{mark}"
+
+
+def _baseline_cell(point: "PointResult") -> str:
+    if "point" in point.failures:
+        return point.failures["point"].kind.upper()
+    return f"{point.timings['baseline']:.4g}"
+
+
+def _memory_cell(point: "PointResult", strategies: Sequence[str]) -> str:
+    peaks = point.peak_memory_bytes
+    return "/".join(f"{peaks[s] / 2**20:.3g}" if s in peaks else "-" for s in ("baseline", *strategies))
 
 
 def _n_or_never(n: Optional[int]) -> str:
@@ -34,14 +49,22 @@ def _n_or_never(n: Optional[int]) -> str:
 def format_summary(result: "BenchmarkResult") -> str:
     env = result.environment
     axes: List[str] = list(result.points[0].params) if result.points else []
-    header = ["N", *axes, "baseline ms", *(f"{s} ms speedup [95% CI]" for s in result.strategies), "winner"]
+    header = [
+        "N",
+        *axes,
+        "baseline ms",
+        *(f"{s} ms speedup [95% CI]" for s in result.strategies),
+        "winner",
+        "peak MiB (baseline/" + "/".join(result.strategies) + ")",
+    ]
     rows = [
         [
             str(p.n),
             *(str(p.params[a]) for a in axes),
-            f"{p.timings['baseline']:.4g}",
+            _baseline_cell(p),
             *(_cell(p, s) for s in result.strategies),
-            p.winner,
+            "-" if "point" in p.failures else p.winner,
+            _memory_cell(p, result.strategies),
         ]
         for p in result.points
     ]
@@ -64,7 +87,12 @@ def format_summary(result: "BenchmarkResult") -> str:
     if result.warnings:
         lines.append(f"WARNINGS ({len(result.warnings)}):")
         lines.extend(f"  {w}" for w in result.warnings)
+    if result.skipped:
+        lines.append(f"SKIPPED ({len(result.skipped)}):")
+        lines.extend(f"  {f}" for f in result.skipped)
     if result.failures:
-        lines.append(f"INCORRECT ({len(result.failures)}):")
+        lines.append(f"FAILED ({len(result.failures)}):")
         lines.extend(f"  {f}" for f in result.failures)
+    if not result.complete:
+        lines.append(f"INCOMPLETE: the run stopped after {len(result.points)} points; --resume continues it")
     return "\n".join(lines)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Union
 
@@ -17,9 +19,31 @@ from .environment import Environment
 from .stats import TimingStats
 from .timing import TimingConfig
 
-__all__ = ["PointResult", "GroupResult", "BenchmarkResult", "save_results", "load_results", "SCHEMA_VERSION"]
+__all__ = ["Failure", "PointResult", "GroupResult", "BenchmarkResult", "save_results", "load_results", "SCHEMA_VERSION"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+
+
+@dataclass_json
+@dataclass(frozen=True)
+class Failure:
+    """Why a strategy, or a whole point, has no result.
+
+    kind: 'error' (it raised), 'timeout' (a stage overran its limit), 'crash' (the
+    isolated worker died), or 'skipped' (the memory budget ruled it out; not a failure
+    of the code, so it does not fail the run).
+    """
+
+    stage: str
+    kind: str
+    error_type: str
+    message: str
+    elapsed_s: Optional[float] = None
+    limit_s: Optional[float] = None
+
+    def __str__(self) -> str:
+        limit = "" if self.limit_s is None else f" after {self.elapsed_s:.1f} s (limit {self.limit_s:.1f} s)"
+        return f"{self.kind} in {self.stage}{limit}: {self.error_type}: {self.message}"
 
 
 @dataclass_json
@@ -31,8 +55,10 @@ class PointResult:
     speedups: strategy -> baseline median / strategy median
     speedup_ci: strategy -> [low, high], its 95% confidence interval
     verdicts: strategy -> 'faster', 'slower' or 'same' (no significant difference)
-    correct: strategy -> passed the correctness check
+    correct: strategy -> passed the correctness check (False also when it failed to run)
     best_strategy, best_speedup: see `wide_tessera.bench.analysis` (None if no strategy is correct)
+    peak_memory_bytes: strategy -> most tensor memory one call held above what was held before
+    failures: strategy (or 'point' for the whole point) -> why it has no result
     """
 
     n: int
@@ -46,20 +72,62 @@ class PointResult:
     best_speedup: Optional[float]
     checks: Dict[str, Check]
     stats: Dict[str, TimingStats]
+    peak_memory_bytes: Dict[str, int] = field(default_factory=dict)
+    failures: Dict[str, Failure] = field(default_factory=dict)
 
     @classmethod
     def from_measurements(
-        cls, n: int, params: Dict[str, Any], stats: Dict[str, TimingStats], checks: Dict[str, Check], seed: int = 0
+        cls,
+        n: int,
+        params: Dict[str, Any],
+        stats: Dict[str, TimingStats],
+        checks: Dict[str, Check],
+        seed: int = 0,
+        peak_memory_bytes: Optional[Dict[str, int]] = None,
+        failures: Optional[Dict[str, Failure]] = None,
     ) -> "PointResult":
+        failures = dict(failures or {})
+        if "baseline" not in stats:
+            return cls.failed(n, params, failures, checks, peak_memory_bytes)
         base = stats["baseline"]
         timings = {s: st.median_ms for s, st in stats.items()}
         speedups = {s: base.median_ms / st.median_ms for s, st in stats.items() if s != "baseline"}
         cis = {s: list(analysis.speedup_ci(base.samples_ms, stats[s].samples_ms, seed)) for s in speedups}
         verdicts = {s: analysis.verdict(ci) for s, ci in cis.items()}
         correct = {s: c.correct for s, c in checks.items()}
+        correct.update({s: False for s in failures if s != "point"})
         best = analysis.pick_best(speedups, verdicts, correct)
         best_speedup = None if best is None else speedups[best]
-        return cls(n, params, timings, speedups, cis, verdicts, correct, best, best_speedup, checks, stats)
+        return cls(
+            n,
+            params,
+            timings,
+            speedups,
+            cis,
+            verdicts,
+            correct,
+            best,
+            best_speedup,
+            checks,
+            stats,
+            dict(peak_memory_bytes or {}),
+            failures,
+        )
+
+    @classmethod
+    def failed(
+        cls,
+        n: int,
+        params: Dict[str, Any],
+        failures: Dict[str, Failure],
+        checks: Optional[Dict[str, Check]] = None,
+        peak_memory_bytes: Optional[Dict[str, int]] = None,
+    ) -> "PointResult":
+        """A point with no timings: its setup or its baseline failed, or it was skipped."""
+        checks = dict(checks or {})
+        correct = {s: c.correct for s, c in checks.items()}
+        correct.update({s: False for s in failures if s != "point"})
+        return cls(n, params, {}, {}, {}, {}, correct, None, None, checks, {}, dict(peak_memory_bytes or {}), failures)
 
     @property
     def fused_wins(self) -> bool:
@@ -105,12 +173,17 @@ class BenchmarkResult:
     recommended_threshold: Optional[int]
     strategy_wins: Dict[str, int]
     best_speedup: Optional[float]
+    memory_method: str = ""
+    # False when the run stopped early (Ctrl-C, a killed process): `--resume` completes it.
+    complete: bool = True
     schema_version: int = SCHEMA_VERSION
 
     @classmethod
     def from_points(cls, points: List[PointResult], **run_info: Any) -> "BenchmarkResult":
         groups: Dict[str, List[PointResult]] = {}
         for p in points:
+            if "point" in p.failures and p.failures["point"].kind == "skipped":
+                continue  # a skipped point says nothing about where fusing starts to pay
             groups.setdefault(json.dumps(p.params, sort_keys=True), []).append(p)
         group_results = [
             GroupResult(
@@ -138,12 +211,21 @@ class BenchmarkResult:
 
     @property
     def failures(self) -> List[str]:
-        """One line per strategy that failed its correctness check, with the reason."""
+        """One line per incorrect, failed, timed-out or crashed strategy or point, with the reason."""
+        lines = []
+        for p in self.points:
+            where = f"N={p.n} {_params_text(p.params)}"
+            lines += [f"{where} {s}: incorrect: {c.error}" for s, c in p.checks.items() if not c.correct]
+            lines += [f"{where} {s}: {f}" for s, f in p.failures.items() if f.kind != "skipped"]
+        return lines
+
+    @property
+    def skipped(self) -> List[str]:
         return [
-            f"N={p.n} {_params_text(p.params)} {s}: {c.error}"
+            f"N={p.n} {_params_text(p.params)}: {f.message}"
             for p in self.points
-            for s, c in p.checks.items()
-            if not c.correct
+            for f in p.failures.values()
+            if f.kind == "skipped"
         ]
 
     @property
@@ -181,21 +263,37 @@ def _params_text(params: Dict[str, Any]) -> str:
 
 
 def save_results(results: Sequence[BenchmarkResult], path: Union[str, Path]) -> None:
-    """Write results to one JSON file (the format `load_results` reads)."""
+    """Write results to one JSON file (the format `load_results` reads).
+
+    Written to a temporary file beside `path` and renamed over it, so a run killed
+    mid-write leaves the previous complete file, never a truncated one.
+    """
+    path = Path(path)
     doc = {"schema_version": SCHEMA_VERSION, "results": [r.to_dict() for r in results]}
-    Path(path).write_text(json.dumps(doc, indent=1, allow_nan=False) + "\n")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(doc, indent=1, allow_nan=False) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
 
 
 def load_results(path: Union[str, Path]) -> List[BenchmarkResult]:
     """Read every result from a file written by `save_results`, `result.save` or `wide_tessera benchmark -o`."""
     try:
         doc = json.loads(Path(path).read_text())
+        if not isinstance(doc, dict) or "schema_version" not in doc:
+            raise WideTesseraError(f"{path}: not a wide_tessera results file (no schema_version)")
         version = doc["schema_version"]
         if version != SCHEMA_VERSION:
             raise WideTesseraError(f"{path}: schema version {version!r}; this wide_tessera reads {SCHEMA_VERSION}")
         return [BenchmarkResult.from_dict(r) for r in doc["results"]]
     except WideTesseraError:
         raise
+    except IsADirectoryError:
+        raise WideTesseraError(f"{path}: is a directory, not a results file") from None
     except OSError as e:
         raise WideTesseraError(f"{path}: cannot read ({e.strerror})") from None
     except (ValueError, KeyError, TypeError) as e:

@@ -11,21 +11,30 @@ from __future__ import annotations
 import gc
 import statistics
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Callable, Dict, Iterator, List, Optional
+from typing import Callable, ContextManager, Dict, Iterator, List, Optional
 
 import torch
 from dataclasses_json import dataclass_json
 
 from .stats import TimingStats, median_ci
 
-__all__ = ["TimingConfig", "measure", "measure_paired", "cuda_timer_name"]
+__all__ = ["TimingConfig", "TimedFunctionError", "measure", "measure_paired", "cuda_timer_name", "timer_name"]
 
 # An L2 flush buffer larger than any current GPU's L2 (H100: 50 MB, H200: 60 MB).
 _L2_FLUSH_BYTES = 256 * 1024 * 1024
 
 Fn = Callable[[], object]
+StageContext = Callable[[str], ContextManager[None]]
+
+
+class TimedFunctionError(Exception):
+    """One of the timed functions raised (or timed out); `name` says which."""
+
+    def __init__(self, name: str, error: Exception):
+        super().__init__(f"{name}: {type(error).__name__}: {error}")
+        self.name, self.error = name, error
 
 
 @dataclass_json
@@ -74,30 +83,51 @@ def measure(fn: Fn, device: str = "cpu", config: Optional[TimingConfig] = None) 
 
 
 def measure_paired(
-    fns: Dict[str, Fn], device: str = "cpu", config: Optional[TimingConfig] = None
+    fns: Dict[str, Fn],
+    device: str = "cpu",
+    config: Optional[TimingConfig] = None,
+    stage: Optional[StageContext] = None,
 ) -> Dict[str, TimingStats]:
-    """Time several functions in interleaved rounds; sample i of each comes from round i."""
+    """Time several functions in interleaved rounds; sample i of each comes from round i.
+
+    `stage(name)` wraps the 'warmup' and 'measure' phases (the runner puts time limits
+    there). A function that raises is reported as TimedFunctionError naming it.
+    """
     config = config or TimingConfig()
+    stage = stage or (lambda name: nullcontext())
+    samples: Dict[str, List[float]] = {name: [] for name in fns}
+    current = next(iter(fns))
     with _gc_paused():
-        if torch.device(device).type == "cuda":
-            sampler: _Sampler = _CudaSampler(fns, config)
-        else:
-            sampler = _CpuSampler(fns, config)
-        samples: Dict[str, List[float]] = {name: [] for name in fns}
-        deadline = time.perf_counter() + config.budget_s * len(fns)
-        while True:
-            for name in fns:
-                samples[name].append(sampler.sample(name))
-            rounds = len(samples[next(iter(fns))])
-            converged = rounds >= config.min_samples and all(_narrow(s, config) for s in samples.values())
-            if converged or rounds >= config.max_samples:
-                break
-            if rounds >= config.min_samples and time.perf_counter() > deadline:
-                break
+        try:
+            with stage("warmup"):
+                sampler = _CudaSampler(fns, config) if torch.device(device).type == "cuda" else _CpuSampler(fns, config)
+            with stage("measure"):
+                deadline = time.perf_counter() + config.budget_s * len(fns)
+                while True:
+                    for current in fns:
+                        samples[current].append(sampler.sample(current))
+                    rounds = len(samples[current])
+                    converged = rounds >= config.min_samples and all(_narrow(s, config) for s in samples.values())
+                    if converged or rounds >= config.max_samples:
+                        break
+                    if rounds >= config.min_samples and time.perf_counter() > deadline:
+                        break
+        except TimedFunctionError:
+            raise
+        except Exception as e:
+            raise TimedFunctionError(current, e) from e
+    timer = timer_name(device, config)
     return {
-        name: TimingStats.from_samples(s, sampler.timer, sampler.calls[name], converged=_narrow(s, config))
+        name: TimingStats.from_samples(s, timer, sampler.calls[name], converged=_narrow(s, config))
         for name, s in samples.items()
     }
+
+
+def timer_name(device: str, config: TimingConfig) -> str:
+    """The timer `measure_paired` uses on `device` with `config`."""
+    if torch.device(device).type != "cuda":
+        return "cpu_perf_counter"
+    return "cuda_graph_event" if config.cuda_graph else "cuda_event"
 
 
 def _narrow(samples: List[float], config: TimingConfig) -> bool:
@@ -119,7 +149,6 @@ def _gc_paused() -> Iterator[None]:
 
 
 class _Sampler:
-    timer: str
     calls: Dict[str, int]
 
     def sample(self, name: str) -> float:
@@ -142,12 +171,15 @@ def _settle_allocator() -> None:
 
 
 class _CpuSampler(_Sampler):
-    timer = "cpu_perf_counter"
-
     def __init__(self, fns: Dict[str, Fn], config: TimingConfig):
         _settle_allocator()
         self.fns = fns
-        self.calls = {name: self._calibrate(fn, config) for name, fn in fns.items()}
+        self.calls = {}
+        for name, fn in fns.items():
+            try:
+                self.calls[name] = self._calibrate(fn, config)
+            except Exception as e:
+                raise TimedFunctionError(name, e) from e
 
     @staticmethod
     def _calibrate(fn: Fn, config: TimingConfig) -> int:
@@ -183,15 +215,20 @@ def cuda_timer_name() -> str:
 
 class _CudaSampler(_Sampler):
     def __init__(self, fns: Dict[str, Fn], config: TimingConfig):
-        self.timer = "cuda_graph_event" if config.cuda_graph else "cuda_event"
-        self.fns = {name: _graphed(fn) if config.cuda_graph else fn for name, fn in fns.items()}
+        self.fns: Dict[str, Fn] = {}
         self.calls = {name: 1 for name in fns}
         self.flush = torch.empty(_L2_FLUSH_BYTES, dtype=torch.int8, device="cuda")
-        warm_until = time.perf_counter() + config.warmup_s
-        while time.perf_counter() < warm_until:
-            for fn in self.fns.values():
-                fn()
-        torch.cuda.synchronize()
+        for name, fn in fns.items():
+            warm_until = time.perf_counter() + config.warmup_s
+            try:
+                self.fns[name] = _graphed(fn) if config.cuda_graph else fn
+                while True:  # each function at least once, then until the warm-up time is spent
+                    self.fns[name]()
+                    torch.cuda.synchronize()
+                    if time.perf_counter() >= warm_until:
+                        break
+            except Exception as e:
+                raise TimedFunctionError(name, e) from e
 
     def sample(self, name: str) -> float:
         self.flush.zero_()  # outside the timed region: every sample starts with a cold L2

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import copy
-from typing import Any, Dict, Optional, Sequence, Tuple
+from functools import partial
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -74,10 +75,19 @@ def custom_job(
         preset="custom",
         strategies=list(WideFunctional.BENCHMARK_STRATEGIES),
         sweep=sweep,
-        model_factory=lambda **_: model_class(**model_kwargs),
-        input_factory=lambda n, **_: [torch.randn(shape) for _ in range(n)],
+        # partials of module-level functions, not lambdas: an isolated run pickles the job
+        model_factory=partial(_build_model, model_class, model_kwargs),
+        input_factory=partial(_random_inputs, shape),
         wide_factory=WideFunctional.from_modules,
     )
+
+
+def _build_model(model_class: type, model_kwargs: Dict[str, Any], **_: Any) -> nn.Module:
+    return model_class(**model_kwargs)
+
+
+def _random_inputs(shape: Tuple[int, ...], n: int, **_: Any) -> List[torch.Tensor]:
+    return [torch.randn(shape) for _ in range(n)]
 
 
 def _check_fits(model_class: type, shape: Tuple[int, ...], model_kwargs: Dict[str, Any]) -> None:

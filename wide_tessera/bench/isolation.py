@@ -1,0 +1,179 @@
+"""Run a job's points in a child process, so a hang or a crash costs one strategy, not the run.
+
+The worker (this module run as a program) gets the pickled job on stdin and sends
+back, over a pipe, a message as each stage starts and each finished point as data.
+The parent kills the worker's whole process group when a stage outlives its limit,
+records the crash or timeout where it happened, and starts a new worker: at the
+same point without the culprit strategy, or at the next point if the point itself
+(its setup or baseline) was the culprit.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import select
+import signal
+import struct
+import subprocess
+import sys
+import time
+from typing import Any, Dict, Iterator, Optional, Set, Tuple
+
+from ..errors import WideTesseraError
+from .job import BenchmarkJob
+from .runner import RunSettings, iter_points
+from .schema import Failure, PointResult
+
+__all__ = ["iter_points_isolated"]
+
+# Past a stage's limit, the worker's own alarm gets this long to report a timeout
+# gracefully before the parent kills it (a hang in C code never reports).
+_GRACE_S = 5.0
+_HEADER = struct.Struct("<Q")
+
+
+def iter_points_isolated(
+    job: BenchmarkJob, settings: RunSettings, skip: Optional[Set[str]] = None
+) -> Iterator[PointResult]:
+    _check_picklable(job)
+    points = job.sweep.points()
+    start, excluded = 0, {}
+    while start < len(points):
+        worker = _Worker(job, settings, start, skip or set(), excluded)
+        try:
+            for index, point in worker.points():
+                yield point
+                start, excluded = index + 1, {}
+        finally:
+            worker.kill()
+        if worker.stage is None:  # finished, or died before starting a point
+            if worker.finished:
+                return
+            raise RuntimeError(f"the isolated worker for {job.op} exited ({worker.exit_reason()}) before any point")
+        index, stage, strategy, limit, since = worker.stage
+        failure = worker.failure(stage, limit, since)
+        if strategy in (None, "baseline") or stage in ("warmup", "measure"):
+            n, params = points[index]
+            yield PointResult.failed(n, params, {"point": failure})
+            start, excluded = index + 1, {}
+        else:
+            start, excluded = index, {**excluded, strategy: failure}
+
+
+def _check_picklable(job: BenchmarkJob) -> None:
+    try:
+        pickle.dumps(job)
+    except Exception as e:
+        raise WideTesseraError(
+            f"isolate: {job.op}'s job cannot be sent to a worker process ({e}); define the op class "
+            "(or custom model class) in an importable module, not in __main__ or a function"
+        ) from None
+
+
+class _Worker:
+    def __init__(
+        self, job: BenchmarkJob, settings: RunSettings, start: int, skip: Set[str], excluded: Dict[str, Failure]
+    ):
+        read_fd, write_fd = os.pipe()
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "wide_tessera.bench.isolation", str(write_fd)],
+            stdin=subprocess.PIPE,
+            pass_fds=(write_fd,),
+            start_new_session=True,  # its own process group, so a kill takes its children too
+            env=env,
+        )
+        os.close(write_fd)
+        self.pipe = os.fdopen(read_fd, "rb", buffering=0)
+        self.proc.stdin.write(pickle.dumps((job, settings, start, skip, excluded)))
+        self.proc.stdin.close()
+        self.stage: Optional[Tuple[int, str, Optional[str], float, float]] = None
+        self.finished = False
+        self.timed_out = False
+
+    def points(self) -> Iterator[Tuple[int, PointResult]]:
+        while True:
+            message = self._receive()
+            if message is None:
+                return
+            if message[0] == "stage":
+                _, index, stage, strategy, limit = message
+                self.stage = (index, stage, strategy, limit, time.monotonic())
+            elif message[0] == "point":
+                self.stage = None
+                yield message[1], PointResult.from_dict(message[2])
+            else:
+                self.finished = True
+                return
+
+    def _receive(self) -> Optional[Any]:
+        header = self._read(_HEADER.size)
+        if header is None:
+            return None
+        return pickle.loads(self._read(_HEADER.unpack(header)[0]) or b"")
+
+    def _read(self, size: int) -> Optional[bytes]:
+        data = b""
+        while len(data) < size:
+            timeout = None
+            if self.stage is not None:
+                _, _, _, limit, since = self.stage
+                timeout = max(0.0, since + limit + _GRACE_S - time.monotonic())
+            ready, _, _ = select.select([self.pipe], [], [], timeout)
+            if not ready:
+                self.timed_out = True
+                self.kill()
+                return None
+            chunk = self.pipe.read(size - len(data))
+            if not chunk:
+                return None
+            data += chunk
+        return data
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.proc.wait()
+        self.pipe.close()
+
+    def exit_reason(self) -> str:
+        code = self.proc.returncode
+        if code is not None and code < 0:
+            return f"killed by {signal.Signals(-code).name}"
+        return f"exit code {code}"
+
+    def failure(self, stage: str, limit: float, since: float) -> Failure:
+        elapsed = time.monotonic() - since
+        if self.timed_out:
+            message = f"{stage} exceeded its {limit:.1f} s limit; the worker was killed"
+            return Failure(stage, "timeout", "Timeout", message, elapsed, limit)
+        reason = self.exit_reason()
+        kind = reason.split()[-1] if reason.startswith("killed") else "Exit"
+        return Failure(stage, "crash", kind, f"the worker process died ({reason}) during {stage}")
+
+
+def _worker_main(write_fd: int) -> None:
+    job, settings, start, skip, excluded = pickle.load(sys.stdin.buffer)
+    out = os.fdopen(write_fd, "wb", buffering=0)
+
+    def send(message: Any) -> None:
+        data = pickle.dumps(message)
+        out.write(_HEADER.pack(len(data)) + data)
+
+    current = [start]
+
+    def observe(index: int, stage: str, strategy: Optional[str], limit: float) -> None:
+        current[0] = index
+        send(("stage", index, stage, strategy, limit))
+
+    for point in iter_points(job, settings, start, skip, excluded, observer=observe):
+        send(("point", current[0], point.to_dict()))
+    send(("done",))
+
+
+if __name__ == "__main__":
+    _worker_main(int(sys.argv[1]))
