@@ -106,6 +106,48 @@ BAD = [
         "folder '/nonexistent/dir' does not exist",
     ),
     (["show", "/nonexistent.json"], "/nonexistent.json: cannot read"),
+    (["show", "/tmp"], "/tmp: is a directory, not a results file"),
+    (["benchmark", "gemm", "--preset", "ci", "--resume"], "--resume needs -o FILE"),
+    (
+        ["benchmark", "gemm", "--preset", "ci", "--resume", "-o", "/tmp/wt-no-such-file.json"],
+        "does not exist; run without --resume",
+    ),
+    (
+        ["benchmark", "gemm", "--preset", "ci", "--memory-budget", "lots"],
+        "--memory-budget 'lots': expected a positive size",
+    ),
+    (
+        ["benchmark", "gemm", "--preset", "ci", "--memory-budget", "0MiB"],
+        "--memory-budget '0MiB': expected a positive size",
+    ),
+    (
+        ["benchmark", "gemm", "--preset", "ci", "--memory-budget", "3PB"],
+        "--memory-budget '3PB': expected a positive size",
+    ),
+    (
+        ["benchmark", "gemm", "--preset", "ci", "--timeout-multiplier", "0"],
+        "--timeout-multiplier 0.0: give a positive number",
+    ),
+    (
+        ["benchmark", "gemm", "--preset", "ci", "--timeout-multiplier", "-2"],
+        "--timeout-multiplier -2.0: give a positive number",
+    ),
+    (["benchmark", "gemm", "--preset", "ci", "--threads", "-3"], "--threads -3: give a positive number of threads"),
+    (["benchmark", "gemm", "--preset", "ci", "--n-values", "4,4"], "n_values: [4, 4] repeats a value"),
+    (["benchmark", "gemm", "--preset", "ci", "--n-values", ""], "n_values: '' is not a positive integer"),
+    (["benchmark", "gemm", "--preset", "ci", "--n-values", "-8"], "n_values: -8 is not a positive integer"),
+    (["benchmark", "gemm", "--preset", "ci", "--set", "batch=0"], "batch: 0 is not a positive integer"),
+    (["benchmark", "gemm", "--preset", "ci", "--set", "batch=1.5"], "batch: '1.5' is not a positive integer"),
+    (["benchmark", "gemm", "--preset", "ci", "--set", "batch=true"], "batch: True is not a positive integer"),
+    (["benchmark", "gemm", "--preset", "ci", "--set", "dtype="], "--set 'dtype=': expected AXIS=V1,V2"),
+    (
+        ["benchmark", "flash_attention", "--preset", "ci", "--set", "causal=maybe"],
+        "causal: 'maybe' is not True or False",
+    ),
+    (["benchmark", "gemm", "conv9d", "--preset", "ci"], "unknown op 'conv9d'"),
+    (["benchmark", "gemm", "--preset", "ci", "--target-ci", "0"], "--target-ci 0.0: give a fraction between 0 and 1"),
+    (["benchmark", "gemm", "--preset", "ci", "--budget", "-1"], "--budget -1.0: give a positive number of seconds"),
+    (["benchmark", "gemm", "--preset", "ci", "--device", "cuda:x"], "unknown device 'cuda:x'"),
 ]
 if not torch.cuda.is_available():
     BAD.append((["benchmark", "gemm", "--preset", "ci", "--device", "cuda"], "CUDA is not available on this machine"))
@@ -118,6 +160,24 @@ def test_bad_input_exits_2_with_one_clear_line(args, message):
     assert message in r.output
     assert "Traceback" not in r.output
     assert isinstance(r.exception, SystemExit)  # click's clean exit, not an escaped error
+
+
+def test_the_bad_input_table_is_large():
+    assert len(BAD) >= 25
+
+
+def test_resume_refuses_a_file_measured_differently(tmp_path):
+    out = tmp_path / "r.json"
+    assert (
+        invoke(
+            "benchmark", "gemm", "--preset", "ci", "--device", "cpu", "--n-values", "1", "--quiet", "-o", str(out)
+        ).exit_code
+        == 0
+    )
+    r = CliRunner().invoke(
+        cli, ["benchmark", "gemm", "--preset", "quick", "--device", "cpu", "--resume", "-o", str(out)]
+    )
+    assert r.exit_code == 2 and "measured with preset ci on cpu; this run asks for preset quick on cpu" in r.output
 
 
 def test_output_that_is_a_directory_is_refused(tmp_path):

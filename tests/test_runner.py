@@ -40,7 +40,10 @@ def test_wrong_and_raising_strategies_are_reported_and_never_win(wrong_op, fast_
         assert "exceeds tolerance" in p.checks["wrong"].error
         failure = p.failures["raises"]
         assert (failure.stage, failure.kind, failure.error_type, failure.message) == (
-            "check", "error", "RuntimeError", "kernel exploded"
+            "check",
+            "error",
+            "RuntimeError",
+            "kernel exploded",
         )
     assert set(r.strategy_wins) <= {"bmm", "baseline", "no_difference"}
     assert not r.all_correct and len(r.failures) == 6

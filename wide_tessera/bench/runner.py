@@ -115,6 +115,9 @@ def iter_points(
     `observer(index, stage, strategy, limit)` hears of each stage as it starts.
     """
     skip = skip or set()
+    # The profiler's first start in a process takes about a second (CPU): pay it here,
+    # outside every stage's time limit.
+    peak_memory(lambda: None, settings.device)
     with torch.no_grad():
         for index, (n, params) in enumerate(job.sweep.points()):
             if index < start or point_key(n, params) in skip:

@@ -1,0 +1,159 @@
+"""Hangs, crashes, out-of-memory and interrupts: the run carries on and loses nothing."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from wide_tessera import BenchmarkResult, StageTimeouts, SweepParams, WideLinear, load_results, run
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class TroubleLinear(WideLinear):
+    """A healthy strategy next to every way a strategy can go wrong."""
+
+    BENCHMARK_STRATEGIES = ("bmm", "hangs", "segfaults", "oom", "wrong")
+    BENCHMARK_SWEEPS = {"test": SweepParams.of([2], batch=[4], in_features=[8], out_features=[8])}
+
+    def forward(self, x):
+        if self.strategy == "hangs":
+            signal.signal(signal.SIGALRM, signal.SIG_IGN)  # deaf to the worker's own alarm: only a kill stops it
+            while True:
+                pass
+        if self.strategy == "segfaults":
+            os.kill(os.getpid(), signal.SIGSEGV)
+        if self.strategy == "oom":
+            raise MemoryError("simulated: could not allocate 64 GiB")
+        if self.strategy == "wrong":
+            return torch.zeros(self.n, *x.shape[1:-1], self.out_features)
+        return super().forward(x)
+
+
+class SleepyLinear(WideLinear):
+    """Hangs in Python, which the in-process alarm can interrupt."""
+
+    BENCHMARK_STRATEGIES = ("bmm", "sleeps")
+    BENCHMARK_SWEEPS = {"test": SweepParams.of([1, 2], batch=[4], in_features=[8], out_features=[8])}
+
+    def forward(self, x):
+        if self.strategy == "sleeps":
+            time.sleep(3600)
+        return super().forward(x)
+
+
+def test_isolated_run_records_each_kind_of_trouble_and_keeps_the_healthy_results(fast_timing):
+    r = run(
+        TroubleLinear.benchmark_job("test"),
+        timing=fast_timing,
+        verbose=False,
+        isolate=True,
+        timeouts=StageTimeouts(check_s=1.0),
+    )
+    (p,) = r.points
+    assert p.correct == {"bmm": True, "wrong": False, "hangs": False, "segfaults": False, "oom": False}
+    hang, crash, oom = p.failures["hangs"], p.failures["segfaults"], p.failures["oom"]
+    assert (hang.kind, hang.stage, hang.limit_s) == ("timeout", "check", 1.0) and hang.elapsed_s >= 1.0
+    assert (crash.kind, crash.stage, crash.error_type) == ("crash", "check", "SIGSEGV")
+    assert (oom.kind, oom.error_type, oom.message) == ("error", "MemoryError", "simulated: could not allocate 64 GiB")
+    assert "exceeds tolerance" in p.checks["wrong"].error
+    assert p.best_strategy == "bmm" and set(p.timings) == {"baseline", "bmm"}
+    assert p.peak_memory_bytes["bmm"] == 2 * 4 * 8 * 4  # the wide output, float32
+    assert len(r.failures) == 4 and "timeout in check after" in r.summary()
+
+
+def test_in_process_stage_limit_interrupts_a_python_hang(fast_timing):
+    r = run(SleepyLinear.benchmark_job("test"), timing=fast_timing, verbose=False, timeouts=StageTimeouts(check_s=0.5))
+    assert [p.n for p in r.points] == [1, 2]  # the run went on to the next point
+    for p in r.points:
+        assert p.failures["sleeps"].kind == "timeout" and p.failures["sleeps"].limit_s == 0.5
+        assert p.correct["bmm"] and "baseline" in p.timings
+
+
+def test_memory_budget_skips_points_with_the_reason(fast_timing):
+    job = WideLinear.benchmark_job("ci", n_values=[1, 512], in_features=[256], out_features=[256], batch=[16])
+    r = run(job, timing=fast_timing, verbose=False, memory_budget=2**20)
+    small, big = r.points
+    assert "point" not in small.failures and small.correct["bmm"]
+    assert (
+        big.failures["point"].kind == "skipped" and "exceeds the memory budget 1.0 MiB" in big.failures["point"].message
+    )
+    assert r.failures == [] and len(r.skipped) == 1
+    assert [g.n_values for g in r.groups] == [[1]]  # a skipped point plays no part in the crossover
+
+
+def test_a_job_that_cannot_reach_a_worker_is_a_clear_error():
+    class Local(WideLinear):  # defined in a function: cannot be pickled by reference
+        BENCHMARK_SWEEPS = {"test": SweepParams.of([1], batch=[2], in_features=[4], out_features=[4])}
+
+    with pytest.raises(Exception, match="cannot be sent to a worker process"):
+        run(Local.benchmark_job("test"), verbose=False, isolate=True)
+
+
+def cli(*args, **kw):
+    return subprocess.Popen(
+        [sys.executable, "-m", "wide_tessera", "benchmark", *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kw,
+    )
+
+
+def test_ctrl_c_saves_an_incomplete_result_that_resume_completes(tmp_path):
+    out = tmp_path / "r.json"
+    args = ["gemm", "--preset", "ci", "--device", "cpu", "--n-values", "1,2,3,4,5,6", "--budget", "0.3", "-o", str(out)]
+    proc = cli(*args)
+    deadline = time.monotonic() + 120
+    while not out.exists() and time.monotonic() < deadline:  # the file appears after the first point
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "continue with --resume" in err and "Traceback" not in err
+    (partial,) = load_results(out)
+    assert not partial.complete and 1 <= len(partial.points) < 6
+    measured = {p.n: p.timings for p in partial.points}
+
+    proc = cli(*args, "--resume", "--quiet")
+    out_text, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    (done,) = load_results(out)
+    assert done.complete and [p.n for p in done.points] == [1, 2, 3, 4, 5, 6]
+    assert all(p.timings == measured[p.n] for p in done.points if p.n in measured)  # kept, not re-measured
+    assert "INCOMPLETE" not in out_text
+
+
+@pytest.mark.parametrize(
+    "content,match",
+    [
+        ('{"schema_version": 2, "results": [{"op": "gemm"', "not a wide_tessera results file"),  # truncated
+        ("\x00\xff garbage", "not a wide_tessera results file"),
+        ("[1, 2, 3]", "no schema_version"),
+        ('{"name": "something else"}', "no schema_version"),
+        ('{"schema_version": 99, "results": []}', "schema version 99; this wide_tessera reads 2"),
+        ('{"schema_version": 2, "results": [{"op": "gemm"}]}', "not a wide_tessera results file"),
+    ],
+)
+def test_loading_a_bad_file_names_the_file_and_the_problem(tmp_path, content, match):
+    path = tmp_path / "bad.json"
+    path.write_text(content, errors="surrogateescape")
+    with pytest.raises(Exception, match=match) as info:
+        BenchmarkResult.load(path)
+    assert str(path) in str(info.value) and "\n" not in str(info.value)
+
+
+def test_saving_replaces_the_file_atomically(tmp_path, fast_timing):
+    r = run(WideLinear.benchmark_job("ci", n_values=[1]), timing=fast_timing, verbose=False)
+    path = tmp_path / "r.json"
+    r.save(path)
+    r.save(path)
+    assert json.loads(path.read_text())["results"][0]["op"] == "gemm"
+    assert [f.name for f in tmp_path.iterdir()] == ["r.json"]  # no temporary files left behind
