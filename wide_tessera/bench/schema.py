@@ -94,8 +94,7 @@ class PointResult:
         speedups = {s: base.median_ms / st.median_ms for s, st in stats.items() if s != "baseline"}
         cis = {s: list(analysis.speedup_ci(base.samples_ms, stats[s].samples_ms, seed)) for s in speedups}
         verdicts = {s: analysis.verdict(ci) for s, ci in cis.items()}
-        correct = {s: c.correct for s, c in checks.items()}
-        correct.update({s: False for s in failures if s != "point"})
+        correct = _correctness(checks, failures)
         best = analysis.pick_best(speedups, verdicts, correct)
         best_speedup = None if best is None else speedups[best]
         return cls(
@@ -125,8 +124,7 @@ class PointResult:
     ) -> "PointResult":
         """A point with no timings: its setup or its baseline failed, or it was skipped."""
         checks = dict(checks or {})
-        correct = {s: c.correct for s, c in checks.items()}
-        correct.update({s: False for s in failures if s != "point"})
+        correct = _correctness(checks, failures)
         return cls(n, params, {}, {}, {}, {}, correct, None, None, checks, {}, dict(peak_memory_bytes or {}), failures)
 
     @property
@@ -142,6 +140,13 @@ class PointResult:
         if self.best_strategy is not None and self.verdicts[self.best_strategy] == "same":
             return "no_difference"
         return "baseline"
+
+
+def _correctness(checks: Dict[str, Check], failures: Dict[str, Failure]) -> Dict[str, bool]:
+    """Strategy -> correct; a strategy that failed to run is not correct."""
+    correct = {s: c.correct for s, c in checks.items()}
+    correct.update({s: False for s in failures if s != "point"})
+    return correct
 
 
 @dataclass_json
