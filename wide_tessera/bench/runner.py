@@ -151,15 +151,22 @@ def _measure_point(
             torch.manual_seed(settings.seed)
             modules = [job.model_factory(**params).to(device=device, dtype=dtype).eval() for _ in range(n)]
             inputs = [x.to(device=device, dtype=dtype) for x in job.input_factory(n, **params)]
-        with stage("check", "baseline"):
-            reference, baseline_peak = peak_memory(lambda: [m(x) for m, x in zip(modules, inputs)], device)
-    except (Exception, StageTimeout) as e:
+    except Exception as e:
         return PointResult.failed(n, params, {"point": _failure("setup", e)})
+
+    def baseline() -> List[torch.Tensor]:
+        return [m(x) for m, x in zip(modules, inputs)]
+
+    try:
+        with stage("check", "baseline"):
+            reference, baseline_peak = peak_memory(baseline, device)
+    except Exception as e:
+        return PointResult.failed(n, params, {"point": _failure("check", e)})
 
     tol = tolerance(dtype, device)
     checks: Dict[str, Check] = {}
     peaks = {"baseline": baseline_peak}
-    timed: Dict[str, Callable[[], object]] = {"baseline": lambda: [m(x) for m, x in zip(modules, inputs)]}
+    timed: Dict[str, Callable[[], object]] = {"baseline": baseline}
     for strategy in job.strategies:
         if strategy in failures:
             continue
