@@ -9,7 +9,7 @@ import numpy as np
 from dataclasses_json import dataclass_json
 from scipy import stats as scipy_stats
 
-__all__ = ["TimingStats", "median_ci", "HIGH_CV"]
+__all__ = ["TimingStats", "median_ci", "median_ci_rel_width", "HIGH_CV"]
 
 # Above this coefficient of variation a timing is flagged as noisy.
 HIGH_CV = 0.10
@@ -29,6 +29,16 @@ def median_ci(samples: Sequence[float], confidence: float = 0.95) -> Tuple[float
     if lo < 1:
         return float(a[0]), float(a[-1])
     return float(a[lo - 1]), float(a[hi - 1])
+
+
+def median_ci_rel_width(samples: Sequence[float]) -> float:
+    """Width of the median's 95% CI as a fraction of the median (inf for a zero median)."""
+    lo, hi = median_ci(samples)
+    return _rel_width(lo, hi, float(np.median(samples)))
+
+
+def _rel_width(lo: float, hi: float, median: float) -> float:
+    return (hi - lo) / median if median > 0 else float("inf")
 
 
 @dataclass_json
@@ -78,7 +88,8 @@ class TimingStats:
             warnings.append(f"high spread: coefficient of variation {cv:.0%} (above {HIGH_CV:.0%})")
         if not converged:
             warnings.append(
-                f"did not converge: the median's 95% CI spans {(hi - lo) / median:.1%} of it after {len(a)} samples"
+                f"did not converge: the median's 95% CI spans {_rel_width(lo, hi, median):.1%} of it "
+                f"after {len(a)} samples"
             )
         return cls(
             timer=timer,
@@ -104,5 +115,4 @@ class TimingStats:
     @property
     def median_ci_rel_width(self) -> float:
         """Width of the median's 95% CI as a fraction of the median."""
-        lo, hi = self.median_ci_ms
-        return (hi - lo) / self.median_ms if self.median_ms > 0 else 0.0
+        return _rel_width(*self.median_ci_ms, self.median_ms)

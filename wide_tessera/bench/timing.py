@@ -9,7 +9,6 @@ the machine's speed hits all of them alike and their samples pair up by round.
 from __future__ import annotations
 
 import gc
-import statistics
 import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
@@ -18,7 +17,7 @@ from typing import Callable, ContextManager, Dict, Iterator, List, Optional
 import torch
 from dataclasses_json import dataclass_json
 
-from .stats import TimingStats, median_ci
+from .stats import TimingStats, median_ci_rel_width
 
 __all__ = ["TimingConfig", "TimedFunctionError", "measure", "measure_paired", "cuda_timer_name", "timer_name"]
 
@@ -100,7 +99,9 @@ def measure_paired(
     with _gc_paused():
         try:
             with stage("warmup"):
-                sampler = _CudaSampler(fns, config) if torch.device(device).type == "cuda" else _CpuSampler(fns, config)
+                sampler = _CudaSampler(config) if torch.device(device).type == "cuda" else _CpuSampler(config)
+                for current, fn in fns.items():
+                    sampler.prepare(current, fn)
             with stage("measure"):
                 deadline = time.perf_counter() + config.budget_s * len(fns)
                 while True:
@@ -112,8 +113,6 @@ def measure_paired(
                         break
                     if rounds >= config.min_samples and time.perf_counter() > deadline:
                         break
-        except TimedFunctionError:
-            raise
         except Exception as e:
             raise TimedFunctionError(current, e) from e
     timer = timer_name(device, config)
@@ -131,9 +130,7 @@ def timer_name(device: str, config: TimingConfig) -> str:
 
 
 def _narrow(samples: List[float], config: TimingConfig) -> bool:
-    lo, hi = median_ci(samples)
-    mid = statistics.median(samples)
-    return mid > 0 and (hi - lo) / mid <= config.target_rel_ci
+    return median_ci_rel_width(samples) <= config.target_rel_ci
 
 
 @contextmanager
@@ -149,7 +146,16 @@ def _gc_paused() -> Iterator[None]:
 
 
 class _Sampler:
-    calls: Dict[str, int]
+    """Warms up and samples functions by name; `calls[name]` is the calls per sample."""
+
+    def __init__(self, config: TimingConfig):
+        self.config = config
+        self.fns: Dict[str, Fn] = {}
+        self.calls: Dict[str, int] = {}
+
+    def prepare(self, name: str, fn: Fn) -> None:
+        """Warm `fn` up and get it ready to be sampled as `name`."""
+        raise NotImplementedError
 
     def sample(self, name: str) -> float:
         """One sample of function `name`, in ms per call."""
@@ -171,30 +177,24 @@ def _settle_allocator() -> None:
 
 
 class _CpuSampler(_Sampler):
-    def __init__(self, fns: Dict[str, Fn], config: TimingConfig):
+    def __init__(self, config: TimingConfig):
+        super().__init__(config)
         _settle_allocator()
-        self.fns = fns
-        self.calls = {}
-        for name, fn in fns.items():
-            try:
-                self.calls[name] = self._calibrate(fn, config)
-            except Exception as e:
-                raise TimedFunctionError(name, e) from e
 
-    @staticmethod
-    def _calibrate(fn: Fn, config: TimingConfig) -> int:
+    def prepare(self, name: str, fn: Fn) -> None:
         """Double the loop until one sample lasts long enough; this also warms up."""
         calls = 1
-        warm_until = time.perf_counter() + config.warmup_s
+        warm_until = time.perf_counter() + self.config.warmup_s
         while True:
             t0 = time.perf_counter()
             for _ in range(calls):
                 fn()
             elapsed = time.perf_counter() - t0
-            if elapsed >= config.min_sample_s and time.perf_counter() >= warm_until:
-                return calls
-            if elapsed < config.min_sample_s:
+            if elapsed >= self.config.min_sample_s and time.perf_counter() >= warm_until:
+                break
+            if elapsed < self.config.min_sample_s:
                 calls *= 2
+        self.fns[name], self.calls[name] = fn, calls
 
     def sample(self, name: str) -> float:
         fn, calls = self.fns[name], self.calls[name]
@@ -214,21 +214,19 @@ def cuda_timer_name() -> str:
 
 
 class _CudaSampler(_Sampler):
-    def __init__(self, fns: Dict[str, Fn], config: TimingConfig):
-        self.fns: Dict[str, Fn] = {}
-        self.calls = {name: 1 for name in fns}
+    def __init__(self, config: TimingConfig):
+        super().__init__(config)
         self.flush = torch.empty(_L2_FLUSH_BYTES, dtype=torch.int8, device="cuda")
-        for name, fn in fns.items():
-            warm_until = time.perf_counter() + config.warmup_s
-            try:
-                self.fns[name] = _graphed(fn) if config.cuda_graph else fn
-                while True:  # each function at least once, then until the warm-up time is spent
-                    self.fns[name]()
-                    torch.cuda.synchronize()
-                    if time.perf_counter() >= warm_until:
-                        break
-            except Exception as e:
-                raise TimedFunctionError(name, e) from e
+
+    def prepare(self, name: str, fn: Fn) -> None:
+        warm_until = time.perf_counter() + self.config.warmup_s
+        fn = _graphed(fn) if self.config.cuda_graph else fn
+        while True:  # at least once, then until the warm-up time is spent
+            fn()
+            torch.cuda.synchronize()
+            if time.perf_counter() >= warm_until:
+                break
+        self.fns[name], self.calls[name] = fn, 1
 
     def sample(self, name: str) -> float:
         self.flush.zero_()  # outside the timed region: every sample starts with a cold L2
