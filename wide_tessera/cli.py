@@ -13,12 +13,12 @@ import click
 import torch
 
 from .api import build_job, resolve_device
+from .bench.job import BenchmarkJob
 from .bench.registry import REGISTRY, op_names
 from .bench.report import format_table
-from .bench.job import BenchmarkJob
 from .bench.runner import RunSettings, build_result, job_points, point_key, progress
-from .bench.stages import StageTimeouts
 from .bench.schema import BenchmarkResult, load_results, save_results
+from .bench.stages import StageTimeouts
 from .bench.timing import TimingConfig
 from .errors import WideTesseraError
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, List, Optional, Sequence
 
 from .analysis import MIN_EFFECT
+from .schema import params_text
 
 if TYPE_CHECKING:
     from .schema import BenchmarkResult, PointResult
@@ -75,10 +76,7 @@ def format_summary(result: "BenchmarkResult") -> str:
         format_table(header, rows),
         f"n.s.: no significant difference from baseline; a win needs the whole CI above {1 + MIN_EFFECT:.2f}",
         "crossover N per parameter group (smallest N from which fusing wins at every larger N):",
-        *(
-            f"  {' '.join(f'{k}={v}' for k, v in g.params.items())}: {_n_or_never(g.crossover_n)}"
-            for g in result.groups
-        ),
+        *(f"  {params_text(g.params)}: {_n_or_never(g.crossover_n)}" for g in result.groups),
         f"crossover_n: {_n_or_never(result.crossover_n)} ({crossed}/{len(result.groups)} groups cross) | "
         f"recommended_threshold: {_n_or_never(result.recommended_threshold)} | best speedup: "
         + ("none correct" if result.best_speedup is None else f"{result.best_speedup:.2f}x"),

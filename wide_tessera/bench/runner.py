@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import gc
 import json
-from functools import partial
 import sys
 import time
+from functools import partial
 from typing import Any, Callable, Dict, Iterator, List, Optional, Set
 
 import torch
@@ -20,7 +20,7 @@ from .correctness import Check, check_outputs, tolerance
 from .environment import capture_environment
 from .job import DTYPES, BenchmarkJob
 from .memory import memory_method, peak_memory
-from .schema import BenchmarkResult, Failure, PointResult
+from .schema import BenchmarkResult, Failure, PointResult, params_text
 from .stages import StageObserver, StageTimeout, StageTimeouts, stage_limit
 from .stats import TimingStats
 from .timing import TimedFunctionError, TimingConfig, measure_paired, timer_name
@@ -245,7 +245,7 @@ def _over_budget(
 
 
 def progress(op: str, point: PointResult, done: int, total: int) -> None:
-    params = " ".join(f"{k}={v}" for k, v in point.params.items())
+    params = params_text(point.params)
     if "point" in point.failures:
         status = str(point.failures["point"])
     elif point.best_speedup is None:

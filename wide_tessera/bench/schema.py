@@ -19,7 +19,16 @@ from .environment import Environment
 from .stats import TimingStats
 from .timing import TimingConfig
 
-__all__ = ["Failure", "PointResult", "GroupResult", "BenchmarkResult", "save_results", "load_results", "SCHEMA_VERSION"]
+__all__ = [
+    "Failure",
+    "PointResult",
+    "GroupResult",
+    "BenchmarkResult",
+    "save_results",
+    "load_results",
+    "params_text",
+    "SCHEMA_VERSION",
+]
 
 SCHEMA_VERSION = 2
 
@@ -219,7 +228,7 @@ class BenchmarkResult:
         """One line per incorrect, failed, timed-out or crashed strategy or point, with the reason."""
         lines = []
         for p in self.points:
-            where = f"N={p.n} {_params_text(p.params)}"
+            where = f"N={p.n} {params_text(p.params)}"
             lines += [f"{where} {s}: incorrect: {c.error}" for s, c in p.checks.items() if not c.correct]
             lines += [f"{where} {s}: {f}" for s, f in p.failures.items() if f.kind != "skipped"]
         return lines
@@ -227,7 +236,7 @@ class BenchmarkResult:
     @property
     def skipped(self) -> List[str]:
         return [
-            f"N={p.n} {_params_text(p.params)}: {f.message}"
+            f"N={p.n} {params_text(p.params)}: {f.message}"
             for p in self.points
             for f in p.failures.values()
             if f.kind == "skipped"
@@ -237,7 +246,7 @@ class BenchmarkResult:
     def warnings(self) -> List[str]:
         """One line per timing that was noisy or did not converge."""
         return [
-            f"N={p.n} {_params_text(p.params)} {s}: {'; '.join(st.warnings)}"
+            f"N={p.n} {params_text(p.params)} {s}: {'; '.join(st.warnings)}"
             for p in self.points
             for s, st in p.stats.items()
             if st.warnings
@@ -263,7 +272,8 @@ class BenchmarkResult:
         return results[0]
 
 
-def _params_text(params: Dict[str, Any]) -> str:
+def params_text(params: Dict[str, Any]) -> str:
+    """'batch=8 channels=64 dtype=float32': how summaries and progress lines name a point's parameters."""
     return " ".join(f"{k}={v}" for k, v in params.items())
 
 
