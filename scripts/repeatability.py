@@ -1,43 +1,56 @@
-"""Does a preset give the same crossovers twice in a row?
+"""Does a preset give the same crossovers twice, and does a busy machine get flagged instead of believed?
 
-Runs the same preset twice back to back and prints, per op, how many parameter
-groups got the same crossover N both times. Target: at least 90% on a CPU.
+Runs the same preset twice back to back: the first run on a quiet machine, the
+second with K processes burning a CPU each beside it (`--load K`; 0 runs both
+quietly). Per op, each parameter group of the second run is counted as agreeing
+(the same crossover N as the first), flagged (the second run says why its
+verdicts there may not be trusted: a disturbed measurement, an unstable point, an
+unconverged deciding point near the margin), or a *confident disagreement* (a
+different crossover, not flagged): the one outcome a user could be misled by.
+Target: at least 90% agreement quietly; under load at least 95% of groups agree
+or are flagged, and no confident disagreement.
 
-    python scripts/repeatability.py [--preset ci] [--device cpu] [ops ...]
+    python scripts/repeatability.py [--preset ci] [--device cpu] [--load K] [ops ...]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-from typing import List
+import subprocess
+import sys
+from contextlib import contextmanager
+from typing import Iterator, List
 
 from wide_tessera import benchmark
 from wide_tessera.bench.registry import op_names
 from wide_tessera.bench.report import format_table
 
 
-def _disagreements(first, second) -> List[str]:
-    """For each group whose crossover differs: the points where one run won and the other did not."""
-    lines = []
-    for a, b in zip(first.groups, second.groups):
-        if a.crossover_n == b.crossover_n:
-            continue
-        for pa, pb in zip(_points(first, a.params), _points(second, b.params)):
-            if pa.fused_wins != pb.fused_wins:
-                lines.append(f"{json.dumps(a.params)} N={pa.n}: {_speedup(pa)} vs {_speedup(pb)}")
-    return lines
-
-
-def _points(result, params):
-    return [p for p in result.points if p.params == params]
+@contextmanager
+def cpu_burners(k: int) -> Iterator[None]:
+    """K processes that each keep one CPU busy, for as long as the block runs."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(k)]
+    try:
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
 
 
 def _speedup(point) -> str:
-    if point.best_strategy is None:
-        return "no correct strategy"
-    low, high = point.speedup_ci[point.best_strategy]
-    return f"{point.best_strategy} {point.best_speedup:.2f}x [{low:.2f},{high:.2f}] ({point.verdicts[point.best_strategy]})"
+    best = point.best_strategy
+    if best is None or best not in point.speedup_ci:
+        return "no timed correct strategy"
+    low, high = point.speedup_ci[best]
+    return f"{best} {point.speedups[best]:.2f}x [{low:.2f},{high:.2f}] ({point.winner})"
+
+
+def _disagreement(first, second, params) -> List[str]:
+    """The points where one run won and the other did not."""
+    a = [p for p in first.points if p.params == params]
+    b = [p for p in second.points if p.params == params]
+    return [f"N={pa.n}: {_speedup(pa)} vs {_speedup(pb)}" for pa, pb in zip(a, b) if pa.fused_wins != pb.fused_wins]
 
 
 def main() -> None:
@@ -45,19 +58,42 @@ def main() -> None:
     parser.add_argument("ops", nargs="*")
     parser.add_argument("--preset", default="ci")
     parser.add_argument("--device", default=None)
+    parser.add_argument("--load", type=int, default=0, metavar="K", help="busy processes beside the second run")
     args = parser.parse_args()
-    rows, agreed, total, why = [], 0, 0, []
+    rows, why = [], []
+    totals = {"groups": 0, "agree": 0, "flagged": 0, "confident": 0}
     for op in args.ops or op_names():
-        first, second = (benchmark(op, preset=args.preset, device=args.device, verbose=False) for _ in range(2))
-        same = sum(a.crossover_n == b.crossover_n for a, b in zip(first.groups, second.groups))
-        agreed, total = agreed + same, total + len(first.groups)
-        rows.append([op, f"{same}/{len(first.groups)}", f"{first.crossover_n} / {second.crossover_n}"])
-        why += [f"  {op} {line}" for line in _disagreements(first, second)]
-    print(f"preset {args.preset}, device {first.device}")
-    print(format_table(["op", "groups agreeing", "crossover_n run 1 / run 2"], rows))
-    print(f"overall: {agreed}/{total} groups agree ({agreed / total:.0%})")
+        first = benchmark(op, preset=args.preset, device=args.device, verbose=False)
+        with cpu_burners(args.load):
+            second = benchmark(op, preset=args.preset, device=args.device, verbose=False)
+        agree = flagged = confident = 0
+        for a, b in zip(first.groups, second.groups):
+            if a.crossover_n == b.crossover_n:
+                agree += 1
+            elif b.problems:
+                flagged += 1
+            else:
+                confident += 1
+            if a.crossover_n != b.crossover_n:
+                mark = "flagged" if b.problems else "CONFIDENT DISAGREEMENT"
+                why += [f"  {op} {mark}: {line}" for line in _disagreement(first, second, a.params)]
+        n = len(first.groups)
+        for key, value in zip(totals, (n, agree, flagged, confident)):
+            totals[key] += value
+        rows.append(
+            [op, str(n), str(agree), str(flagged), str(confident), f"{first.crossover_n} / {second.crossover_n}",
+             "yes" if second.reliable else "no"]
+        )
+    print(f"preset {args.preset}, device {first.device}, load {args.load} busy process(es) during the second run")
+    header = ["op", "groups", "agree", "differ, flagged", "differ, confident", "crossover_n 1 / 2", "run 2 reliable"]
+    print(format_table(header, rows))
+    ok = totals["agree"] + totals["flagged"]
+    print(
+        f"overall: {totals['agree']}/{totals['groups']} agree, {totals['flagged']} flagged, "
+        f"{totals['confident']} confident disagreement(s); agree or flagged {ok / totals['groups']:.0%}"
+    )
     if why:
-        print("where the runs disagree (best strategy's speedup [95% CI], run 1 vs run 2):")
+        print("where the runs differ (best strategy's speedup [95% CI], run 1 vs run 2):")
         print("\n".join(why))
 
 

@@ -2,10 +2,12 @@
 
 import numpy as np
 
-from wide_tessera import BenchmarkResult, PointResult, TimingConfig, TimingStats
+from wide_tessera import TimingConfig, TimingStats
 from wide_tessera.bench import analysis
 from wide_tessera.bench.correctness import Check
 from wide_tessera.bench.environment import capture_environment
+from wide_tessera.bench.health import Health
+from wide_tessera.bench.timing import PairedTimings
 
 
 def samples(median_ms, spread=0.002, k=11):
@@ -13,17 +15,17 @@ def samples(median_ms, spread=0.002, k=11):
     return [median_ms * (1 + spread * (i - k // 2)) for i in range(k)]
 
 
-def point(n, params, baseline_ms, strategy_ms, correct=None):
+def point(n, params, baseline_ms, strategy_ms, correct=None, spread=0.002, health=None):
     """A PointResult from medians, each backed by a tight spread of samples."""
     correct = correct or {}
-    stats = {"baseline": TimingStats.from_samples(samples(baseline_ms), "synthetic")}
-    stats.update({s: TimingStats.from_samples(samples(ms), "synthetic") for s, ms in strategy_ms.items()})
+    stats = {"baseline": TimingStats.from_samples(samples(baseline_ms, spread), "synthetic")}
+    stats.update({s: TimingStats.from_samples(samples(ms, spread), "synthetic") for s, ms in strategy_ms.items()})
     checks = {s: Check(correct.get(s, True), 0.0, 1e-4, None if correct.get(s, True) else "wrong") for s in strategy_ms}
-    return PointResult.from_measurements(n, params, stats, checks)
+    return analysis.measured_point(n, params, PairedTimings(stats, health or Health(11, 0)), checks)
 
 
 def result(points):
-    return BenchmarkResult.from_points(
+    return analysis.result_of(
         points,
         op="synthetic",
         preset="test",
@@ -49,7 +51,7 @@ def test_no_correct_strategy_means_no_best():
 
 def test_slower_best_strategy_leaves_baseline_the_winner():
     p = point(2, {}, 1.0, {"a": 2.0, "b": 4.0})
-    assert (p.best_strategy, p.best_speedup, p.winner) == ("a", 0.5, "baseline")
+    assert (p.best_strategy, p.best_speedup, p.winner) == ("a", None, "baseline")
 
 
 def test_crossover_is_smallest_n_from_which_every_larger_n_wins():
@@ -133,3 +135,72 @@ def test_noise_cannot_create_a_crossover():
     r = result([point(n, {}, 1.0, {"a": 1.0 + 0.004 * (-1) ** n, "b": 1.0}) for n in (1, 2, 4, 8)])
     assert r.crossover_n is None and r.recommended_threshold is None
     assert r.strategy_wins == {"no_difference": 4}
+
+
+def test_a_speedup_inside_the_noise_is_never_a_headline():
+    # conv2d once printed "443.94x [0.21,1166.89] n.s." and then "best speedup: 443.94x"
+    rng = np.random.default_rng(0)
+    stats = {
+        "baseline": TimingStats.from_samples(10.0 * rng.lognormal(0, 3, 6), "synthetic"),
+        "a": TimingStats.from_samples(0.5 * rng.lognormal(0, 3, 6), "synthetic"),
+    }
+    noisy = analysis.measured_point(4, {}, PairedTimings(stats, Health(6, 0)), {"a": Check(True, 0.0, 1e-4)})
+    assert noisy.verdicts["a"] == "same" and noisy.best_strategy == "a" and noisy.speedups["a"] > 5
+    assert noisy.best_speedup is None and noisy.winner == "no_difference"
+    r = result([noisy, point(8, {}, 10.0, {"a": 5.0, "b": 20.0})])
+    assert r.best_speedup == 2.0
+    assert "best speedup: 2.00x" in r.summary()
+
+
+def test_a_significant_speedup_above_10x_is_flagged_for_a_second_look():
+    p = point(4, {}, 100.0, {"a": 5.0, "b": 50.0})
+    assert p.verdicts["a"] == "faster" and p.best_speedup == 20.0
+    assert any("implausibly large" in f for f in p.flags)
+    assert any("second look" in line for line in result([p]).summary().splitlines())
+    assert not point(4, {}, 100.0, {"a": 50.0, "b": 60.0}).flags
+
+
+def test_confirmation_that_disagrees_makes_the_point_unstable_and_not_a_win():
+    params = {"size": 1}
+    first = [point(1, params, 1.0, {"a": 1.0, "b": 2.0}), point(2, params, 2.0, {"a": 1.0, "b": 4.0})]
+    assert result(first).crossover_n == 2
+    # the deciding points are the crossover (N=2) and the point below it (N=1)
+    assert [p.n for p in analysis.points_to_confirm(first, "deciding")] == [1, 2]
+    assert analysis.points_to_confirm(first, "none") == []
+    flipped = analysis.confirmed(first[1], point(2, params, 2.0, {"a": 2.0, "b": 4.0}))
+    assert flipped.unstable and flipped.winner == "unstable" and flipped.best_speedup is None
+    assert not flipped.fused_wins
+    r = result([first[0], flipped])
+    assert r.crossover_n is None and r.recommended_threshold is None and r.best_speedup is None
+    assert not r.reliable and "unstable" in r.unreliable_reasons[0]
+    assert r.summary().startswith("UNRELIABLE") and "UNSTABLE" in r.summary()
+    agreed = analysis.confirmed(first[1], point(2, params, 2.0, {"a": 1.05, "b": 4.0}))
+    assert not agreed.unstable and agreed.fused_wins and agreed.confirmation.agrees
+    assert result([first[0], agreed]).crossover_n == 2
+    # a confirmed point is not confirmed again; 'all' takes every unconfirmed measured point
+    assert [p.n for p in analysis.points_to_confirm([first[0], agreed], "all")] == [1]
+
+
+def test_points_near_the_margin_are_confirmed_too():
+    params = {"size": 1}
+    near = point(1, params, 1.045, {"a": 1.0, "b": 2.0})  # 1.045x: within 1% of the 1.05 margin
+    far = point(2, params, 1.0, {"a": 1.0, "b": 2.0})  # the largest N of a group that never crosses
+    small = point(4, params, 1.0, {"a": 1.0, "b": 2.0})
+    todo = analysis.points_to_confirm([near, far, small], "deciding")
+    assert [p.n for p in todo] == [1, 4]
+
+
+def test_a_disturbed_measurement_makes_the_result_unreliable_and_says_why():
+    busy = Health(11, 30, other_load_cores=0.9, cores=2, problems=["busy machine: other processes used 0.90 of 2 cores"])
+    r = result([point(2, {}, 2.0, {"a": 1.0, "b": 4.0}, health=busy)])
+    assert not r.reliable and "busy machine" in r.unreliable_reasons[0]
+    assert r.health.points_with_problems == 1 and r.health.disturbed_rounds == 30
+    assert result([point(2, {}, 2.0, {"a": 1.0, "b": 4.0})]).reliable
+
+
+def test_the_summary_digests_warnings_into_a_few_lines():
+    noisy = [point(n, {"size": n}, 1.0, {"a": 0.5, "b": 2.0}, spread=0.05) for n in range(1, 30)]
+    r = result(noisy)
+    assert len(r.warnings) >= 29 * 3
+    digest = [line for line in r.summary().splitlines() if line.startswith("WARNINGS") or line.startswith("  N=")]
+    assert len(digest) <= 4 and "high spread" in digest[0] and "--warnings" in digest[0]

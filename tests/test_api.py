@@ -8,14 +8,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from wide_tessera import BenchmarkResult, WideTesseraError, benchmark, benchmark_custom, load_results
-from wide_tessera.bench import runner
+from wide_tessera.bench import point
 from wide_tessera.bench.schema import SCHEMA_VERSION, save_results
 
 
 @pytest.fixture(autouse=True)
 def _fast_runs(monkeypatch, fast_timing):
     """benchmark() takes no timing config; shorten the runner's default for these tests."""
-    monkeypatch.setattr(runner, "TimingConfig", lambda: fast_timing)
+    monkeypatch.setattr(point, "TimingConfig", lambda: fast_timing)
 
 
 class Expert(nn.Module):

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from wide_tessera.bench import runner
+from wide_tessera.bench import point
 from wide_tessera.bench.registry import REGISTRY
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
@@ -18,7 +18,7 @@ def test_readme_has_examples():
 
 @pytest.mark.parametrize("code", EXAMPLES, ids=[f"example{i}" for i in range(len(EXAMPLES))])
 def test_readme_example_runs(code, monkeypatch, fast_timing, capsys):
-    monkeypatch.setattr(runner, "TimingConfig", lambda: fast_timing)
+    monkeypatch.setattr(point, "TimingConfig", lambda: fast_timing)
     before = set(REGISTRY)
     try:
         exec(compile(code, "README.md", "exec"), {"__name__": "readme_example"})

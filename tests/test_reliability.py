@@ -134,12 +134,12 @@ def test_ctrl_c_saves_an_incomplete_result_that_resume_completes(tmp_path):
 @pytest.mark.parametrize(
     "content,match",
     [
-        ('{"schema_version": 2, "results": [{"op": "gemm"', "not a wide_tessera results file"),  # truncated
+        ('{"schema_version": 3, "results": [{"op": "gemm"', "not a wide_tessera results file"),  # truncated
         ("\x00\xff garbage", "not a wide_tessera results file"),
         ("[1, 2, 3]", "no schema_version"),
         ('{"name": "something else"}', "no schema_version"),
-        ('{"schema_version": 99, "results": []}', "schema version 99; this wide_tessera reads 2"),
-        ('{"schema_version": 2, "results": [{"op": "gemm"}]}', "not a wide_tessera results file"),
+        ('{"schema_version": 99, "results": []}', "schema version 99; this wide_tessera reads 3"),
+        ('{"schema_version": 3, "results": [{"op": "gemm"}]}', "not a wide_tessera results file"),
     ],
 )
 def test_loading_a_bad_file_names_the_file_and_the_problem(tmp_path, content, match):

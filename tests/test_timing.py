@@ -57,9 +57,18 @@ def test_paired_rounds_interleave():
     log = []
     fns = {name: (lambda name=name: log.append(name)) for name in "abc"}
     config = TimingConfig(warmup_s=0.0, min_sample_s=0.0, min_samples=5, max_samples=5)
-    stats = measure_paired(fns, device="cpu", config=config)
-    assert all(s.calls_per_sample == 1 and s.n_samples == 5 for s in stats.values())
-    assert log == list("abc") + list("abc") * 5  # calibration, then rounds A B C A B C ...
+    stats = measure_paired(fns, device="cpu", config=config).stats
+    assert all(s.calls_per_sample == 1 for s in stats.values())
+    clean = stats["a"].n_samples
+    assert clean >= 5 and all(s.n_samples == clean for s in stats.values())
+    # calibration (three timings each), then rounds whose order rotates: ABC BCA CAB ABC ...
+    # (every sample is one untimed warming call and one timed call)
+    assert log[:9] == list("aaabbbccc")
+    rounds = ["".join(log[i : i + 6 : 2]) for i in range(9, len(log), 6)]
+    assert rounds[:4] == ["abc", "bca", "cab", "abc"]
+    assert all(log[i] == log[i + 1] for i in range(9, len(log), 2))
+    # each kept round records where every function ran in it
+    assert all(sorted(places) == [0, 1, 2] for places in zip(*(stats[n].positions for n in "abc")))
 
 
 def busy(iterations):

@@ -9,6 +9,7 @@ import torch
 
 from . import ops  # noqa: F401  (registers the built-in ops)
 from .bench.job import DTYPES, BenchmarkJob
+from .bench.point import CONFIRM_MODES
 from .bench.registry import get_op
 from .bench.runner import run
 from .bench.schema import BenchmarkResult
@@ -93,6 +94,7 @@ def benchmark(
     isolate: bool = False,
     timeouts: Optional[StageTimeouts] = None,
     memory_budget: Optional[int] = None,
+    confirm: str = "deciding",
     **overrides: Any,
 ) -> BenchmarkResult:
     """Benchmark a registered op: N separate calls against each wide strategy, over the preset's sweep.
@@ -101,11 +103,13 @@ def benchmark(
     `timing` sets when sampling stops (TimingConfig: CI target, time budget, CUDA graphs).
     `isolate` runs the points in a worker process, so a hang or a crash costs one strategy;
     `timeouts` limits each stage of a point (StageTimeouts); `memory_budget` (bytes) skips
-    points whose estimated footprint is larger.
+    points whose estimated footprint is larger. `confirm` says which points are measured
+    again after the sweep ('deciding', 'all', 'none'); where the passes disagree the
+    point is unstable and never counts as a win.
     """
     device = resolve_device(device)
     job = build_job(name, preset, device, **overrides)
-    return run(job, device, verbose, seed, timing, timeouts, _check_budget(memory_budget), isolate)
+    return run(job, device, verbose, seed, timing, timeouts, _check_budget(memory_budget), isolate, _check_confirm(confirm))
 
 
 def benchmark_custom(
@@ -121,6 +125,7 @@ def benchmark_custom(
     isolate: bool = False,
     timeouts: Optional[StageTimeouts] = None,
     memory_budget: Optional[int] = None,
+    confirm: str = "deciding",
     **model_kwargs: Any,
 ) -> BenchmarkResult:
     """Benchmark N copies of `model_class(**model_kwargs)` made wide with torch.func.vmap.
@@ -129,7 +134,13 @@ def benchmark_custom(
     """
     device = resolve_device(device)
     job = custom_job(model_class, input_shape, n_values, name=name, dtype=dtype, **model_kwargs)
-    return run(job, device, verbose, seed, timing, timeouts, _check_budget(memory_budget), isolate)
+    return run(job, device, verbose, seed, timing, timeouts, _check_budget(memory_budget), isolate, _check_confirm(confirm))
+
+
+def _check_confirm(confirm: str) -> str:
+    if confirm not in CONFIRM_MODES:
+        raise WideTesseraError(f"confirm={confirm!r}: valid are {', '.join(CONFIRM_MODES)}")
+    return confirm
 
 
 def _check_budget(memory_budget: Optional[int]) -> Optional[int]:

@@ -14,9 +14,10 @@ import torch
 
 from .api import build_job, resolve_device
 from .bench.job import BenchmarkJob
+from .bench.point import CONFIRM_MODES
 from .bench.registry import REGISTRY, op_names
 from .bench.report import format_table
-from .bench.runner import RunSettings, build_result, job_points, point_key, progress
+from .bench.runner import RunInterrupted, RunSettings, run_job
 from .bench.schema import BenchmarkResult, load_results, save_results
 from .bench.stages import StageTimeouts
 from .bench.timing import TimingConfig
@@ -159,6 +160,14 @@ def list_ops() -> None:
     "--timeout-multiplier", type=float, default=1.0, show_default=True, help="Scale every stage's time limit."
 )
 @click.option("--memory-budget", default=None, metavar="SIZE", help="Skip points estimated above SIZE (e.g. 4GiB).")
+@click.option(
+    "--confirm",
+    type=click.Choice(CONFIRM_MODES),
+    default="deciding",
+    show_default=True,
+    help="Which points to measure again, independently, after the sweep; disagreeing points are unstable.",
+)
+@click.option("--strict", is_flag=True, help="Exit 3 when a result is UNRELIABLE (busy machine, unstable points...).")
 @click.option("--quiet", is_flag=True, help="No progress on stderr.")
 def benchmark(
     names: Tuple[str, ...],
@@ -177,6 +186,8 @@ def benchmark(
     isolate: bool,
     timeout_multiplier: float,
     memory_budget: Optional[str],
+    confirm: str,
+    strict: bool,
     quiet: bool,
 ) -> None:
     """Benchmark ops: N separate calls against every wide strategy.
@@ -190,8 +201,8 @@ def benchmark(
       wide_tessera benchmark --all --preset full --isolate -o full.json   (Ctrl-C, then add --resume)
 
     Exit status: 0 when every strategy ran and was correct; 1 when any was incorrect,
-    failed, timed out or crashed; 2 for bad input; 130 when interrupted (what was
-    measured is saved, marked incomplete).
+    failed, timed out or crashed; 2 for bad input; 3 with --strict when a result is
+    unreliable; 130 when interrupted (what was measured is saved, marked incomplete).
     """
     try:
         if run_all == bool(names):
@@ -207,6 +218,8 @@ def benchmark(
             _timing_config(resolved, target_ci, budget, cuda_graph),
             _timeouts(timeout_multiplier),
             None if memory_budget is None else parse_size(memory_budget),
+            isolate,
+            confirm,
         )
         if threads is not None:
             if threads <= 0:
@@ -219,7 +232,7 @@ def benchmark(
 
     results: List[BenchmarkResult] = []
     for job in jobs:
-        result = _run_job(job, settings, isolate, previous.get(job.op), results, output, quiet)
+        result = _run_job(job, settings, previous.get(job.op), results, output, quiet)
         results.append(result)
         click.echo(result.summary() + "\n")
     if output:
@@ -228,12 +241,15 @@ def benchmark(
     if failures:
         click.echo(f"{len(failures)} failure(s):\n  " + "\n  ".join(failures), err=True)
         sys.exit(1)
+    unreliable = [f"{r.op}: {'; '.join(r.unreliable_reasons)}" for r in results if not r.reliable]
+    if strict and unreliable:
+        click.echo(f"--strict: {len(unreliable)} unreliable result(s):\n  " + "\n  ".join(unreliable), err=True)
+        sys.exit(3)
 
 
 def _run_job(
     job: BenchmarkJob,
     settings: RunSettings,
-    isolate: bool,
     previous: Optional[BenchmarkResult],
     done: List[BenchmarkResult],
     output: Optional[str],
@@ -242,33 +258,19 @@ def _run_job(
     """Measure one job, saving after every point; on Ctrl-C save what was measured and exit 130."""
     if previous is not None and previous.complete:
         return previous
-    order = {point_key(n, p): i for i, (n, p) in enumerate(job.sweep.points())}
-    points = [p for p in (previous.points if previous else []) if point_key(p.n, p.params) in order]
-    started = time.perf_counter() - (previous.duration_s if previous else 0.0)
 
-    def partial_result(complete: bool) -> BenchmarkResult:
-        ordered = sorted(points, key=lambda p: order[point_key(p.n, p.params)])
-        return build_result(job, settings, ordered, time.perf_counter() - started, complete)
+    def save(result: BenchmarkResult) -> None:
+        if output:
+            save_results([*done, result], output)
 
     try:
-        for point in job_points(job, settings, isolate, skip={point_key(p.n, p.params) for p in points}):
-            points.append(point)
-            if not quiet:
-                progress(job.op, point, len(points), len(order))
-            if output:
-                save_results([*done, partial_result(complete=False)], output)
-    except KeyboardInterrupt:
-        if output:
-            save_results([*done, partial_result(complete=False)], output)
-            click.echo(
-                f"\ninterrupted: saved {len(points)} point(s) of {job.op} to {output}; continue with --resume", err=True
-            )
-        else:
-            click.echo("\ninterrupted (nothing saved: no -o FILE)", err=True)
+        result = run_job(job, settings, previous, on_point=save, verbose=not quiet)
+    except RunInterrupted as stop:
+        save(stop.result)
+        where = f"saved {len(stop.result.points)} point(s) of {job.op} to {output}; continue with --resume"
+        click.echo(f"\ninterrupted: {where}" if output else "\ninterrupted (nothing saved: no -o FILE)", err=True)
         sys.exit(130)
-    result = partial_result(complete=True)
-    if output:
-        save_results([*done, result], output)
+    save(result)
     return result
 
 
@@ -281,7 +283,8 @@ def _timeouts(multiplier: float) -> StageTimeouts:
 
 @cli.command()
 @click.argument("path")
-def show(path: str) -> None:
+@click.option("--warnings", "all_warnings", is_flag=True, help="List every warning, not only the digest.")
+def show(path: str, all_warnings: bool) -> None:
     """Print the summaries stored in a results file written by `benchmark -o`."""
     try:
         results = load_results(path)
@@ -289,6 +292,9 @@ def show(path: str) -> None:
         raise click.UsageError(str(e)) from None
     for result in results:
         click.echo(result.summary() + "\n")
+        if all_warnings:
+            click.echo(f"all {len(result.warnings)} warning(s) of {result.op}:")
+            click.echo("".join(f"  {w}\n" for w in result.warnings))
 
 
 def main() -> None:

@@ -18,19 +18,48 @@ The rules, which the README repeats:
 * `recommended_threshold` is the largest crossover among the groups that cross:
   from that N on, fusing wins in every configuration that ever wins. None when
   no group crosses.
+* The confirmation pass measures the points that decide each group's crossover
+  (the crossover point and the one just below it, or the largest N of a group
+  that never crosses) and every point whose speedup interval comes within 1% of
+  a margin, again and independently. Where the two passes disagree on the
+  winner's class (a strategy, no difference, the baseline), the point is
+  'unstable': it never counts as a win, so crossovers and thresholds rest on
+  verdicts that agree. Newly deciding points are confirmed in turn.
+* A point's `best_speedup`, and the result's, is the largest *significant*
+  correct speedup (verdict 'faster', confirmed where confirmed); None when there
+  is none. A number inside the noise is never a headline.
+* A result is unreliable when a point's measurement was disturbed beyond
+  cleaning (a busy machine, preempted or throttled rounds), a deciding point
+  near the margin did not converge, or a point is unstable; the reasons are listed.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 import warnings
-from typing import Dict, Optional, Sequence, Tuple
+from collections import Counter
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 from scipy import stats
 
+from .correctness import Check
+from .health import RunHealth
+from .job import params_text
+from .schema import BenchmarkResult, Confirmation, Failure, GroupResult, PointResult
+from .stats import MIN_EFFECT
+from .timing import PairedTimings
+
 __all__ = [
     "MIN_EFFECT",
+    "IMPLAUSIBLE_SPEEDUP",
+    "measured_point",
+    "failed_point",
+    "confirmed",
+    "points_to_confirm",
+    "result_of",
     "speedup_ci",
     "verdict",
     "pick_best",
@@ -39,11 +68,13 @@ __all__ = [
     "recommended_threshold",
 ]
 
-# A win must clear 5%, not just 1.0: between separate runs on a shared machine, speedups
-# move by a few percent even when each run's interval is tight (scripts/repeatability.py:
-# conv1d at N=1, one conv either way, came out 1.03x [1.02, 1.05] in one run and within
-# noise in the next). A gain that small is no reason to fuse, and not reproducible.
-MIN_EFFECT = 0.05
+# A significant speedup above this is more often a broken comparison than a kernel
+# (KernelBench flags the same): it is flagged for a second look.
+IMPLAUSIBLE_SPEEDUP = 10.0
+# A speedup interval within this fraction of a margin could fall either side next time.
+NEAR_MARGIN = 0.01
+# The unreliable groups an UNRELIABLE line names; the rest are counted.
+_REASONS_SHOWN = 2
 
 
 def speedup_ci(baseline_ms: Sequence[float], strategy_ms: Sequence[float], seed: int = 0) -> Tuple[float, float]:
@@ -112,3 +143,203 @@ def overall_crossover(crossovers: Sequence[Optional[int]]) -> Optional[int]:
 def recommended_threshold(crossovers: Sequence[Optional[int]]) -> Optional[int]:
     crossed = [c for c in crossovers if c is not None]
     return max(crossed) if crossed else None
+
+
+def measured_point(
+    n: int,
+    params: Dict[str, Any],
+    timings: Optional[PairedTimings],
+    checks: Dict[str, Check],
+    seed: int = 0,
+    peak_memory_bytes: Optional[Dict[str, int]] = None,
+    failures: Optional[Dict[str, Failure]] = None,
+) -> PointResult:
+    """A point from its timings (None when the baseline could not be timed) and checks."""
+    failures = dict(failures or {})
+    if timings is None or "baseline" not in timings.stats:
+        return failed_point(n, params, failures, checks, peak_memory_bytes)
+    stats_ = timings.stats
+    base = stats_["baseline"]
+    medians = {s: st.median_ms for s, st in stats_.items()}
+    speedups = {s: base.median_ms / st.median_ms for s, st in stats_.items() if s != "baseline"}
+    cis = {s: list(speedup_ci(base.samples_ms, stats_[s].samples_ms, seed)) for s in speedups}
+    verdicts = {s: verdict(ci) for s, ci in cis.items()}
+    correct = _correctness(checks, failures)
+    best = pick_best(speedups, verdicts, correct)
+    flags = [
+        f"{s}: {speedups[s]:.1f}x faster is implausibly large; check that it computes what the baseline does"
+        for s in speedups
+        if verdicts[s] == "faster" and speedups[s] > IMPLAUSIBLE_SPEEDUP
+    ]
+    flags += [f"{s}: {c.fallback}" for s, c in checks.items() if c.fallback]
+    return PointResult(
+        n,
+        params,
+        medians,
+        speedups,
+        cis,
+        verdicts,
+        correct,
+        best,
+        _significant(best, speedups, verdicts),
+        checks,
+        stats_,
+        dict(peak_memory_bytes or {}),
+        failures,
+        winner=_winner(best, verdicts),
+        health=timings.health,
+        flags=flags,
+    )
+
+
+def failed_point(
+    n: int,
+    params: Dict[str, Any],
+    failures: Dict[str, Failure],
+    checks: Optional[Dict[str, Check]] = None,
+    peak_memory_bytes: Optional[Dict[str, int]] = None,
+) -> PointResult:
+    """A point with no timings: its setup or its baseline failed, or it was skipped."""
+    checks = dict(checks or {})
+    correct = _correctness(checks, failures)
+    return PointResult(n, params, {}, {}, {}, {}, correct, None, None, checks, {}, dict(peak_memory_bytes or {}), failures)
+
+
+def _correctness(checks: Dict[str, Check], failures: Dict[str, Failure]) -> Dict[str, bool]:
+    """Strategy -> correct; a strategy that failed to run is not correct."""
+    correct = {s: c.correct for s, c in checks.items()}
+    correct.update({s: False for s in failures if s != "point"})
+    return correct
+
+
+def _significant(best: Optional[str], speedups: Dict[str, float], verdicts: Dict[str, str]) -> Optional[float]:
+    return speedups[best] if best is not None and verdicts[best] == "faster" else None
+
+
+def _winner(best: Optional[str], verdicts: Dict[str, str]) -> str:
+    if best is not None and verdicts[best] == "faster":
+        return best
+    if best is not None and verdicts[best] == "same":
+        return "no_difference"
+    return "baseline"
+
+
+def _winner_class(winner: str) -> str:
+    return winner if winner in ("baseline", "no_difference", "unstable", "failed") else "fused"
+
+
+def confirmed(first: PointResult, second: PointResult) -> PointResult:
+    """`first` with the confirmation pass's `second` measurement attached; 'unstable' where they disagree."""
+    second_winner = second.winner if second.timings else "failed"
+    agrees = _winner_class(second_winner) == _winner_class(first.winner)
+    confirmation = Confirmation(
+        second.timings, second.speedups, second.speedup_ci, second.verdicts, second_winner, agrees, second.health
+    )
+    if agrees:
+        return dataclasses.replace(first, confirmation=confirmation)
+    return dataclasses.replace(first, confirmation=confirmation, winner="unstable", best_speedup=None)
+
+
+def _groups(points: Sequence[PointResult]) -> Iterator[List[PointResult]]:
+    """Points sharing every parameter but N, in N order; skipped points say nothing about crossovers."""
+    groups: Dict[str, List[PointResult]] = {}
+    for p in points:
+        if "point" in p.failures and p.failures["point"].kind == "skipped":
+            continue
+        groups.setdefault(json.dumps(p.params, sort_keys=True), []).append(p)
+    for ps in groups.values():
+        yield sorted(ps, key=lambda p: p.n)
+
+
+def _deciding(group: List[PointResult]) -> List[PointResult]:
+    """The points that decide a group's crossover: it and the one below it, or the largest N if none."""
+    cross = group_crossover([(p.n, p.fused_wins) for p in group])
+    if cross is None:
+        return group[-1:]
+    i = [p.n for p in group].index(cross)
+    return group[max(0, i - 1) : i + 1]
+
+
+def _near_margin(point: PointResult) -> bool:
+    bounds = (1 + MIN_EFFECT, 1 / (1 + MIN_EFFECT))
+    return any(
+        point.correct.get(s, False) and lo <= b * (1 + NEAR_MARGIN) and hi >= b / (1 + NEAR_MARGIN)
+        for s, (lo, hi) in point.speedup_ci.items()
+        for b in bounds
+    )
+
+
+def points_to_confirm(points: Sequence[PointResult], mode: str) -> List[PointResult]:
+    """The measured, not yet confirmed points the confirmation pass takes again under `mode`."""
+    if mode == "none":
+        return []
+    measured = [p for p in points if p.timings and p.confirmation is None]
+    if mode == "all":
+        return measured
+    deciding = {id(p) for g in _groups(points) for p in _deciding(g)}
+    return [p for p in measured if id(p) in deciding or _near_margin(p)]
+
+
+def result_of(points: List[PointResult], **run_info: Any) -> BenchmarkResult:
+    """An op's result from its points: groups and crossovers, wins, headline, reliability."""
+    group_results = []
+    for ps in _groups(points):
+        deciding = {id(p) for p in _deciding(ps)}
+        group_results.append(
+            GroupResult(
+                params=ps[0].params,
+                n_values=[p.n for p in ps],
+                crossover_n=group_crossover([(p.n, p.fused_wins) for p in ps]),
+                problems=[f"N={p.n}: {why}" for p in ps for why in _point_problems(p, id(p) in deciding)],
+            )
+        )
+    crossovers = [g.crossover_n for g in group_results]
+    speedups = [p.best_speedup for p in points if p.best_speedup is not None]
+    troubled = [g for g in group_results if g.problems]
+    reasons = [f"{params_text(g.params)} {'; '.join(g.problems)}" for g in troubled[:_REASONS_SHOWN]]
+    if len(troubled) > _REASONS_SHOWN:
+        reasons.append(f"and {len(troubled) - _REASONS_SHOWN} more of {len(group_results)} groups")
+    return BenchmarkResult(
+        points=points,
+        groups=group_results,
+        crossover_n=overall_crossover(crossovers),
+        recommended_threshold=recommended_threshold(crossovers),
+        strategy_wins=dict(Counter(p.winner for p in points if p.timings)),
+        best_speedup=max(speedups) if speedups else None,
+        reliable=not reasons,
+        unreliable_reasons=reasons,
+        health=RunHealth.of([p.health for p in points if p.health is not None]),
+        **run_info,
+    )
+
+
+def _point_problems(point: PointResult, deciding: bool) -> List[str]:
+    """Why this point's verdict may not be trusted: a disturbed measurement, disagreeing passes,
+    or (where it decides a crossover) an interval near the margin that did not converge."""
+    problems = [
+        why
+        for health in (point.health, point.confirmation.health if point.confirmation else None)
+        if health is not None
+        for why in health.problems
+    ]
+    if point.unstable:
+        problems.append(f"unstable: first {_first_verdict(point)}, then {point.confirmation.winner}")
+    # An unconverged median widens the speedup's interval, which the verdict already takes
+    # into account; it matters where that interval is close enough to a margin to tip.
+    if deciding and point.timings and not _converged(point) and _near_margin(point):
+        problems.append("did not converge near the margin; give a larger --budget or a quieter machine")
+    return problems
+
+
+def _converged(point: PointResult) -> bool:
+    """The baseline's and the best strategy's medians reached the precision asked for."""
+    timed = ["baseline"] + ([point.best_strategy] if point.best_strategy in point.stats else [])
+    return all(point.stats[s].converged for s in timed)
+
+
+def _first_verdict(point: PointResult) -> str:
+    s = point.best_strategy
+    if s is None or s not in point.verdicts:
+        return "baseline"
+    lo, hi = point.speedup_ci[s]
+    return f"{s} {point.speedups[s]:.2f}x [{lo:.2f},{hi:.2f}]"

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Optional, Sequence
+import re
+from dataclasses import dataclass, field
+from typing import Any, List, Optional, Sequence
 
 import torch
 from dataclasses_json import dataclass_json
 
-__all__ = ["Check", "tolerance", "check_outputs"]
+__all__ = ["Check", "tolerance", "check_outputs", "merge_checks", "nonfinite_reference", "fallback_note"]
 
 # Norm-wise relative error allowed per dtype: a few units of rounding of the
 # dtype, since a wide strategy sums in a different order than the baseline.
@@ -21,12 +22,23 @@ _TF32_TOLERANCE = 5e-3
 @dataclass_json
 @dataclass(frozen=True)
 class Check:
-    """The verdict on one strategy at one point; `error` says why it failed."""
+    """The verdict on one strategy at one point; `error` says why it failed.
+
+    max_rel_error is the worst norm-wise relative error over the models and the input
+    draws; per_model_rel_error / per_model_abs_error give each model's worst (relative,
+    and largest absolute elementwise difference). `fallback` says when the strategy did
+    not really fuse (vmap ran a per-model loop), `warnings` what else torch warned.
+    """
 
     correct: bool
     max_rel_error: Optional[float]
     tolerance: float
     error: Optional[str] = None
+    per_model_rel_error: List[float] = field(default_factory=list)
+    per_model_abs_error: List[float] = field(default_factory=list)
+    draws: int = 1
+    fallback: Optional[str] = None
+    warnings: List[str] = field(default_factory=list)
 
 
 def tolerance(dtype: torch.dtype, device: str) -> float:
@@ -37,22 +49,89 @@ def tolerance(dtype: torch.dtype, device: str) -> float:
     return _TOLERANCE[dtype]
 
 
-def check_outputs(outputs: Sequence[torch.Tensor], reference: Sequence[torch.Tensor], tol: float) -> Check:
-    """Compare each of the N outputs with its reference by ||out - ref|| / ||ref||."""
+def nonfinite_reference(reference: Sequence[Any]) -> Optional[str]:
+    """Why the N separate calls' outputs cannot judge anything (NaN or Inf in them), or None.
+
+    A constant wide output compared with a NaN reference has a relative error of
+    NaN, which no comparison rejects: such a point is unjudgeable, never 'correct'.
+    """
+    for i, ref in enumerate(reference):
+        if isinstance(ref, torch.Tensor) and ref.is_floating_point() and not torch.isfinite(ref).all():
+            return f"unjudgeable: the separate call of model {i} gave NaN or Inf"
+    return None
+
+
+def check_outputs(
+    outputs: Sequence[Any],
+    reference: Sequence[torch.Tensor],
+    tol: float,
+    forbidden: Sequence[torch.Tensor] = (),
+) -> Check:
+    """Compare each of the N outputs with its reference by ||out - ref|| / ||ref||.
+
+    An output that shares memory with its reference, or with any tensor in
+    `forbidden` (the strategy's own inputs, when the separate calls did not return
+    theirs), is wrong whatever its values: it only looks right.
+    """
     if len(outputs) != len(reference):
         return Check(False, None, tol, f"{len(outputs)} outputs for {len(reference)} models")
-    worst = 0.0
+    rel_errors, abs_errors = [], []
     for i, (out, ref) in enumerate(zip(outputs, reference)):
         if not isinstance(out, torch.Tensor):
             return Check(False, None, tol, f"output {i} is a {type(out).__name__}, not a Tensor")
         if out.shape != ref.shape:
             return Check(False, None, tol, f"output {i} has shape {tuple(out.shape)}, expected {tuple(ref.shape)}")
+        if _shares_memory(out, [ref]):
+            return Check(False, None, tol, f"output {i} shares memory with the reference output")
+        if _shares_memory(out, forbidden):
+            return Check(False, None, tol, f"output {i} shares memory with the strategy's input")
         if not torch.isfinite(out).all():
             return Check(False, None, tol, f"output {i} contains NaN or Inf")
-        diff = torch.linalg.vector_norm((out - ref).double()).item()
+        diff = (out - ref).double()
         scale = torch.linalg.vector_norm(ref.double()).item()
-        rel = diff / scale if scale > 0 else diff
-        worst = max(worst, rel)
+        norm = torch.linalg.vector_norm(diff).item()
+        rel_errors.append(norm / scale if scale > 0 else norm)
+        abs_errors.append(diff.abs().max().item() if diff.numel() else 0.0)
+    worst = max(rel_errors, default=0.0)
     if not math.isfinite(worst) or worst > tol:
-        return Check(False, worst, tol, f"relative error {worst:.3g} exceeds tolerance {tol:.3g}")
-    return Check(True, worst, tol)
+        error = f"relative error {worst:.3g} exceeds tolerance {tol:.3g} (model {rel_errors.index(worst)})"
+        return Check(False, worst, tol, error, rel_errors, abs_errors)
+    return Check(True, worst, tol, None, rel_errors, abs_errors)
+
+
+def merge_checks(checks: Sequence[Check], fallback: Optional[str], warnings: Sequence[str]) -> Check:
+    """One strategy's verdict over several input draws: correct only if every draw is; each model's worst error."""
+    failed = next((c for c in checks if not c.correct), None)
+    first = failed or checks[0]
+    per_rel = [max(errs) for errs in zip(*(c.per_model_rel_error for c in checks))] if failed is None else []
+    per_abs = [max(errs) for errs in zip(*(c.per_model_abs_error for c in checks))] if failed is None else []
+    return Check(
+        first.correct,
+        max(per_rel) if per_rel else first.max_rel_error,
+        first.tolerance,
+        first.error,
+        per_rel or list(first.per_model_rel_error),
+        per_abs or list(first.per_model_abs_error),
+        len(checks),
+        fallback,
+        list(warnings),
+    )
+
+
+# torch's message when vmap has no batching rule for an operator and loops over the batch
+# (torch/csrc/functorch/BatchedFallback.cpp). Hidden, it made a per-model loop look like a
+# fused strategy that merely did not pay (nn.TransformerEncoderLayer under vmap).
+_FALLBACK = re.compile(r"not yet implemented the batching rule for (\S+?)\.?(?:\s|$)")
+
+
+def fallback_note(messages: Sequence[str]) -> Optional[str]:
+    """'vmap ran a per-model loop: no batching rule for aten::x' when torch said so, else None."""
+    ops = sorted({m.group(1) for m in map(_FALLBACK.search, messages) if m})
+    return f"vmap ran a per-model loop: no batching rule for {', '.join(ops)}" if ops else None
+
+
+def _shares_memory(t: torch.Tensor, others: Sequence[Any]) -> bool:
+    ptr = t.untyped_storage().data_ptr()
+    return ptr != 0 and any(
+        isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() == ptr for o in others
+    )

@@ -21,8 +21,9 @@ import time
 from typing import Any, Dict, Iterator, Optional, Set, Tuple
 
 from ..errors import WideTesseraError
+from .analysis import failed_point
 from .job import BenchmarkJob
-from .runner import RunSettings, iter_points
+from .point import RunSettings, iter_points
 from .schema import Failure, PointResult
 
 __all__ = ["iter_points_isolated"]
@@ -55,7 +56,7 @@ def iter_points_isolated(
         failure = worker.failure(stage, limit, since)
         if strategy in (None, "baseline") or stage in ("warmup", "measure"):
             n, params = points[index]
-            yield PointResult.failed(n, params, {"point": failure})
+            yield failed_point(n, params, {"point": failure})
             start, excluded = index + 1, {}
         else:
             start, excluded = index, {**excluded, strategy: failure}

@@ -10,7 +10,7 @@ import torch
 
 from ..errors import WideTesseraError, unknown
 
-__all__ = ["DTYPES", "SweepParams", "BenchmarkJob"]
+__all__ = ["DTYPES", "SweepParams", "BenchmarkJob", "params_text"]
 
 DTYPES: Dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -103,3 +103,8 @@ class BenchmarkJob:
     model_factory: Callable[..., torch.nn.Module]
     input_factory: Callable[..., List[torch.Tensor]]
     wide_factory: Callable[[List[torch.nn.Module], str], torch.nn.Module]
+
+
+def params_text(params: Dict[str, Any]) -> str:
+    """'batch=8 channels=64 dtype=float32': how summaries and progress lines name a point's parameters."""
+    return " ".join(f"{k}={v}" for k, v in params.items())

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, List, Optional, Sequence
+from collections import Counter
+from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
 
-from .analysis import MIN_EFFECT
-from .schema import params_text
+from .job import params_text
+from .stats import MIN_EFFECT
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # only for annotations: the schema imports this module to render itself
     from .schema import BenchmarkResult, PointResult
 
-__all__ = ["format_summary", "format_table"]
+__all__ = ["format_summary", "format_table", "warning_lines", "warning_digest"]
+
+# The summary shows this many of the worst warnings; the rest are counted (`show FILE --warnings` lists all).
+_DIGEST_WORST = 3
 
 
 def format_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -29,7 +33,8 @@ def _cell(point: "PointResult", strategy: str) -> str:
         return "-"
     low, high = point.speedup_ci[strategy]
     mark = {"faster": "", "slower": "", "same": " n.s."}[point.verdicts[strategy]]
-    return f"{point.timings[strategy]:.4g} {point.speedups[strategy]:.2f}x [{low:.2f},{high:.2f}]{mark}"
+    loop = " loop" if check is not None and check.fallback else ""
+    return f"{point.timings[strategy]:.4g} {point.speedups[strategy]:.2f}x [{low:.2f},{high:.2f}]{mark}{loop}"
 
 
 def _baseline_cell(point: "PointResult") -> str:
@@ -45,6 +50,52 @@ def _memory_cell(point: "PointResult", strategies: Sequence[str]) -> str:
 
 def _n_or_never(n: Optional[int]) -> str:
     return "never" if n is None else str(n)
+
+
+def _winner_cell(point: "PointResult") -> str:
+    if "point" in point.failures:
+        return "-"
+    if point.unstable:
+        return f"UNSTABLE (then {point.confirmation.winner})"
+    return point.winner + (" (confirmed)" if point.confirmation is not None else "")
+
+
+def _warning_items(result: "BenchmarkResult") -> List[Tuple[str, float, str]]:
+    """(kind, severity, line) for every warning; severity orders the digest's worst cases."""
+    items = []
+    for p in result.points:
+        where = f"N={p.n} {params_text(p.params)}"
+        for s, st in p.stats.items():
+            if not st.converged:
+                items.append(("not converged", st.median_ci_rel_width, f"{where} {s}: {'; '.join(st.warnings)}"))
+            elif st.warnings:
+                items.append(("high spread", st.cv, f"{where} {s}: {'; '.join(st.warnings)}"))
+        for h in (p.health, p.confirmation.health if p.confirmation else None):
+            if h is not None and not h.clean:
+                items.append(("disturbed", 10.0, f"{where}: {'; '.join(h.problems)}"))
+        if p.unstable:
+            items.append(("unstable", 100.0, f"{where}: confirmation pass gave {p.confirmation.winner}, first {p.winner}"))
+        items += [("second look", 50.0, f"{where} {flag}") for flag in p.flags]
+    return items
+
+
+def warning_lines(result: "BenchmarkResult") -> List[str]:
+    """Every warning of a result, one line each."""
+    return [line for _, _, line in _warning_items(result)]
+
+
+def warning_digest(result: "BenchmarkResult") -> List[str]:
+    """A few lines a person reads: counts by kind, then the worst cases."""
+    items = _warning_items(result)
+    if not items:
+        return []
+    counts = Counter(kind for kind, _, _ in items)
+    worst = sorted(items, key=lambda item: -item[1])[:_DIGEST_WORST]
+    more = f"; all {len(items)} with `wide_tessera show FILE --warnings`" if len(items) > len(worst) else ""
+    return [
+        f"WARNINGS: " + ", ".join(f"{k} {c}" for k, c in counts.most_common()) + more,
+        *(f"  {line}" for _, _, line in worst),
+    ]
 
 
 def format_summary(result: "BenchmarkResult") -> str:
@@ -64,27 +115,28 @@ def format_summary(result: "BenchmarkResult") -> str:
             *(str(p.params[a]) for a in axes),
             _baseline_cell(p),
             *(_cell(p, s) for s in result.strategies),
-            "-" if "point" in p.failures else p.winner,
+            _winner_cell(p),
             _memory_cell(p, result.strategies),
         ]
         for p in result.points
     ]
     crossed = sum(g.crossover_n is not None for g in result.groups)
+    verdict = "RELIABLE" if result.reliable else "UNRELIABLE: " + "; ".join(result.unreliable_reasons)
     lines = [
+        ("" if result.complete else "INCOMPLETE, ") + verdict,
         f"== {result.op} (preset {result.preset}) on {env.device}: {env.device_name}, {env.threads} threads, "
         f"timer {result.timer}, torch {env.torch_version}, {result.duration_s:.1f} s",
         format_table(header, rows),
-        f"n.s.: no significant difference from baseline; a win needs the whole CI above {1 + MIN_EFFECT:.2f}",
-        "crossover N per parameter group (smallest N from which fusing wins at every larger N):",
+        f"n.s.: no significant difference from baseline; a win needs the whole CI above {1 + MIN_EFFECT:.2f}; "
+        "loop: the strategy ran a per-model loop",
+        "crossover N per parameter group (smallest N from which fusing wins, confirmed, at every larger N):",
         *(f"  {params_text(g.params)}: {_n_or_never(g.crossover_n)}" for g in result.groups),
         f"crossover_n: {_n_or_never(result.crossover_n)} ({crossed}/{len(result.groups)} groups cross) | "
         f"recommended_threshold: {_n_or_never(result.recommended_threshold)} | best speedup: "
-        + ("none correct" if result.best_speedup is None else f"{result.best_speedup:.2f}x"),
+        + ("none significant" if result.best_speedup is None else f"{result.best_speedup:.2f}x"),
         "wins: " + ", ".join(f"{s} {k}" for s, k in sorted(result.strategy_wins.items(), key=lambda x: -x[1])),
+        *warning_digest(result),
     ]
-    if result.warnings:
-        lines.append(f"WARNINGS ({len(result.warnings)}):")
-        lines.extend(f"  {w}" for w in result.warnings)
     if result.skipped:
         lines.append(f"SKIPPED ({len(result.skipped)}):")
         lines.extend(f"  {f}" for f in result.skipped)

@@ -1,53 +1,40 @@
-"""Walks a job's sweep: build N models and inputs, check every strategy, time baseline and strategies.
+"""The one point loop: measure a job's points, confirm the deciding ones, analyse.
 
-Nothing that goes wrong at a point stops the sweep: an exception, a stage that
-overruns its limit, or a point over the memory budget becomes a `Failure` in
-the result, and the next point runs.
+The API and the CLI both run jobs here; the CLI's saving after every point and
+its --resume are the `on_point` hook and the `previous` points. Points are
+measured in this process (`point.iter_points`) or in isolated workers
+(`isolation.iter_points_isolated`).
 """
 
 from __future__ import annotations
 
-import gc
-import json
 import sys
 import time
-from functools import partial
-from typing import Any, Callable, Dict, Iterator, List, Optional, Set
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Set
 
-import torch
-
-from .correctness import Check, check_outputs, tolerance
+from . import analysis
 from .environment import capture_environment
-from .job import DTYPES, BenchmarkJob
-from .memory import memory_method, peak_memory
-from .schema import BenchmarkResult, Failure, PointResult, params_text
-from .stages import StageObserver, StageTimeout, StageTimeouts, stage_limit
-from .stats import TimingStats
-from .timing import TimedFunctionError, TimingConfig, measure_paired, timer_name
+from .isolation import iter_points_isolated
+from .job import BenchmarkJob, params_text
+from .memory import memory_method
+from .point import RunSettings, iter_points, point_key
+from .schema import BenchmarkResult, PointResult
+from .stages import StageTimeouts
+from .timing import TimingConfig, timer_name
 
-__all__ = ["run", "job_points", "iter_points", "build_result", "point_key", "progress", "RunSettings"]
+__all__ = ["run", "run_job", "RunInterrupted", "RunSettings"]
 
-
-class RunSettings:
-    """How to run a job's points; shared by the in-process runner and the isolated worker."""
-
-    def __init__(
-        self,
-        device: str = "cpu",
-        seed: int = 0,
-        timing: Optional[TimingConfig] = None,
-        timeouts: Optional[StageTimeouts] = None,
-        memory_budget: Optional[int] = None,
-    ):
-        self.device, self.seed = device, seed
-        self.timing = timing or TimingConfig()
-        self.timeouts = timeouts or StageTimeouts()
-        self.memory_budget = memory_budget
+# Confirming can move a crossover, which makes new points deciding; they are confirmed in
+# turn, this many times at most.
+_CONFIRM_ROUNDS = 3
 
 
-def point_key(n: int, params: Dict[str, Any]) -> str:
-    """A point's identity across runs, for --resume."""
-    return json.dumps([n, params], sort_keys=True)
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a run; `result` holds what was measured, marked incomplete."""
+
+    def __init__(self, result: BenchmarkResult):
+        super().__init__(f"interrupted after {len(result.points)} point(s) of {result.op}")
+        self.result = result
 
 
 def run(
@@ -59,33 +46,68 @@ def run(
     timeouts: Optional[StageTimeouts] = None,
     memory_budget: Optional[int] = None,
     isolate: bool = False,
+    confirm: str = "deciding",
 ) -> BenchmarkResult:
-    """Run every point of `job` on `device` (in a worker process with `isolate`) and analyse the timings."""
-    started = time.perf_counter()
-    settings = RunSettings(device, seed, timing, timeouts, memory_budget)
-    points = []
-    for point in job_points(job, settings, isolate):
-        points.append(point)
+    """Run every point of `job` on `device` (in worker processes with `isolate`), confirm, analyse."""
+    settings = RunSettings(device, seed, timing, timeouts or StageTimeouts(), memory_budget, isolate, confirm)
+    return run_job(job, settings, verbose=verbose)
+
+
+def run_job(
+    job: BenchmarkJob,
+    settings: RunSettings,
+    previous: Optional[BenchmarkResult] = None,
+    on_point: Optional[Callable[[BenchmarkResult], None]] = None,
+    verbose: bool = True,
+) -> BenchmarkResult:
+    """Measure the points of `job` that `previous` lacks, then the confirmation pass.
+
+    `on_point(result)` gets the incomplete result after every measurement (the CLI
+    saves it). Ctrl-C raises RunInterrupted carrying that incomplete result.
+    """
+    order = {point_key(n, p): i for i, (n, p) in enumerate(job.sweep.points())}
+    points: Dict[str, PointResult] = {
+        point_key(p.n, p.params): p for p in (previous.points if previous else []) if point_key(p.n, p.params) in order
+    }
+    started = time.perf_counter() - (previous.duration_s if previous else 0.0)
+
+    def result(complete: bool) -> BenchmarkResult:
+        ordered = sorted(points.values(), key=lambda p: order[point_key(p.n, p.params)])
+        return _build_result(job, settings, ordered, time.perf_counter() - started, complete)
+
+    def measured(key: str, point: PointResult, line: str) -> None:
+        points[key] = point
         if verbose:
-            progress(job.op, point, len(points), job.sweep.n_points())
-    return build_result(job, settings, points, time.perf_counter() - started)
+            print(f"[{job.op}] {line}", file=sys.stderr, flush=True)
+        if on_point is not None:
+            on_point(result(complete=False))
+
+    try:
+        for point in _points(job, settings, skip=set(points)):
+            measured(point_key(point.n, point.params), point, f"{len(points) + 1}/{len(order)} {_progress(point)}")
+        for _ in range(_CONFIRM_ROUNDS):
+            todo = {point_key(p.n, p.params) for p in analysis.points_to_confirm(result(False).points, settings.confirm)}
+            for i, second in enumerate(_points(job, settings, skip=set(order) - todo), start=1):
+                key = point_key(second.n, second.params)
+                point = analysis.confirmed(points[key], second)
+                measured(key, point, f"confirm {i}/{len(todo)} {_confirmation_progress(point)}")
+            if not todo:
+                break
+    except KeyboardInterrupt:
+        raise RunInterrupted(result(complete=False)) from None
+    return result(complete=True)
 
 
-def job_points(
-    job: BenchmarkJob, settings: RunSettings, isolate: bool = False, skip: Optional[Set[str]] = None
-) -> Iterator[PointResult]:
-    """The job's points as they are measured, in this process or in isolated workers."""
-    if isolate:
-        from .isolation import iter_points_isolated
-
+def _points(job: BenchmarkJob, settings: RunSettings, skip: Set[str]) -> Iterator[PointResult]:
+    if settings.isolate:
         return iter_points_isolated(job, settings, skip)
     return iter_points(job, settings, skip=skip)
 
 
-def build_result(
-    job: BenchmarkJob, settings: RunSettings, points: List[PointResult], duration_s: float, complete: bool = True
+def _build_result(
+    job: BenchmarkJob, settings: RunSettings, points: List[PointResult], duration_s: float, complete: bool
 ) -> BenchmarkResult:
-    return BenchmarkResult.from_points(
+    return analysis.result_of(
         points,
         op=job.op,
         preset=job.preset,
@@ -97,161 +119,26 @@ def build_result(
         duration_s=duration_s,
         memory_method=memory_method(settings.device),
         complete=complete,
+        confirm=settings.confirm,
     )
 
 
-def iter_points(
-    job: BenchmarkJob,
-    settings: RunSettings,
-    start: int = 0,
-    skip: Optional[Set[str]] = None,
-    excluded: Optional[Dict[str, Failure]] = None,
-    observer: Optional[Callable[[int, str, Optional[str], float], None]] = None,
-) -> Iterator[PointResult]:
-    """Measure the sweep's points from index `start`, leaving out those whose key is in `skip`.
-
-    `excluded` holds strategies already known to fail at point `start` (the isolated
-    runner's record of a crash): they are not run again, and their failures are kept.
-    `observer(index, stage, strategy, limit)` hears of each stage as it starts.
-    """
-    skip = skip or set()
-    # The profiler's first start in a process takes about a second (CPU): pay it here,
-    # outside every stage's time limit.
-    peak_memory(lambda: None, settings.device)
-    with torch.no_grad():
-        for index, (n, params) in enumerate(job.sweep.points()):
-            if index < start or point_key(n, params) in skip:
-                continue
-            known = dict(excluded or {}) if index == start else {}
-            yield _measure_point(
-                job, n, params, settings, known, None if observer is None else partial(observer, index)
-            )
-
-
-def _measure_point(
-    job: BenchmarkJob,
-    n: int,
-    params: Dict[str, Any],
-    settings: RunSettings,
-    failures: Dict[str, Failure],
-    observer: Optional[StageObserver],
-) -> PointResult:
-    device, timeouts = settings.device, settings.timeouts
-    dtype = DTYPES[params.get("dtype", "float32")]
-
-    def stage(name: str, strategy: Optional[str] = None) -> Any:
-        return stage_limit(name, timeouts, strategy, observer)
-
-    try:
-        with stage("setup"):
-            over = _over_budget(job, n, params, dtype, settings)
-            if over is not None:
-                return PointResult.failed(n, params, {"point": over})
-            # Seeded per point, so a point's models and inputs do not depend on which points ran before it.
-            torch.manual_seed(settings.seed)
-            modules = [job.model_factory(**params).to(device=device, dtype=dtype).eval() for _ in range(n)]
-            inputs = [x.to(device=device, dtype=dtype) for x in job.input_factory(n, **params)]
-    except Exception as e:
-        return PointResult.failed(n, params, {"point": _failure("setup", e)})
-
-    def baseline() -> List[torch.Tensor]:
-        return [m(x) for m, x in zip(modules, inputs)]
-
-    try:
-        with stage("check", "baseline"):
-            reference, baseline_peak = peak_memory(baseline, device)
-    except Exception as e:
-        return PointResult.failed(n, params, {"point": _failure("check", e)})
-
-    tol = tolerance(dtype, device)
-    checks: Dict[str, Check] = {}
-    peaks = {"baseline": baseline_peak}
-    timed: Dict[str, Callable[[], object]] = {"baseline": baseline}
-    for strategy in job.strategies:
-        if strategy in failures:
-            continue
-        try:
-            with stage("check", strategy):
-                wide = job.wide_factory(modules, strategy)
-                packed = wide.pack(inputs)
-                output, peaks[strategy] = peak_memory(partial(wide, packed), device)
-                checks[strategy] = check_outputs(wide.unpack(output), reference, tol)
-        except Exception as e:  # a broken strategy is a result to report, not a reason to stop the sweep
-            failures[strategy] = _failure("check", e)
-            _release_memory(device)
-            continue
-        if checks[strategy].correct:
-            timed[strategy] = lambda wide=wide, packed=packed: wide(packed)
-
-    stats = _measure_until_healthy(timed, settings, failures, stage)
-    return PointResult.from_measurements(n, params, stats, checks, settings.seed, peaks, failures)
-
-
-def _measure_until_healthy(
-    timed: Dict[str, Callable[[], object]], settings: RunSettings, failures: Dict[str, Failure], stage: Any
-) -> Dict[str, TimingStats]:
-    """Time the functions together; one that fails is recorded and the rest are timed again without it."""
-    while "baseline" in timed:
-        try:
-            return measure_paired(timed, settings.device, settings.timing, stage=stage)
-        except TimedFunctionError as e:
-            culprit = "point" if e.name == "baseline" else e.name
-            phase = e.error.stage if isinstance(e.error, StageTimeout) else "measure"
-            failures[culprit] = _failure(phase, e.error)
-            del timed[e.name]
-            _release_memory(settings.device)
-    return {}
-
-
-def _failure(stage: str, error: BaseException) -> Failure:
-    if isinstance(error, StageTimeout):
-        return Failure(error.stage, "timeout", "Timeout", str(error), error.elapsed_s, error.limit_s)
-    return Failure(stage, "error", type(error).__name__, str(error))
-
-
-def _release_memory(device: str) -> None:
-    # After an out-of-memory error the failed strategy's tensors are garbage; free them
-    # before the next strategy needs the room.
-    gc.collect()
-    if torch.device(device).type == "cuda":
-        torch.cuda.empty_cache()
-
-
-def _over_budget(
-    job: BenchmarkJob, n: int, params: Dict[str, Any], dtype: torch.dtype, settings: RunSettings
-) -> Optional[Failure]:
-    """A 'skipped' failure if the point's estimated footprint exceeds the memory budget.
-
-    The estimate, from one model and one input on the CPU: N times (weights twice, for
-    the models and the wide copy; input twice, separate and packed; output twice,
-    reference and wide).
-    """
-    if settings.memory_budget is None:
-        return None
-    model = job.model_factory(**params).to(dtype=dtype)
-    x = job.input_factory(1, **params)[0].to(dtype=dtype)
-    with torch.no_grad():
-        y = model.eval()(x)
-    weights = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
-    estimate = n * 2 * (weights + x.numel() * x.element_size() + y.numel() * y.element_size())
-    if estimate <= settings.memory_budget:
-        return None
-    return Failure(
-        "setup",
-        "skipped",
-        "MemoryBudget",
-        f"estimated footprint {estimate / 2**20:.1f} MiB exceeds the memory budget {settings.memory_budget / 2**20:.1f} MiB",
-    )
-
-
-def progress(op: str, point: PointResult, done: int, total: int) -> None:
-    params = params_text(point.params)
+def _progress(point: PointResult) -> str:
+    where = f"N={point.n} {params_text(point.params)}"
     if "point" in point.failures:
-        status = str(point.failures["point"])
-    elif point.best_speedup is None:
-        status = "no correct strategy"
-    else:
-        status = f"{point.best_strategy} {point.best_speedup:.2f}x ({point.verdicts[point.best_strategy]})"
+        return f"{where}: {point.failures['point']}"
     bad = [s for s, ok in point.correct.items() if not ok]
     flag = f"  FAILED: {', '.join(bad)}" if bad else ""
-    print(f"[{op}] {done}/{total} N={point.n} {params}: {status}{flag}", file=sys.stderr, flush=True)
+    best = point.best_strategy
+    if best is None:
+        return f"{where}: no correct strategy{flag}"
+    return f"{where}: {best} {point.speedups[best]:.2f}x ({point.verdicts[best]}){flag}"
+
+
+def _confirmation_progress(point: PointResult) -> str:
+    where = f"N={point.n} {params_text(point.params)}"
+    if point.unstable:
+        best = point.best_strategy
+        first = f"{best} {point.verdicts[best]}" if best in point.verdicts else "baseline"
+        return f"{where}: UNSTABLE: first pass {first}, now {point.confirmation.winner}"
+    return f"{where}: confirmed {point.winner}"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Union
@@ -13,9 +12,11 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 from dataclasses_json import dataclass_json
 
 from ..errors import WideTesseraError
-from . import analysis
+from .job import params_text
 from .correctness import Check
 from .environment import Environment
+from .health import Health, RunHealth
+from .report import format_summary, warning_lines
 from .stats import TimingStats
 from .timing import TimingConfig
 
@@ -26,11 +27,12 @@ __all__ = [
     "BenchmarkResult",
     "save_results",
     "load_results",
-    "params_text",
+    "Confirmation",
     "SCHEMA_VERSION",
 ]
 
-SCHEMA_VERSION = 2
+# 3: health, confirmation, reliability, the stored winner, per-model errors, significant-only best speedups.
+SCHEMA_VERSION = 3
 
 
 @dataclass_json
@@ -56,18 +58,43 @@ class Failure:
 
 
 @dataclass_json
+@dataclass(frozen=True)
+class Confirmation:
+    """The confirmation pass's measurement of a point: built afresh from the same seed, later in the run.
+
+    agrees: its verdict on fusing (winner class: a strategy wins, no difference, or
+    the baseline) is the first pass's. When it is not, the point is unstable.
+    """
+
+    timings: Dict[str, float]
+    speedups: Dict[str, float]
+    speedup_ci: Dict[str, List[float]]
+    verdicts: Dict[str, str]
+    winner: str
+    agrees: bool
+    health: Optional[Health] = None
+
+
+@dataclass_json
 @dataclass
 class PointResult:
-    """One N at one parameter combination.
+    """One N at one parameter combination; `wide_tessera.bench.analysis` computes it from measurements.
 
     timings: strategy -> median ms per call ('baseline' included; incorrect strategies are not timed)
     speedups: strategy -> baseline median / strategy median
     speedup_ci: strategy -> [low, high], its 95% confidence interval
     verdicts: strategy -> 'faster', 'slower' or 'same' (no significant difference)
     correct: strategy -> passed the correctness check (False also when it failed to run)
-    best_strategy, best_speedup: see `wide_tessera.bench.analysis` (None if no strategy is correct)
+    best_strategy: the fastest correct significantly-faster strategy, else the correct one with
+        the highest speedup (None if none is correct)
+    best_speedup: its speedup when it is significantly faster, else None: never a headline from noise
+    winner: best_strategy when fusing wins, 'no_difference' on a statistical tie, else 'baseline';
+        'unstable' when the confirmation pass disagreed
     peak_memory_bytes: strategy -> most tensor memory one call held above what was held before
     failures: strategy (or 'point' for the whole point) -> why it has no result
+    health: what the machine did while the point was timed
+    confirmation: the second, independent measurement, where one was taken
+    flags: reasons to take a second look (an implausibly large speedup, a strategy that did not fuse)
     """
 
     n: int
@@ -83,95 +110,48 @@ class PointResult:
     stats: Dict[str, TimingStats]
     peak_memory_bytes: Dict[str, int] = field(default_factory=dict)
     failures: Dict[str, Failure] = field(default_factory=dict)
+    winner: str = "baseline"
+    health: Optional[Health] = None
+    confirmation: Optional[Confirmation] = None
+    flags: List[str] = field(default_factory=list)
 
-    @classmethod
-    def from_measurements(
-        cls,
-        n: int,
-        params: Dict[str, Any],
-        stats: Dict[str, TimingStats],
-        checks: Dict[str, Check],
-        seed: int = 0,
-        peak_memory_bytes: Optional[Dict[str, int]] = None,
-        failures: Optional[Dict[str, Failure]] = None,
-    ) -> "PointResult":
-        failures = dict(failures or {})
-        if "baseline" not in stats:
-            return cls.failed(n, params, failures, checks, peak_memory_bytes)
-        base = stats["baseline"]
-        timings = {s: st.median_ms for s, st in stats.items()}
-        speedups = {s: base.median_ms / st.median_ms for s, st in stats.items() if s != "baseline"}
-        cis = {s: list(analysis.speedup_ci(base.samples_ms, stats[s].samples_ms, seed)) for s in speedups}
-        verdicts = {s: analysis.verdict(ci) for s, ci in cis.items()}
-        correct = _correctness(checks, failures)
-        best = analysis.pick_best(speedups, verdicts, correct)
-        best_speedup = None if best is None else speedups[best]
-        return cls(
-            n,
-            params,
-            timings,
-            speedups,
-            cis,
-            verdicts,
-            correct,
-            best,
-            best_speedup,
-            checks,
-            stats,
-            dict(peak_memory_bytes or {}),
-            failures,
-        )
-
-    @classmethod
-    def failed(
-        cls,
-        n: int,
-        params: Dict[str, Any],
-        failures: Dict[str, Failure],
-        checks: Optional[Dict[str, Check]] = None,
-        peak_memory_bytes: Optional[Dict[str, int]] = None,
-    ) -> "PointResult":
-        """A point with no timings: its setup or its baseline failed, or it was skipped."""
-        checks = dict(checks or {})
-        correct = _correctness(checks, failures)
-        return cls(n, params, {}, {}, {}, {}, correct, None, None, checks, {}, dict(peak_memory_bytes or {}), failures)
+    @property
+    def unstable(self) -> bool:
+        """The confirmation pass came to another verdict: neither verdict is trusted."""
+        return self.confirmation is not None and not self.confirmation.agrees
 
     @property
     def fused_wins(self) -> bool:
-        """A correct strategy is significantly faster than the N separate calls."""
-        return self.best_strategy is not None and self.verdicts[self.best_strategy] == "faster"
-
-    @property
-    def winner(self) -> str:
-        """The winning strategy; 'baseline' when fusing loses, 'no_difference' when it is a statistical tie."""
-        if self.fused_wins:
-            return self.best_strategy
-        if self.best_strategy is not None and self.verdicts[self.best_strategy] == "same":
-            return "no_difference"
-        return "baseline"
-
-
-def _correctness(checks: Dict[str, Check], failures: Dict[str, Failure]) -> Dict[str, bool]:
-    """Strategy -> correct; a strategy that failed to run is not correct."""
-    correct = {s: c.correct for s, c in checks.items()}
-    correct.update({s: False for s in failures if s != "point"})
-    return correct
+        """A correct strategy is significantly faster than the N separate calls, and a confirmation did not disagree."""
+        return (
+            not self.unstable and self.best_strategy is not None and self.verdicts[self.best_strategy] == "faster"
+        )
 
 
 @dataclass_json
 @dataclass
 class GroupResult:
-    """All points that share their parameters and differ in N, and where fusing starts to pay."""
+    """All points that share their parameters and differ in N, and where fusing starts to pay.
+
+    problems: why the group's verdicts may not be trusted (disturbed measurements, unstable
+    points, deciding points near the margin that did not converge); empty when they can be.
+    """
 
     params: Dict[str, Any]
     n_values: List[int]
     crossover_n: Optional[int]
+    problems: List[str] = field(default_factory=list)
 
 
 @dataclass_json
 @dataclass
 class BenchmarkResult:
-    """One op's benchmark. The crossover and threshold rules are in `wide_tessera.bench.analysis`."""
+    """One op's benchmark. `wide_tessera.bench.analysis` computes it; the rules are written there.
+
+    reliable / unreliable_reasons: the verdict on the run itself (a busy machine, disturbed or
+    unconverged deciding points, unstable points, throttling). confirm: which points the
+    confirmation pass measured again. health: the machine over the whole run.
+    """
 
     op: str
     preset: str
@@ -190,34 +170,11 @@ class BenchmarkResult:
     memory_method: str = ""
     # False when the run stopped early (Ctrl-C, a killed process): `--resume` completes it.
     complete: bool = True
+    confirm: str = "deciding"
+    reliable: bool = True
+    unreliable_reasons: List[str] = field(default_factory=list)
+    health: Optional[RunHealth] = None
     schema_version: int = SCHEMA_VERSION
-
-    @classmethod
-    def from_points(cls, points: List[PointResult], **run_info: Any) -> "BenchmarkResult":
-        groups: Dict[str, List[PointResult]] = {}
-        for p in points:
-            if "point" in p.failures and p.failures["point"].kind == "skipped":
-                continue  # a skipped point says nothing about where fusing starts to pay
-            groups.setdefault(json.dumps(p.params, sort_keys=True), []).append(p)
-        group_results = [
-            GroupResult(
-                params=ps[0].params,
-                n_values=[p.n for p in ps],
-                crossover_n=analysis.group_crossover([(p.n, p.fused_wins) for p in ps]),
-            )
-            for ps in groups.values()
-        ]
-        crossovers = [g.crossover_n for g in group_results]
-        speedups = [p.best_speedup for p in points if p.best_speedup is not None]
-        return cls(
-            points=points,
-            groups=group_results,
-            crossover_n=analysis.overall_crossover(crossovers),
-            recommended_threshold=analysis.recommended_threshold(crossovers),
-            strategy_wins=dict(Counter(p.winner for p in points)),
-            best_speedup=max(speedups) if speedups else None,
-            **run_info,
-        )
 
     @property
     def device(self) -> str:
@@ -244,21 +201,15 @@ class BenchmarkResult:
 
     @property
     def warnings(self) -> List[str]:
-        """One line per timing that was noisy or did not converge."""
-        return [
-            f"N={p.n} {params_text(p.params)} {s}: {'; '.join(st.warnings)}"
-            for p in self.points
-            for s, st in p.stats.items()
-            if st.warnings
-        ]
+        """Every warning, one line each: noisy or unconverged timings, disturbed measurements,
+        unstable points, strategies that did not fuse, implausible speedups."""
+        return warning_lines(self)
 
     @property
     def all_correct(self) -> bool:
         return not self.failures
 
     def summary(self) -> str:
-        from .report import format_summary
-
         return format_summary(self)
 
     def save(self, path: Union[str, Path]) -> None:
@@ -270,11 +221,6 @@ class BenchmarkResult:
         if len(results) != 1:
             raise WideTesseraError(f"{path}: holds {len(results)} results; read it with wide_tessera.load_results")
         return results[0]
-
-
-def params_text(params: Dict[str, Any]) -> str:
-    """'batch=8 channels=64 dtype=float32': how summaries and progress lines name a point's parameters."""
-    return " ".join(f"{k}={v}" for k, v in params.items())
 
 
 def save_results(results: Sequence[BenchmarkResult], path: Union[str, Path]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import List, Sequence, Tuple
 
@@ -9,10 +10,15 @@ import numpy as np
 from dataclasses_json import dataclass_json
 from scipy import stats as scipy_stats
 
-__all__ = ["TimingStats", "median_ci", "median_ci_rel_width", "HIGH_CV"]
+__all__ = ["TimingStats", "median_ci", "median_ci_rel_width", "HIGH_CV", "MIN_EFFECT"]
 
 # Above this coefficient of variation a timing is flagged as noisy.
 HIGH_CV = 0.10
+# A win must clear 5%, not just 1.0: between separate runs on a shared machine, speedups
+# move by a few percent even when each run's interval is tight (scripts/repeatability.py:
+# conv1d at N=1, one conv either way, came out 1.03x [1.02, 1.05] in one run and within
+# noise in the next). A gain that small is no reason to fuse, and not reproducible.
+MIN_EFFECT = 0.05
 
 
 def median_ci(samples: Sequence[float], confidence: float = 0.95) -> Tuple[float, float]:
@@ -24,11 +30,18 @@ def median_ci(samples: Sequence[float], confidence: float = 0.95) -> Tuple[float
     """
     a = np.sort(np.asarray(samples, dtype=np.float64))
     n = len(a)
-    lo = int(scipy_stats.binom.ppf((1 - confidence) / 2, n, 0.5))  # 1-based rank of the lower bound
+    lo = _lower_rank(n, confidence)
     hi = n - lo + 1
     if lo < 1:
         return float(a[0]), float(a[-1])
     return float(a[lo - 1]), float(a[hi - 1])
+
+
+@functools.lru_cache(maxsize=None)
+def _lower_rank(n: int, confidence: float) -> int:
+    """1-based rank of the lower bound. Cached: the timer asks after every round, and
+    binom.ppf costs more than the sort."""
+    return int(scipy_stats.binom.ppf((1 - confidence) / 2, n, 0.5))
 
 
 def median_ci_rel_width(samples: Sequence[float]) -> float:
@@ -69,10 +82,17 @@ class TimingStats:
     outliers: int
     converged: bool = True
     warnings: List[str] = field(default_factory=list)
+    # The function's place in each round (0 = first), sample by sample: the order rotates.
+    positions: List[int] = field(default_factory=list)
 
     @classmethod
     def from_samples(
-        cls, samples_ms: Sequence[float], timer: str, calls_per_sample: int = 1, converged: bool = True
+        cls,
+        samples_ms: Sequence[float],
+        timer: str,
+        calls_per_sample: int = 1,
+        converged: bool = True,
+        positions: Sequence[int] = (),
     ) -> "TimingStats":
         if len(samples_ms) == 0:
             raise ValueError("no timing samples")
@@ -110,6 +130,7 @@ class TimingStats:
             outliers=int(((a < q1 - 1.5 * iqr) | (a > q3 + 1.5 * iqr)).sum()),
             converged=converged,
             warnings=warnings,
+            positions=list(positions),
         )
 
     @property

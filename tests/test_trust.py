@@ -1,0 +1,316 @@
+"""Verdicts that survive a busy machine and a hostile model: A/A runs, load, NaN, in-place inputs,
+aliasing outputs, vmap falling back to a loop, and a confirmation pass that flips a verdict."""
+
+import subprocess
+import sys
+from typing import List, Optional, Sequence
+
+import pytest
+import torch
+from torch import nn
+
+from wide_tessera import SweepParams, TimingConfig, WideOp, benchmark, benchmark_custom, register, run
+from wide_tessera.bench import analysis
+from wide_tessera.bench.correctness import check_outputs
+from wide_tessera.bench.registry import REGISTRY
+from wide_tessera.bench.timing import measure_paired
+
+# Long enough samples (2 ms) for a verdict about equal costs to mean something on a CPU.
+TIMING = TimingConfig(warmup_s=0.02, budget_s=0.15, min_samples=10, min_sample_s=2e-3)
+
+
+class LoopTwins(WideOp, nn.Module):
+    """Two 'wide' strategies that are the baseline's own loop plus one wrapper call: an A/A test."""
+
+    NAME = "test_twins"
+    BENCHMARK_STRATEGIES = ("twin_a", "twin_b")
+    BENCHMARK_SWEEPS = {"test": SweepParams.of([1, 4, 16], batch=[64], d=[256])}
+
+    def __init__(self, modules: Sequence[nn.Module], strategy: Optional[str] = None):
+        super().__init__()
+        self.models, self.strategy = nn.ModuleList(modules), self.check_strategy(strategy)
+
+    @classmethod
+    def from_modules(cls, modules, strategy=None):
+        return cls(modules, strategy)
+
+    def pack(self, inputs):
+        return list(inputs)
+
+    def unpack(self, output):
+        return output
+
+    def forward(self, xs: List[torch.Tensor]) -> List[torch.Tensor]:
+        return [m(x) for m, x in zip(self.models, xs)]
+
+    @classmethod
+    def bench_model(cls, d, **_):
+        return nn.Linear(d, d)
+
+    @classmethod
+    def bench_inputs(cls, n, batch, d, **_):
+        return [torch.randn(batch, d) for _ in range(n)]
+
+
+@pytest.fixture
+def twins():
+    register("test_twins")(LoopTwins)
+    yield LoopTwins
+    del REGISTRY["test_twins"]
+
+
+def test_a_a_equal_costs_never_win_and_twins_are_always_the_same(twins):
+    for seed in range(2):
+        r = run(twins.benchmark_job("test"), timing=TIMING, verbose=False, seed=seed, confirm="none")
+        assert all(v != "faster" for p in r.points for v in p.verdicts.values()), [p.speedup_ci for p in r.points]
+        assert r.crossover_n is None and r.recommended_threshold is None and r.best_speedup is None
+    torch.manual_seed(0)
+    models = [nn.Linear(256, 256) for _ in range(16)]
+    xs = [torch.randn(64, 256) for _ in range(16)]
+    a, b = LoopTwins(models, "twin_a"), LoopTwins(models, "twin_b")
+    with torch.no_grad():
+        for _ in range(3):
+            stats = measure_paired({"a": lambda: a(xs), "b": lambda: b(xs)}, config=TIMING).stats
+            ci = analysis.speedup_ci(stats["a"].samples_ms, stats["b"].samples_ms)
+            assert analysis.verdict(ci) == "same", ci
+
+
+def test_a_cpu_burner_is_seen_and_never_yields_a_confident_different_verdict():
+    quiet = benchmark("gemm", preset="ci", device="cpu", verbose=False, timing=TIMING, confirm="none")
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        loaded = benchmark("gemm", preset="ci", device="cpu", verbose=False, timing=TIMING, confirm="none")
+    finally:
+        for b in burners:
+            b.kill()
+            b.wait()
+    assert loaded.health.max_other_load_cores > 0.5  # the burners were measured, not guessed
+    assert not loaded.reliable and "busy machine" in loaded.unreliable_reasons[0]
+    assert loaded.summary().startswith("UNRELIABLE")
+
+
+class Scale(nn.Module):
+    def __init__(self, d: int):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(d))
+
+    def forward(self, x):
+        return x * self.w
+
+
+class AdversarialScale(WideOp, nn.Module):
+    """N elementwise scalings; strategies that only look right."""
+
+    NAME = "test_adversarial"
+    BENCHMARK_STRATEGIES = ("honest", "in_place", "constant")
+    BENCHMARK_SWEEPS = {"test": SweepParams.of([2], d=[8])}
+    nan_models = False
+
+    def __init__(self, w: torch.Tensor, strategy=None):
+        super().__init__()
+        self.w, self.strategy = w, self.check_strategy(strategy)
+
+    @classmethod
+    def from_modules(cls, modules, strategy=None):
+        return cls(torch.stack([m.w.detach() for m in modules]).unsqueeze(1), strategy)
+
+    def forward(self, x):
+        if self.strategy == "in_place":
+            return x.mul_(self.w)  # right values, but in the caller's input tensor
+        if self.strategy == "constant":
+            return torch.zeros_like(x)
+        return x * self.w
+
+    @classmethod
+    def bench_model(cls, d, **_):
+        model = Scale(d)
+        if cls.nan_models:
+            model.w.data[0] = float("nan")
+        return model
+
+    @classmethod
+    def bench_inputs(cls, n, d, **_):
+        return [torch.randn(3, d) for _ in range(n)]
+
+
+@pytest.fixture
+def adversarial():
+    register("test_adversarial")(AdversarialScale)
+    yield AdversarialScale
+    AdversarialScale.nan_models = False
+    del REGISTRY["test_adversarial"]
+
+
+def test_an_output_in_the_strategys_own_input_is_caught(adversarial, fast_timing):
+    p = run(adversarial.benchmark_job("test"), timing=fast_timing, verbose=False).points[0]
+    assert p.correct == {"honest": True, "in_place": False, "constant": False}
+    assert "shares memory with the strategy's input" in p.checks["in_place"].error
+    assert len(p.checks["honest"].per_model_rel_error) == 2 and p.checks["honest"].draws == 2
+
+
+def test_a_nan_reference_makes_the_point_unjudgeable_never_correct(adversarial, fast_timing):
+    adversarial.nan_models = True  # the separate calls give NaN; 'constant' returns zeros
+    r = run(adversarial.benchmark_job("test"), timing=fast_timing, verbose=False)
+    p = r.points[0]
+    assert p.failures["point"].error_type == "Unjudgeable" and "NaN or Inf" in p.failures["point"].message
+    assert not any(p.correct.values()) and p.best_strategy is None and r.best_speedup is None
+    assert not r.all_correct
+
+
+def test_an_output_that_is_the_reference_is_caught():
+    ref = [torch.randn(3), torch.randn(3)]
+    assert "shares memory with the reference" in check_outputs(ref, ref, 1e-4).error
+    assert check_outputs([r.clone() for r in ref], ref, 1e-4).correct
+
+
+class AddsToInput(nn.Module):
+    """Changes its input in place: the baseline must not hand a changed input to the wide check."""
+
+    def __init__(self, d: int = 8):
+        super().__init__()
+        self.pos = nn.Parameter(torch.randn(d))
+        self.lin = nn.Linear(d, d)
+
+    def forward(self, x):
+        x += self.pos
+        return self.lin(x)
+
+
+def test_a_model_that_changes_its_input_is_judged_on_fresh_inputs(fast_timing):
+    r = benchmark_custom(AddsToInput, (4, 8), [3], device="cpu", verbose=False, timing=fast_timing)
+    assert r.points[0].correct == {"vmap": True}, r.points[0].checks
+
+
+def test_vmap_falling_back_to_a_loop_is_reported(fast_timing):
+    r = benchmark_custom(
+        nn.TransformerEncoderLayer,
+        (3, 5, 16),
+        [2],
+        device="cpu",
+        verbose=False,
+        timing=fast_timing,
+        d_model=16,
+        nhead=2,
+        dim_feedforward=32,
+        dropout=0.0,
+        batch_first=True,
+    )
+    check = r.points[0].checks["vmap"]
+    assert check.correct and check.fallback.startswith("vmap ran a per-model loop: no batching rule for aten::")
+    assert any("per-model loop" in f for f in r.points[0].flags)
+    assert " loop" in r.summary() and any("per-model loop" in w for w in r.warnings)
+
+
+class Flaky(WideOp, nn.Module):
+    """Fast when first built for a point, slow when built again: the confirmation pass must notice."""
+
+    NAME = "test_flaky"
+    BENCHMARK_STRATEGIES = ("flaky",)
+    BENCHMARK_SWEEPS = {"test": SweepParams.of([8], d=[64])}
+    builds = 0
+
+    def __init__(self, w: torch.Tensor, slow: bool):
+        super().__init__()
+        self.w, self.slow = w, slow
+
+    @classmethod
+    def from_modules(cls, modules, strategy=None):
+        cls.builds += 1
+        return cls(torch.stack([m.w.detach() for m in modules]).unsqueeze(1), slow=cls.builds > 1)
+
+    def forward(self, x):
+        if self.slow:
+            for _ in range(40):
+                x * self.w
+        return x * self.w
+
+    @classmethod
+    def bench_model(cls, d, **_):
+        return Scale(d)
+
+    @classmethod
+    def bench_inputs(cls, n, d, **_):
+        return [torch.randn(256, d) for _ in range(n)]
+
+
+def test_a_confirmation_pass_that_flips_the_verdict_makes_the_point_unstable():
+    register("test_flaky")(Flaky)
+    try:
+        r = run(Flaky.benchmark_job("test"), timing=TIMING, verbose=False)
+    finally:
+        del REGISTRY["test_flaky"]
+    p = r.points[0]
+    assert p.verdicts["flaky"] == "faster" and p.confirmation.verdicts["flaky"] == "slower"
+    assert p.unstable and p.winner == "unstable" and not p.fused_wins
+    assert r.crossover_n is None and r.best_speedup is None and not r.reliable
+    assert "UNSTABLE" in r.summary()
+
+
+class FakeNvml:
+    """The few NVML calls the health monitor makes, with readings a test sets."""
+
+    NVML_CLOCK_SM, NVML_TEMPERATURE_GPU = 1, 0
+
+    def __init__(self, reasons=0, clock=1980, others=0):
+        self.reasons, self.clock, self.others = reasons, clock, others
+
+    def nvmlDeviceGetMaxClockInfo(self, handle, kind):
+        return 1980
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle):
+        return self.reasons
+
+    def nvmlDeviceGetClockInfo(self, handle, kind):
+        return self.clock
+
+    def nvmlDeviceGetTemperature(self, handle, kind):
+        return 71
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle):
+        import os
+        from types import SimpleNamespace
+
+        return [SimpleNamespace(pid=os.getpid())] + [SimpleNamespace(pid=1) for _ in range(self.others)]
+
+
+@pytest.mark.parametrize(
+    "nvml,problem",
+    [
+        (FakeNvml(), None),
+        (FakeNvml(reasons=0x40), "throttled: hw_thermal"),
+        (FakeNvml(clock=900), "disturbed"),
+        (FakeNvml(others=1), "busy GPU: 1 other process"),
+    ],
+)
+def test_gpu_throttling_and_other_processes_are_seen_through_nvml(nvml, problem):
+    from wide_tessera.bench.health import HealthMonitor, _Nvml
+
+    monitor = HealthMonitor("cpu")
+    monitor.gpu = _Nvml(nvml, handle=None)
+    disturbed = 0
+    for _ in range(10):
+        monitor.round_started()
+        disturbed += monitor.round_disturbed()
+    health = monitor.finish(10 - disturbed, disturbed)
+    assert health.gpu_max_temperature_c == 71.0
+    if problem is None:
+        assert disturbed == 0 or not health.gpu_slowdowns
+    else:
+        assert any(p.startswith(problem) for p in health.problems), health.problems
+
+
+def test_cli_strict_exits_3_on_an_unreliable_result_and_show_lists_every_warning(tmp_path, monkeypatch, fast_timing):
+    from click.testing import CliRunner
+
+    from wide_tessera.bench import health
+    from wide_tessera.cli import cli
+
+    monkeypatch.setattr(health, "BUSY_CORES", -1.0)  # any load at all counts as a busy machine
+    path = tmp_path / "r.json"
+    args = ["benchmark", "gemm", "--preset", "ci", "--device", "cpu", "--n-values", "1,2", "--budget", "0.01"]
+    result = CliRunner().invoke(cli, [*args, "--confirm", "none", "-o", str(path), "--strict"])
+    assert result.exit_code == 3, result.output
+    assert "--strict: 1 unreliable result" in result.output and "UNRELIABLE" in result.output
+    shown = CliRunner().invoke(cli, ["show", str(path), "--warnings"])
+    assert shown.exit_code == 0 and "busy machine" in shown.output and "warning(s) of gemm" in shown.output
+    assert CliRunner().invoke(cli, [*args, "--confirm", "sometimes"]).exit_code == 2

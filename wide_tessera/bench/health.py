@@ -1,0 +1,213 @@
+"""Evidence that a measurement was disturbed, gathered while sampling, so that it is acted on, not guessed.
+
+A round of samples is *disturbed* when something outside the timed code took
+the processor or slowed the device during it: on a CPU, one of this process's
+threads was preempted (an involuntary context switch, from getrusage); on a GPU,
+NVML reports a thermal or power slowdown or clocks below 75% of their maximum.
+The timer throws disturbed rounds away and takes new ones within its budget, as
+nvbench does with throttled samples. Across the whole measurement the monitor
+also records the load that other processes put on the machine (psutil), CPU
+steal time, and on a GPU other processes on the device and the temperature.
+
+Why preemption: with torch's default two threads on the 2-core CI machine and
+one busy process beside it, 62% of 3 ms samples saw an involuntary switch (6%
+when idle), a 7.5 us Linear was timed at 7.99 ms (a scheduler time slice) and
+called "converged". A sample with no involuntary switch had every thread on a
+core throughout.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import time
+from dataclasses import dataclass, field
+from typing import Any, List, Optional
+
+import psutil
+import torch
+from dataclasses_json import dataclass_json
+
+__all__ = ["Health", "RunHealth", "HealthMonitor", "BUSY_CORES", "MAX_DISTURBED_FRACTION"]
+
+# Other processes using more than this many cores on average make the machine busy:
+# they share caches and memory bandwidth even when no sample was preempted.
+BUSY_CORES = 0.25
+# When more than this fraction of the rounds was disturbed, the clean rounds that remain
+# are a selection from a bad time, not a measurement of the normal one.
+MAX_DISTURBED_FRACTION = 0.5
+# NVML clock-event reasons that mean the GPU slowed itself down (nvml.h values):
+# HW slowdown, SW thermal, HW thermal, HW power brake. Idle and the SW power cap are not.
+_GPU_SLOWDOWNS = {0x8: "hw_slowdown", 0x20: "sw_thermal", 0x40: "hw_thermal", 0x80: "hw_power_brake"}
+_MIN_CLOCK_RATIO = 0.75
+
+
+@dataclass_json
+@dataclass(frozen=True)
+class Health:
+    """What the machine did while one point's timings were taken.
+
+    rounds / disturbed_rounds: rounds kept, and rounds thrown away and retaken.
+    other_load_cores: cores used on average by other processes (None on a GPU run).
+    steal: fraction of the CPU time the hypervisor gave to other machines.
+    gpu_*: NVML's view (None without NVML).
+    problems: why this measurement is not clean; empty when it is.
+    """
+
+    rounds: int
+    disturbed_rounds: int
+    other_load_cores: Optional[float] = None
+    cores: int = 0
+    steal: Optional[float] = None
+    gpu_slowdowns: List[str] = field(default_factory=list)
+    gpu_other_processes: Optional[int] = None
+    gpu_min_clock_ratio: Optional[float] = None
+    gpu_max_temperature_c: Optional[float] = None
+    problems: List[str] = field(default_factory=list)
+
+    @property
+    def clean(self) -> bool:
+        return not self.problems
+
+
+@dataclass_json
+@dataclass(frozen=True)
+class RunHealth:
+    """The machine over a whole run: its points' `Health` added up."""
+
+    points: int
+    points_with_problems: int
+    rounds: int
+    disturbed_rounds: int
+    max_other_load_cores: Optional[float] = None
+    gpu_slowdowns: List[str] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, healths: List[Health]) -> "RunHealth":
+        loads = [h.other_load_cores for h in healths if h.other_load_cores is not None]
+        return cls(
+            points=len(healths),
+            points_with_problems=sum(not h.clean for h in healths),
+            rounds=sum(h.rounds for h in healths),
+            disturbed_rounds=sum(h.disturbed_rounds for h in healths),
+            max_other_load_cores=max(loads) if loads else None,
+            gpu_slowdowns=sorted({s for h in healths for s in h.gpu_slowdowns}),
+        )
+
+
+class HealthMonitor:
+    """Watches one measurement: `round_started()` / `round_disturbed()` around each round, `finish()` at the end."""
+
+    def __init__(self, device: str):
+        self.cuda = torch.device(device).type == "cuda"
+        self.gpu = _Nvml.open(device) if self.cuda else None
+        self._wall0 = time.monotonic()
+        self._cpu0 = psutil.cpu_times()
+        self._own0 = _own_cpu_s()
+        self._switches = 0
+        self.slowdowns: List[str] = []
+        self.min_clock_ratio: Optional[float] = None
+        self.max_temperature: Optional[float] = None
+
+    def round_started(self) -> None:
+        self._switches = resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw
+
+    def round_disturbed(self) -> bool:
+        """Whether the round since `round_started` was disturbed; called once per round."""
+        disturbed = resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw > self._switches
+        if self.gpu is not None:
+            slowdowns, clock_ratio, temperature = self.gpu.read()
+            self.slowdowns += [s for s in slowdowns if s not in self.slowdowns]
+            self.min_clock_ratio = clock_ratio if self.min_clock_ratio is None else min(clock_ratio, self.min_clock_ratio)
+            self.max_temperature = max(temperature, self.max_temperature or temperature)
+            # On a GPU the CPU only launches: a preempted launcher shows in the sample as
+            # launch overhead, so it counts, and so does a slowed-down device.
+            disturbed = disturbed or bool(slowdowns) or clock_ratio < _MIN_CLOCK_RATIO
+        return disturbed
+
+    def finish(self, rounds: int, disturbed_rounds: int) -> Health:
+        wall = max(time.monotonic() - self._wall0, 1e-9)
+        cpu1 = psutil.cpu_times()
+        cores = psutil.cpu_count() or 1
+        busy = _busy_s(cpu1) - _busy_s(self._cpu0)
+        other = max(0.0, busy - (_own_cpu_s() - self._own0)) / wall
+        total = sum(cpu1) - sum(self._cpu0)
+        steal = (getattr(cpu1, "steal", 0.0) - getattr(self._cpu0, "steal", 0.0)) / total if total > 0 else 0.0
+        problems = []
+        seen = rounds + disturbed_rounds
+        if seen and disturbed_rounds / seen > MAX_DISTURBED_FRACTION:
+            problems.append(f"disturbed: {disturbed_rounds} of {seen} rounds were preempted or throttled")
+        if other > BUSY_CORES:
+            problems.append(f"busy machine: other processes used {other:.2f} of {cores} cores")
+        if steal > 0.05:
+            problems.append(f"steal: the hypervisor took {steal:.0%} of the CPU time")
+        gpu_others = None if self.gpu is None else self.gpu.other_processes()
+        if self.slowdowns:
+            problems.append(f"throttled: {', '.join(self.slowdowns)}")
+        if gpu_others:
+            problems.append(f"busy GPU: {gpu_others} other process(es) on the device")
+        return Health(
+            rounds=rounds,
+            disturbed_rounds=disturbed_rounds,
+            other_load_cores=round(other, 3),
+            cores=cores,
+            steal=round(steal, 4),
+            gpu_slowdowns=list(self.slowdowns),
+            gpu_other_processes=gpu_others,
+            gpu_min_clock_ratio=self.min_clock_ratio,
+            gpu_max_temperature_c=self.max_temperature,
+            problems=problems,
+        )
+
+
+def _busy_s(times: Any) -> float:
+    # Everything but idle and iowait; steal is time this VM wanted and did not get.
+    return sum(times) - times.idle - getattr(times, "iowait", 0.0) - getattr(times, "steal", 0.0)
+
+
+def _own_cpu_s() -> float:
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+class _Nvml:
+    """The few NVML readings the monitor needs, for one device; None where NVML is absent."""
+
+    def __init__(self, nvml: Any, handle: Any):
+        self.nvml, self.handle = nvml, handle
+        self.max_sm_clock = nvml.nvmlDeviceGetMaxClockInfo(handle, nvml.NVML_CLOCK_SM)
+
+    @classmethod
+    def open(cls, device: str) -> Optional["_Nvml"]:
+        try:
+            import pynvml
+        except ImportError:
+            return None
+        try:
+            pynvml.nvmlInit()
+            index = torch.device(device).index
+            index = torch.cuda.current_device() if index is None else index
+            # NVML numbers devices its own way (CUDA_VISIBLE_DEVICES renumbers them for torch);
+            # the UUID names the same device in both.
+            uuid = torch.cuda.get_device_properties(index).uuid
+            return cls(pynvml, pynvml.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}"))
+        except Exception:  # no driver, no permission, an old torch without uuid
+            return None
+
+    def read(self) -> "tuple[List[str], float, float]":
+        # Renamed "event reasons" in newer NVML; the bits are the same.
+        get_reasons = getattr(self.nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
+            self.nvml, "nvmlDeviceGetCurrentClocksThrottleReasons"
+        )
+        reasons = get_reasons(self.handle)
+        clock = self.nvml.nvmlDeviceGetClockInfo(self.handle, self.nvml.NVML_CLOCK_SM)
+        temperature = self.nvml.nvmlDeviceGetTemperature(self.handle, self.nvml.NVML_TEMPERATURE_GPU)
+        slowdowns = [name for bit, name in _GPU_SLOWDOWNS.items() if reasons & bit]
+        return slowdowns, clock / self.max_sm_clock if self.max_sm_clock else 1.0, float(temperature)
+
+    def other_processes(self) -> int:
+        try:
+            procs = self.nvml.nvmlDeviceGetComputeRunningProcesses(self.handle)
+        except Exception:  # not supported on this device or driver
+            return 0
+        return sum(p.pid != os.getpid() for p in procs)
