@@ -172,6 +172,7 @@ def measured_point(
         if verdicts[s] == "faster" and speedups[s] > IMPLAUSIBLE_SPEEDUP
     ]
     flags += [f"{s}: {c.fallback}" for s, c in checks.items() if c.fallback]
+    trusted = timings.health.cleaned
     return PointResult(
         n,
         params,
@@ -181,12 +182,12 @@ def measured_point(
         verdicts,
         correct,
         best,
-        _significant(best, speedups, verdicts),
+        _significant(best, speedups, verdicts) if trusted else None,
         checks,
         stats_,
         dict(peak_memory_bytes or {}),
         failures,
-        winner=_winner(best, verdicts),
+        winner=_winner(best, verdicts) if trusted else "disturbed",
         health=timings.health,
         flags=flags,
     )
@@ -225,7 +226,7 @@ def _winner(best: Optional[str], verdicts: Dict[str, str]) -> str:
 
 
 def _winner_class(winner: str) -> str:
-    return winner if winner in ("baseline", "no_difference", "unstable", "failed") else "fused"
+    return winner if winner in ("baseline", "no_difference", "unstable", "disturbed", "failed") else "fused"
 
 
 def confirmed(first: PointResult, second: PointResult) -> PointResult:
@@ -296,7 +297,7 @@ def result_of(points: List[PointResult], **run_info: Any) -> BenchmarkResult:
     crossovers = [g.crossover_n for g in group_results]
     speedups = [p.best_speedup for p in points if p.best_speedup is not None]
     troubled = [g for g in group_results if g.problems]
-    reasons = [f"{params_text(g.params)} {'; '.join(g.problems)}" for g in troubled[:_REASONS_SHOWN]]
+    reasons = [f"{params_text(g.params)}: {_problem_digest(g.problems)}" for g in troubled[:_REASONS_SHOWN]]
     if len(troubled) > _REASONS_SHOWN:
         reasons.append(f"and {len(troubled) - _REASONS_SHOWN} more of {len(group_results)} groups")
     return BenchmarkResult(
@@ -313,6 +314,15 @@ def result_of(points: List[PointResult], **run_info: Any) -> BenchmarkResult:
     )
 
 
+def _problem_digest(problems: List[str]) -> str:
+    """'busy machine at N=1,4; unstable at N=16' from a group's 'N=1: busy machine: ...' lines."""
+    where: Dict[str, List[str]] = {}
+    for line in problems:
+        n, _, text = line.partition(": ")
+        where.setdefault(text.split(":")[0], []).append(n[2:])
+    return "; ".join(f"{kind} at N={','.join(dict.fromkeys(ns))}" for kind, ns in where.items())
+
+
 def _point_problems(point: PointResult, deciding: bool) -> List[str]:
     """Why this point's verdict may not be trusted: a disturbed measurement, disagreeing passes,
     or (where it decides a crossover) an interval near the margin that did not converge."""
@@ -327,7 +337,7 @@ def _point_problems(point: PointResult, deciding: bool) -> List[str]:
     # An unconverged median widens the speedup's interval, which the verdict already takes
     # into account; it matters where that interval is close enough to a margin to tip.
     if deciding and point.timings and not _converged(point) and _near_margin(point):
-        problems.append("did not converge near the margin; give a larger --budget or a quieter machine")
+        problems.append("unconverged near the margin: give a larger --budget or a quieter machine")
     return problems
 
 

@@ -51,11 +51,14 @@ class Health:
     other_load_cores: cores used on average by other processes (None on a GPU run).
     steal: fraction of the CPU time the hypervisor gave to other machines.
     gpu_*: NVML's view (None without NVML).
+    cleaned: False when too few rounds escaped disturbance: the timings are then the
+        disturbed ones, and no verdict is drawn from them.
     problems: why this measurement is not clean; empty when it is.
     """
 
     rounds: int
     disturbed_rounds: int
+    cleaned: bool = True
     other_load_cores: Optional[float] = None
     cores: int = 0
     steal: Optional[float] = None
@@ -125,7 +128,8 @@ class HealthMonitor:
             disturbed = disturbed or bool(slowdowns) or clock_ratio < _MIN_CLOCK_RATIO
         return disturbed
 
-    def finish(self, rounds: int, disturbed_rounds: int) -> Health:
+    def finish(self, rounds: int, disturbed_rounds: int, min_rounds: int = 1) -> Health:
+        """What was seen; `rounds` clean ones were kept and fewer than `min_rounds` cannot be cleaned."""
         wall = max(time.monotonic() - self._wall0, 1e-9)
         cpu1 = psutil.cpu_times()
         cores = psutil.cpu_count() or 1
@@ -135,7 +139,8 @@ class HealthMonitor:
         steal = (getattr(cpu1, "steal", 0.0) - getattr(self._cpu0, "steal", 0.0)) / total if total > 0 else 0.0
         problems = []
         seen = rounds + disturbed_rounds
-        if seen and disturbed_rounds / seen > MAX_DISTURBED_FRACTION:
+        cleaned = rounds >= min_rounds and disturbed_rounds <= MAX_DISTURBED_FRACTION * seen
+        if not cleaned:
             problems.append(f"disturbed: {disturbed_rounds} of {seen} rounds were preempted or throttled")
         if other > BUSY_CORES:
             problems.append(f"busy machine: other processes used {other:.2f} of {cores} cores")
@@ -149,6 +154,7 @@ class HealthMonitor:
         return Health(
             rounds=rounds,
             disturbed_rounds=disturbed_rounds,
+            cleaned=cleaned,
             other_load_cores=round(other, 3),
             cores=cores,
             steal=round(steal, 4),

@@ -57,6 +57,8 @@ def _winner_cell(point: "PointResult") -> str:
         return "-"
     if point.unstable:
         return f"UNSTABLE (then {point.confirmation.winner})"
+    if point.disturbed:
+        return "DISTURBED"
     return point.winner + (" (confirmed)" if point.confirmation is not None else "")
 
 
@@ -74,7 +76,9 @@ def _warning_items(result: "BenchmarkResult") -> List[Tuple[str, float, str]]:
             if h is not None and not h.clean:
                 items.append(("disturbed", 10.0, f"{where}: {'; '.join(h.problems)}"))
         if p.unstable:
-            items.append(("unstable", 100.0, f"{where}: confirmation pass gave {p.confirmation.winner}, first {p.winner}"))
+            best = p.best_strategy
+            first = f"{best} {p.verdicts[best]}" if best in p.verdicts else "baseline"
+            items.append(("unstable", 100.0, f"{where}: first pass {first}, confirmation pass {p.confirmation.winner}"))
         items += [("second look", 50.0, f"{where} {flag}") for flag in p.flags]
     return items
 

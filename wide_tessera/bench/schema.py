@@ -89,7 +89,8 @@ class PointResult:
         the highest speedup (None if none is correct)
     best_speedup: its speedup when it is significantly faster, else None: never a headline from noise
     winner: best_strategy when fusing wins, 'no_difference' on a statistical tie, else 'baseline';
-        'unstable' when the confirmation pass disagreed
+        'unstable' when the confirmation pass disagreed, 'disturbed' when the measurement could not
+        be cleaned of disturbance
     peak_memory_bytes: strategy -> most tensor memory one call held above what was held before
     failures: strategy (or 'point' for the whole point) -> why it has no result
     health: what the machine did while the point was timed
@@ -121,10 +122,19 @@ class PointResult:
         return self.confirmation is not None and not self.confirmation.agrees
 
     @property
+    def disturbed(self) -> bool:
+        """Too few rounds escaped disturbance (a busy machine, throttling): no verdict is drawn."""
+        return self.health is not None and not self.health.cleaned
+
+    @property
     def fused_wins(self) -> bool:
-        """A correct strategy is significantly faster than the N separate calls, and a confirmation did not disagree."""
+        """A correct strategy is significantly faster than the N separate calls, in a measurement
+        that was not disturbed and that a confirmation did not contradict."""
         return (
-            not self.unstable and self.best_strategy is not None and self.verdicts[self.best_strategy] == "faster"
+            not self.unstable
+            and not self.disturbed
+            and self.best_strategy is not None
+            and self.verdicts[self.best_strategy] == "faster"
         )
 
 

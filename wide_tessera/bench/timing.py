@@ -150,7 +150,7 @@ def measure_paired(
         except Exception as e:
             raise TimedFunctionError(current, e) from e
     rounds, n_disturbed = len(samples[names[0]]), len(disturbed[names[0]])
-    health = monitor.finish(rounds, n_disturbed)
+    health = monitor.finish(rounds, n_disturbed, config.min_samples)
     if rounds < config.min_samples:  # too few clean rounds to say anything: keep all, flagged by `health`
         for name in names:
             samples[name] += disturbed[name]
