@@ -141,7 +141,10 @@ class HealthMonitor:
         seen = rounds + disturbed_rounds
         cleaned = rounds >= min_rounds and disturbed_rounds <= MAX_DISTURBED_FRACTION * seen
         if not cleaned:
-            problems.append(f"disturbed: {disturbed_rounds} of {seen} rounds were preempted or throttled")
+            # Threads that wait for each other each need a core: with one busy process beside
+            # them, two threads on two cores spend samples waiting for a time slice.
+            hint = "; fewer --threads than free cores avoids this" if not self.cuda and torch.get_num_threads() > 1 else ""
+            problems.append(f"disturbed: {disturbed_rounds} of {seen} rounds were preempted or throttled{hint}")
         if other > BUSY_CORES:
             problems.append(f"busy machine: other processes used {other:.2f} of {cores} cores")
         if steal > 0.05:
