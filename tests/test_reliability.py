@@ -68,6 +68,66 @@ def test_isolated_run_records_each_kind_of_trouble_and_keeps_the_healthy_results
     assert len(r.failures) == 4 and "timeout in check after" in r.summary()
 
 
+class TimedTroubleLinear(WideLinear):
+    """Strategies that pass their check and then crash, hang or exit once they are timed."""
+
+    BENCHMARK_STRATEGIES = ("bmm", "segfaults_timed", "hangs_timed", "exits")
+    BENCHMARK_SWEEPS = {"test": SweepParams.of([2], batch=[4], in_features=[8], out_features=[8])}
+
+    def forward(self, x):
+        self.calls = getattr(self, "calls", 0) + 1
+        if self.strategy == "exits":
+            raise SystemExit("a strategy called sys.exit")
+        if self.calls > 2 and self.strategy == "segfaults_timed":  # two checked draws, then the timer
+            os.kill(os.getpid(), signal.SIGSEGV)
+        if self.calls > 2 and self.strategy == "hangs_timed":
+            signal.signal(signal.SIGALRM, signal.SIG_IGN)
+            while True:
+                pass
+        return super().forward(x)
+
+
+def test_isolated_crash_or_hang_while_timed_costs_only_that_strategy(fast_timing):
+    r = run(
+        TimedTroubleLinear.benchmark_job("test"),
+        timing=fast_timing,
+        verbose=False,
+        isolate=True,
+        timeouts=StageTimeouts(warmup_s=1.0),
+        confirm="none",
+    )
+    for p in r.points:  # the point keeps its baseline and its healthy strategy
+        assert set(p.timings) == {"baseline", "bmm"} and p.correct["bmm"], p.failures
+        crash, hang, exits = p.failures["segfaults_timed"], p.failures["hangs_timed"], p.failures["exits"]
+        assert (crash.stage, crash.kind, crash.error_type) == ("warmup", "crash", "SIGSEGV")
+        assert (hang.stage, hang.kind) == ("warmup", "timeout")
+        assert (exits.stage, exits.kind, exits.error_type) == ("check", "crash", "SystemExit")
+        assert "a strategy called sys.exit" in exits.message
+
+
+def test_the_worker_dies_with_its_parent(tmp_path):
+    psutil = pytest.importorskip("psutil")
+    script = (
+        "from tests.test_reliability import TroubleLinear\n"
+        "from wide_tessera import StageTimeouts, run\n"
+        "run(TroubleLinear.benchmark_job('test'), verbose=False, isolate=True, timeouts=StageTimeouts(check_s=600))\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 60
+        workers = []
+        while not workers and time.monotonic() < deadline:
+            workers = psutil.Process(parent.pid).children(recursive=True)
+            time.sleep(0.1)
+        assert workers, "no worker started"
+        parent.kill()
+        parent.wait()
+        gone, alive = psutil.wait_procs(workers, timeout=10)
+        assert not alive, f"workers outlived their parent: {alive}"
+    finally:
+        parent.kill()
+
+
 def test_in_process_stage_limit_interrupts_a_python_hang(fast_timing):
     r = run(SleepyLinear.benchmark_job("test"), timing=fast_timing, verbose=False, timeouts=StageTimeouts(check_s=0.5))
     assert [p.n for p in r.points] == [1, 2]  # the run went on to the next point

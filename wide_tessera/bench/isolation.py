@@ -2,14 +2,19 @@
 
 The worker (this module run as a program) gets the pickled job on stdin and sends
 back, over a pipe, a message as each stage starts and each finished point as data.
-The parent kills the worker's whole process group when a stage outlives its limit,
-records the crash or timeout where it happened, and starts a new worker: at the
-same point without the culprit strategy, or at the next point if the point itself
-(its setup or baseline) was the culprit.
+While timing, it also writes which function is about to run into a small shared
+memory slot (a write per sample, no message), so that a crash or a hang in warm-up
+or measurement is charged to that function, not the whole point. The parent kills
+the worker's whole process group when a stage outlives its limit, records the
+crash or timeout where it happened, and starts a new worker: at the same point
+without the culprit strategy, or at the next point if the point itself (its setup
+or baseline) was the culprit. The worker dies with its parent.
 """
 
 from __future__ import annotations
 
+import ctypes
+import mmap
 import os
 import pickle
 import select
@@ -17,8 +22,10 @@ import signal
 import struct
 import subprocess
 import sys
+import tempfile
+import threading
 import time
-from typing import Any, Dict, Iterator, Optional, Set, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
 
 from ..errors import WideTesseraError
 from .analysis import failed_point
@@ -32,6 +39,10 @@ __all__ = ["iter_points_isolated"]
 # gracefully before the parent kills it (a hang in C code never reports).
 _GRACE_S = 5.0
 _HEADER = struct.Struct("<Q")
+# The shared slot: the index (in `_functions(job)`) of the function being timed, -1 for none.
+_SLOT = struct.Struct("<i")
+# prctl(2): ask the kernel to send this signal to the worker when its parent dies.
+_PR_SET_PDEATHSIG = 1
 
 
 def iter_points_isolated(
@@ -54,7 +65,9 @@ def iter_points_isolated(
             raise RuntimeError(f"the isolated worker for {job.op} exited ({worker.exit_reason()}) before any point")
         index, stage, strategy, limit, since = worker.stage
         failure = worker.failure(stage, limit, since)
-        if strategy in (None, "baseline") or stage in ("warmup", "measure"):
+        if stage in ("warmup", "measure"):
+            strategy = worker.timed_function()
+        if strategy in (None, "baseline"):
             n, params = points[index]
             yield failed_point(n, params, {"point": failure})
             start, excluded = index + 1, {}
@@ -77,19 +90,25 @@ class _Worker:
         self, job: BenchmarkJob, settings: RunSettings, start: int, skip: Set[str], excluded: Dict[str, Failure]
     ):
         read_fd, write_fd = os.pipe()
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "wide_tessera.bench.isolation", str(write_fd)],
-            stdin=subprocess.PIPE,
-            pass_fds=(write_fd,),
-            start_new_session=True,  # its own process group, so a kill takes its children too
-            env=env,
-        )
+        self.functions = _functions(job)
+        with tempfile.TemporaryFile() as slot_file:
+            slot_file.write(_SLOT.pack(-1))
+            slot_file.flush()
+            self.slot = mmap.mmap(slot_file.fileno(), _SLOT.size)
+            env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "wide_tessera.bench.isolation", str(write_fd), str(slot_file.fileno())],
+                stdin=subprocess.PIPE,
+                pass_fds=(write_fd, slot_file.fileno()),
+                start_new_session=True,  # its own process group, so a kill takes its children too
+                env=env,
+            )
         os.close(write_fd)
         self.pipe = os.fdopen(read_fd, "rb", buffering=0)
-        self.proc.stdin.write(pickle.dumps((job, settings, start, skip, excluded)))
+        self.proc.stdin.write(pickle.dumps((job, settings, start, skip, excluded, os.getpid())))
         self.proc.stdin.close()
         self.stage: Optional[Tuple[int, str, Optional[str], float, float]] = None
+        self.raised: Optional[Tuple[str, str]] = None
         self.finished = False
         self.timed_out = False
 
@@ -104,6 +123,8 @@ class _Worker:
             elif message[0] == "point":
                 self.stage = None
                 yield message[1], PointResult.from_dict(message[2])
+            elif message[0] == "raised":
+                self.raised = message[1], message[2]
             else:
                 self.finished = True
                 return
@@ -141,6 +162,11 @@ class _Worker:
         self.proc.wait()
         self.pipe.close()
 
+    def timed_function(self) -> Optional[str]:
+        """The function the timer was running when the worker stopped answering."""
+        index = _SLOT.unpack(self.slot[: _SLOT.size])[0]
+        return self.functions[index] if 0 <= index < len(self.functions) else None
+
     def exit_reason(self) -> str:
         code = self.proc.returncode
         if code is not None and code < 0:
@@ -153,13 +179,39 @@ class _Worker:
             message = f"{stage} exceeded its {limit:.1f} s limit; the worker was killed"
             return Failure(stage, "timeout", "Timeout", message, elapsed, limit)
         reason = self.exit_reason()
+        if self.raised is not None:  # SystemExit or KeyboardInterrupt from the measured code
+            error_type, message = self.raised
+            return Failure(stage, "crash", error_type, f"the worker process stopped: {error_type}: {message}")
         kind = reason.split()[-1] if reason.startswith("killed") else "Exit"
         return Failure(stage, "crash", kind, f"the worker process died ({reason}) during {stage}")
 
 
-def _worker_main(write_fd: int) -> None:
-    job, settings, start, skip, excluded = pickle.load(sys.stdin.buffer)
+def _functions(job: BenchmarkJob) -> List[str]:
+    return ["baseline", *job.strategies]
+
+
+def _die_with(parent: int) -> None:
+    """End this worker when `parent` ends, so that a killed run leaves no worker behind."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    else:  # no prctl: watch for the parent to go (a hang that holds the GIL outlives it)
+
+        def watch() -> None:
+            while os.getppid() == parent:
+                time.sleep(0.5)
+            os._exit(1)
+
+        threading.Thread(target=watch, daemon=True).start()
+    if os.getppid() != parent:  # it died before the request took effect
+        os._exit(1)
+
+
+def _worker_main(write_fd: int, slot_fd: int) -> None:
+    job, settings, start, skip, excluded, parent = pickle.load(sys.stdin.buffer)
+    _die_with(parent)
     out = os.fdopen(write_fd, "wb", buffering=0)
+    slot = mmap.mmap(slot_fd, _SLOT.size)
+    index_of = {name: i for i, name in enumerate(_functions(job))}
 
     def send(message: Any) -> None:
         data = pickle.dumps(message)
@@ -169,12 +221,20 @@ def _worker_main(write_fd: int) -> None:
 
     def observe(index: int, stage: str, strategy: Optional[str], limit: float) -> None:
         current[0] = index
+        slot[: _SLOT.size] = _SLOT.pack(-1)
         send(("stage", index, stage, strategy, limit))
 
-    for point in iter_points(job, settings, start, skip, excluded, observer=observe):
-        send(("point", current[0], point.to_dict()))
+    def timing(name: str) -> None:
+        slot[: _SLOT.size] = _SLOT.pack(index_of[name])
+
+    try:
+        for point in iter_points(job, settings, start, skip, excluded, observer=observe, on_function=timing):
+            send(("point", current[0], point.to_dict()))
+    except (SystemExit, KeyboardInterrupt) as e:  # raised by the measured code: say what it was
+        send(("raised", type(e).__name__, str(e)))
+        raise
     send(("done",))
 
 
 if __name__ == "__main__":
-    _worker_main(int(sys.argv[1]))
+    _worker_main(int(sys.argv[1]), int(sys.argv[2]))

@@ -67,12 +67,14 @@ def iter_points(
     skip: Optional[Set[str]] = None,
     excluded: Optional[Dict[str, Failure]] = None,
     observer: Optional[Callable[[int, str, Optional[str], float], None]] = None,
+    on_function: Optional[Callable[[str], None]] = None,
 ) -> Iterator[PointResult]:
     """Measure the sweep's points from index `start`, leaving out those whose key is in `skip`.
 
     `excluded` holds strategies already known to fail at point `start` (the isolated
     runner's record of a crash): they are not run again, and their failures are kept.
-    `observer(index, stage, strategy, limit)` hears of each stage as it starts.
+    `observer(index, stage, strategy, limit)` hears of each stage as it starts, and
+    `on_function(name)` of each function the timer is about to run.
     """
     skip = skip or set()
     # The profiler's first start in a process takes about a second (CPU): pay it here,
@@ -84,7 +86,7 @@ def iter_points(
                 continue
             known = dict(excluded or {}) if index == start else {}
             yield _measure_point(
-                job, n, params, settings, known, None if observer is None else partial(observer, index)
+                job, n, params, settings, known, None if observer is None else partial(observer, index), on_function
             )
 
 
@@ -99,6 +101,7 @@ def _measure_point(
     settings: RunSettings,
     failures: Dict[str, Failure],
     observer: Optional[StageObserver],
+    on_function: Optional[Callable[[str], None]] = None,
 ) -> PointResult:
     device, timeouts = settings.device, settings.timeouts
     dtype = DTYPES[params.get("dtype", "float32")]
@@ -176,7 +179,7 @@ def _measure_point(
             packed = wide.pack(_clones(draws[0]))
             timed[strategy] = partial(wide, packed)
 
-    timings = _measure_until_healthy(timed, settings, failures, stage)
+    timings = _measure_until_healthy(timed, settings, failures, stage, on_function)
     return analysis.measured_point(n, params, timings, checks, settings.seed, peaks, failures)
 
 
@@ -189,12 +192,16 @@ def _same_storage(a: Any, b: Any) -> bool:
 
 
 def _measure_until_healthy(
-    timed: Dict[str, Callable[[], object]], settings: RunSettings, failures: Dict[str, Failure], stage: Any
+    timed: Dict[str, Callable[[], object]],
+    settings: RunSettings,
+    failures: Dict[str, Failure],
+    stage: Any,
+    on_function: Optional[Callable[[str], None]],
 ) -> Optional[PairedTimings]:
     """Time the functions together; one that fails is recorded and the rest are timed again without it."""
     while "baseline" in timed:
         try:
-            return measure_paired(timed, settings.device, settings.timing, stage=stage)
+            return measure_paired(timed, settings.device, settings.timing, stage, on_function)
         except TimedFunctionError as e:
             culprit = "point" if e.name == "baseline" else e.name
             phase = e.error.stage if isinstance(e.error, StageTimeout) else "measure"

@@ -105,6 +105,7 @@ def measure_paired(
     device: str = "cpu",
     config: Optional[TimingConfig] = None,
     stage: Optional[StageContext] = None,
+    on_function: Optional[Callable[[str], None]] = None,
 ) -> PairedTimings:
     """Time several functions in interleaved rounds; sample i of each comes from round i.
 
@@ -115,8 +116,12 @@ def measure_paired(
     finds disturbed are thrown away and retaken while the budget lasts.
 
     `stage(name)` wraps the 'warmup' and 'measure' phases (the runner puts time limits
-    there). A function that raises is reported as TimedFunctionError naming it.
+    there). `on_function(name)` hears which function is about to run, before its warm-up
+    and each of its samples (the isolated worker records it, so that a crash or a hang
+    is charged to the function that caused it). A function that raises is reported as
+    TimedFunctionError naming it.
     """
+    on_function = on_function or (lambda name: None)
     config = config or TimingConfig()
     stage = stage or (lambda name: nullcontext())
     names = list(fns)
@@ -130,6 +135,7 @@ def measure_paired(
             with stage("warmup"):
                 sampler = _CudaSampler(config) if torch.device(device).type == "cuda" else _CpuSampler(config)
                 for current, fn in fns.items():
+                    on_function(current)
                     sampler.prepare(current, fn)
             with stage("measure"):
                 monitor = HealthMonitor(device)
@@ -140,6 +146,7 @@ def measure_paired(
                     monitor.round_started()
                     taken = {}
                     for current in order:
+                        on_function(current)
                         taken[current] = sampler.sample(current)
                     clean = not monitor.round_disturbed()
                     for name in names:
