@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import sys
+from functools import partial
 from typing import Any, Optional, Sequence
 
 import torch
 
 from . import ops  # noqa: F401  (registers the built-in ops)
+from .bench.isolation import call_isolated
 from .bench.job import DTYPES, BenchmarkJob
 from .bench.point import CONFIRM_MODES
 from .bench.registry import get_op
@@ -133,7 +135,10 @@ def benchmark_custom(
     `input_shape` is the shape of one model's input; each of the N models gets its own.
     """
     device = resolve_device(device)
-    job = custom_job(model_class, input_shape, n_values, name=name, dtype=dtype, **model_kwargs)
+    limit = (timeouts or StageTimeouts()).limit("setup")
+    what = f"trying {getattr(model_class, '__name__', model_class)} on one input"
+    run_check = partial(call_isolated, limit_s=limit, what=what) if isolate else (lambda check: check())
+    job = custom_job(model_class, input_shape, n_values, name, dtype, model_kwargs, run_check)
     return run(job, device, verbose, seed, timing, timeouts, _check_budget(memory_budget), isolate, _check_confirm(confirm))
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import mmap
+import multiprocessing
 import os
 import pickle
 import select
@@ -25,7 +26,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
 from ..errors import WideTesseraError
 from .analysis import failed_point
@@ -33,7 +34,7 @@ from .job import BenchmarkJob
 from .point import RunSettings, iter_points
 from .schema import Failure, PointResult
 
-__all__ = ["iter_points_isolated"]
+__all__ = ["iter_points_isolated", "call_isolated"]
 
 # Past a stage's limit, the worker's own alarm gets this long to report a timeout
 # gracefully before the parent kills it (a hang in C code never reports).
@@ -73,6 +74,51 @@ def iter_points_isolated(
             start, excluded = index + 1, {}
         else:
             start, excluded = index, {**excluded, strategy: failure}
+
+
+def call_isolated(fn: Callable[[], None], limit_s: float, what: str) -> None:
+    """Run `fn()` in a child process under a time limit; its error, crash or hang becomes a WideTesseraError.
+
+    For the checks made before a run starts (benchmark_custom's look at the module): under
+    `isolate`, a module that segfaults or hangs must not take the caller with it.
+    """
+    context = multiprocessing.get_context("spawn")  # a fresh interpreter: no forked torch state
+    receive, send = context.Pipe(duplex=False)
+    child = context.Process(target=_call_and_report, args=(fn, send), daemon=True)
+    try:
+        child.start()
+    except Exception as e:  # fn cannot be pickled
+        raise WideTesseraError(f"isolate: {what} cannot be sent to a worker process ({e})") from None
+    send.close()
+    if not receive.poll(limit_s):
+        child.kill()
+        child.join()
+        if child.exitcode not in (None, -signal.SIGKILL):
+            raise WideTesseraError(f"{what} crashed the worker process ({_exit_text(child.exitcode)})")
+        raise WideTesseraError(f"{what} did not finish within {limit_s:.0f} s")
+    try:
+        error = receive.recv()
+    except EOFError:  # died without a word
+        child.join()
+        raise WideTesseraError(f"{what} crashed the worker process ({_exit_text(child.exitcode)})") from None
+    child.join()
+    if error is not None:
+        raise WideTesseraError(error)
+
+
+def _call_and_report(fn: Callable[[], None], send: Any) -> None:
+    try:
+        fn()
+    except Exception as e:
+        send.send(str(e))
+        return
+    send.send(None)
+
+
+def _exit_text(code: Optional[int]) -> str:
+    if code is not None and code < 0:
+        return f"killed by {signal.Signals(-code).name}"
+    return f"exit code {code}"
 
 
 def _check_picklable(job: BenchmarkJob) -> None:
@@ -168,10 +214,7 @@ class _Worker:
         return self.functions[index] if 0 <= index < len(self.functions) else None
 
     def exit_reason(self) -> str:
-        code = self.proc.returncode
-        if code is not None and code < 0:
-            return f"killed by {signal.Signals(-code).name}"
-        return f"exit code {code}"
+        return _exit_text(self.proc.returncode)
 
     def failure(self, stage: str, limit: float, since: float) -> Failure:
         elapsed = time.monotonic() - since

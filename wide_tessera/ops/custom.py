@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 from functools import partial
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -60,16 +60,27 @@ class WideFunctional(WideOp, nn.Module):
 
 
 def custom_job(
-    model_class: type, input_shape: Sequence[int], n_values: Sequence[int], name: str, dtype: str, **model_kwargs: Any
+    model_class: type,
+    input_shape: Sequence[int],
+    n_values: Sequence[int],
+    name: str,
+    dtype: str,
+    model_kwargs: Dict[str, Any],
+    run_check: Callable[[Callable[[], None]], None] = lambda check: check(),
 ) -> BenchmarkJob:
-    """A job for N copies of `model_class(**model_kwargs)`, each fed an input of `input_shape`."""
+    """A job for N copies of `model_class(**model_kwargs)`, each fed an input of `input_shape`.
+
+    The module is tried on one input first; `run_check(check)` runs that try (the API runs
+    it in a worker process under `isolate`, so a module that crashes or hangs cannot take
+    the caller with it).
+    """
     if not (isinstance(model_class, type) and issubclass(model_class, nn.Module)):
         raise WideTesseraError(f"model_class must be an nn.Module subclass, got {model_class!r}")
     shape = tuple(input_shape) if isinstance(input_shape, (tuple, list, torch.Size)) else None
     if not shape or any(isinstance(d, bool) or not isinstance(d, int) or d <= 0 for d in shape):
         raise WideTesseraError(f"input_shape must be a non-empty tuple of positive ints, got {input_shape!r}")
     sweep = SweepParams.of([1], dtype=["float32"]).with_overrides(n_values=n_values, dtype=dtype)
-    _check_fits(model_class, shape, model_kwargs)
+    run_check(partial(_check_fits, model_class, shape, model_kwargs))
     return BenchmarkJob(
         op=name,
         preset="custom",
