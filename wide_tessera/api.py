@@ -3,21 +3,24 @@
 from __future__ import annotations
 
 import sys
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
 from . import ops  # noqa: F401  (registers the built-in ops)
+from .bench import timing
 from .bench.job import DTYPES, BenchmarkJob
 from .bench.registry import get_op
 from .bench.runner import run
 from .bench.schema import BenchmarkResult
 from .bench.stages import StageTimeouts
+from .bench.stats import TimingStats
 from .bench.timing import TimingConfig
+from .checks import check_instance, check_number, check_seed
 from .errors import WideTesseraError
 from .ops.custom import custom_job
 
-__all__ = ["benchmark", "benchmark_custom", "resolve_device", "build_job"]
+__all__ = ["benchmark", "benchmark_custom", "measure", "resolve_device", "build_job"]
 
 
 def resolve_device(device: Optional[str]) -> str:
@@ -25,10 +28,11 @@ def resolve_device(device: Optional[str]) -> str:
     if device is None:
         return "cuda" if torch.cuda.is_available() else "cpu"
     try:
-        d = torch.device(device)
+        d = torch.device(device) if isinstance(device, (str, torch.device)) else None
     except (RuntimeError, TypeError):
         d = None
-    if d is None or d.type not in ("cpu", "cuda"):
+    # torch accepts 'cpu:1', but there is one CPU device: an index there is a typo.
+    if d is None or d.type not in ("cpu", "cuda") or (d.type == "cpu" and d.index is not None):
         raise WideTesseraError(f"unknown device {device!r} (valid: cpu, cuda, cuda:N)")
     if d.type == "cuda":
         if not torch.cuda.is_available():
@@ -103,9 +107,10 @@ def benchmark(
     `timeouts` limits each stage of a point (StageTimeouts); `memory_budget` (bytes) skips
     points whose estimated footprint is larger.
     """
+    _check_settings(seed, timing, timeouts, memory_budget)
     device = resolve_device(device)
     job = build_job(name, preset, device, **overrides)
-    return run(job, device, verbose, seed, timing, timeouts, _check_budget(memory_budget), isolate)
+    return run(job, device, verbose, seed, timing, timeouts, memory_budget, isolate)
 
 
 def benchmark_custom(
@@ -127,14 +132,26 @@ def benchmark_custom(
 
     `input_shape` is the shape of one model's input; each of the N models gets its own.
     """
+    _check_settings(seed, timing, timeouts, memory_budget)
     device = resolve_device(device)
     job = custom_job(model_class, input_shape, n_values, name=name, dtype=dtype, **model_kwargs)
-    return run(job, device, verbose, seed, timing, timeouts, _check_budget(memory_budget), isolate)
+    return run(job, device, verbose, seed, timing, timeouts, memory_budget, isolate)
 
 
-def _check_budget(memory_budget: Optional[int]) -> Optional[int]:
-    if memory_budget is not None and (
-        isinstance(memory_budget, bool) or not isinstance(memory_budget, int) or memory_budget <= 0
-    ):
-        raise WideTesseraError(f"memory_budget={memory_budget!r}: give a positive number of bytes")
-    return memory_budget
+def measure(fn: Callable[[], object], device: str = "cpu", config: Optional[TimingConfig] = None) -> TimingStats:
+    """Time `fn()` on `device` (see `wide_tessera.bench.timing.measure`), after checking the arguments."""
+    if not callable(fn):
+        raise WideTesseraError(f"measure: fn={fn!r} is not callable; give a function of no arguments")
+    check_instance("config", config, TimingConfig)
+    return timing.measure(fn, resolve_device(device), config)
+
+
+def _check_settings(
+    seed: int, timing: Optional[TimingConfig], timeouts: Optional[StageTimeouts], memory_budget: Optional[int]
+) -> None:
+    """The run's settings, checked before any model is built."""
+    check_seed(seed)
+    check_instance("timing", timing, TimingConfig)
+    check_instance("timeouts", timeouts, StageTimeouts)
+    if memory_budget is not None:
+        check_number("memory_budget", memory_budget, 0, 2**60, integer=True, what="a number of bytes")
