@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import sys
 import time
 from contextlib import ExitStack
@@ -320,13 +322,26 @@ def show(path: str) -> None:
         click.echo(result.summary() + "\n")
 
 
+def _first_interrupt(signum: int, frame: object) -> None:
+    # The first Ctrl-C raises KeyboardInterrupt as usual, and the run saves what it measured.
+    signal.signal(signal.SIGINT, _second_interrupt)
+    raise KeyboardInterrupt
+
+
+def _second_interrupt(signum: int, frame: object) -> None:
+    # Another Ctrl-C, during that save or the interpreter's shutdown, ends the process at once
+    # without a traceback. Saves replace the file atomically, so the file on disk stays whole.
+    os.write(sys.stderr.fileno(), b"\ninterrupted again: exiting now\n")
+    os._exit(130)
+
+
 def main() -> None:
-    """Run the command; Ctrl-C anywhere (start-up, or a second one while the first is being saved) exits 130.
+    """Run the command; Ctrl-C during start-up or during the run exits 130 without a traceback.
 
     click turns KeyboardInterrupt into an 'Aborted!' exit 1, so its own handling is
-    bypassed (standalone_mode=False) and redone here. Results files are replaced
-    atomically, so an interrupted save leaves the previous complete file.
+    bypassed (standalone_mode=False) and redone here.
     """
+    signal.signal(signal.SIGINT, _first_interrupt)
     try:
         code = cli.main(prog_name="wide_tessera", standalone_mode=False)
     except click.ClickException as e:
