@@ -346,8 +346,12 @@ def main() -> None:
         code = cli.main(prog_name="wide_tessera", standalone_mode=False)
     except click.ClickException as e:
         e.show()
-        sys.exit(e.exit_code)
+        code = e.exit_code
     except (click.Abort, KeyboardInterrupt):
         click.echo("\ninterrupted", err=True)
-        sys.exit(130)
+        code = 130
+    finally:
+        # Nothing is left to interrupt. At shutdown Python puts back the default for a Python
+        # handler (a late Ctrl-C would then kill the process: status -2), but not for SIG_IGN.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     sys.exit(code if isinstance(code, int) else 0)

@@ -138,6 +138,7 @@ def _check_failure(f: "Failure", where: str) -> None:
     _need(f.kind in FAILURE_KINDS, f"{where}.kind", f"{f.kind!r} is not one of {', '.join(FAILURE_KINDS)}")
     _non_negative(f"{where}.elapsed_s", f.elapsed_s)
     _non_negative(f"{where}.limit_s", f.limit_s)
+    _need(f.limit_s is None or f.elapsed_s is not None, f"{where}.elapsed_s", "is missing beside limit_s")
 
 
 def _check_group(g: "GroupResult", where: str) -> None:
