@@ -194,7 +194,7 @@ API_CASES = [
     ("warmup negative", lambda t: TimingConfig(warmup_s=-0.1), "warmup_s=-0.1"),
     ("min samples 1", lambda t: TimingConfig(min_samples=1), "min_samples=1: give an integer in [2, 1000000]"),
     ("min samples float", lambda t: TimingConfig(min_samples=2.5), "min_samples=2.5"),
-    ("max below min", lambda t: TimingConfig(min_samples=20, max_samples=10), "max_samples=10: give an integer in [20,"),
+    ("max below min", lambda t: TimingConfig(min_samples=20, max_samples=10), "max_samples=10: give an integer in [20"),
     ("max samples inf", lambda t: TimingConfig(max_samples=INF), "max_samples=inf"),
     ("min sample s 0", lambda t: TimingConfig(min_sample_s=0), "min_sample_s=0"),
     ("cuda graph str", lambda t: TimingConfig(cuda_graph="yes"), "cuda_graph='yes': give True or False"),

@@ -1,4 +1,4 @@
-"""Results files on disk: where a write really goes, an atomic replace that keeps the file's mode, one writer at a time."""
+"""Results files on disk: where a write goes, an atomic replace that keeps the mode, one writer at a time."""
 
 from __future__ import annotations
 
