@@ -15,3 +15,23 @@ def _seeded():
 @pytest.fixture
 def fast_timing():
     return FAST
+
+
+@pytest.fixture(scope="session")
+def saved_results(tmp_path_factory):
+    """A real results file of two results: gemm at N=1,2, and an op with a wrong and a raising strategy.
+
+    Few samples, so that loading it (which the fuzzer does a thousand times) stays fast.
+    """
+    from wide_tessera import WideLinear, run, save_results
+
+    from .test_runner import SometimesWrongLinear
+
+    timing = TimingConfig(warmup_s=0.0, budget_s=0.001, min_samples=3, max_samples=3, min_sample_s=1e-4)
+    results = [
+        run(WideLinear.benchmark_job("ci", n_values=[1, 2]), timing=timing, verbose=False),
+        run(SometimesWrongLinear.benchmark_job("test", n_values=[2]), timing=timing, verbose=False),
+    ]
+    path = tmp_path_factory.mktemp("results") / "results.json"
+    save_results(results, path)
+    return path

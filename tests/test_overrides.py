@@ -20,8 +20,30 @@ values = st.one_of(
 
 @given(st.lists(st.integers(1, 10**6), min_size=1, unique=True))
 def test_positive_int_lists_round_trip(xs):
-    assert parse_override("batch=" + ",".join(map(str, xs))) == ("batch", xs)
+    key, texts = parse_override("batch=" + ",".join(map(str, xs)))
+    assert (key, texts) == ("batch", [str(x) for x in xs])
+    assert SWEEP.parse_overrides({key: texts}) == {"batch": xs}
     assert SWEEP.with_overrides(batch=xs).axes["batch"] == tuple(xs)
+
+
+@given(st.lists(st.floats(allow_nan=False, allow_infinity=False), min_size=1, unique=True))
+def test_a_float_axis_reads_typed_floats(xs):
+    sweep = SweepParams.of([1], scale=[0.5], mode=["a"])
+    texts = [repr(x) for x in xs]
+    assert sweep.parse_overrides({"scale": texts}) == {"scale": xs}
+    assert sweep.parse_overrides({"mode": texts}) == {"mode": texts}  # a string axis keeps the text
+
+
+@settings(max_examples=300)
+@given(axis_names, st.lists(st.text(max_size=6), min_size=1, max_size=4))
+def test_any_typed_override_gives_a_valid_sweep_or_a_clear_error(axis, texts):
+    try:
+        sweep = SWEEP.with_overrides(**SWEEP.parse_overrides({axis: texts}))
+    except WideTesseraError as e:
+        assert "\n" not in str(e) and str(e)
+        return
+    new = sweep.n_values if axis == "n_values" else sweep.axes[axis]
+    assert len(new) == len(texts) == len(set(new))
 
 
 @given(st.text(max_size=40))

@@ -18,7 +18,7 @@ def test_readme_has_examples():
 
 @pytest.mark.parametrize("code", EXAMPLES, ids=[f"example{i}" for i in range(len(EXAMPLES))])
 def test_readme_example_runs(code, monkeypatch, fast_timing, capsys):
-    monkeypatch.setattr(point, "TimingConfig", lambda: fast_timing)
+    monkeypatch.setattr(point, "default_timing", lambda: fast_timing)
     before = set(REGISTRY)
     try:
         exec(compile(code, "README.md", "exec"), {"__name__": "readme_example"})

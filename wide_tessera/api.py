@@ -4,23 +4,25 @@ from __future__ import annotations
 
 import sys
 from functools import partial
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Dict, Optional, Sequence
 
 import torch
 
 from . import ops  # noqa: F401  (registers the built-in ops)
+from .bench import timing
 from .bench.isolation import call_isolated
 from .bench.job import DTYPES, BenchmarkJob
-from .bench.point import CONFIRM_MODES
 from .bench.registry import get_op
 from .bench.runner import run
 from .bench.schema import BenchmarkResult
 from .bench.stages import StageTimeouts
+from .bench.stats import TimingStats
 from .bench.timing import TimingConfig
+from .checks import check_instance, check_number, check_seed
 from .errors import WideTesseraError
 from .ops.custom import custom_job
 
-__all__ = ["benchmark", "benchmark_custom", "resolve_device", "build_job"]
+__all__ = ["benchmark", "benchmark_custom", "measure", "resolve_device", "build_job"]
 
 
 def resolve_device(device: Optional[str]) -> str:
@@ -28,10 +30,11 @@ def resolve_device(device: Optional[str]) -> str:
     if device is None:
         return "cuda" if torch.cuda.is_available() else "cpu"
     try:
-        d = torch.device(device)
+        d = torch.device(device) if isinstance(device, (str, torch.device)) else None
     except (RuntimeError, TypeError):
         d = None
-    if d is None or d.type not in ("cpu", "cuda"):
+    # torch accepts 'cpu:1', but there is one CPU device: an index there is a typo.
+    if d is None or d.type not in ("cpu", "cuda") or (d.type == "cpu" and d.index is not None):
         raise WideTesseraError(f"unknown device {device!r} (valid: cpu, cuda, cuda:N)")
     if d.type == "cuda":
         if not torch.cuda.is_available():
@@ -56,7 +59,7 @@ def _preset_dtypes(device: str) -> Sequence[str]:
     return _supported_dtypes(device)
 
 
-def build_job(name: str, preset: str, device: str, **overrides: Any) -> BenchmarkJob:
+def build_job(name: str, preset: str, device: str, overrides: Dict[str, Any], verbose: bool = True) -> BenchmarkJob:
     """The op's job for `preset` with `overrides`, its dtypes limited to what `device` runs well.
 
     A preset's dtypes that the device lacks (or, on a CPU, emulates) are dropped with a note;
@@ -78,10 +81,11 @@ def build_job(name: str, preset: str, device: str, **overrides: Any) -> Benchmar
         )
     if len(kept) < len(dtypes):
         dropped = ", ".join(d for d in dtypes if d not in kept)
-        print(
-            f"[{job.op}] preset {preset}: skipping {dropped} on {device} (ask with dtype=... to run it)",
-            file=sys.stderr,
-        )
+        if verbose:
+            print(
+                f"[{job.op}] preset {preset}: skipping {dropped} on {device} (ask with dtype=... to run it)",
+                file=sys.stderr,
+            )
         job.sweep = job.sweep.with_overrides(dtype=kept)
     return job
 
@@ -109,9 +113,10 @@ def benchmark(
     again after the sweep ('deciding', 'all', 'none'); where the passes disagree the
     point is unstable and never counts as a win.
     """
+    _check_settings(seed, timing, timeouts, memory_budget)
     device = resolve_device(device)
-    job = build_job(name, preset, device, **overrides)
-    return run(job, device, verbose, seed, timing, timeouts, _check_budget(memory_budget), isolate, _check_confirm(confirm))
+    job = build_job(name, preset, device, overrides, verbose)
+    return run(job, device, verbose, seed, timing, timeouts, memory_budget, isolate, confirm)
 
 
 def benchmark_custom(
@@ -134,23 +139,30 @@ def benchmark_custom(
 
     `input_shape` is the shape of one model's input; each of the N models gets its own.
     """
+    _check_settings(seed, timing, timeouts, memory_budget)
     device = resolve_device(device)
     limit = (timeouts or StageTimeouts()).limit("setup")
     what = f"trying {getattr(model_class, '__name__', model_class)} on one input"
     run_check = partial(call_isolated, limit_s=limit, what=what) if isolate else (lambda check: check())
     job = custom_job(model_class, input_shape, n_values, name, dtype, model_kwargs, run_check)
-    return run(job, device, verbose, seed, timing, timeouts, _check_budget(memory_budget), isolate, _check_confirm(confirm))
+    return run(job, device, verbose, seed, timing, timeouts, memory_budget, isolate, confirm)
 
 
-def _check_confirm(confirm: str) -> str:
-    if confirm not in CONFIRM_MODES:
-        raise WideTesseraError(f"confirm={confirm!r}: valid are {', '.join(CONFIRM_MODES)}")
-    return confirm
+
+def measure(fn: Callable[[], object], device: str = "cpu", config: Optional[TimingConfig] = None) -> TimingStats:
+    """Time `fn()` on `device` (see `wide_tessera.bench.timing.measure`), after checking the arguments."""
+    if not callable(fn):
+        raise WideTesseraError(f"measure: fn={fn!r} is not callable; give a function of no arguments")
+    check_instance("config", config, TimingConfig)
+    return timing.measure(fn, resolve_device(device), config)
 
 
-def _check_budget(memory_budget: Optional[int]) -> Optional[int]:
-    if memory_budget is not None and (
-        isinstance(memory_budget, bool) or not isinstance(memory_budget, int) or memory_budget <= 0
-    ):
-        raise WideTesseraError(f"memory_budget={memory_budget!r}: give a positive number of bytes")
-    return memory_budget
+def _check_settings(
+    seed: int, timing: Optional[TimingConfig], timeouts: Optional[StageTimeouts], memory_budget: Optional[int]
+) -> None:
+    """The run's settings, checked before any model is built."""
+    check_seed(seed)
+    check_instance("timing", timing, TimingConfig)
+    check_instance("timeouts", timeouts, StageTimeouts)
+    if memory_budget is not None:
+        check_number("memory_budget", memory_budget, 0, 2**60, integer=True, what="a number of bytes")

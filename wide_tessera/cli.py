@@ -4,44 +4,65 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import sys
 import time
+from contextlib import ExitStack
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import click
 import torch
 
 from .api import build_job, resolve_device
+from .bench.environment import capture_environment
+from .bench.files import results_lock, results_target
 from .bench.job import BenchmarkJob
-from .bench.point import CONFIRM_MODES
-from .bench.registry import REGISTRY, op_names
+from .bench.point import CONFIRM_MODES, point_key
+from .bench.registry import REGISTRY, get_op, op_names
 from .bench.report import format_table
+from .bench.resume import check_resumable, point_order
 from .bench.runner import RunInterrupted, RunSettings, run_job
 from .bench.schema import BenchmarkResult, load_results, save_results
 from .bench.stages import StageTimeouts
 from .bench.timing import TimingConfig
+from .checks import check_number, check_seed
 from .errors import WideTesseraError
 
 __all__ = ["cli", "main"]
 
 
-def _parse_value(text: str) -> Any:
-    lowered = text.strip().lower()
-    if lowered in ("true", "false"):
-        return lowered == "true"
-    try:
-        return int(text)
-    except ValueError:
-        return text.strip()
-
-
-def parse_override(text: str) -> Tuple[str, List[Any]]:
-    """'channels=32,64' -> ('channels', [32, 64]); values become int or bool where they read as one."""
+def parse_override(text: str) -> Tuple[str, List[str]]:
+    """'channels=32,64' -> ('channels', ['32', '64']); the op's sweep reads each value as its axis's kind."""
     key, sep, values = text.partition("=")
     if not sep or not key.strip() or not values.strip():
         raise WideTesseraError(f"--set {text!r}: expected AXIS=V1,V2,... (e.g. channels=32,64)")
-    return key.strip(), [_parse_value(v) for v in values.split(",")]
+    return key.strip(), values.split(",")
+
+
+def _override_texts(sets: Tuple[str, ...], n_values: Optional[str]) -> Dict[str, List[str]]:
+    """--set and --n-values as text by axis; an axis given twice would silently lose one of them."""
+    texts: Dict[str, List[str]] = {}
+    for key, values in map(parse_override, sets):
+        if key == "n_values":
+            raise WideTesseraError(f"--set n_values=...: give N values with --n-values {','.join(values)}")
+        if key in texts:
+            raise WideTesseraError(f"--set {key} is given twice; give all its values in one: --set {key}=V1,V2")
+        texts[key] = values
+    if n_values is not None:
+        texts["n_values"] = n_values.split(",")
+    return texts
+
+
+def _build_jobs(
+    names: Sequence[str], preset: str, device: str, texts: Dict[str, List[str]], verbose: bool
+) -> List[BenchmarkJob]:
+    """One job per op (an op named twice, or by an alias too, runs once), its overrides read by its own axes."""
+    ops = dict.fromkeys(get_op(name).NAME for name in names)
+    return [
+        build_job(op, preset, device, get_op(op).benchmark_job(preset).sweep.parse_overrides(texts), verbose)
+        for op in ops
+    ]
 
 
 def _check_output(path: Optional[str], resume: bool) -> None:
@@ -49,14 +70,11 @@ def _check_output(path: Optional[str], resume: bool) -> None:
         if resume:
             raise WideTesseraError("--resume needs -o FILE: the results file to continue")
         return
-    p = Path(path)
-    if p.is_dir():
-        raise WideTesseraError(f"-o {path}: is a directory; give a file path")
-    if not p.parent.is_dir():
-        raise WideTesseraError(f"-o {path}: folder {str(p.parent)!r} does not exist")
-    if not os.access(p.parent, os.W_OK):
-        raise WideTesseraError(f"-o {path}: folder {str(p.parent)!r} is not writable")
-    if resume and not p.exists():
+    try:
+        results_target(path)
+    except WideTesseraError as e:
+        raise WideTesseraError(f"-o {e}") from None
+    if resume and not Path(path).exists():
         raise WideTesseraError(f"--resume: {path} does not exist; run without --resume to start it")
 
 
@@ -84,27 +102,59 @@ def parse_size(text: str) -> int:
     return int(float(match.group(1)) * _SIZE_UNITS[unit])
 
 
-def _previous_results(path: str, preset: str, device: str) -> Dict[str, BenchmarkResult]:
-    """The results a --resume continues, by op, after checking they were measured the same way."""
-    previous = {r.op: r for r in load_results(path)}
+def _previous_results(path: str, preset: str, settings: RunSettings) -> Dict[str, BenchmarkResult]:
+    """Every result in the file a --resume continues, by op, each checked to be measured as this run measures."""
+    results = load_results(path)
+    previous = {r.op: r for r in results}
+    if len(previous) < len(results):
+        raise WideTesseraError(f"--resume: {path} holds more than one result for an op; it was not written by one run")
+    environment = capture_environment(settings.device)
     for r in previous.values():
-        if (r.preset, r.device) != (preset, device):
-            raise WideTesseraError(
-                f"--resume: {path} has {r.op} measured with preset {r.preset} on {r.device}; "
-                f"this run asks for preset {preset} on {device}"
-            )
+        check_resumable(r, path, preset, settings.seed, settings.timing, environment)
     return previous
 
 
-def _timing_config(device: str, target_ci: float, budget: float, cuda_graph: bool) -> TimingConfig:
-    if cuda_graph and not device.startswith("cuda"):
-        raise WideTesseraError(f"--cuda-graph needs a CUDA device; the run is on {device}")
+# Names in the settings' own errors -> the options that set them.
+_OPTIONS = {
+    "seed": "--seed",
+    "threads": "--threads",
+    "budget_s": "--budget",
+    "target_rel_ci": "--target-ci",
+    "multiplier": "--timeout-multiplier",
+}
+
+
+def _run_settings(
+    device: Optional[str],
+    seed: int,
+    threads: Optional[int],
+    target_ci: float,
+    budget: float,
+    cuda_graph: bool,
+    timeout_multiplier: float,
+    memory_budget: Optional[str],
+    isolate: bool = False,
+    confirm: str = "deciding",
+) -> RunSettings:
+    """The run's settings from the options, each checked; an error names the option, not the field."""
+    resolved = resolve_device(device)
+    if cuda_graph and not resolved.startswith("cuda"):
+        raise WideTesseraError(f"--cuda-graph needs a CUDA device; the run is on {resolved}")
     try:
-        return TimingConfig(target_rel_ci=target_ci, budget_s=budget, cuda_graph=cuda_graph)
-    except ValueError as e:
-        raise WideTesseraError(
-            str(e).replace("target_rel_ci=", "--target-ci ").replace("budget_s=", "--budget ")
-        ) from None
+        if threads is not None:
+            check_number("threads", threads, 1, 4096, integer=True, low_ok=True)
+        return RunSettings(
+            resolved,
+            check_seed(seed),
+            TimingConfig(target_rel_ci=target_ci, budget_s=budget, cuda_graph=cuda_graph),
+            StageTimeouts(multiplier=timeout_multiplier),
+            None if memory_budget is None else parse_size(memory_budget),
+            isolate,
+            confirm,
+        )
+    except WideTesseraError as e:
+        field, sep, rest = str(e).partition("=")
+        raise WideTesseraError(f"{_OPTIONS[field]} {rest}" if sep and field in _OPTIONS else str(e)) from None
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -204,47 +254,40 @@ def benchmark(
     failed, timed out or crashed; 2 for bad input; 3 with --strict when a result is
     unreliable; 130 when interrupted (what was measured is saved, marked incomplete).
     """
-    try:
-        if run_all == bool(names):
-            raise WideTesseraError("name one or more ops, or give --all (see `wide_tessera list`)")
-        overrides: Dict[str, Any] = dict(parse_override(s) for s in sets)
-        if n_values is not None:
-            overrides["n_values"] = [_parse_value(v) for v in n_values.split(",")]
-        _check_output(output, resume)
-        resolved = resolve_device(device)
-        settings = RunSettings(
-            resolved,
-            seed,
-            _timing_config(resolved, target_ci, budget, cuda_graph),
-            _timeouts(timeout_multiplier),
-            None if memory_budget is None else parse_size(memory_budget),
-            isolate,
-            confirm,
-        )
-        if threads is not None:
-            if threads <= 0:
-                raise WideTesseraError(f"--threads {threads}: give a positive number of threads")
-            torch.set_num_threads(threads)
-        jobs = [build_job(name, preset, resolved, **overrides) for name in (op_names() if run_all else names)]
-        previous = _previous_results(output, preset, resolved) if resume else {}
-    except WideTesseraError as e:
-        raise click.UsageError(str(e)) from None
+    with ExitStack() as held:
+        try:
+            if run_all == bool(names):
+                raise WideTesseraError("name one or more ops, or give --all (see `wide_tessera list`)")
+            texts = _override_texts(sets, n_values)
+            _check_output(output, resume)
+            settings = _run_settings(
+                device, seed, threads, target_ci, budget, cuda_graph, timeout_multiplier, memory_budget, isolate, confirm
+            )
+            if threads is not None:
+                torch.set_num_threads(threads)
+            jobs = _build_jobs(op_names() if run_all else names, preset, settings.device, texts, not quiet)
+            if output:
+                held.enter_context(results_lock(output))  # until the last save: one writer per file
+            previous = _previous_results(output, preset, settings) if resume else {}
+        except WideTesseraError as e:
+            raise click.UsageError(str(e)) from None
+        kept = [r for op, r in previous.items() if op not in {job.op for job in jobs}]  # other ops in the file
 
-    results: List[BenchmarkResult] = []
-    for job in jobs:
-        result = _run_job(job, settings, previous.get(job.op), results, output, quiet)
-        results.append(result)
-        click.echo(result.summary() + "\n")
-    if output:
-        click.echo(f"wrote {len(results)} result(s) to {output}", err=True)
-    failures = [f"{r.op}: {f}" for r in results for f in r.failures]
-    if failures:
-        click.echo(f"{len(failures)} failure(s):\n  " + "\n  ".join(failures), err=True)
-        sys.exit(1)
-    unreliable = [f"{r.op}: {'; '.join(r.unreliable_reasons)}" for r in results if not r.reliable]
-    if strict and unreliable:
-        click.echo(f"--strict: {len(unreliable)} unreliable result(s):\n  " + "\n  ".join(unreliable), err=True)
-        sys.exit(3)
+        results: List[BenchmarkResult] = []
+        for job in jobs:
+            result = _run_job(job, settings, previous.get(job.op), [*kept, *results], output, quiet)
+            results.append(result)
+            click.echo(result.summary() + "\n")
+        if output:
+            click.echo(f"wrote {len(kept) + len(results)} result(s) to {output}", err=True)
+        failures = [f"{r.op}: {f}" for r in results for f in r.failures]
+        if failures:
+            click.echo(f"{len(failures)} failure(s):\n  " + "\n  ".join(failures), err=True)
+            sys.exit(1)
+        unreliable = [f"{r.op}: {'; '.join(r.unreliable_reasons)}" for r in results if not r.reliable]
+        if strict and unreliable:
+            click.echo(f"--strict: {len(unreliable)} unreliable result(s):\n  " + "\n  ".join(unreliable), err=True)
+            sys.exit(3)
 
 
 def _run_job(
@@ -256,8 +299,8 @@ def _run_job(
     quiet: bool,
 ) -> BenchmarkResult:
     """Measure one job, saving after every point; on Ctrl-C save what was measured and exit 130."""
-    if previous is not None and previous.complete:
-        return previous
+    if previous is not None and previous.complete and len(point_order(job.sweep, previous.points)) == len(previous.points):
+        return previous  # it holds every point this run asks for
 
     def save(result: BenchmarkResult) -> None:
         if output:
@@ -272,13 +315,6 @@ def _run_job(
         sys.exit(130)
     save(result)
     return result
-
-
-def _timeouts(multiplier: float) -> StageTimeouts:
-    try:
-        return StageTimeouts(multiplier=multiplier)
-    except ValueError:
-        raise WideTesseraError(f"--timeout-multiplier {multiplier}: give a positive number") from None
 
 
 @cli.command()
@@ -297,5 +333,36 @@ def show(path: str, all_warnings: bool) -> None:
             click.echo("".join(f"  {w}\n" for w in result.warnings))
 
 
+def _first_interrupt(signum: int, frame: object) -> None:
+    # The first Ctrl-C raises KeyboardInterrupt as usual, and the run saves what it measured.
+    signal.signal(signal.SIGINT, _second_interrupt)
+    raise KeyboardInterrupt
+
+
+def _second_interrupt(signum: int, frame: object) -> None:
+    # Another Ctrl-C, during that save or the interpreter's shutdown, ends the process at once
+    # without a traceback. Saves replace the file atomically, so the file on disk stays whole.
+    os.write(sys.stderr.fileno(), b"\ninterrupted again: exiting now\n")
+    os._exit(130)
+
+
 def main() -> None:
-    cli(prog_name="wide_tessera")
+    """Run the command; Ctrl-C during start-up or during the run exits 130 without a traceback.
+
+    click turns KeyboardInterrupt into an 'Aborted!' exit 1, so its own handling is
+    bypassed (standalone_mode=False) and redone here.
+    """
+    signal.signal(signal.SIGINT, _first_interrupt)
+    try:
+        code = cli.main(prog_name="wide_tessera", standalone_mode=False)
+    except click.ClickException as e:
+        e.show()
+        code = e.exit_code
+    except (click.Abort, KeyboardInterrupt):
+        click.echo("\ninterrupted", err=True)
+        code = 130
+    finally:
+        # Nothing is left to interrupt. At shutdown Python puts back the default for a Python
+        # handler (a late Ctrl-C would then kill the process: status -2), but not for SIG_IGN.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.exit(code if isinstance(code, int) else 0)

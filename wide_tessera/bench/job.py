@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Sequence, Tuple
 
@@ -10,13 +11,17 @@ import torch
 
 from ..errors import WideTesseraError, unknown
 
-__all__ = ["DTYPES", "SweepParams", "BenchmarkJob", "params_text"]
+__all__ = ["DTYPES", "MAX_N", "SweepParams", "BenchmarkJob", "params_text"]
 
 DTYPES: Dict[str, torch.dtype] = {
     "float32": torch.float32,
     "bfloat16": torch.bfloat16,
     "float16": torch.float16,
 }
+
+# More copies than any fused layer we know of; larger is a typo that would build
+# millions of models before failing.
+MAX_N = 4096
 
 
 @dataclass(frozen=True)
@@ -59,6 +64,33 @@ class SweepParams:
                 raise unknown("sweep axis", key, ["n_values", *axes])
         return SweepParams(n_values, axes)
 
+    def parse_overrides(self, texts: Dict[str, Sequence[str]]) -> Dict[str, List[Any]]:
+        """Overrides typed on a command line, each value read as its axis's kind.
+
+        '0.25' is a float on a float axis and stays the string '0.25' on a string axis. Text
+        that does not read as the kind is passed on as it is, for `with_overrides` to reject
+        with its usual message.
+        """
+        parsed = {}
+        for key, values in texts.items():
+            if key != "n_values" and key not in self.axes:
+                raise unknown("sweep axis", key, ["n_values", *self.axes])
+            kind = "n" if key == "n_values" else _axis_kind(key, self.axes[key])
+            parsed[key] = [_parse_text(v.strip(), kind) for v in values]
+        return parsed
+
+
+def _parse_text(text: str, kind: str) -> Any:
+    if kind == "bool" and text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    for number, kinds in ((int, ("n", "int")), (float, ("float",))):
+        if kind in kinds:
+            try:
+                return number(text)
+            except ValueError:
+                return text
+    return text
+
 
 def _axis_kind(name: str, values: Tuple[Any, ...]) -> str:
     if name == "dtype":
@@ -67,6 +99,8 @@ def _axis_kind(name: str, values: Tuple[Any, ...]) -> str:
         return "bool"
     if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
         return "int"
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        return "float"
     return "any"
 
 
@@ -75,8 +109,14 @@ def _check_values(name: str, value: Any, kind: str) -> Tuple[Any, ...]:
     if not values:
         raise WideTesseraError(f"{name}: empty list; give at least one value")
     for v in values:
+        if not (v is None or isinstance(v, (str, int, float))):  # results files and point keys hold single values
+            raise WideTesseraError(f"{name}: a {type(v).__name__} is not a single value")
         if kind in ("n", "int") and (isinstance(v, bool) or not isinstance(v, int) or v <= 0):
             raise WideTesseraError(f"{name}: {v!r} is not a positive integer")
+        if kind == "n" and v > MAX_N:
+            raise WideTesseraError(f"{name}: {v} is more than {MAX_N}, the most copies this tool builds")
+        if kind == "float" and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
+            raise WideTesseraError(f"{name}: {v!r} is not a finite number")
         if kind == "bool" and not isinstance(v, bool):
             raise WideTesseraError(f"{name}: {v!r} is not True or False")
         if kind == "dtype" and v not in DTYPES:

@@ -17,6 +17,8 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set
 
 import torch
 
+from ..checks import check_bool, check_instance, check_seed
+from ..errors import WideTesseraError
 from . import analysis
 from .correctness import Check, check_outputs, fallback_note, merge_checks, nonfinite_reference, tolerance
 from .job import DTYPES, BenchmarkJob
@@ -31,6 +33,11 @@ CONFIRM_MODES = ("deciding", "all", "none")
 # Each strategy is checked on this many independent input draws: one draw can hide a
 # strategy that is right only for some inputs (KernelBench runs several trials).
 INPUT_DRAWS = 2
+
+
+def default_timing() -> TimingConfig:
+    """The timing settings of a run that names none; one place, so tests can shorten it."""
+    return TimingConfig()
 
 
 @dataclass(frozen=True)
@@ -49,10 +56,14 @@ class RunSettings:
     confirm: str = "deciding"
 
     def __post_init__(self) -> None:
-        if self.timing is None:  # resolved here, so tests can shorten the default in one place
-            object.__setattr__(self, "timing", TimingConfig())
+        if self.timing is None:
+            object.__setattr__(self, "timing", default_timing())
+        check_seed(self.seed)
+        check_instance("timing", self.timing, TimingConfig)
+        check_instance("timeouts", self.timeouts, StageTimeouts)
+        check_bool("isolate", self.isolate)
         if self.confirm not in CONFIRM_MODES:
-            raise ValueError(f"confirm={self.confirm!r}: valid are {', '.join(CONFIRM_MODES)}")
+            raise WideTesseraError(f"confirm={self.confirm!r}: valid are {', '.join(CONFIRM_MODES)}")
 
 
 def point_key(n: int, params: Dict[str, Any]) -> str:

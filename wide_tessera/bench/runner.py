@@ -18,6 +18,7 @@ from .isolation import iter_points_isolated
 from .job import BenchmarkJob, params_text
 from .memory import memory_method
 from .point import RunSettings, iter_points, point_key
+from .resume import point_order
 from .schema import BenchmarkResult, PointResult
 from .stages import StageTimeouts
 from .timing import TimingConfig, timer_name
@@ -65,10 +66,11 @@ def run_job(
     `on_point(result)` gets the incomplete result after every measurement (the CLI
     saves it). Ctrl-C raises RunInterrupted carrying that incomplete result.
     """
-    order = {point_key(n, p): i for i, (n, p) in enumerate(job.sweep.points())}
-    points: Dict[str, PointResult] = {
-        point_key(p.n, p.params): p for p in (previous.points if previous else []) if point_key(p.n, p.params) in order
-    }
+    earlier = previous.points if previous else []
+    # Every earlier point is kept, those outside this sweep too (--resume with other N values).
+    points: Dict[str, PointResult] = {point_key(p.n, p.params): p for p in earlier}
+    order = point_order(job.sweep, earlier)
+    sweep = {point_key(n, p) for n, p in job.sweep.points()}
     started = time.perf_counter() - (previous.duration_s if previous else 0.0)
 
     def result(complete: bool) -> BenchmarkResult:
@@ -87,7 +89,8 @@ def run_job(
             measured(point_key(point.n, point.params), point, f"{len(points) + 1}/{len(order)} {_progress(point)}")
         for _ in range(_CONFIRM_ROUNDS):
             todo = {point_key(p.n, p.params) for p in analysis.points_to_confirm(result(False).points, settings.confirm)}
-            for i, second in enumerate(_points(job, settings, skip=set(order) - todo), start=1):
+            todo &= sweep  # a point of an earlier run outside this sweep cannot be rebuilt from it
+            for i, second in enumerate(_points(job, settings, skip=sweep - todo), start=1):
                 key = point_key(second.n, second.params)
                 point = analysis.confirmed(points[key], second)
                 measured(key, point, f"confirm {i}/{len(todo)} {_confirmation_progress(point)}")

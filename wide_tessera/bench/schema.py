@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Union
@@ -15,10 +14,13 @@ from ..errors import WideTesseraError
 from .job import params_text
 from .correctness import Check
 from .environment import Environment
+from .files import not_a_regular_file, write_atomic
 from .health import Health, RunHealth
 from .report import format_summary, warning_lines
+from .result_checks import check_result
 from .stats import TimingStats
 from .timing import TimingConfig
+from .typed_json import check_json
 
 __all__ = [
     "Failure",
@@ -236,36 +238,50 @@ class BenchmarkResult:
 def save_results(results: Sequence[BenchmarkResult], path: Union[str, Path]) -> None:
     """Write results to one JSON file (the format `load_results` reads).
 
-    Written to a temporary file beside `path` and renamed over it, so a run killed
-    mid-write leaves the previous complete file, never a truncated one.
+    Replaced atomically (see `files.write_atomic`); a symlink is written through to its
+    target; anything else that is not a regular file is refused.
     """
-    path = Path(path)
+    if not isinstance(results, (list, tuple)) or not all(isinstance(r, BenchmarkResult) for r in results):
+        raise WideTesseraError(
+            f"save_results: give a list of BenchmarkResult, got {type(results).__name__} "
+            "(one result: result.save(path))"
+        )
     doc = {"schema_version": SCHEMA_VERSION, "results": [r.to_dict() for r in results]}
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(doc, indent=1, allow_nan=False) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    write_atomic(path, json.dumps(doc, indent=1, allow_nan=False) + "\n")
+
+
+def _reject_constant(name: str) -> None:
+    raise ValueError(f"{name} is not a number a results file holds")
 
 
 def load_results(path: Union[str, Path]) -> List[BenchmarkResult]:
-    """Read every result from a file written by `save_results`, `result.save` or `wide_tessera benchmark -o`."""
+    """Read every result from a file written by `save_results`, `result.save` or `wide_tessera benchmark -o`.
+
+    Every field is checked (types, then what must hold between them), so a damaged or
+    foreign file gives one line naming the file and the first problem, never a traceback.
+    """
+    kind = not_a_regular_file(Path(path))
+    if kind is not None:  # reading a FIFO would wait forever
+        raise WideTesseraError(f"{path}: is {kind}, not a results file")
     try:
-        doc = json.loads(Path(path).read_text())
+        doc = json.loads(Path(path).read_text(), parse_constant=_reject_constant)
         if not isinstance(doc, dict) or "schema_version" not in doc:
-            raise WideTesseraError(f"{path}: not a wide_tessera results file (no schema_version)")
+            raise WideTesseraError("no schema_version")
         version = doc["schema_version"]
         if version != SCHEMA_VERSION:
-            raise WideTesseraError(f"{path}: schema version {version!r}; this wide_tessera reads {SCHEMA_VERSION}")
-        return [BenchmarkResult.from_dict(r) for r in doc["results"]]
-    except WideTesseraError:
-        raise
-    except IsADirectoryError:
-        raise WideTesseraError(f"{path}: is a directory, not a results file") from None
+            raise WideTesseraError(f"schema version {version!r}; this wide_tessera reads {SCHEMA_VERSION}")
+        check_json(doc.get("results"), List[Dict[str, Any]], "results")
+        results = []
+        for i, raw in enumerate(doc["results"]):
+            check_json(raw, BenchmarkResult, f"results[{i}]")
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")  # dataclasses-json warns about what it cannot decode
+                result = BenchmarkResult.from_dict(raw)
+            check_result(result, f"results[{i}]")
+            results.append(result)
+        return results
     except OSError as e:
-        raise WideTesseraError(f"{path}: cannot read ({e.strerror})") from None
-    except (ValueError, KeyError, TypeError) as e:
-        raise WideTesseraError(f"{path}: not a wide_tessera results file ({type(e).__name__}: {e})") from None
+        raise WideTesseraError(f"{path}: cannot read ({e.strerror or e})") from None
+    except Exception as e:  # noqa: BLE001  RecursionError from deep nesting included: bad file, one line
+        detail = str(e) if isinstance(e, WideTesseraError) else f"{type(e).__name__}: {e}"
+        raise WideTesseraError(f"{path}: not a wide_tessera results file ({' '.join(detail.split())})") from None

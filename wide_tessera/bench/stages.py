@@ -11,6 +11,8 @@ from typing import Callable, Iterator, Optional
 
 from dataclasses_json import dataclass_json
 
+from ..checks import check_number
+
 __all__ = ["StageTimeouts", "StageTimeout", "STAGES", "stage_limit"]
 
 STAGES = ("setup", "check", "warmup", "measure")
@@ -28,8 +30,10 @@ class StageTimeouts:
     multiplier: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.multiplier <= 0:
-            raise ValueError(f"timeout multiplier {self.multiplier}: give a positive number")
+        # A day per stage, and a multiplier of 1000, are far beyond any real need: larger is a typo.
+        for stage in STAGES:
+            check_number(f"{stage}_s", getattr(self, f"{stage}_s"), 0, 86400, what="a number of seconds")
+        check_number("multiplier", self.multiplier, 0, 1000)
 
     def limit(self, stage: str) -> float:
         return getattr(self, f"{stage}_s") * self.multiplier

@@ -19,6 +19,7 @@ from typing import Callable, ContextManager, Dict, Iterator, List, Optional
 import torch
 from dataclasses_json import dataclass_json
 
+from ..checks import check_bool, check_number
 from .health import Health, HealthMonitor
 from .stats import TimingStats, median_ci_rel_width
 
@@ -67,12 +68,15 @@ class TimingConfig:
     cuda_graph: bool = False
 
     def __post_init__(self) -> None:
-        if self.min_samples < 2:
-            raise ValueError(f"min_samples={self.min_samples}: a median's uncertainty needs at least 2 samples")
-        if not 0 < self.target_rel_ci < 1:
-            raise ValueError(f"target_rel_ci={self.target_rel_ci}: give a fraction between 0 and 1, e.g. 0.02")
-        if self.budget_s <= 0:
-            raise ValueError(f"budget_s={self.budget_s}: give a positive number of seconds")
+        # Upper bounds catch typos: an hour of sampling per function or a million samples is never meant.
+        check_number("warmup_s", self.warmup_s, 0, 3600, low_ok=True, what="a number of seconds")
+        check_number("budget_s", self.budget_s, 0, 3600, what="a number of seconds")
+        # A median's uncertainty needs at least 2 samples.
+        check_number("min_samples", self.min_samples, 2, 10**6, integer=True, low_ok=True)
+        check_number("max_samples", self.max_samples, self.min_samples, 10**6, integer=True, low_ok=True)
+        check_number("target_rel_ci", self.target_rel_ci, 0, 1, high_ok=False, what="a fraction")
+        check_number("min_sample_s", self.min_sample_s, 0, 1, low_ok=True, what="a number of seconds")
+        check_bool("cuda_graph", self.cuda_graph)
 
 
 def measure(fn: Fn, device: str = "cpu", config: Optional[TimingConfig] = None) -> TimingStats:

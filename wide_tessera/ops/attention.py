@@ -17,13 +17,17 @@ from .gemm import WideLinear
 __all__ = ["AttentionBlock", "WideAttention"]
 
 
+def _check_heads(d_model: int, heads: int) -> None:
+    if d_model % heads:
+        raise WideTesseraError(f"d_model={d_model} is not divisible by heads={heads}; each head takes d_model/heads")
+
+
 class AttentionBlock(nn.Module):
     """One self-attention block: a fused q/k/v projection, SDPA, an output projection. x: [B, L, d_model]."""
 
     def __init__(self, d_model: int, heads: int, causal: bool = False):
         super().__init__()
-        if d_model % heads:
-            raise WideTesseraError(f"d_model={d_model} is not divisible by heads={heads}")
+        _check_heads(d_model, heads)
         self.d_model, self.heads, self.causal = d_model, heads, causal
         self.qkv = nn.Linear(d_model, 3 * d_model)
         self.out = nn.Linear(d_model, d_model)
@@ -70,8 +74,7 @@ class WideAttention(WideOp, nn.Module):
 
     def __init__(self, n: int, d_model: int, heads: int, causal: bool = False, strategy: Optional[str] = None):
         super().__init__()
-        if d_model % heads:
-            raise WideTesseraError(f"d_model={d_model} is not divisible by heads={heads}")
+        _check_heads(d_model, heads)
         self.n, self.d_model, self.heads, self.causal = n, d_model, heads, causal
         self.strategy = self.check_strategy(strategy)
         self.qkv = WideLinear(n, d_model, 3 * d_model)
@@ -100,6 +103,10 @@ class WideAttention(WideOp, nn.Module):
             o = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
             o = o.view(b, n, h, length, hd).permute(1, 0, 3, 2, 4)
         return self.out(o.reshape(n, b, length, d))
+
+    @classmethod
+    def check_params(cls, d_model: int, heads: int, **_: Any) -> None:
+        _check_heads(d_model, heads)
 
     @classmethod
     def bench_model(cls, d_model: int, heads: int, causal: bool, **_: Any) -> nn.Module:

@@ -24,6 +24,9 @@ class WideOp:
     bench_inputs(n, **params) -> n inputs, one per model
     from_modules(modules, strategy) -> the wide module
     pack(inputs) -> the wide input; unpack(output) -> n outputs (default: stacked on axis 0)
+
+    and may implement check_params(**params), which rejects axis values that cannot work
+    together (attention's d_model must divide by heads). `register` checks the contract.
     """
 
     NAME: ClassVar[str]
@@ -32,17 +35,52 @@ class WideOp:
 
     @classmethod
     def benchmark_job(cls, preset: str = "full", **overrides: Any) -> BenchmarkJob:
-        if preset not in cls.BENCHMARK_SWEEPS:
+        if not isinstance(preset, str) or preset not in cls.BENCHMARK_SWEEPS:
             raise unknown(f"preset for {cls.NAME}", preset, cls.BENCHMARK_SWEEPS)
+        sweep = cls.BENCHMARK_SWEEPS[preset].with_overrides(**overrides)
+        for params in sweep.param_grid():  # now, not when the run reaches the point
+            cls.check_params(**params)
         return BenchmarkJob(
             op=cls.NAME,
             preset=preset,
             strategies=list(cls.BENCHMARK_STRATEGIES),
-            sweep=cls.BENCHMARK_SWEEPS[preset].with_overrides(**overrides),
+            sweep=sweep,
             model_factory=cls.bench_model,
             input_factory=cls.bench_inputs,
             wide_factory=cls.from_modules,
         )
+
+    @classmethod
+    def check_params(cls, **params: Any) -> None:
+        """Raise WideTesseraError if these axis values cannot work together; by default any can."""
+
+    @classmethod
+    def check_contract(cls) -> None:
+        """Raise WideTesseraError naming what is missing or malformed, so a broken op fails when registered."""
+        sweeps, strategies = getattr(cls, "BENCHMARK_SWEEPS", None), getattr(cls, "BENCHMARK_STRATEGIES", None)
+        problem = None
+        if not issubclass(cls, nn.Module):
+            problem = "is not an nn.Module"
+        elif not isinstance(sweeps, dict) or not sweeps or not all(isinstance(k, str) for k in sweeps):
+            problem = "needs BENCHMARK_SWEEPS: a dict of preset name -> SweepParams.of(n_values, **axes)"
+        elif not isinstance(strategies, (tuple, list)) or not strategies:
+            problem = "needs BENCHMARK_STRATEGIES: a tuple of its wide strategies' names"
+        elif not all(isinstance(s, str) and s for s in strategies) or len(set(strategies)) != len(strategies):
+            problem = f"BENCHMARK_STRATEGIES {strategies!r}: give distinct non-empty names"
+        elif {"baseline", "point"} & set(strategies):
+            problem = f"BENCHMARK_STRATEGIES {strategies!r}: 'baseline' and 'point' are reserved names"
+        else:
+            missing = [m for m in _FACTORIES if getattr(cls, m).__func__ is getattr(WideOp, m).__func__]
+            problem = f"does not implement {', '.join(missing)}" if missing else None
+        if problem is not None:
+            raise WideTesseraError(f"op class {cls.__name__} {problem}")
+        for preset, sweep in sweeps.items():
+            if not isinstance(sweep, SweepParams):
+                raise WideTesseraError(f"op class {cls.__name__} preset {preset!r}: give a SweepParams")
+            try:  # every value checked as if a user had given it
+                sweep.with_overrides(n_values=sweep.n_values, **sweep.axes)
+            except WideTesseraError as e:
+                raise WideTesseraError(f"op class {cls.__name__} preset {preset!r}: {e}") from None
 
     @classmethod
     def check_strategy(cls, strategy: Optional[str]) -> str:
@@ -67,21 +105,47 @@ class WideOp:
 
     def pack(self, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
         """The default wide layout: the N inputs stacked on a new leading axis."""
-        return torch.stack(list(inputs))
+        return torch.stack(self.check_inputs(inputs))
+
+    def check_inputs(self, inputs: Sequence[torch.Tensor]) -> List[torch.Tensor]:
+        """The inputs as a list, after checking they are N tensors alike in shape, dtype and device.
+
+        N is the module's `n` where it records one. Caught here, a wrong count or shape is a
+        clear error instead of a silently wrong split of the channels, or a torch error deep in forward.
+        """
+        if not isinstance(inputs, (list, tuple)):
+            raise WideTesseraError(f"pack needs a list or tuple of tensors, got a {type(inputs).__name__}")
+        n = getattr(self, "n", None)
+        if n is not None and len(inputs) != n:
+            raise WideTesseraError(f"pack: {len(inputs)} inputs for {n} models; give one input per model")
+        for i, x in enumerate(inputs):
+            if not isinstance(x, torch.Tensor):
+                raise WideTesseraError(f"pack: input {i} is a {type(x).__name__}, not a Tensor")
+        first = inputs[0] if inputs else None
+        for i, x in enumerate(inputs):
+            if (x.shape, x.dtype, x.device) != (first.shape, first.dtype, first.device):
+                raise WideTesseraError(
+                    f"pack: input {i} is {_describe_tensor(x)} but input 0 is {_describe_tensor(first)}; all must match"
+                )
+        return list(inputs)
 
     def unpack(self, output: torch.Tensor) -> List[torch.Tensor]:
         return list(output.unbind(0))
 
 
-def shared_config(
-    modules: Sequence[nn.Module], kind: type, describe: Callable[[nn.Module], Dict[str, Any]]
-) -> Dict[str, Any]:
-    """The configuration `describe` finds in all `modules`; a clear error if they are not alike."""
-    if len(modules) == 0:
-        raise WideTesseraError("from_modules needs at least one module, got none")
-    for i, m in enumerate(modules):
-        if not isinstance(m, kind):
-            raise WideTesseraError(f"module {i} is a {type(m).__name__}; expected {kind.__name__}")
+_FACTORIES = ("bench_model", "bench_inputs", "from_modules")
+
+
+def _describe_tensor(x: torch.Tensor) -> str:
+    return f"{tuple(x.shape)} {x.dtype} on {x.device}"
+
+
+def _placement(m: nn.Module) -> Dict[str, Any]:
+    tensors = [*m.parameters(), *m.buffers()]
+    return dict(dtype=sorted({str(t.dtype) for t in tensors}), device=sorted({str(t.device) for t in tensors}))
+
+
+def _alike(modules: Sequence[nn.Module], describe: Callable[[nn.Module], Dict[str, Any]]) -> Dict[str, Any]:
     config = describe(modules[0])
     for i, m in enumerate(modules[1:], start=1):
         for key, value in describe(m).items():
@@ -89,6 +153,26 @@ def shared_config(
                 raise WideTesseraError(
                     f"module {i} has {key}={value!r} but module 0 has {config[key]!r}; all modules must match"
                 )
+    return config
+
+
+def shared_config(
+    modules: Sequence[nn.Module], kind: type, describe: Callable[[nn.Module], Dict[str, Any]]
+) -> Dict[str, Any]:
+    """The configuration `describe` finds in all `modules`; a clear error if they are not alike.
+
+    Their parameters must also share dtypes and devices: stacking them would otherwise
+    promote or fail somewhere inside torch.
+    """
+    if not isinstance(modules, (list, tuple, nn.ModuleList)):
+        raise WideTesseraError(f"from_modules needs a list or tuple of modules, got a {type(modules).__name__}")
+    if len(modules) == 0:
+        raise WideTesseraError("from_modules needs at least one module, got none")
+    for i, m in enumerate(modules):
+        if not isinstance(m, kind):
+            raise WideTesseraError(f"module {i} is a {type(m).__name__}; expected {kind.__name__}")
+    config = _alike(modules, describe)
+    _alike(modules, _placement)
     return config
 
 

@@ -75,7 +75,12 @@ class _WideConvNd(WideOp, nn.Module):
         return y.flatten(1, 2)
 
     def pack(self, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
-        return torch.cat(list(inputs), dim=1).contiguous(memory_format=self._memory_format())
+        inputs = self.check_inputs(inputs)
+        if inputs and (inputs[0].dim() < 2 or inputs[0].shape[1] != self.in_channels):
+            raise WideTesseraError(
+                f"pack: inputs of shape {tuple(inputs[0].shape)}; expected [batch, {self.in_channels}, ...]"
+            )
+        return torch.cat(inputs, dim=1).contiguous(memory_format=self._memory_format())
 
     def unpack(self, output: torch.Tensor) -> List[torch.Tensor]:
         return list(output.unflatten(1, (self.n, self.out_channels)).unbind(1))

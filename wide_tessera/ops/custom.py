@@ -12,7 +12,7 @@ from torch.func import functional_call, stack_module_state, vmap
 
 from ..bench.job import BenchmarkJob, SweepParams
 from ..errors import WideTesseraError
-from .base import WideOp
+from .base import WideOp, shared_config
 
 __all__ = ["WideFunctional", "custom_job"]
 
@@ -38,11 +38,7 @@ class WideFunctional(WideOp, nn.Module):
     @classmethod
     def from_modules(cls, modules: Sequence[nn.Module], strategy: Optional[str] = None) -> "WideFunctional":
         cls.check_strategy(strategy)
-        if len(modules) == 0:
-            raise WideTesseraError("from_modules needs at least one module, got none")
-        kinds = {type(m) for m in modules}
-        if len(kinds) > 1:
-            raise WideTesseraError(f"modules must all be of one class, got {sorted(k.__name__ for k in kinds)}")
+        shared_config(modules, nn.Module, lambda m: dict(cls=type(m).__name__))
         return cls(modules)
 
     def _state(self) -> Tuple[Dict[str, torch.Tensor], Dict[str, torch.Tensor]]:

@@ -1,0 +1,175 @@
+"""Results files on disk: symlinks, modes, one writer at a time, interrupts that leave a loadable file."""
+
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from wide_tessera import load_results, save_results
+from wide_tessera.bench.files import lock_path, results_lock
+from wide_tessera import cli as cli_module
+from wide_tessera.cli import cli
+
+ROOT = Path(__file__).resolve().parent.parent
+RUN = ["benchmark", "gemm", "--preset", "ci", "--device", "cpu", "--n-values", "1", "--quiet"]
+FAST = ["--budget", "0.001", "--target-ci", "0.5"]
+
+
+@pytest.fixture
+def results(saved_results):
+    return load_results(saved_results)
+
+
+@pytest.fixture
+def umask_022():
+    old = os.umask(0o022)
+    yield
+    os.umask(old)
+
+
+def mode(path):
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+def test_a_new_file_gets_the_mode_the_umask_gives(tmp_path, results, umask_022):
+    save_results(results, tmp_path / "r.json")
+    assert mode(tmp_path / "r.json") == 0o644
+
+
+def test_a_new_file_follows_a_stricter_umask(tmp_path, results):
+    old = os.umask(0o077)
+    try:
+        save_results(results, tmp_path / "r.json")
+    finally:
+        os.umask(old)
+    assert mode(tmp_path / "r.json") == 0o600
+
+
+def test_an_existing_file_keeps_its_mode(tmp_path, results, umask_022):
+    path = tmp_path / "r.json"
+    path.write_text("old")
+    path.chmod(0o640)
+    save_results(results, path)
+    assert mode(path) == 0o640 and load_results(path) == results
+
+
+def test_a_symlink_is_written_through_to_its_target(tmp_path, results):
+    target, link = tmp_path / "data" / "r.json", tmp_path / "link.json"
+    target.parent.mkdir()
+    target.write_text("stale")
+    link.symlink_to(target)
+    save_results(results, link)
+    assert link.is_symlink() and os.readlink(link) == str(target)
+    assert load_results(target) == results  # the target is fresh, not left stale
+    assert sorted(p.name for p in target.parent.iterdir()) == ["r.json"]  # the temporary file went beside it
+
+
+def test_the_cli_writes_through_a_symlink_and_locks_its_target(tmp_path):
+    target, link = tmp_path / "r.json", tmp_path / "link.json"
+    link.symlink_to(target)  # dangling until the first save
+    r = CliRunner().invoke(cli, [*RUN, *FAST, "-o", str(link)])
+    assert r.exit_code == 0, r.output
+    assert link.is_symlink() and [x.op for x in load_results(target)] == ["gemm"]
+    assert lock_path(link) == tmp_path / "r.json.lock"
+
+
+def test_a_fifo_is_refused_before_anything_is_measured(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    r = CliRunner().invoke(cli, [*RUN, "-o", str(fifo)])
+    assert r.exit_code == 2 and "is a FIFO, not a results file" in r.output
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+    assert "[gemm]" not in r.output  # nothing was measured
+
+
+def test_a_symlink_to_a_device_is_refused(tmp_path, results):
+    link = tmp_path / "full.json"
+    link.symlink_to("/dev/full")
+    r = CliRunner().invoke(cli, [*RUN, "-o", str(link)])
+    assert r.exit_code == 2 and "is a character device" in r.output
+    assert stat.S_ISCHR(os.stat("/dev/full").st_mode)
+
+
+def test_a_second_run_on_a_locked_file_exits_2_naming_the_holder(tmp_path):
+    out = tmp_path / "r.json"
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\nfrom wide_tessera.bench.files import results_lock\n"
+            "with results_lock(sys.argv[1]):\n    print('held', flush=True)\n    time.sleep(120)",
+            str(out),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        r = CliRunner().invoke(cli, [*RUN, *FAST, "-o", str(out)])
+    finally:
+        holder.kill()
+        holder.communicate()
+    assert r.exit_code == 2, r.output
+    assert f"{out}: PID {holder.pid} (" in r.output and "is writing it" in r.output
+    assert not out.exists()  # refused before measuring, nothing written
+    # The holder's death frees the file.
+    assert CliRunner().invoke(cli, [*RUN, *FAST, "-o", str(out)]).exit_code == 0
+
+
+def test_the_lock_is_released_after_the_run_and_on_errors(tmp_path):
+    out = tmp_path / "r.json"
+    with pytest.raises(ZeroDivisionError):
+        with results_lock(out):
+            1 / 0
+    with results_lock(out):
+        pass
+    assert lock_path(out).read_text().strip() == str(os.getpid())
+
+
+def cli_process(*args):
+    return subprocess.Popen(
+        [sys.executable, "-m", "wide_tessera", *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_ctrl_c_while_jobs_are_built_exits_130_without_a_traceback(monkeypatch, capsys, tmp_path):
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli_module, "_build_jobs", interrupted)
+    monkeypatch.setattr(sys, "argv", ["wide_tessera", *RUN, "-o", str(tmp_path / "r.json")])
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        with pytest.raises(SystemExit) as info:
+            cli_module.main()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert info.value.code == 130
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_two_quick_ctrl_cs_exit_130_and_leave_a_loadable_file(tmp_path):
+    out = tmp_path / "r.json"
+    proc = cli_process(*RUN[:-3], "--n-values", "1,2,3,4,5,6", "-o", str(out))
+    deadline = time.monotonic() + 120
+    while not out.exists() and time.monotonic() < deadline:  # the file appears after the first point
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    (partial,) = load_results(out)
+    assert not partial.complete

@@ -1,0 +1,70 @@
+"""What `--resume` may continue, and in what order a continued result holds its points.
+
+A resumed file keeps every result and every point it holds; the run adds only what is
+missing. Points measured under other settings would be mixed with the new ones under
+one label, so a file measured differently is refused instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, Dict, List, Sequence, Tuple
+
+from ..errors import WideTesseraError
+from .environment import Environment
+from .job import SweepParams
+from .point import point_key
+from .schema import BenchmarkResult, PointResult
+from .timing import TimingConfig
+
+__all__ = ["check_resumable", "point_order"]
+
+
+def _measured_with(preset: str, seed: int, timing: TimingConfig, env: Environment) -> List[Tuple[str, Any]]:
+    """Everything that changes what a measurement means, by name."""
+    return [
+        ("preset", preset),
+        ("device", env.device),
+        ("seed", seed),
+        ("threads", env.threads),
+        ("timing", timing),
+        ("device name", env.device_name),
+        ("torch", env.torch_version),
+    ]
+
+
+def _show(name: str, value: Any, other: Any) -> str:
+    if isinstance(value, TimingConfig):  # only the settings that differ, not all seven
+        fields = [f.name for f in dataclasses.fields(value) if getattr(value, f.name) != getattr(other, f.name)]
+        return "timing " + ", ".join(f"{f}={getattr(value, f)}" for f in fields)
+    return f"{name} {value}"
+
+
+def check_resumable(
+    previous: BenchmarkResult, path: str, preset: str, seed: int, timing: TimingConfig, env: Environment
+) -> None:
+    """Raise WideTesseraError naming the first setting of `previous` that differs from this run's."""
+    was = _measured_with(previous.preset, previous.seed, previous.timing, previous.environment)
+    now = _measured_with(preset, seed, timing, env)
+    for (name, old), (_, new) in zip(was, now):
+        if old != new:
+            raise WideTesseraError(
+                f"--resume: {path} has {previous.op} measured with {_show(name, old, new)}; "
+                f"this run asks for {_show(name, new, old)}"
+            )
+
+
+def point_order(sweep: SweepParams, earlier: Sequence[PointResult]) -> Dict[str, int]:
+    """Rank, by point key, of every point a continued result holds: the earlier ones and the sweep's.
+
+    Parameter groups come in the order first seen, the earlier points' first, so a file
+    keeps its order and new groups follow; within a group N ascends, so N values added
+    by a later run fall into place.
+    """
+    groups: Dict[str, int] = {}
+    rank: Dict[str, Tuple[int, int]] = {}
+    for n, params in [*((p.n, p.params) for p in earlier), *sweep.points()]:
+        group = groups.setdefault(json.dumps(params, sort_keys=True), len(groups))
+        rank[point_key(n, params)] = (group, n)
+    return {key: i for i, key in enumerate(sorted(rank, key=rank.__getitem__))}
