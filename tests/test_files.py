@@ -173,3 +173,14 @@ def test_two_quick_ctrl_cs_exit_130_and_leave_a_loadable_file(tmp_path):
     assert "Traceback" not in err
     (partial,) = load_results(out)
     assert not partial.complete
+
+
+def test_ctrl_c_while_torch_is_still_loading_exits_130_without_a_traceback():
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "wide_tessera", "list"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    time.sleep(0.3)  # inside the imports: torch alone takes over a second on the CI machine
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err

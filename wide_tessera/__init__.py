@@ -1,42 +1,55 @@
-"""wide_tessera: at what N does fusing N copies of an op beat N separate calls, and which strategy wins?"""
+"""wide_tessera: at what N does fusing N copies of an op beat N separate calls, and which strategy wins?
 
-from .api import benchmark, benchmark_custom, measure
-from .bench.job import BenchmarkJob, SweepParams
-from .bench.registry import REGISTRY, register
-from .bench.runner import run
-from .bench.schema import BenchmarkResult, Failure, GroupResult, PointResult, load_results, save_results
-from .bench.stages import StageTimeouts
-from .bench.stats import TimingStats
-from .bench.timing import TimingConfig
-from .errors import WideTesseraError
-from .ops import AttentionBlock, WideAttention, WideConv1d, WideConv2d, WideFunctional, WideLinear, WideOp
+The names below load on first use (PEP 562), not when the package is imported: the
+command line imports this package before it can catch a Ctrl-C, and torch takes
+seconds to import. `wide_tessera.entry` is the command's light entry point.
+"""
+
+from importlib import import_module
+from typing import Any, List
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "benchmark",
-    "benchmark_custom",
-    "measure",
-    "run",
-    "register",
-    "REGISTRY",
-    "load_results",
-    "save_results",
-    "BenchmarkJob",
-    "SweepParams",
-    "BenchmarkResult",
-    "GroupResult",
-    "PointResult",
-    "Failure",
-    "StageTimeouts",
-    "TimingConfig",
-    "TimingStats",
-    "WideTesseraError",
-    "WideOp",
-    "WideLinear",
-    "WideConv1d",
-    "WideConv2d",
-    "WideAttention",
-    "AttentionBlock",
-    "WideFunctional",
-]
+# Public name -> the module that defines it.
+_EXPORTS = {
+    "benchmark": ".api",
+    "benchmark_custom": ".api",
+    "measure": ".api",
+    "run": ".bench.runner",
+    "register": ".bench.registry",
+    "REGISTRY": ".bench.registry",
+    "load_results": ".bench.schema",
+    "save_results": ".bench.schema",
+    "BenchmarkJob": ".bench.job",
+    "SweepParams": ".bench.job",
+    "BenchmarkResult": ".bench.schema",
+    "GroupResult": ".bench.schema",
+    "PointResult": ".bench.schema",
+    "Failure": ".bench.schema",
+    "StageTimeouts": ".bench.stages",
+    "TimingConfig": ".bench.timing",
+    "TimingStats": ".bench.stats",
+    "WideTesseraError": ".errors",
+    "WideOp": ".ops",
+    "WideLinear": ".ops",
+    "WideConv1d": ".ops",
+    "WideConv2d": ".ops",
+    "WideAttention": ".ops",
+    "AttentionBlock": ".ops",
+    "WideFunctional": ".ops",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'wide_tessera' has no attribute {name!r}")
+    import_module(".api", __name__)  # registers the built-in ops, whatever is asked for first
+    value = getattr(import_module(_EXPORTS[name], __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> List[str]:
+    return sorted([*globals(), *_EXPORTS])
