@@ -10,7 +10,7 @@ different crossover, not flagged): the one outcome a user could be misled by.
 Target: at least 90% agreement quietly; under load at least 95% of groups agree
 or are flagged, and no confident disagreement.
 
-    python scripts/repeatability.py [--preset ci] [--device cpu] [--load K] [ops ...]
+    python scripts/repeatability.py [--preset ci] [--device cpu] [--load K] [--threads T] [ops ...]
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ import subprocess
 import sys
 from contextlib import contextmanager
 from typing import Iterator, List
+
+import torch
 
 from wide_tessera import benchmark
 from wide_tessera.bench.registry import op_names
@@ -59,7 +61,10 @@ def main() -> None:
     parser.add_argument("--preset", default="ci")
     parser.add_argument("--device", default=None)
     parser.add_argument("--load", type=int, default=0, metavar="K", help="busy processes beside the second run")
+    parser.add_argument("--threads", type=int, default=None, help="torch's CPU threads  [default: torch's choice]")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     rows, why = [], []
     totals = {"groups": 0, "agree": 0, "flagged": 0, "confident": 0}
     for op in args.ops or op_names():
@@ -84,7 +89,10 @@ def main() -> None:
             [op, str(n), str(agree), str(flagged), str(confident), f"{first.crossover_n} / {second.crossover_n}",
              "yes" if second.reliable else "no"]
         )
-    print(f"preset {args.preset}, device {first.device}, load {args.load} busy process(es) during the second run")
+    print(
+        f"preset {args.preset}, device {first.device}, {torch.get_num_threads()} thread(s), "
+        f"load {args.load} busy process(es) during the second run"
+    )
     header = ["op", "groups", "agree", "differ, flagged", "differ, confident", "crossover_n 1 / 2", "run 2 reliable"]
     print(format_table(header, rows))
     ok = totals["agree"] + totals["flagged"]

@@ -217,3 +217,29 @@ def test_saving_replaces_the_file_atomically(tmp_path, fast_timing):
     r.save(path)
     assert json.loads(path.read_text())["results"][0]["op"] == "gemm"
     assert [f.name for f in tmp_path.iterdir()] == ["r.json"]  # no temporary files left behind
+
+
+class SegfaultingModule(torch.nn.Module):
+    def forward(self, x):
+        os.kill(os.getpid(), signal.SIGSEGV)
+
+
+class HangingModule(torch.nn.Module):
+    def forward(self, x):
+        time.sleep(3600)
+
+
+@pytest.mark.parametrize(
+    "model,match",
+    [
+        (SegfaultingModule, "crashed the worker process \\(killed by SIGSEGV\\)"),
+        (HangingModule, "did not finish within 2 s"),
+    ],
+)
+def test_benchmark_custom_under_isolate_tries_the_module_in_a_worker(model, match):
+    from wide_tessera import WideTesseraError, benchmark_custom
+
+    with pytest.raises(WideTesseraError, match=match):  # and this process is still here to see it
+        benchmark_custom(
+            model, (2, 4), [2], device="cpu", verbose=False, isolate=True, timeouts=StageTimeouts(setup_s=2)
+        )
