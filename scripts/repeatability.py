@@ -2,11 +2,11 @@
 
 Runs the same preset twice back to back: the first run on a quiet machine, the
 second with K processes burning a CPU each beside it (`--load K`; 0 runs both
-quietly). Per op, each parameter group of the second run is counted as agreeing
-(the same crossover N as the first), flagged (the second run says why its
-verdicts there may not be trusted: a disturbed measurement, an unstable point, an
-unconverged deciding point near the margin), or a *confident disagreement* (a
-different crossover, not flagged): the one outcome a user could be misled by.
+quietly). Per op, each parameter group is counted as agreeing (the same
+crossover N in both runs), flagged (a run says why its verdicts there may not be
+trusted: a disturbed measurement, an unstable point, an unconverged deciding
+point near the margin), or a *confident disagreement* (a different crossover
+that neither run flags): the one outcome a user could be misled by.
 Target: at least 90% agreement quietly; under load at least 95% of groups agree
 or are flagged, and no confident disagreement.
 
@@ -75,12 +75,12 @@ def main() -> None:
         for a, b in zip(first.groups, second.groups):
             if a.crossover_n == b.crossover_n:
                 agree += 1
-            elif b.problems:
+            elif a.problems or b.problems:
                 flagged += 1
             else:
                 confident += 1
             if a.crossover_n != b.crossover_n:
-                mark = "flagged" if b.problems else "CONFIDENT DISAGREEMENT"
+                mark = "flagged" if a.problems or b.problems else "CONFIDENT DISAGREEMENT"
                 why += [f"  {op} {mark}: {line}" for line in _disagreement(first, second, a.params)]
         n = len(first.groups)
         for key, value in zip(totals, (n, agree, flagged, confident)):

@@ -10,7 +10,15 @@ from typing import Any, List, Optional, Sequence
 import torch
 from dataclasses_json import dataclass_json
 
-__all__ = ["Check", "tolerance", "check_outputs", "merge_checks", "nonfinite_reference", "fallback_note"]
+__all__ = [
+    "Check",
+    "tolerance",
+    "check_outputs",
+    "merge_checks",
+    "nonfinite_reference",
+    "fallback_note",
+    "shares_memory",
+]
 
 # Norm-wise relative error allowed per dtype: a few units of rounding of the
 # dtype, since a wide strategy sums in a different order than the baseline.
@@ -81,9 +89,9 @@ def check_outputs(
             return Check(False, None, tol, f"output {i} is a {type(out).__name__}, not a Tensor")
         if out.shape != ref.shape:
             return Check(False, None, tol, f"output {i} has shape {tuple(out.shape)}, expected {tuple(ref.shape)}")
-        if _shares_memory(out, [ref]):
+        if shares_memory(out, [ref]):
             return Check(False, None, tol, f"output {i} shares memory with the reference output")
-        if _shares_memory(out, forbidden):
+        if shares_memory(out, forbidden):
             return Check(False, None, tol, f"output {i} shares memory with the strategy's input")
         if not torch.isfinite(out).all():
             return Check(False, None, tol, f"output {i} contains NaN or Inf")
@@ -130,7 +138,10 @@ def fallback_note(messages: Sequence[str]) -> Optional[str]:
     return f"vmap ran a per-model loop: no batching rule for {', '.join(ops)}" if ops else None
 
 
-def _shares_memory(t: torch.Tensor, others: Sequence[Any]) -> bool:
+def shares_memory(t: Any, others: Sequence[Any]) -> bool:
+    """Whether tensor `t` lives in the same storage as any tensor in `others`."""
+    if not isinstance(t, torch.Tensor):
+        return False
     ptr = t.untyped_storage().data_ptr()
     return ptr != 0 and any(
         isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() == ptr for o in others

@@ -20,7 +20,15 @@ import torch
 from ..checks import check_bool, check_instance, check_seed
 from ..errors import WideTesseraError
 from . import analysis
-from .correctness import Check, check_outputs, fallback_note, merge_checks, nonfinite_reference, tolerance
+from .correctness import (
+    Check,
+    check_outputs,
+    fallback_note,
+    merge_checks,
+    nonfinite_reference,
+    shares_memory,
+    tolerance,
+)
 from .job import DTYPES, BenchmarkJob
 from .memory import peak_memory
 from .schema import Failure, PointResult
@@ -153,7 +161,7 @@ def _measure_point(
                 if unjudgeable is not None:
                     return analysis.failed_point(n, params, {"point": Failure("check", "error", "Unjudgeable", unjudgeable)})
                 # The separate calls may return their input (an identity); only then may a strategy.
-                returns_input = any(o is x or _same_storage(o, x) for o, x in zip(reference, given))
+                returns_input = any(shares_memory(o, [x]) for o, x in zip(reference, given))
                 references.append((reference, returns_input))
     except Exception as e:
         return analysis.failed_point(n, params, {"point": _failure("check", e)})
@@ -192,14 +200,6 @@ def _measure_point(
 
     timings = _measure_until_healthy(timed, settings, failures, stage, on_function)
     return analysis.measured_point(n, params, timings, checks, settings.seed, peaks, failures)
-
-
-def _same_storage(a: Any, b: Any) -> bool:
-    return (
-        isinstance(a, torch.Tensor)
-        and isinstance(b, torch.Tensor)
-        and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
-    )
 
 
 def _measure_until_healthy(
