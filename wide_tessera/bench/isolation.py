@@ -42,6 +42,8 @@ _GRACE_S = 5.0
 _HEADER = struct.Struct("<Q")
 # The shared slot: the index (in `_functions(job)`) of the function being timed, -1 for none.
 _SLOT = struct.Struct("<i")
+# How long a worker for an up-front check may take to start (a fresh interpreter imports torch).
+_STARTUP_S = 120.0
 # prctl(2): ask the kernel to send this signal to the worker when its parent dies.
 _PR_SET_PDEATHSIG = 1
 
@@ -90,23 +92,24 @@ def call_isolated(fn: Callable[[], None], limit_s: float, what: str) -> None:
     except Exception as e:  # fn cannot be pickled
         raise WideTesseraError(f"isolate: {what} cannot be sent to a worker process ({e})") from None
     send.close()
-    if not receive.poll(limit_s):
-        child.kill()
-        child.join()
-        if child.exitcode not in (None, -signal.SIGKILL):
-            raise WideTesseraError(f"{what} crashed the worker process ({_exit_text(child.exitcode)})")
-        raise WideTesseraError(f"{what} did not finish within {limit_s:.0f} s")
-    try:
-        error = receive.recv()
-    except EOFError:  # died without a word
-        child.join()
-        raise WideTesseraError(f"{what} crashed the worker process ({_exit_text(child.exitcode)})") from None
+    # The limit is the check's own: starting the interpreter and importing torch come first.
+    for wait_s in (_STARTUP_S, limit_s):
+        if not receive.poll(wait_s):
+            child.kill()
+            child.join()
+            raise WideTesseraError(f"{what} did not finish within {wait_s:.0f} s")
+        try:
+            message = receive.recv()
+        except EOFError:  # died without a word
+            child.join()
+            raise WideTesseraError(f"{what} crashed the worker process ({_exit_text(child.exitcode)})") from None
     child.join()
-    if error is not None:
-        raise WideTesseraError(error)
+    if message is not None:
+        raise WideTesseraError(message)
 
 
 def _call_and_report(fn: Callable[[], None], send: Any) -> None:
+    send.send("ready")  # fn has been unpickled: its module, and torch, are imported
     try:
         fn()
     except Exception as e:
