@@ -68,6 +68,8 @@ class Health:
     other_load_cores: Optional[float] = None
     cores: int = 0
     steal: Optional[float] = None
+    # CPU clock at the end against its maximum; None where the OS does not say (VMs often report no maximum).
+    cpu_freq_ratio: Optional[float] = None
     gpu_slowdowns: List[str] = field(default_factory=list)
     gpu_other_processes: Optional[int] = None
     gpu_min_clock_ratio: Optional[float] = None
@@ -177,6 +179,7 @@ class HealthMonitor:
             other_load_cores=round(other, 3),
             cores=cores,
             steal=round(steal, 4),
+            cpu_freq_ratio=None if self.cuda else _cpu_freq_ratio(),
             gpu_slowdowns=list(self.slowdowns),
             gpu_other_processes=gpu_others,
             gpu_min_clock_ratio=self.min_clock_ratio,
@@ -199,6 +202,14 @@ def _run_queue_wait_s() -> Optional[float]:
         except (OSError, ValueError, IndexError):  # a thread that has just ended
             continue
     return total / 1e9
+
+
+def _cpu_freq_ratio() -> Optional[float]:
+    try:
+        freq = psutil.cpu_freq()
+    except Exception:  # not reported on this platform
+        return None
+    return round(freq.current / freq.max, 3) if freq is not None and freq.max > 0 else None
 
 
 def _busy_s(times: Any) -> float:

@@ -128,7 +128,7 @@ def _check_point(p: "PointResult", strategies: Collection[str], where: str) -> N
 
 
 def _check_health(h: "Health", where: str) -> None:
-    for name in ("rounds", "disturbed_rounds", "other_load_cores", "steal", "cores"):
+    for name in ("rounds", "disturbed_rounds", "other_load_cores", "steal", "cores", "cpu_freq_ratio"):
         _non_negative(f"{where}.{name}", getattr(h, name))
 
 
