@@ -60,6 +60,7 @@ __all__ = [
     "confirmed",
     "points_to_confirm",
     "result_of",
+    "first_verdict",
     "speedup_ci",
     "verdict",
     "pick_best",
@@ -333,7 +334,7 @@ def _point_problems(point: PointResult, deciding: bool) -> List[str]:
         for why in health.problems
     ]
     if point.unstable:
-        problems.append(f"unstable: first {_first_verdict(point)}, then {point.confirmation.winner}")
+        problems.append(f"unstable: first {first_verdict(point)}, then {point.confirmation.winner}")
     # An unconverged median widens the speedup's interval, which the verdict already takes
     # into account; it matters where that interval is close enough to a margin to tip.
     if deciding and point.timings and not _converged(point) and _near_margin(point):
@@ -347,7 +348,8 @@ def _converged(point: PointResult) -> bool:
     return all(point.stats[s].converged for s in timed)
 
 
-def _first_verdict(point: PointResult) -> str:
+def first_verdict(point: PointResult) -> str:
+    """The first pass's verdict at a point, as the unstable-point messages quote it."""
     s = point.best_strategy
     if s is None or s not in point.verdicts:
         return "baseline"

@@ -62,8 +62,16 @@ def _winner_cell(point: "PointResult") -> str:
     return point.winner + (" (confirmed)" if point.confirmation is not None else "")
 
 
+# How the digest orders the worst cases: verdicts in doubt before noisy timings.
+_SEVERITY = {"unstable": 100.0, "second look": 50.0}
+
+
 def _warning_items(result: "BenchmarkResult") -> List[Tuple[str, float, str]]:
-    """(kind, severity, line) for every warning; severity orders the digest's worst cases."""
+    """(kind, severity, line) for every warning; severity orders the digest's worst cases.
+
+    Why a group's verdicts are in doubt (disturbed, unstable, unconverged near the margin)
+    comes from its `problems`, which the analysis wrote; timings and flags from the points.
+    """
     items = []
     for p in result.points:
         where = f"N={p.n} {params_text(p.params)}"
@@ -72,14 +80,12 @@ def _warning_items(result: "BenchmarkResult") -> List[Tuple[str, float, str]]:
                 items.append(("not converged", st.median_ci_rel_width, f"{where} {s}: {'; '.join(st.warnings)}"))
             elif st.warnings:
                 items.append(("high spread", st.cv, f"{where} {s}: {'; '.join(st.warnings)}"))
-        for h in (p.health, p.confirmation.health if p.confirmation else None):
-            if h is not None and not h.clean:
-                items.append(("disturbed", 10.0, f"{where}: {'; '.join(h.problems)}"))
-        if p.unstable:
-            best = p.best_strategy
-            first = f"{best} {p.verdicts[best]}" if best in p.verdicts else "baseline"
-            items.append(("unstable", 100.0, f"{where}: first pass {first}, confirmation pass {p.confirmation.winner}"))
-        items += [("second look", 50.0, f"{where} {flag}") for flag in p.flags]
+        items += [("second look", _SEVERITY["second look"], f"{where} {flag}") for flag in p.flags]
+    for g in result.groups:
+        for problem in g.problems:
+            n, _, why = problem.partition(": ")
+            kind = why.split(":")[0]
+            items.append((kind, _SEVERITY.get(kind, 10.0), f"{n} {params_text(g.params)}: {why}"))
     return items
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Callable, Dict, Iterator, List, Optional, Sequence, Set
+from typing import Callable, Dict, Iterator, List, Optional, Set
 
 from . import analysis
 from .environment import capture_environment
@@ -73,9 +73,11 @@ def run_job(
     sweep = {point_key(n, p) for n, p in job.sweep.points()}
     started = time.perf_counter() - (previous.duration_s if previous else 0.0)
 
+    def ordered() -> List[PointResult]:
+        return sorted(points.values(), key=lambda p: order[point_key(p.n, p.params)])
+
     def result(complete: bool) -> BenchmarkResult:
-        ordered = sorted(points.values(), key=lambda p: order[point_key(p.n, p.params)])
-        return _build_result(job, settings, ordered, time.perf_counter() - started, complete)
+        return _build_result(job, settings, ordered(), time.perf_counter() - started, complete)
 
     def measured(key: str, point: PointResult, line: str) -> None:
         points[key] = point
@@ -88,7 +90,7 @@ def run_job(
         for point in _points(job, settings, skip=set(points)):
             measured(point_key(point.n, point.params), point, f"{len(points) + 1}/{len(order)} {_progress(point)}")
         for _ in range(_CONFIRM_ROUNDS):
-            todo = {point_key(p.n, p.params) for p in analysis.points_to_confirm(result(False).points, settings.confirm)}
+            todo = {point_key(p.n, p.params) for p in analysis.points_to_confirm(ordered(), settings.confirm)}
             todo &= sweep  # a point of an earlier run outside this sweep cannot be rebuilt from it
             for i, second in enumerate(_points(job, settings, skip=sweep - todo), start=1):
                 key = point_key(second.n, second.params)
@@ -141,7 +143,5 @@ def _progress(point: PointResult) -> str:
 def _confirmation_progress(point: PointResult) -> str:
     where = f"N={point.n} {params_text(point.params)}"
     if point.unstable:
-        best = point.best_strategy
-        first = f"{best} {point.verdicts[best]}" if best in point.verdicts else "baseline"
-        return f"{where}: UNSTABLE: first pass {first}, now {point.confirmation.winner}"
+        return f"{where}: UNSTABLE: first pass {analysis.first_verdict(point)}, now {point.confirmation.winner}"
     return f"{where}: confirmed {point.winner}"
