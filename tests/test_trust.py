@@ -90,6 +90,9 @@ def test_a_cpu_burner_is_seen_and_never_yields_a_confident_different_verdict():
     assert loaded.health.max_other_load_cores > 0.5  # the burners were measured, not guessed
     assert not loaded.reliable and "busy machine" in loaded.unreliable_reasons[0]
     assert loaded.summary().startswith("UNRELIABLE")
+    # point by point: flagged by its own health, or the same verdict on fusing as the quiet run
+    for q, p in zip(quiet.points, loaded.points):
+        assert not p.health.clean or p.fused_wins == q.fused_wins, (p.n, p.health, q.winner, p.winner)
 
 
 class Scale(nn.Module):

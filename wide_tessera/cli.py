@@ -6,7 +6,6 @@ import os
 import re
 import signal
 import sys
-import time
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -18,7 +17,7 @@ from .api import build_job, resolve_device
 from .bench.environment import capture_environment
 from .bench.files import results_lock, results_target
 from .bench.job import BenchmarkJob
-from .bench.point import CONFIRM_MODES, point_key
+from .bench.point import CONFIRM_MODES
 from .bench.registry import REGISTRY, get_op, op_names
 from .bench.report import format_table
 from .bench.resume import check_resumable, point_order

@@ -7,7 +7,6 @@ nothing has been measured or written yet, and the process simply ends.
 
 import os
 import signal
-import sys
 from typing import Any
 
 
