@@ -12,6 +12,15 @@ def _seeded():
     torch.manual_seed(0)
 
 
+@pytest.fixture(autouse=True)
+def _no_controls(monkeypatch):
+    """Controls compile a loop at every point (about 0.3 s each on the CPU): the tests of
+    controls ask for them; elsewhere a run leaves them out unless told."""
+    from wide_tessera.bench import point
+
+    monkeypatch.setattr(point, "default_controls", lambda: False)
+
+
 @pytest.fixture
 def fast_timing():
     return FAST

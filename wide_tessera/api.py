@@ -101,6 +101,8 @@ def benchmark(
     timeouts: Optional[StageTimeouts] = None,
     memory_budget: Optional[int] = None,
     confirm: str = "deciding",
+    compile: str = "none",
+    controls: Optional[bool] = None,
     **overrides: Any,
 ) -> BenchmarkResult:
     """Benchmark a registered op: N separate calls against each wide strategy, over the preset's sweep.
@@ -111,12 +113,15 @@ def benchmark(
     `timeouts` limits each stage of a point (StageTimeouts); `memory_budget` (bytes) skips
     points whose estimated footprint is larger. `confirm` says which points are measured
     again after the sweep ('deciding', 'all', 'none'); where the passes disagree the
-    point is unstable and never counts as a win.
+    point is unstable and never counts as a win. `compile` applies torch.compile in that mode
+    ('default', 'reduce-overhead', 'max-autotune'; 'none' for eager) to the baseline and every
+    strategy alike. `controls` (default on) also times the baseline loop captured in one CUDA
+    graph (CUDA only) and compiled: cheaper loops that fuse nothing, shown beside the strategies.
     """
     _check_settings(seed, timing, timeouts, memory_budget)
     device = resolve_device(device)
     job = build_job(name, preset, device, overrides, verbose)
-    return run(job, device, verbose, seed, timing, timeouts, memory_budget, isolate, confirm)
+    return run(job, device, verbose, seed, timing, timeouts, memory_budget, isolate, confirm, compile, controls)
 
 
 def benchmark_custom(
@@ -133,11 +138,14 @@ def benchmark_custom(
     timeouts: Optional[StageTimeouts] = None,
     memory_budget: Optional[int] = None,
     confirm: str = "deciding",
+    compile: str = "none",
+    controls: Optional[bool] = None,
     **model_kwargs: Any,
 ) -> BenchmarkResult:
     """Benchmark N copies of `model_class(**model_kwargs)` made wide with torch.func.vmap.
 
     `input_shape` is the shape of one model's input; each of the N models gets its own.
+    The other settings are `benchmark`'s.
     """
     _check_settings(seed, timing, timeouts, memory_budget)
     device = resolve_device(device)
@@ -145,7 +153,7 @@ def benchmark_custom(
     what = f"trying {getattr(model_class, '__name__', model_class)} on one input"
     run_check = partial(call_isolated, limit_s=limit, what=what) if isolate else (lambda check: check())
     job = custom_job(model_class, input_shape, n_values, name, dtype, model_kwargs, run_check)
-    return run(job, device, verbose, seed, timing, timeouts, memory_budget, isolate, confirm)
+    return run(job, device, verbose, seed, timing, timeouts, memory_budget, isolate, confirm, compile, controls)
 
 
 

@@ -17,7 +17,7 @@ from .api import build_job, resolve_device
 from .bench.environment import capture_environment
 from .bench.files import results_lock, results_target
 from .bench.job import BenchmarkJob
-from .bench.point import CONFIRM_MODES
+from .bench.point import COMPILE_MODES, CONFIRM_MODES
 from .bench.registry import REGISTRY, get_op, op_names
 from .bench.report import format_table
 from .bench.resume import check_resumable, point_order
@@ -109,7 +109,7 @@ def _previous_results(path: str, preset: str, settings: RunSettings) -> Dict[str
         raise WideTesseraError(f"--resume: {path} holds more than one result for an op; it was not written by one run")
     environment = capture_environment(settings.device)
     for r in previous.values():
-        check_resumable(r, path, preset, settings.seed, settings.timing, environment)
+        check_resumable(r, path, preset, settings.seed, settings.timing, environment, settings.compile)
     return previous
 
 
@@ -134,6 +134,8 @@ def _run_settings(
     memory_budget: Optional[str],
     isolate: bool = False,
     confirm: str = "deciding",
+    compile_mode: str = "none",
+    controls: bool = True,
 ) -> RunSettings:
     """The run's settings from the options, each checked; an error names the option, not the field."""
     resolved = resolve_device(device)
@@ -150,6 +152,8 @@ def _run_settings(
             None if memory_budget is None else parse_size(memory_budget),
             isolate,
             confirm,
+            compile=compile_mode,
+            controls=controls,
         )
     except WideTesseraError as e:
         field, sep, rest = str(e).partition("=")
@@ -216,6 +220,20 @@ def list_ops() -> None:
     show_default=True,
     help="Which points to measure again, independently, after the sweep; disagreeing points are unstable.",
 )
+@click.option(
+    "--compile",
+    "compile_mode",
+    type=click.Choice(COMPILE_MODES),
+    default="none",
+    show_default=True,
+    help="torch.compile the baseline and every strategy alike; the compiled callables are checked and timed.",
+)
+@click.option(
+    "--controls/--no-controls",
+    default=True,
+    show_default=True,
+    help="Also time the baseline loop in one CUDA graph (CUDA) and compiled: cheaper loops that do not fuse.",
+)
 @click.option("--strict", is_flag=True, help="Exit 3 when a result is UNRELIABLE (busy machine, unstable points...).")
 @click.option("--quiet", is_flag=True, help="No progress on stderr.")
 def benchmark(
@@ -236,6 +254,8 @@ def benchmark(
     timeout_multiplier: float,
     memory_budget: Optional[str],
     confirm: str,
+    compile_mode: str,
+    controls: bool,
     strict: bool,
     quiet: bool,
 ) -> None:
@@ -260,7 +280,18 @@ def benchmark(
             texts = _override_texts(sets, n_values)
             _check_output(output, resume)
             settings = _run_settings(
-                device, seed, threads, target_ci, budget, cuda_graph, timeout_multiplier, memory_budget, isolate, confirm
+                device,
+                seed,
+                threads,
+                target_ci,
+                budget,
+                cuda_graph,
+                timeout_multiplier,
+                memory_budget,
+                isolate,
+                confirm,
+                compile_mode,
+                controls,
             )
             if threads is not None:
                 torch.set_num_threads(threads)

@@ -8,7 +8,9 @@ The rules, which the README repeats:
   lies below 1 / (1 + MIN_EFFECT), else 'same': no significant difference.
 * Fusing wins at a point when a correct strategy is 'faster'; `best_strategy`
   is then the fastest such one, else the correct strategy with the highest
-  speedup. Incorrect strategies are never considered.
+  speedup. Incorrect strategies are never considered, nor are the controls
+  (the loop captured in a CUDA graph or compiled): they are timed and shown
+  beside the strategies, but they do not fuse, so they never win.
 * A parameter group is all points that share every parameter but N. Its
   crossover is the smallest N of the sweep from which fusing wins at that N and
   at every larger N of the sweep; None when the largest N does not win.
@@ -45,10 +47,11 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 from scipy import stats
 
+from .controls import CONTROLS
 from .correctness import Check
 from .health import RunHealth
 from .job import params_text
-from .schema import BenchmarkResult, Confirmation, Failure, GroupResult, PointResult
+from .schema import BenchmarkResult, Confirmation, Failure, FuseOrCapture, GroupResult, PointResult
 from .stats import MIN_EFFECT
 from .timing import PairedTimings
 
@@ -61,6 +64,7 @@ __all__ = [
     "points_to_confirm",
     "result_of",
     "first_verdict",
+    "fuse_or_capture",
     "speedup_ci",
     "verdict",
     "pick_best",
@@ -116,8 +120,10 @@ def verdict(ci: Sequence[float]) -> str:
 
 
 def pick_best(speedups: Dict[str, float], verdicts: Dict[str, str], correct: Dict[str, bool]) -> Optional[str]:
-    """The fastest correct significantly-faster strategy, else the correct one with the highest speedup."""
-    eligible = [s for s in speedups if correct.get(s, False)]
+    """The fastest correct significantly-faster strategy, else the correct one with the highest speedup.
+
+    Controls are never picked: they do not fuse."""
+    eligible = [s for s in speedups if correct.get(s, False) and s not in CONTROLS]
     pool = [s for s in eligible if verdicts[s] == "faster"] or eligible
     return max(pool, key=lambda s: speedups[s]) if pool else None
 
@@ -154,6 +160,7 @@ def measured_point(
     seed: int = 0,
     peak_memory_bytes: Optional[Dict[str, int]] = None,
     failures: Optional[Dict[str, Failure]] = None,
+    compile_s: Optional[Dict[str, float]] = None,
 ) -> PointResult:
     """A point from its timings (None when the baseline could not be timed) and checks."""
     failures = dict(failures or {})
@@ -191,6 +198,7 @@ def measured_point(
         winner=_winner(best, verdicts) if trusted else "disturbed",
         health=timings.health,
         flags=flags,
+        compile_s=dict(compile_s or {}),
     )
 
 
@@ -208,9 +216,9 @@ def failed_point(
 
 
 def _correctness(checks: Dict[str, Check], failures: Dict[str, Failure]) -> Dict[str, bool]:
-    """Strategy -> correct; a strategy that failed to run is not correct."""
+    """Strategy -> correct; a strategy that failed to run is not correct (one skipped is neither)."""
     correct = {s: c.correct for s, c in checks.items()}
-    correct.update({s: False for s in failures if s != "point"})
+    correct.update({s: False for s, f in failures.items() if s != "point" and f.kind != "skipped"})
     return correct
 
 
@@ -293,6 +301,7 @@ def result_of(points: List[PointResult], **run_info: Any) -> BenchmarkResult:
                 n_values=[p.n for p in ps],
                 crossover_n=group_crossover([(p.n, p.fused_wins) for p in ps]),
                 problems=[f"N={p.n}: {why}" for p in ps for why in _point_problems(p, id(p) in deciding)],
+                fuse_or_capture=fuse_or_capture(ps[-1]),
             )
         )
     crossovers = [g.crossover_n for g in group_results]
@@ -313,6 +322,17 @@ def result_of(points: List[PointResult], **run_info: Any) -> BenchmarkResult:
         health=RunHealth.of([p.health for p in points if p.health is not None]),
         **run_info,
     )
+
+
+def fuse_or_capture(point: PointResult) -> Optional[FuseOrCapture]:
+    """The point's best strategy against its fastest correct control, or None without both."""
+    controls = [c for c in CONTROLS if c in point.stats and point.correct.get(c, False)]
+    best = point.best_strategy
+    if not controls or best is None or point.disturbed:
+        return None
+    control = min(controls, key=lambda c: point.timings[c])
+    ci = list(speedup_ci(point.stats[control].samples_ms, point.stats[best].samples_ms))
+    return FuseOrCapture(point.n, best, control, point.timings[control] / point.timings[best], ci, verdict(ci))
 
 
 def _problem_digest(problems: List[str]) -> str:

@@ -134,6 +134,8 @@ class BenchmarkJob:
     input_factory(n, **params) -> n input tensors, one per model (fp32, CPU)
     wide_factory(modules, strategy) -> the wide nn.Module, with `pack(inputs)`
         and `unpack(output)` for its own input and output layout
+    strategy_needs: strategy -> capabilities.Needs; the runner skips, with the reason,
+        a strategy the run cannot give what it needs
     """
 
     op: str
@@ -143,6 +145,8 @@ class BenchmarkJob:
     model_factory: Callable[..., torch.nn.Module]
     input_factory: Callable[..., List[torch.Tensor]]
     wide_factory: Callable[[List[torch.nn.Module], str], torch.nn.Module]
+    # strategy -> what it needs from the run (capabilities.Needs); a strategy not named needs nothing
+    strategy_needs: Dict[str, Any] = field(default_factory=dict)
 
 
 def params_text(params: Dict[str, Any]) -> str:

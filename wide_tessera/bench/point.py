@@ -10,16 +10,19 @@ from __future__ import annotations
 
 import gc
 import json
+import time
 import warnings
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 import torch
 
 from ..checks import check_bool, check_instance, check_seed
 from ..errors import WideTesseraError
 from . import analysis
+from .capabilities import unmet_need
+from .controls import COMPILE_MODES, CONTROLS, GraphedLoop, compiled, control_unavailable
 from .correctness import (
     Check,
     check_outputs,
@@ -35,7 +38,7 @@ from .schema import Failure, PointResult
 from .stages import StageObserver, StageTimeout, StageTimeouts, stage_limit
 from .timing import PairedTimings, TimedFunctionError, TimingConfig, measure_paired
 
-__all__ = ["RunSettings", "CONFIRM_MODES", "point_key", "iter_points", "INPUT_DRAWS"]
+__all__ = ["RunSettings", "CONFIRM_MODES", "COMPILE_MODES", "point_key", "iter_points", "INPUT_DRAWS"]
 
 CONFIRM_MODES = ("deciding", "all", "none")
 # Each strategy is checked on this many independent input draws: one draw can hide a
@@ -48,11 +51,18 @@ def default_timing() -> TimingConfig:
     return TimingConfig()
 
 
+def default_controls() -> bool:
+    """Whether a run that does not say times the controls; one place, so tests can leave them out."""
+    return True
+
+
 @dataclass(frozen=True)
 class RunSettings:
     """How to run a job's points; one object, passed whole to the runner and the isolated worker.
 
     confirm: which points the confirmation pass measures again ('deciding', 'all', 'none').
+    compile: torch.compile mode applied to the baseline and every strategy alike ('none' for eager).
+    controls: time the controls (see `controls`) beside the strategies where they apply.
     """
 
     device: str = "cpu"
@@ -62,10 +72,17 @@ class RunSettings:
     memory_budget: Optional[int] = None
     isolate: bool = False
     confirm: str = "deciding"
+    compile: str = "none"
+    controls: Optional[bool] = None
 
     def __post_init__(self) -> None:
         if self.timing is None:
             object.__setattr__(self, "timing", default_timing())
+        if self.controls is None:
+            object.__setattr__(self, "controls", default_controls())
+        check_bool("controls", self.controls)
+        if self.compile not in COMPILE_MODES:
+            raise WideTesseraError(f"compile={self.compile!r}: valid are {', '.join(COMPILE_MODES)}")
         check_seed(self.seed)
         check_instance("timing", self.timing, TimingConfig)
         check_instance("timeouts", self.timeouts, StageTimeouts)
@@ -169,37 +186,118 @@ def _measure_point(
     tol = tolerance(dtype, device)
     checks: Dict[str, Check] = {}
     peaks = {"baseline": baseline_peak}
-    baseline_inputs = _clones(draws[0])
-    timed: Dict[str, Callable[[], object]] = {"baseline": partial(separate_calls, baseline_inputs)}
-    for strategy in job.strategies:
-        if strategy in failures:
-            continue
+    compile_s: Dict[str, float] = {}
+    compiling = settings.compile != "none"
+    if compiling or settings.controls:
+        torch._dynamo.reset()  # each point compiles afresh: never silently eager past the recompile limit
+
+    def checked(name: str, prepare: Prepare, first_call: bool = False) -> Optional[Callable[[], object]]:
+        """Check `name` on every draw; its timed call on draw 0 when correct, else None.
+
+        `prepare(inputs)` -> (call, unpack, own inputs): the call to check and time, what
+        turns its result into N outputs, and the inputs it made (none may be returned).
+        `first_call`: the callable compiles on its first call; that call is timed as its
+        compile time and kept out of the memory peak.
+        """
         try:
-            with stage("check", strategy), warnings.catch_warnings(record=True) as caught:
+            with stage("check", name), warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
-                wide = job.wide_factory(modules, strategy)
+                if first_call:
+                    compile_s[name] = _first_call_s(prepare(_clones(draws[0]))[0], device)
                 draw_checks = []
                 for i, (inputs, (reference, returns_input)) in enumerate(zip(draws, references)):
                     given = _clones(inputs)
-                    packed = wide.pack(given)
+                    call, unpack, own = prepare(given)
                     if i == 0:
-                        output, peaks[strategy] = peak_memory(partial(wide, packed), device)
+                        output, peaks[name] = peak_memory(call, device)
                     else:
-                        output = wide(packed)
-                    forbidden = [] if returns_input else [packed, *given]
-                    draw_checks.append(check_outputs(wide.unpack(output), reference, tol, forbidden))
+                        output = call()
+                    forbidden = [] if returns_input else [*own, *given]
+                    draw_checks.append(check_outputs(unpack(output), reference, tol, forbidden))
             messages = list(dict.fromkeys(str(w.message) for w in caught))
-            checks[strategy] = merge_checks(draw_checks, fallback_note(messages), messages)
+            checks[name] = merge_checks(draw_checks, fallback_note(messages), messages)
         except Exception as e:  # a broken strategy is a result to report, not a reason to stop the sweep
-            failures[strategy] = _failure("check", e)
+            failures[name] = _failure("check", e)
             _release_memory(device)
+            return None
+        return prepare(_clones(draws[0]))[0] if checks[name].correct else None
+
+    def loop_prepare(loop: Callable) -> Prepare:
+        return lambda given: (partial(loop, given), list, [])
+
+    timed: Dict[str, Callable[[], object]] = {"baseline": partial(separate_calls, _clones(draws[0]))}
+    if compiling:  # the compiled loop is the baseline; the eager one stays the reference it is checked against
+        baseline = checked("baseline", loop_prepare(compiled(separate_calls, settings.compile)), first_call=True)
+        check = checks.pop("baseline", None)
+        if baseline is None:
+            failure = failures.pop("baseline", None) or Failure(
+                "check", "error", "Incorrect", f"the compiled baseline differs from the eager calls: {check.error}"
+            )
+            return analysis.failed_point(n, params, {"point": failure}, peak_memory_bytes=peaks)
+        timed["baseline"] = baseline
+    for strategy in job.strategies:
+        if strategy in failures:
             continue
-        if checks[strategy].correct:
-            packed = wide.pack(_clones(draws[0]))
-            timed[strategy] = partial(wide, packed)
+        reason = unmet_need(job.strategy_needs.get(strategy), device, dtype)
+        if reason is not None:
+            failures[strategy] = Failure("setup", "skipped", "Unavailable", f"{strategy}: {reason}")
+            continue
+        try:
+            with stage("check", strategy):
+                wide = job.wide_factory(modules, strategy)
+        except Exception as e:
+            failures[strategy] = _failure("check", e)
+            continue
+        forward = compiled(wide, settings.compile) if compiling else wide
+
+        def prepare(given: List[torch.Tensor], wide: Any = wide, forward: Any = forward) -> Any:
+            packed = wide.pack(given)
+            return partial(forward, packed), wide.unpack, [packed]
+
+        call = checked(strategy, prepare, first_call=compiling)
+        if call is not None:
+            timed[strategy] = call
+    for control in CONTROLS if settings.controls else ():
+        if control_unavailable(control, device, settings.compile, settings.timing.cuda_graph) is not None:
+            continue
+        if control == "loop_compiled":
+            call = checked(control, loop_prepare(compiled(separate_calls, "default")), first_call=True)
+        else:
+            call = checked(control, _graphed_prepare(separate_calls, draws[0]))
+        if call is not None:
+            timed[control] = call
 
     timings = _measure_until_healthy(timed, settings, failures, stage, on_function)
-    return analysis.measured_point(n, params, timings, checks, settings.seed, peaks, failures)
+    return analysis.measured_point(n, params, timings, checks, settings.seed, peaks, failures, compile_s)
+
+
+# prepare(inputs) -> (the call, what turns its result into N outputs, the inputs it made)
+Prepare = Callable[[List[torch.Tensor]], Tuple[Callable[[], object], Callable[[Any], Sequence[Any]], List[torch.Tensor]]]
+
+
+def _graphed_prepare(loop: Callable, capture_inputs: Sequence[torch.Tensor]) -> Prepare:
+    """The loop captured on its first use (in the check stage, where a failure is recorded) over
+    draw 0's inputs; each draw is then copied into the static inputs."""
+    graphed: List[GraphedLoop] = []
+
+    def prepare(given: List[torch.Tensor]) -> Any:
+        if not graphed:
+            graphed.append(GraphedLoop(loop, capture_inputs))
+        graphed[0].load(given)
+        return graphed[0].replay, list, graphed[0].inputs
+
+    return prepare
+
+
+def _first_call_s(call: Callable[[], object], device: str) -> float:
+    """Seconds the first call took: for a compiled callable, its compilation."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+    started = time.perf_counter()
+    call()
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - started
 
 
 def _measure_until_healthy(

@@ -5,11 +5,12 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
 
+from .controls import CONTROLS
 from .job import params_text
 from .stats import MIN_EFFECT
 
 if TYPE_CHECKING:  # only for annotations: the schema imports this module to render itself
-    from .schema import BenchmarkResult, PointResult
+    from .schema import BenchmarkResult, GroupResult, PointResult
 
 __all__ = ["format_summary", "format_table", "warning_lines", "warning_digest"]
 
@@ -108,37 +109,77 @@ def warning_digest(result: "BenchmarkResult") -> List[str]:
     ]
 
 
+def _controls(result: "BenchmarkResult") -> List[str]:
+    """The controls some point of the result ran."""
+    return [c for c in CONTROLS if any(c in p.checks or c in p.failures for p in result.points)]
+
+
+def _fuse_or_capture_line(g: "GroupResult") -> str:
+    f = g.fuse_or_capture
+    answer = {"faster": "fuse", "slower": "capture", "same": "either (no significant difference)"}[f.verdict]
+    return (
+        f"  {params_text(g.params)}: at N={f.n} {f.strategy} is {f.speedup:.2f}x "
+        f"[{f.ci[0]:.2f},{f.ci[1]:.2f}] the speed of {f.control}: {answer}"
+    )
+
+
+def _skipped_lines(result: "BenchmarkResult") -> List[str]:
+    """A skipped point, one line each; a skipped strategy, one line per reason with its count of
+    points: a strategy this device cannot run is skipped at every point, and one line says so."""
+    points = [
+        f"  N={p.n} {params_text(p.params)}: {p.failures['point'].message}"
+        for p in result.points
+        if "point" in p.failures and p.failures["point"].kind == "skipped"
+    ]
+    strategies = Counter(
+        f.message for p in result.points for s, f in p.failures.items() if s != "point" and f.kind == "skipped"
+    )
+    return points + [f"  {why}" + (f" ({k} points)" if k > 1 else "") for why, k in strategies.items()]
+
+
 def format_summary(result: "BenchmarkResult") -> str:
     env = result.environment
     axes: List[str] = list(result.points[0].params) if result.points else []
+    shown = [*result.strategies, *_controls(result)]
     header = [
         "N",
         *axes,
         "baseline ms",
-        *(f"{s} ms speedup [95% CI]" for s in result.strategies),
+        *(f"{s}{' (control)' if s in CONTROLS else ''} ms speedup [95% CI]" for s in shown),
         "winner",
-        "peak MiB (baseline/" + "/".join(result.strategies) + ")",
+        "peak MiB (baseline/" + "/".join(shown) + ")",
     ]
     rows = [
         [
             str(p.n),
             *(str(p.params[a]) for a in axes),
             _baseline_cell(p),
-            *(_cell(p, s) for s in result.strategies),
+            *(_cell(p, s) for s in shown),
             _winner_cell(p),
-            _memory_cell(p, result.strategies),
+            _memory_cell(p, shown),
         ]
         for p in result.points
     ]
+    captures = [g for g in result.groups if g.fuse_or_capture is not None]
     crossed = sum(g.crossover_n is not None for g in result.groups)
     verdict = "RELIABLE" if result.reliable else "UNRELIABLE: " + "; ".join(result.unreliable_reasons)
     lines = [
         ("" if result.complete else "INCOMPLETE, ") + verdict,
         f"== {result.op} (preset {result.preset}) on {env.device}: {env.device_name}, {env.threads} threads, "
-        f"timer {result.timer}, torch {env.torch_version}, {result.duration_s:.1f} s",
+        f"timer {result.timer}, torch {env.torch_version}, "
+        + ("" if result.compile == "none" else f"torch.compile mode {result.compile} on every side, ")
+        + f"{result.duration_s:.1f} s",
         format_table(header, rows),
         f"n.s.: no significant difference from baseline; a win needs the whole CI above {1 + MIN_EFFECT:.2f}; "
-        "loop: the strategy ran a per-model loop",
+        "loop: the strategy ran a per-model loop"
+        + (
+            "; controls make the loop cheaper without fusing (loop_graph: the N calls in one CUDA graph, "
+            "loop_compiled: the N calls compiled) and never win"
+            if len(shown) > len(result.strategies)
+            else ""
+        ),
+        *(["fuse, or just capture the loop? (best strategy against the fastest control):"] if captures else []),
+        *(_fuse_or_capture_line(g) for g in captures),
         "crossover N per parameter group (smallest N from which fusing wins, confirmed, at every larger N):",
         *(f"  {params_text(g.params)}: {_n_or_never(g.crossover_n)}" for g in result.groups),
         f"crossover_n: {_n_or_never(result.crossover_n)} ({crossed}/{len(result.groups)} groups cross) | "
@@ -149,7 +190,7 @@ def format_summary(result: "BenchmarkResult") -> str:
     ]
     if result.skipped:
         lines.append(f"SKIPPED ({len(result.skipped)}):")
-        lines.extend(f"  {f}" for f in result.skipped)
+        lines.extend(_skipped_lines(result))
     if result.failures:
         lines.append(f"FAILED ({len(result.failures)}):")
         lines.extend(f"  {f}" for f in result.failures)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Collection, Dict, Iterable, Optional
 
 from ..checks import MAX_SEED
 from ..errors import WideTesseraError
+from .controls import COMPILE_MODES, CONTROLS
 
 if TYPE_CHECKING:
     from .correctness import Check
@@ -63,6 +64,7 @@ def check_result(r: "BenchmarkResult", where: str) -> None:
     _need(bool(strategies), f"{where}.strategies", "is empty")
     _need(len(set(strategies)) == len(strategies), f"{where}.strategies", f"{strategies} repeats a name")
     _need(all(strategies) and not {BASELINE, POINT} & set(strategies), f"{where}.strategies", f"{strategies}")
+    _need(r.compile in COMPILE_MODES, f"{where}.compile", f"{r.compile!r} is not one of {', '.join(COMPILE_MODES)}")
     _need(0 <= r.seed <= MAX_SEED, f"{where}.seed", f"{r.seed} is not in [0, {MAX_SEED}]")
     _need(r.environment.threads >= 1, f"{where}.environment.threads", f"{r.environment.threads} is not positive")
     _non_negative(f"{where}.duration_s", r.duration_s)
@@ -81,6 +83,7 @@ def check_result(r: "BenchmarkResult", where: str) -> None:
 
 
 def _check_point(p: "PointResult", strategies: Collection[str], where: str) -> None:
+    strategies = [*strategies, *CONTROLS]  # a control is timed, checked and reported like a strategy
     timed = [BASELINE, *strategies]
     _positive_int(f"{where}.n", p.n)
     _params(f"{where}.params", p.params)
@@ -120,7 +123,15 @@ def _check_point(p: "PointResult", strategies: Collection[str], where: str) -> N
         f"{where}.best_speedup",
         f"{p.best_speedup} is not the best strategy's speedup",
     )
-    _need(p.winner in (*NON_STRATEGY_WINNERS, *p.speedups), f"{where}.winner", f"{p.winner!r} is not a winner here")
+    _need(
+        p.winner in NON_STRATEGY_WINNERS or (p.winner in p.speedups and p.winner not in CONTROLS),
+        f"{where}.winner",
+        f"{p.winner!r} is not a winner here",
+    )
+    _need(best not in CONTROLS, f"{where}.best_strategy", f"{best!r} is a control, not a strategy")
+    _keys(f"{where}.compile_s", p.compile_s, timed)
+    for s, seconds in p.compile_s.items():
+        _non_negative(f"{where}.compile_s[{s!r}]", seconds)
     if p.health is not None:
         _check_health(p.health, f"{where}.health")
     if p.confirmation is not None:

@@ -21,10 +21,13 @@ from .timing import TimingConfig
 __all__ = ["check_resumable", "point_order"]
 
 
-def _measured_with(preset: str, seed: int, timing: TimingConfig, env: Environment) -> List[Tuple[str, Any]]:
+def _measured_with(
+    preset: str, seed: int, timing: TimingConfig, env: Environment, compile_mode: str
+) -> List[Tuple[str, Any]]:
     """Everything that changes what a measurement means, by name."""
     return [
         ("preset", preset),
+        ("compile mode", compile_mode),
         ("device", env.device),
         ("seed", seed),
         ("threads", env.threads),
@@ -42,11 +45,17 @@ def _show(name: str, value: Any, other: Any) -> str:
 
 
 def check_resumable(
-    previous: BenchmarkResult, path: str, preset: str, seed: int, timing: TimingConfig, env: Environment
+    previous: BenchmarkResult,
+    path: str,
+    preset: str,
+    seed: int,
+    timing: TimingConfig,
+    env: Environment,
+    compile_mode: str = "none",
 ) -> None:
     """Raise WideTesseraError naming the first setting of `previous` that differs from this run's."""
-    was = _measured_with(previous.preset, previous.seed, previous.timing, previous.environment)
-    now = _measured_with(preset, seed, timing, env)
+    was = _measured_with(previous.preset, previous.seed, previous.timing, previous.environment, previous.compile)
+    now = _measured_with(preset, seed, timing, env, compile_mode)
     for (name, old), (_, new) in zip(was, now):
         if old != new:
             raise WideTesseraError(

@@ -48,9 +48,13 @@ def run(
     memory_budget: Optional[int] = None,
     isolate: bool = False,
     confirm: str = "deciding",
+    compile: str = "none",
+    controls: Optional[bool] = None,
 ) -> BenchmarkResult:
     """Run every point of `job` on `device` (in worker processes with `isolate`), confirm, analyse."""
-    settings = RunSettings(device, seed, timing, timeouts or StageTimeouts(), memory_budget, isolate, confirm)
+    settings = RunSettings(
+        device, seed, timing, timeouts or StageTimeouts(), memory_budget, isolate, confirm, compile, controls
+    )
     return run_job(job, settings, verbose=verbose)
 
 
@@ -125,6 +129,7 @@ def _build_result(
         memory_method=memory_method(settings.device),
         complete=complete,
         confirm=settings.confirm,
+        compile=settings.compile,
     )
 
 

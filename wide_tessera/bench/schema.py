@@ -98,6 +98,8 @@ class PointResult:
     health: what the machine did while the point was timed
     confirmation: the second, independent measurement, where one was taken
     flags: reasons to take a second look (an implausibly large speedup, a strategy that did not fuse)
+    compile_s: callable -> seconds of its first call, which compiled it (compiled runs and the
+        compiled-loop control only)
     """
 
     n: int
@@ -117,6 +119,7 @@ class PointResult:
     health: Optional[Health] = None
     confirmation: Optional[Confirmation] = None
     flags: List[str] = field(default_factory=list)
+    compile_s: Dict[str, float] = field(default_factory=dict)
 
     @property
     def unstable(self) -> bool:
@@ -141,18 +144,37 @@ class PointResult:
 
 
 @dataclass_json
+@dataclass(frozen=True)
+class FuseOrCapture:
+    """At a group's largest N: the fastest correct strategy against the fastest control.
+
+    speedup: control median / strategy median, with its 95% CI over the paired rounds, and
+    the verdict by the same rule as every speedup: 'faster' means fusing beats capturing.
+    """
+
+    n: int
+    strategy: str
+    control: str
+    speedup: float
+    ci: List[float]
+    verdict: str
+
+
+@dataclass_json
 @dataclass
 class GroupResult:
     """All points that share their parameters and differ in N, and where fusing starts to pay.
 
     problems: why the group's verdicts may not be trusted (disturbed measurements, unstable
     points, deciding points near the margin that did not converge); empty when they can be.
+    fuse_or_capture: the best strategy against the best control at the largest N, where both ran.
     """
 
     params: Dict[str, Any]
     n_values: List[int]
     crossover_n: Optional[int]
     problems: List[str] = field(default_factory=list)
+    fuse_or_capture: Optional[FuseOrCapture] = None
 
 
 @dataclass_json
@@ -162,7 +184,8 @@ class BenchmarkResult:
 
     reliable / unreliable_reasons: the verdict on the run itself (a busy machine, disturbed or
     unconverged deciding points, unstable points, throttling). confirm: which points the
-    confirmation pass measured again. health: the machine over the whole run.
+    confirmation pass measured again. health: the machine over the whole run. compile: the
+    torch.compile mode of the baseline and every strategy ('none': eager).
     """
 
     op: str
@@ -186,6 +209,7 @@ class BenchmarkResult:
     reliable: bool = True
     unreliable_reasons: List[str] = field(default_factory=list)
     health: Optional[RunHealth] = None
+    compile: str = "none"
     schema_version: int = SCHEMA_VERSION
 
     @property

@@ -1,7 +1,7 @@
 """Timers that adapt to noise: samples are taken until the median is known well enough.
 
-CPU: perf_counter around a calibrated loop of calls. CUDA: CUDA events, the L2
-flushed before every sample; a lone function can go to `triton.testing.do_bench`.
+CPU: perf_counter around a calibrated loop of calls. CUDA: CUDA events around a
+calibrated loop, the L2 flushed before every sample; a lone function can go to `triton.testing.do_bench`.
 Several functions are timed in interleaved rounds (A B C A B C ...), so drift in
 the machine's speed hits all of them alike and their samples pair up by round.
 """
@@ -14,7 +14,7 @@ import statistics
 import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Callable, ContextManager, Dict, Iterator, List, Optional
+from typing import Callable, ContextManager, Dict, Iterator, List, Optional, Tuple, TypeVar
 
 import torch
 from dataclasses_json import dataclass_json
@@ -31,12 +31,14 @@ __all__ = [
     "measure_paired",
     "cuda_timer_name",
     "timer_name",
+    "capture_graph",
 ]
 
 # An L2 flush buffer larger than any current GPU's L2 (H100: 50 MB, H200: 60 MB).
 _L2_FLUSH_BYTES = 256 * 1024 * 1024
 
 Fn = Callable[[], object]
+T = TypeVar("T")
 StageContext = Callable[[str], ContextManager[None]]
 
 
@@ -60,8 +62,9 @@ class TimingConfig:
     max_samples: int = 1000
     # Stop once the 95% CI of every median is narrower than this fraction of it.
     target_rel_ci: float = 0.02
-    # A CPU sample runs the function in a loop for at least this long, so that
-    # perf_counter's own cost (well under a microsecond) stays below 0.1% of it.
+    # A sample runs the function in a loop for at least this long: on a CPU so that
+    # perf_counter's own cost (well under a microsecond) stays below 0.1% of it, on a GPU
+    # so that launch jitter averages out (see _CudaSampler.prepare).
     min_sample_s: float = 1e-3
     # CUDA only: capture each function in a CUDA graph and time its replay,
     # which removes kernel-launch overhead from every side.
@@ -299,30 +302,48 @@ class _CudaSampler(_Sampler):
         self.flush = torch.empty(_L2_FLUSH_BYTES, dtype=torch.int8, device="cuda")
 
     def prepare(self, name: str, fn: Fn) -> None:
+        """Warm up, then double the calls per sample until a sample lasts min_sample_s.
+
+        One call per sample left launch-bound points unconverged: on an H100 a 16x256x256
+        Linear took 0.1 ms a call with a coefficient of variation near 20% (host launch
+        jitter), and 570 rounds in the 1.5 s budget still gave a 4% wide interval, so 66
+        of 79 gemm points of the quick preset ran out their budget. Calls after the first
+        in a sample queue behind it as they would in a model's loop; the L2 is flushed
+        before each sample, so a call of 1 ms or more still starts cold every time.
+        """
+        fn = capture_graph(fn)[0] if self.config.cuda_graph else fn
         warm_until = time.perf_counter() + self.config.warmup_s
-        fn = _graphed(fn) if self.config.cuda_graph else fn
         while True:  # at least once, then until the warm-up time is spent
             fn()
             torch.cuda.synchronize()
             if time.perf_counter() >= warm_until:
                 break
         self.fns[name], self.calls[name] = fn, 1
+        while statistics.median(self._timed(name) for _ in range(3)) * 1e-3 < self.config.min_sample_s:
+            self.calls[name] *= 2
 
     def sample(self, name: str) -> float:
+        return self._timed(name) / self.calls[name]
+
+    def _timed(self, name: str) -> float:
+        """ms for one sample's loop of calls."""
+        fn = self.fns[name]
         self.flush.zero_()  # outside the timed region: every sample starts with a cold L2
         # Wait for the flush, so the timed region starts on an idle GPU and includes the
         # CPU's launch overhead: N separate calls pay it N times, and fusion saves it.
         torch.cuda.synchronize()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        self.fns[name]()
+        for _ in range(self.calls[name]):
+            fn()
         end.record()
         end.synchronize()
         return float(start.elapsed_time(end))
 
 
-def _graphed(fn: Fn) -> Fn:
-    """`fn` captured once in a CUDA graph; calling the result replays it."""
+def capture_graph(fn: Callable[[], T]) -> Tuple[Fn, T]:
+    """`fn` captured once in a CUDA graph: the replay, and what the captured call returned
+    (tensors that each replay overwrites in place)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -331,5 +352,5 @@ def _graphed(fn: Fn) -> Fn:
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
+        output = fn()
+    return graph.replay, output

@@ -7,6 +7,8 @@ from typing import Any, Callable, ClassVar, Dict, List, Optional, Sequence, Tupl
 import torch
 from torch import nn
 
+from ..bench.capabilities import Needs
+from ..bench.controls import CONTROLS
 from ..bench.job import BenchmarkJob, SweepParams
 from ..errors import WideTesseraError, unknown
 
@@ -26,12 +28,15 @@ class WideOp:
     pack(inputs) -> the wide input; unpack(output) -> n outputs (default: stacked on axis 0)
 
     and may implement check_params(**params), which rejects axis values that cannot work
-    together (attention's d_model must divide by heads). `register` checks the contract.
+    together (attention's d_model must divide by heads), and set STRATEGY_NEEDS (strategy ->
+    capabilities.Needs: a CUDA device, a dtype, triton), so that a strategy is skipped with
+    the reason where the run cannot give it. `register` checks the contract.
     """
 
     NAME: ClassVar[str]
     BENCHMARK_SWEEPS: ClassVar[Dict[str, SweepParams]]
     BENCHMARK_STRATEGIES: ClassVar[Tuple[str, ...]]
+    STRATEGY_NEEDS: ClassVar[Dict[str, Needs]] = {}
 
     @classmethod
     def benchmark_job(cls, preset: str = "full", **overrides: Any) -> BenchmarkJob:
@@ -48,6 +53,7 @@ class WideOp:
             model_factory=cls.bench_model,
             input_factory=cls.bench_inputs,
             wide_factory=cls.from_modules,
+            strategy_needs=dict(cls.STRATEGY_NEEDS),
         )
 
     @classmethod
@@ -67,8 +73,12 @@ class WideOp:
             problem = "needs BENCHMARK_STRATEGIES: a tuple of its wide strategies' names"
         elif not all(isinstance(s, str) and s for s in strategies) or len(set(strategies)) != len(strategies):
             problem = f"BENCHMARK_STRATEGIES {strategies!r}: give distinct non-empty names"
-        elif {"baseline", "point"} & set(strategies):
-            problem = f"BENCHMARK_STRATEGIES {strategies!r}: 'baseline' and 'point' are reserved names"
+        elif {"baseline", "point", *CONTROLS} & set(strategies):
+            problem = f"BENCHMARK_STRATEGIES {strategies!r}: 'baseline', 'point' and {', '.join(CONTROLS)} are reserved names"
+        elif not set(cls.STRATEGY_NEEDS) <= set(strategies) or not all(
+            isinstance(v, Needs) for v in cls.STRATEGY_NEEDS.values()
+        ):
+            problem = "STRATEGY_NEEDS: give a dict of its strategies' names -> capabilities.Needs"
         else:
             missing = [m for m in _FACTORIES if getattr(cls, m).__func__ is getattr(WideOp, m).__func__]
             problem = f"does not implement {', '.join(missing)}" if missing else None

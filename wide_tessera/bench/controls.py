@@ -1,0 +1,64 @@
+"""Controls: the baseline loop made cheaper without fusing anything, timed beside the strategies.
+
+Much of a fused op's gain on a GPU is launch overhead: N separate calls pay the
+host's launch cost N times. Capturing the loop in one CUDA graph, or compiling it,
+removes most of that overhead while the N problems stay separate. Timed beside the
+strategies, the controls answer "fuse, or just capture the loop?". They are checked
+like strategies but are never winners: they do not fuse.
+
+loop_graph: the N separate calls captured in one CUDA graph and replayed (CUDA only).
+loop_compiled: the N separate calls compiled with torch.compile's default mode.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, List, Optional, Sequence
+
+import torch
+
+from .timing import capture_graph
+
+__all__ = ["CONTROLS", "COMPILE_MODES", "control_unavailable", "GraphedLoop", "compiled"]
+
+CONTROLS = ("loop_graph", "loop_compiled")
+COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune")
+
+Loop = Callable[[Sequence[torch.Tensor]], List[torch.Tensor]]
+
+
+def control_unavailable(name: str, device: str, compile_mode: str, cuda_graph: bool) -> Optional[str]:
+    """Why control `name` is not run in this setting, or None when it is."""
+    if name == "loop_graph":
+        if torch.device(device).type != "cuda":
+            return f"needs a CUDA device; this run is on {device}"
+        if cuda_graph:
+            return "every side is timed as a CUDA-graph replay already (--cuda-graph)"
+    if name == "loop_compiled" and compile_mode != "none":
+        return f"every side is compiled already (--compile {compile_mode})"
+    return None
+
+
+def compiled(fn: Callable, mode: str) -> Callable:
+    """`fn` under torch.compile in `mode` ('default' is torch's default mode)."""
+    return torch.compile(fn, mode=None if mode == "default" else mode)
+
+
+class GraphedLoop:
+    """The loop over N separate calls captured in one CUDA graph over static inputs.
+
+    `load(inputs)` copies inputs into the static ones (outside any timed region);
+    `replay()` runs the captured calls and returns the static outputs, which the next
+    replay overwrites.
+    """
+
+    def __init__(self, loop: Loop, inputs: Sequence[torch.Tensor]):
+        self.inputs = [x.clone() for x in inputs]
+        self._replay, self.outputs = capture_graph(lambda: loop(self.inputs))
+
+    def load(self, inputs: Sequence[torch.Tensor]) -> None:
+        for static, x in zip(self.inputs, inputs):
+            static.copy_(x)
+
+    def replay(self) -> List[torch.Tensor]:
+        self._replay()
+        return self.outputs
