@@ -1,5 +1,13 @@
+import os
+
 import pytest
 import torch
+
+if not torch.cuda.is_available():
+    # Triton decides when a kernel is decorated whether it is interpreted, and
+    # wide_tessera.kernels loads its kernels on first use, after this line: without a GPU
+    # they run in Triton's interpreter, slowly but exactly enough to test them.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from wide_tessera import TimingConfig
 

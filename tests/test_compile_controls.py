@@ -34,7 +34,7 @@ class GatedLinear(WideLinear):
     STRATEGY_NEEDS = {
         "on_cuda": Needs(cuda=True),
         "bf16_only": Needs(dtypes=("bfloat16",)),
-        "probed": Needs(probe=lambda device, dtype: f"no kernel for {dtype} on {device.type}"),
+        "probed": Needs(probe=lambda device, dtype, params: f"no kernel for {dtype} on {device.type}"),
     }
 
     def forward(self, x):

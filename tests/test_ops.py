@@ -7,13 +7,19 @@ import torch
 from torch import nn
 
 from wide_tessera import REGISTRY, AttentionBlock, WideAttention, WideConv1d, WideConv2d, WideLinear, WideTesseraError
+from wide_tessera.bench.capabilities import unmet_need
 from wide_tessera.bench.correctness import check_outputs, tolerance
 from wide_tessera.bench.job import DTYPES
 from wide_tessera.bench.registry import op_names
+from wide_tessera.kernels import triton_unavailable_reason
 
 
-def random_params(op: str, rng: random.Random) -> dict:
+def random_params(op: str, rng: random.Random, strategy: str = "") -> dict:
     """Small random shapes for `op`, drawn from axes its bench factories understand."""
+    if op == "moe_experts":  # skew 2.5 leaves the last experts of 6 with no tokens at all
+        # torch._grouped_mm takes rows of a multiple of 16 bytes only
+        width = (lambda: 8 * rng.randint(1, 3)) if strategy == "grouped_mm" else (lambda: rng.randint(1, 20))
+        return dict(tokens=rng.randint(1, 9), d_model=width(), hidden=width(), skew=rng.choice([0, 1, 2.5]))
     if op == "gemm":
         return dict(batch=rng.randint(1, 9), in_features=rng.randint(1, 40), out_features=rng.randint(1, 40))
     if op in ("conv1d", "conv2d"):
@@ -23,7 +29,8 @@ def random_params(op: str, rng: random.Random) -> dict:
     return dict(
         batch=rng.randint(1, 3),
         seq_len=rng.randint(1, 33),
-        d_model=heads * rng.randint(2, 9),
+        # the Triton flash attention takes head dims 16, 32, 64, 128
+        d_model=heads * (16 if strategy == "triton" else rng.randint(2, 9)),
         heads=heads,
         causal=rng.choice([False, True]),
     )
@@ -40,10 +47,16 @@ CASES = [
 
 @pytest.mark.parametrize("op,strategy,dtype,seed", CASES)
 def test_strategy_matches_separate_calls(op, strategy, dtype, seed):
-    rng = random.Random(seed)
-    params = random_params(op, rng)
-    n = rng.randint(1, 6)
     cls = REGISTRY[op]
+    # Triton strategies are CUDA-only in a benchmark, but their kernels run here under the interpreter.
+    rng = random.Random(seed)
+    params = random_params(op, rng, strategy)
+    needs = cls.STRATEGY_NEEDS.get(strategy)
+    cuda_only = needs is not None and needs.cuda
+    reason = triton_unavailable_reason("cpu") if cuda_only else unmet_need(needs, "cpu", DTYPES[dtype], params)
+    if reason is not None:
+        pytest.skip(reason)
+    n = rng.randint(1, 6)
     torch_dtype = DTYPES[dtype]
     modules = [cls.bench_model(**params).to(torch_dtype).eval() for _ in range(n)]
     inputs = [x.to(torch_dtype) for x in cls.bench_inputs(n, **params)]
@@ -91,3 +104,22 @@ def test_attention_block_is_causal_when_asked():
 def test_from_modules_rejects_unlike_modules(make, match):
     with pytest.raises(WideTesseraError, match=match):
         make()
+
+
+def test_routing_sizes_sum_to_the_tokens_and_skew_empties_experts():
+    from wide_tessera.ops.experts import routing_sizes
+
+    assert routing_sizes(4, 128, 0.0) == [32, 32, 32, 32]
+    skewed = routing_sizes(64, 64 * 128, 2.0)
+    assert sum(skewed) == 64 * 128 and skewed == sorted(skewed, reverse=True)
+    assert skewed[0] > 0.5 * 64 * 128 and skewed[-1] < 10
+
+
+def test_experts_pack_rejects_a_wrong_count_or_width():
+    from wide_tessera import Expert, WideExperts
+
+    wide = WideExperts.from_modules([Expert(8, 16) for _ in range(3)], "padded")
+    with pytest.raises(WideTesseraError, match="3 token tensors"):
+        wide.pack([torch.randn(2, 8)] * 2)
+    with pytest.raises(WideTesseraError, match=r"input 1 must be a \[tokens, 8\] tensor"):
+        wide.pack([torch.randn(2, 8), torch.randn(2, 9), torch.randn(1, 8)])

@@ -36,6 +36,8 @@ _EXPORTS = {
     "WideConv2d": ".ops",
     "WideAttention": ".ops",
     "AttentionBlock": ".ops",
+    "WideExperts": ".ops",
+    "Expert": ".ops",
     "WideFunctional": ".ops",
 }
 

@@ -9,20 +9,21 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass
-from typing import Callable, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 
 __all__ = ["Needs", "unmet_need"]
 
-# probe(device, dtype) -> None when the strategy can run there, else the reason it cannot.
-Probe = Callable[[torch.device, torch.dtype], Optional[str]]
+# probe(device, dtype, params) -> None when the strategy can run there at the point's
+# parameters, else the reason it cannot.
+Probe = Callable[[torch.device, torch.dtype, Dict[str, Any]], Optional[str]]
 
 
 @dataclass(frozen=True)
 class Needs:
     """What a strategy needs. `probe` asks the software itself, for needs no field can state
-    (an operator whose kernels exist for some devices and dtypes only)."""
+    (an operator whose kernels exist for some devices, dtypes or shapes only)."""
 
     cuda: bool = False
     min_capability: Optional[Tuple[int, int]] = None
@@ -31,8 +32,10 @@ class Needs:
     probe: Optional[Probe] = None
 
 
-def unmet_need(needs: Optional[Needs], device: str, dtype: torch.dtype) -> Optional[str]:
-    """Why a strategy with `needs` cannot run on `device` in `dtype`, or None when it can."""
+def unmet_need(
+    needs: Optional[Needs], device: str, dtype: torch.dtype, params: Optional[Dict[str, Any]] = None
+) -> Optional[str]:
+    """Why a strategy with `needs` cannot run on `device` in `dtype` at `params`, or None when it can."""
     if needs is None:
         return None
     dev = torch.device(device)
@@ -48,4 +51,4 @@ def unmet_need(needs: Optional[Needs], device: str, dtype: torch.dtype) -> Optio
         return f"needs dtype {' or '.join(needs.dtypes)}; this point is {name}"
     if needs.triton and importlib.util.find_spec("triton") is None:
         return "needs triton (pip install triton)"
-    return needs.probe(dev, dtype) if needs.probe is not None else None
+    return needs.probe(dev, dtype, dict(params or {})) if needs.probe is not None else None

@@ -238,7 +238,7 @@ def _measure_point(
     for strategy in job.strategies:
         if strategy in failures:
             continue
-        reason = unmet_need(job.strategy_needs.get(strategy), device, dtype)
+        reason = unmet_need(job.strategy_needs.get(strategy), device, dtype, params)
         if reason is not None:
             failures[strategy] = Failure("setup", "skipped", "Unavailable", f"{strategy}: {reason}")
             continue

@@ -4,7 +4,8 @@
 from .gemm import WideLinear  # isort: skip
 from .conv import WideConv1d, WideConv2d  # isort: skip
 from .attention import AttentionBlock, WideAttention  # isort: skip
+from .experts import Expert, WideExperts  # isort: skip
 from .base import WideOp
 from .custom import WideFunctional
 
-__all__ = ["WideOp", "WideLinear", "WideConv1d", "WideConv2d", "AttentionBlock", "WideAttention", "WideFunctional"]
+__all__ = ["WideOp", "WideLinear", "WideConv1d", "WideConv2d", "AttentionBlock", "WideAttention", "Expert", "WideExperts", "WideFunctional"]

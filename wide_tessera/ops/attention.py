@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, List, Optional, Sequence
+from dataclasses import replace
+from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -11,7 +12,7 @@ from torch import nn
 from ..bench.job import SweepParams
 from ..bench.registry import register
 from ..errors import WideTesseraError
-from .base import WideOp, shared_config
+from .base import TRITON, WideOp, shared_config
 from .gemm import WideLinear
 
 __all__ = ["AttentionBlock", "WideAttention"]
@@ -39,15 +40,39 @@ class AttentionBlock(nn.Module):
         return self.out(o.transpose(1, 2).reshape(b, length, d))
 
 
+def _triton_attention_unavailable(device: torch.device, dtype: torch.dtype, params: Dict[str, Any]) -> Optional[str]:
+    from ..kernels import triton_unavailable_reason
+
+    reason = triton_unavailable_reason(device)
+    if reason is not None:
+        return reason
+    from ..kernels.attention import HEAD_DIMS
+
+    head_dim = params.get("d_model", 0) // max(params.get("heads", 1), 1)
+    if head_dim not in HEAD_DIMS:
+        return f"the Triton flash attention takes head dims {', '.join(map(str, HEAD_DIMS))}; d_model/heads={head_dim}"
+    return None
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, strategy: str) -> torch.Tensor:
+    if strategy == "triton":
+        from ..kernels import flash_attention
+
+        return flash_attention(q, k, v, causal=causal)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+
 @register("flash_attention", "attention")
 class WideAttention(WideOp, nn.Module):
     """N attention blocks. Wide layout: [N, B, L, d_model]. Projections are batched matmuls (WideLinear).
 
     Strategies: 'batch_fold' (N folded into SDPA's batch: [N*B, H, L, hd]),
-    'head_fold' (N folded into SDPA's heads: [B, N*H, L, hd]).
+    'head_fold' (N folded into SDPA's heads: [B, N*H, L, hd]),
+    'triton' (batch_fold's layout through the Triton flash attention of wide_tessera.kernels; CUDA).
     """
 
-    BENCHMARK_STRATEGIES = ("batch_fold", "head_fold")
+    BENCHMARK_STRATEGIES = ("batch_fold", "head_fold", "triton")
+    STRATEGY_NEEDS = {"triton": replace(TRITON, probe=_triton_attention_unavailable)}
     BENCHMARK_SWEEPS = {
         "ci": SweepParams.of(
             [1, 4, 16], batch=[2], seq_len=[64], d_model=[64], heads=[4], causal=[True], dtype=["float32"]
@@ -94,9 +119,9 @@ class WideAttention(WideOp, nn.Module):
         n, b, length, d = x.shape
         h, hd = self.heads, d // self.heads
         qkv = self.qkv(x).view(n, b, length, 3, h, hd)
-        if self.strategy == "batch_fold":
+        if self.strategy in ("batch_fold", "triton"):
             q, k, v = qkv.permute(3, 0, 1, 4, 2, 5).reshape(3, n * b, h, length, hd)
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+            o = _attend(q, k, v, self.causal, self.strategy)
             o = o.view(n, b, h, length, hd).permute(0, 1, 3, 2, 4)
         else:
             q, k, v = qkv.permute(3, 1, 0, 4, 2, 5).reshape(3, b, n * h, length, hd)

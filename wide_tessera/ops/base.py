@@ -12,7 +12,19 @@ from ..bench.controls import CONTROLS
 from ..bench.job import BenchmarkJob, SweepParams
 from ..errors import WideTesseraError, unknown
 
-__all__ = ["WideOp", "shared_config", "load_joined_parameters"]
+__all__ = ["WideOp", "shared_config", "load_joined_parameters", "TRITON"]
+
+
+def _triton_unavailable(device: torch.device, dtype: torch.dtype, params: Dict[str, Any]) -> Optional[str]:
+    from ..kernels import triton_unavailable_reason
+
+    return triton_unavailable_reason(device)
+
+
+# What a strategy built on wide_tessera.kernels needs. Timing Triton's CPU interpreter would
+# report numbers no GPU user sees, so the strategy is CUDA only; the kernels' own tests run
+# on the CPU under TRITON_INTERPRET=1.
+TRITON = Needs(cuda=True, triton=True, probe=_triton_unavailable)
 
 
 class WideOp:

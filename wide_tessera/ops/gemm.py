@@ -9,7 +9,7 @@ from torch import nn
 
 from ..bench.job import SweepParams
 from ..bench.registry import register
-from .base import WideOp, load_joined_parameters, shared_config
+from .base import TRITON, WideOp, load_joined_parameters, shared_config
 
 __all__ = ["WideLinear"]
 
@@ -18,7 +18,8 @@ __all__ = ["WideLinear"]
 class WideLinear(WideOp, nn.Module):
     """N linear layers y_i = x_i W_i^T + b_i. Wide layout: input [N, ..., in], output [N, ..., out].
 
-    Strategies: 'bmm' (one baddbmm over the stacked weights), 'einsum'.
+    Strategies: 'bmm' (one baddbmm over the stacked weights), 'einsum', 'triton' (the Triton
+    grouped GEMM of wide_tessera.kernels: one launch, N in its grid, bias fused; CUDA).
     """
 
     BENCHMARK_SWEEPS = {
@@ -34,7 +35,8 @@ class WideLinear(WideOp, nn.Module):
             dtype=["float32", "bfloat16", "float16"],
         ),
     }
-    BENCHMARK_STRATEGIES = ("bmm", "einsum")
+    BENCHMARK_STRATEGIES = ("bmm", "einsum", "triton")
+    STRATEGY_NEEDS = {"triton": TRITON}
 
     def __init__(self, n: int, in_features: int, out_features: int, bias: bool = True, strategy: Optional[str] = None):
         super().__init__()
@@ -58,6 +60,10 @@ class WideLinear(WideOp, nn.Module):
         if self.strategy == "bmm":
             w = self.weight.transpose(1, 2)
             y = torch.bmm(x, w) if self.bias is None else torch.baddbmm(self.bias.unsqueeze(1), x, w)
+        elif self.strategy == "triton":
+            from ..kernels import grouped_linear
+
+            y = grouped_linear(x, self.weight, self.bias)
         else:
             y = torch.einsum("nbi,noi->nbo", x, self.weight)
             if self.bias is not None:

@@ -1,0 +1,226 @@
+"""One command for whoever has a GPU: everything in wide_tessera that needs one, in one report.
+
+    python scripts/gpu_check.py [-o DIR] [--budget S] [--skip-tests]
+
+1. the GPU tests (pytest -m gpu);
+2. the timer fidelity against triton's do_bench (scripts/timer_fidelity.py);
+3. `benchmark --all --preset quick --device cuda` plain, with --cuda-graph and with
+   --compile default; the result files and summaries go to DIR;
+4. the Triton kernels against torch at large sizes: median, paired speedup CI, TFLOP/s,
+   percentage of the roofline bound (peaks calibrated on this device), kernels launched
+   per call and energy per call from NVML's energy counter.
+
+Prints one report at the end; meant to finish within 8 minutes on an H100 (the budget
+per function of step 3 is shortened to --budget seconds for that).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Dict, List, Tuple
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from wide_tessera import load_results  # noqa: E402
+from wide_tessera.bench.report import format_table  # noqa: E402
+
+
+def step(title: str, argv: List[str], log: Path, timeout_s: float) -> List[str]:
+    """Run one command; its output goes to `log`; returns its report row (title, exit, last line, seconds)."""
+    print(f"== {title}: {' '.join(argv)}", flush=True)
+    started = time.perf_counter()
+    try:
+        done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
+        rc, out = done.returncode, done.stdout + done.stderr
+    except subprocess.TimeoutExpired as e:
+        rc, out = 124, f"{e.stdout or ''}{e.stderr or ''}\nstopped after {timeout_s:.0f} s"
+    log.write_text(out if isinstance(out, str) else out.decode())
+    last = "\n".join(str(out).strip().splitlines()[-1:])
+    return [title, str(rc), last, f"{time.perf_counter() - started:.0f}"]
+
+
+def sweep_rows(path: Path, mode: str) -> List[List[str]]:
+    if not path.exists():
+        return [[mode, "-", "no results written", "", "", "", ""]]
+    rows = []
+    for r in load_results(path):
+        rows.append(
+            [
+                mode,
+                r.op,
+                "RELIABLE" if r.reliable else "UNRELIABLE",
+                "yes" if r.all_correct else f"NO ({len(r.failures)})",
+                str(r.crossover_n),
+                "-" if r.best_speedup is None else f"{r.best_speedup:.2f}x",
+                f"{r.duration_s:.0f}",
+            ]
+        )
+    return rows
+
+
+def energy_per_call_j(fn: Callable[[], object], seconds: float = 1.0) -> float:
+    """Joules per call from NVML's total-energy counter over a loop of at least `seconds`
+    (the counter moves in steps of milliseconds, so a single call cannot be read)."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    uuid = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
+    handle = pynvml.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}")
+    fn()
+    torch.cuda.synchronize()
+    calls, started = 0, time.perf_counter()
+    before = pynvml.nvmlDeviceGetTotalEnergyConsumption(handle)
+    while time.perf_counter() - started < seconds:
+        for _ in range(10):
+            fn()
+        calls += 10
+        torch.cuda.synchronize()
+    return (pynvml.nvmlDeviceGetTotalEnergyConsumption(handle) - before) / 1e3 / calls
+
+
+def kernel_cases() -> List[Tuple[str, str, Dict[str, Callable[[], object]], float, float, str]]:
+    """(name, dtype, {side: fn}, flops, min bytes, reference side) at the sizes the issue names."""
+    from wide_tessera.kernels import flash_attention, grouped_linear, ragged_linear
+    from wide_tessera.ops.experts import routing_sizes
+
+    dev, bf16 = "cuda", torch.bfloat16
+    cases = []
+    n, tokens, d = 8, 4096, 4096
+    x = torch.randn(n, tokens, d, device=dev, dtype=bf16)
+    w, b = torch.randn(n, d, d, device=dev, dtype=bf16) / 64, torch.randn(n, d, device=dev, dtype=bf16)
+    wt = w.transpose(1, 2)
+    cases.append(
+        (
+            f"grouped GEMM N={n} {tokens} tokens {d}x{d}, uniform",
+            "bfloat16",
+            {"bmm": lambda: torch.baddbmm(b.unsqueeze(1), x, wt), "triton": lambda: grouped_linear(x, w, b)},
+            2.0 * n * tokens * d * d,
+            2.0 * (x.numel() + w.numel() + b.numel() + x.numel()),
+            "bmm",
+        )
+    )
+    for skew in (1.0, 2.0):
+        sizes = routing_sizes(n, n * tokens, skew)
+        flat = torch.randn(sum(sizes), d, device=dev, dtype=bf16)
+        groups = torch.tensor(sizes, device=dev, dtype=torch.int32)
+        offsets = groups.cumsum(0, dtype=torch.int32)
+        largest = max(sizes)
+        rows = torch.cat([torch.arange(s) + g * largest for g, s in enumerate(sizes)]).to(dev)
+
+        def padded(flat=flat, rows=rows, largest=largest) -> torch.Tensor:
+            xp = flat.new_zeros(n * largest, d).index_copy_(0, rows, flat).view(n, largest, d)
+            return torch.baddbmm(b.unsqueeze(1), xp, wt).view(-1, d)[rows]
+
+        sides = {"padded": padded, "triton": lambda flat=flat, groups=groups: ragged_linear(flat, w, groups, b)}
+        if hasattr(torch, "_grouped_mm"):
+            sides["grouped_mm"] = lambda flat=flat, offsets=offsets: torch._grouped_mm(flat, wt, offs=offsets)
+        cases.append(
+            (
+                f"ragged GEMM N={n} skew {skew} (largest group {largest} of {sum(sizes)} tokens)",
+                "bfloat16",
+                sides,
+                2.0 * sum(sizes) * d * d,
+                2.0 * (2 * flat.numel() + w.numel()),
+                "padded",
+            )
+        )
+    for length in (2048, 4096):
+        z, h, hd = 4 * 4, 16, 64  # N=4 models, batch 4, folded into Z
+        q, k, v = (torch.randn(z, h, length, hd, device=dev, dtype=bf16) for _ in range(3))
+        cases.append(
+            (
+                f"flash attention Z=16 (N=4 x B=4) H={h} L={length} D={hd} causal",
+                "bfloat16",
+                {
+                    "sdpa": lambda q=q, k=k, v=v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+                    "triton": lambda q=q, k=k, v=v: flash_attention(q, k, v, causal=True),
+                },
+                4.0 * z * h * length * length * hd / 2,
+                2.0 * 4 * q.numel(),
+                "sdpa",
+            )
+        )
+    return cases
+
+
+def kernel_rows() -> List[List[str]]:
+    from wide_tessera.bench.analysis import speedup_ci
+    from wide_tessera.bench.launches import count_launches
+    from wide_tessera.bench.roofline import Work, load_or_calibrate, roofline_report
+    from wide_tessera.bench.timing import TimingConfig, measure_paired
+
+    peaks = load_or_calibrate("cuda")
+    rows = []
+    for name, dtype, sides, flops, min_bytes, reference in kernel_cases():
+        timed = measure_paired(sides, "cuda", TimingConfig(budget_s=1.0, target_rel_ci=0.01))
+        base = timed.stats[reference]
+        for side, st in timed.stats.items():
+            low, high = speedup_ci(base.samples_ms, st.samples_ms)
+            roof = roofline_report(Work(flops, min_bytes), st.median_ms, peaks, dtype)
+            rows.append(
+                [
+                    name,
+                    side,
+                    f"{st.median_ms:.4g}",
+                    f"{base.median_ms / st.median_ms:.2f}x [{low:.2f},{high:.2f}]",
+                    f"{roof.tflops:.0f}",
+                    f"{roof.percent_of_bound:.0f}% ({roof.bound})",
+                    str(count_launches(sides[side], "cuda").per_call),
+                    f"{energy_per_call_j(sides[side]) * 1e3:.1f}",
+                ]
+            )
+        torch.cuda.empty_cache()
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-o", "--out", default="gpu_check_out", help="directory for logs and result files")
+    parser.add_argument("--budget", type=float, default=0.2, help="sampling seconds per function in step 3")
+    parser.add_argument("--skip-tests", action="store_true")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("gpu_check: no CUDA device here; this script is for a machine with one")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    py = sys.executable
+    env_line = f"{torch.cuda.get_device_name()}, torch {torch.__version__}"
+    steps = []
+    if not args.skip_tests:
+        tests = [py, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider"]
+        steps.append(step("GPU tests", tests, out / "tests.log", 300))
+    steps.append(step("timer fidelity", [py, "scripts/timer_fidelity.py", "--device", "cuda"], out / "fidelity.log", 200))
+    sweeps = []
+    for mode, extra in (("plain", []), ("cuda graph", ["--cuda-graph"]), ("compile default", ["--compile", "default"])):
+        path = out / f"quick_{mode.replace(' ', '_')}.json"
+        argv = [py, "-m", "wide_tessera", "benchmark", "--all", "--preset", "quick", "--device", "cuda"]
+        argv += ["--budget", str(args.budget), "--quiet", "-o", str(path), *extra]
+        steps.append(step(f"quick sweep, {mode}", argv, out / f"quick_{mode.replace(' ', '_')}.log", 600))
+        sweeps += sweep_rows(path, mode)
+    print("== Triton kernels against torch at large sizes", flush=True)
+    kernels = kernel_rows()
+
+    print(f"\n#### gpu_check on {env_line}: {time.perf_counter() - started:.0f} s in all")
+    print(format_table(["step", "exit", "last line", "s"], steps))
+    print("\ntimer fidelity (the runner's CUDA timer against do_bench):")
+    print((out / "fidelity.log").read_text().strip())
+    print("\nquick sweeps of every op:")
+    print(format_table(["mode", "op", "verdict", "all correct", "crossover N", "best speedup", "s"], sweeps))
+    print("\nTriton kernels against torch (speedup: reference median / this median, paired 95% CI):")
+    header = ["case", "side", "median ms", "speedup", "TFLOP/s", "of roofline bound", "launches/call", "mJ/call"]
+    print(format_table(header, kernels))
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    main()

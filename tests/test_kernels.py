@@ -1,0 +1,110 @@
+"""The Triton kernels against N separate torch calls; on a CPU under Triton's interpreter (see conftest)."""
+
+import importlib.util
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import wide_tessera.kernels as kernels
+from wide_tessera.kernels import flash_attention, grouped_linear, ragged_linear, triton_unavailable_reason
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+pytestmark = pytest.mark.skipif(
+    triton_unavailable_reason(DEVICE) is not None, reason=str(triton_unavailable_reason(DEVICE))
+)
+# Norm-wise relative error: float32 exact up to summation order; half types a few roundings.
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
+
+
+def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    assert torch.isfinite(out).all(), "an element was never written or overflowed"
+    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", [(1, 1, 1, 1), (3, 37, 21, 19), (2, 16, 16, 16), (4, 5, 40, 33)])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_grouped_linear_is_n_separate_linears(shape, dtype, with_bias):
+    n, m, k, o = shape
+    x, w = torch.randn(n, m, k, device=DEVICE), torch.randn(n, o, k, device=DEVICE)
+    b = torch.randn(n, o, device=DEVICE) if with_bias else None
+    ref = torch.stack([F.linear(x[i], w[i], None if b is None else b[i]) for i in range(n)])
+    out = grouped_linear(x.to(dtype), w.to(dtype), None if b is None else b.to(dtype))
+    assert out.shape == (n, m, o) and out.dtype == dtype
+    assert rel_error(out, ref) < TOL[dtype]
+
+
+@pytest.mark.parametrize(
+    "sizes",
+    [[16, 16, 16], [40, 3, 17, 1], [0, 40, 3, 0, 17], [0, 0, 5], [23, 0], [0, 0, 0, 0], [1]],
+    ids=["uniform", "skewed", "empty-inside", "empty-first", "empty-last", "all-empty", "one"],
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_ragged_linear_is_a_linear_per_group(sizes, dtype, with_bias):
+    k, o = 21, 19
+    x = torch.randn(sum(sizes), k, device=DEVICE)
+    w, b = torch.randn(len(sizes), o, k, device=DEVICE), torch.randn(len(sizes), o, device=DEVICE)
+    b = b if with_bias else None
+    groups = torch.tensor(sizes, device=DEVICE)
+    ref = torch.cat([F.linear(g, w[i], None if b is None else b[i]) for i, g in enumerate(x.split(sizes))])
+    out = ragged_linear(x.to(dtype), w.to(dtype), groups, None if b is None else b.to(dtype))
+    assert out.shape == (sum(sizes), o)
+    if sum(sizes):
+        assert rel_error(out, ref) < TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("length,dim", [(1, 16), (37, 16), (64, 32), (20, 64)])
+def test_flash_attention_is_sdpa(length, dim, causal, dtype):
+    q, k, v = (torch.randn(3, 2, length, dim, device=DEVICE) for _ in range(3))
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    out = flash_attention(q.to(dtype), k.to(dtype), v.to(dtype), causal=causal)
+    assert out.shape == q.shape and out.dtype == dtype
+    assert rel_error(out, ref) < TOL[dtype]
+
+
+@pytest.mark.parametrize(
+    "call,match",
+    [
+        (lambda: grouped_linear(torch.randn(2, 3, 4), torch.randn(3, 5, 4)), "2 groups but weight 3"),
+        (lambda: grouped_linear(torch.randn(2, 3, 4), torch.randn(2, 5, 6)), r"weight must be \[N, out, 4\]"),
+        (lambda: grouped_linear(torch.randn(2, 3, 4).double(), torch.randn(2, 5, 4).double()), "share a dtype"),
+        (lambda: grouped_linear(torch.randn(2, 3, 4), torch.randn(2, 5, 4), torch.randn(5)), r"bias must be \[N, out\]"),
+        (lambda: ragged_linear(torch.randn(6, 4), torch.randn(2, 5, 4), torch.tensor([6])), "2 counts"),
+        (lambda: ragged_linear(torch.randn(6, 4), torch.randn(2, 5, 4), torch.tensor([3.0, 3.0])), "int32 or int64"),
+        (lambda: flash_attention(*(torch.randn(1, 1, 8, 24) for _ in range(3))), "D=24 is not supported; valid: 16"),
+        (lambda: flash_attention(torch.randn(1, 1, 8, 16), torch.randn(1, 1, 9, 16), torch.randn(1, 1, 8, 16)), "one shape"),
+    ],
+)
+def test_bad_inputs_get_one_line_naming_the_value(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def test_unavailable_reasons(monkeypatch):
+    monkeypatch.setattr(kernels, "INTERPRETED", False)
+    assert "TRITON_INTERPRET=1" in triton_unavailable_reason("cpu")
+    assert triton_unavailable_reason("cuda") is None
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    assert triton_unavailable_reason("cuda") == "needs triton (pip install triton)"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device; this machine has none")
+def test_kernels_at_gpu_sizes():
+    x, w, b = torch.randn(8, 512, 1024, device="cuda"), torch.randn(8, 1024, 1024, device="cuda") / 32, torch.randn(8, 1024, device="cuda")
+    ref = torch.baddbmm(b.unsqueeze(1), x, w.transpose(1, 2))
+    assert rel_error(grouped_linear(x.bfloat16(), w.bfloat16(), b.bfloat16()), ref) < TOL[torch.bfloat16]
+    sizes = [2000, 500, 0, 37, 1, 1500, 0, 9]
+    flat = torch.randn(sum(sizes), 1024, device="cuda")
+    ref = torch.cat([F.linear(g, w[i], b[i]) for i, g in enumerate(flat.split(sizes))])
+    out = ragged_linear(flat.bfloat16(), w.bfloat16(), torch.tensor(sizes, device="cuda"), b.bfloat16())
+    assert rel_error(out, ref) < TOL[torch.bfloat16]
+    q, k, v = (torch.randn(4, 8, 1024, 64, device="cuda") for _ in range(3))
+    for causal in (False, True):
+        ref = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        assert rel_error(flash_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), causal=causal), ref) < TOL[torch.bfloat16]
+        assert rel_error(flash_attention(q, k, v, causal=causal), ref) < 1e-4
