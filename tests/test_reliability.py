@@ -78,9 +78,10 @@ class TimedTroubleLinear(WideLinear):
         self.calls = getattr(self, "calls", 0) + 1
         if self.strategy == "exits":
             raise SystemExit("a strategy called sys.exit")
-        if self.calls > 2 and self.strategy == "segfaults_timed":  # two checked draws, then the timer
+        # the first call, two checked draws, then the timer
+        if self.calls > 3 and self.strategy == "segfaults_timed":
             os.kill(os.getpid(), signal.SIGSEGV)
-        if self.calls > 2 and self.strategy == "hangs_timed":
+        if self.calls > 3 and self.strategy == "hangs_timed":
             signal.signal(signal.SIGALRM, signal.SIG_IGN)
             while True:
                 pass
@@ -144,7 +145,7 @@ def test_memory_budget_skips_points_with_the_reason(fast_timing):
     assert (
         big.failures["point"].kind == "skipped" and "exceeds the memory budget 1.0 MiB" in big.failures["point"].message
     )
-    assert r.failures == [] and len(r.skipped) == 1
+    assert r.failures == [] and sum("memory budget" in s for s in r.skipped) == 1
     assert [g.n_values for g in r.groups] == [[1]]  # a skipped point plays no part in the crossover
 
 

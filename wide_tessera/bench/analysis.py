@@ -160,7 +160,7 @@ def measured_point(
     seed: int = 0,
     peak_memory_bytes: Optional[Dict[str, int]] = None,
     failures: Optional[Dict[str, Failure]] = None,
-    compile_s: Optional[Dict[str, float]] = None,
+    first_call_s: Optional[Dict[str, float]] = None,
 ) -> PointResult:
     """A point from its timings (None when the baseline could not be timed) and checks."""
     failures = dict(failures or {})
@@ -198,7 +198,7 @@ def measured_point(
         winner=_winner(best, verdicts) if trusted else "disturbed",
         health=timings.health,
         flags=flags,
-        compile_s=dict(compile_s or {}),
+        first_call_s=dict(first_call_s or {}),
     )
 
 

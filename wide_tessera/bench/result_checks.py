@@ -129,9 +129,9 @@ def _check_point(p: "PointResult", strategies: Collection[str], where: str) -> N
         f"{p.winner!r} is not a winner here",
     )
     _need(best not in CONTROLS, f"{where}.best_strategy", f"{best!r} is a control, not a strategy")
-    _keys(f"{where}.compile_s", p.compile_s, timed)
-    for s, seconds in p.compile_s.items():
-        _non_negative(f"{where}.compile_s[{s!r}]", seconds)
+    _keys(f"{where}.first_call_s", p.first_call_s, timed)
+    for s, seconds in p.first_call_s.items():
+        _non_negative(f"{where}.first_call_s[{s!r}]", seconds)
     if p.health is not None:
         _check_health(p.health, f"{where}.health")
     if p.confirmation is not None:

@@ -98,8 +98,9 @@ class PointResult:
     health: what the machine did while the point was timed
     confirmation: the second, independent measurement, where one was taken
     flags: reasons to take a second look (an implausibly large speedup, a strategy that did not fuse)
-    compile_s: callable -> seconds of its first call, which compiled it (compiled runs and the
-        compiled-loop control only)
+    first_call_s: callable -> seconds of its first call, one-time work included: torch.compile's
+        compilation, Triton's JIT and autotuning, library handles. It is kept out of the
+        timings and the memory peaks, which are steady-state.
     """
 
     n: int
@@ -119,7 +120,7 @@ class PointResult:
     health: Optional[Health] = None
     confirmation: Optional[Confirmation] = None
     flags: List[str] = field(default_factory=list)
-    compile_s: Dict[str, float] = field(default_factory=dict)
+    first_call_s: Dict[str, float] = field(default_factory=dict)
 
     @property
     def unstable(self) -> bool:

@@ -84,7 +84,9 @@ def _grouped_kernel(
     tl.store(out, acc.to(y.dtype.element_ty), mask=(rm < M)[:, None] & (ro < O)[None, :])
 
 
-@triton.autotune(configs=_configs(), key=["T", "O", "K", "N"])
+# Not keyed on T: the token count changes with every routing, and tuning again for each
+# would cost more than it saves (one H100 moe_experts ci sweep spent most of its 112 s so).
+@triton.autotune(configs=_configs(), key=["O", "K", "N"])
 @triton.jit
 def _ragged_kernel(
     x, w, bias, sizes, y, T, O, K, N,
@@ -98,7 +100,7 @@ def _ragged_kernel(
     group, local, first_row, size = -1, 0, 0, 0
     tiles_before, rows_before = 0, 0
     for g in range(0, N):
-        n_rows = tl.load(sizes + g)
+        n_rows = tl.load(sizes + g).to(tl.int32)  # int64 sizes too; loop-carried types must not change
         n_tiles = tl.cdiv(n_rows, BM)
         mine = (pid >= tiles_before) & (pid < tiles_before + n_tiles)
         group = tl.where(mine, g, group)
