@@ -103,6 +103,7 @@ def benchmark(
     confirm: str = "deciding",
     compile: str = "none",
     controls: Optional[bool] = None,
+    roofline: bool = False,
     **overrides: Any,
 ) -> BenchmarkResult:
     """Benchmark a registered op: N separate calls against each wide strategy, over the preset's sweep.
@@ -117,11 +118,15 @@ def benchmark(
     ('default', 'reduce-overhead', 'max-autotune'; 'none' for eager) to the baseline and every
     strategy alike. `controls` (default on) also times the baseline loop captured in one CUDA
     graph (CUDA only) and compiled: cheaper loops that fuse nothing, shown beside the strategies.
+    `roofline` measures the device's peaks (once per device and software, cached) and shows
+    each timing as a percentage of its roofline bound.
     """
     _check_settings(seed, timing, timeouts, memory_budget)
     device = resolve_device(device)
     job = build_job(name, preset, device, overrides, verbose)
-    return run(job, device, verbose, seed, timing, timeouts, memory_budget, isolate, confirm, compile, controls)
+    return run(
+        job, device, verbose, seed, timing, timeouts, memory_budget, isolate, confirm, compile, controls, roofline
+    )
 
 
 def benchmark_custom(

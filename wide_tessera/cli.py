@@ -136,6 +136,7 @@ def _run_settings(
     confirm: str = "deciding",
     compile_mode: str = "none",
     controls: bool = True,
+    roofline: bool = False,
 ) -> RunSettings:
     """The run's settings from the options, each checked; an error names the option, not the field."""
     resolved = resolve_device(device)
@@ -154,6 +155,7 @@ def _run_settings(
             confirm,
             compile=compile_mode,
             controls=controls,
+            roofline=roofline,
         )
     except WideTesseraError as e:
         field, sep, rest = str(e).partition("=")
@@ -234,6 +236,9 @@ def list_ops() -> None:
     show_default=True,
     help="Also time the baseline loop in one CUDA graph (CUDA) and compiled: cheaper loops that do not fuse.",
 )
+@click.option(
+    "--roofline", is_flag=True, help="Measure the device's peaks (cached) and show timings against the roofline bound."
+)
 @click.option("--strict", is_flag=True, help="Exit 3 when a result is UNRELIABLE (busy machine, unstable points...).")
 @click.option("--quiet", is_flag=True, help="No progress on stderr.")
 def benchmark(
@@ -256,6 +261,7 @@ def benchmark(
     confirm: str,
     compile_mode: str,
     controls: bool,
+    roofline: bool,
     strict: bool,
     quiet: bool,
 ) -> None:
@@ -292,6 +298,7 @@ def benchmark(
                 confirm,
                 compile_mode,
                 controls,
+                roofline,
             )
             if threads is not None:
                 torch.set_num_threads(threads)

@@ -147,6 +147,8 @@ class BenchmarkJob:
     wide_factory: Callable[[List[torch.nn.Module], str], torch.nn.Module]
     # strategy -> what it needs from the run (capabilities.Needs); a strategy not named needs nothing
     strategy_needs: Dict[str, Any] = field(default_factory=dict)
+    # work_factory(n, **params) -> roofline.Work of one call of the N models, or None
+    work_factory: Callable[..., Any] = lambda n, **params: None
 
 
 def params_text(params: Dict[str, Any]) -> str:

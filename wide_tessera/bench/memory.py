@@ -10,7 +10,7 @@ from typing import Callable, Iterator, Tuple, TypeVar
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-__all__ = ["peak_memory", "memory_method"]
+__all__ = ["peak_memory", "memory_method", "stderr_silenced"]
 
 T = TypeVar("T")
 
@@ -33,7 +33,7 @@ def peak_memory(fn: Callable[[], T], device: str) -> Tuple[T, int]:
         result = fn()
         torch.cuda.synchronize(device)
         return result, torch.cuda.max_memory_allocated(device) - before
-    with _stderr_silenced(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with stderr_silenced(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         result = fn()
     # Each op's own allocations, and frees ("[memory]" events), in time order: the running sum peaks at the peak.
     events = sorted(prof.events(), key=lambda e: e.time_range.start)
@@ -42,7 +42,7 @@ def peak_memory(fn: Callable[[], T], device: str) -> Tuple[T, int]:
 
 
 @contextmanager
-def _stderr_silenced() -> Iterator[None]:
+def stderr_silenced() -> Iterator[None]:
     # The profiler's C++ side logs two lines to stderr per use (profiler_start/stop), with no
     # setting to turn them off; they would bury the progress lines.
     saved = os.dup(2)

@@ -33,6 +33,7 @@ from .correctness import (
     tolerance,
 )
 from .job import DTYPES, BenchmarkJob
+from .launches import count_launches
 from .memory import peak_memory
 from .schema import Failure, PointResult
 from .stages import StageObserver, StageTimeout, StageTimeouts, stage_limit
@@ -63,6 +64,7 @@ class RunSettings:
     confirm: which points the confirmation pass measures again ('deciding', 'all', 'none').
     compile: torch.compile mode applied to the baseline and every strategy alike ('none' for eager).
     controls: time the controls (see `controls`) beside the strategies where they apply.
+    roofline: measure the device's peaks (once, cached) and report each timing against them.
     """
 
     device: str = "cpu"
@@ -74,6 +76,7 @@ class RunSettings:
     confirm: str = "deciding"
     compile: str = "none"
     controls: Optional[bool] = None
+    roofline: bool = False
 
     def __post_init__(self) -> None:
         if self.timing is None:
@@ -81,6 +84,7 @@ class RunSettings:
         if self.controls is None:
             object.__setattr__(self, "controls", default_controls())
         check_bool("controls", self.controls)
+        check_bool("roofline", self.roofline)
         if self.compile not in COMPILE_MODES:
             raise WideTesseraError(f"compile={self.compile!r}: valid are {', '.join(COMPILE_MODES)}")
         check_seed(self.seed)
@@ -268,7 +272,13 @@ def _measure_point(
             timed[control] = call
 
     timings = _measure_until_healthy(timed, settings, failures, stage, on_function)
-    return analysis.measured_point(n, params, timings, checks, settings.seed, peaks, failures, first_call_s)
+    launches = {}
+    for name in timings.stats if timings is not None else ():
+        with stage("measure", name):  # after timing: every call counted has run many times already
+            launches[name] = count_launches(timed[name], device)
+    point = analysis.measured_point(n, params, timings, checks, settings.seed, peaks, failures, first_call_s)
+    point.launches, point.work = launches, job.work_factory(n, **params)
+    return point
 
 
 # prepare(inputs) -> (the call, what turns its result into N outputs, the inputs it made)

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
 
 from .controls import CONTROLS
 from .job import params_text
+from .roofline import roofline
 from .stats import MIN_EFFECT
 
 if TYPE_CHECKING:  # only for annotations: the schema imports this module to render itself
@@ -47,6 +48,22 @@ def _baseline_cell(point: "PointResult") -> str:
 def _memory_cell(point: "PointResult", strategies: Sequence[str]) -> str:
     peaks = point.peak_memory_bytes
     return "/".join(f"{peaks[s] / 2**20:.3g}" if s in peaks else "-" for s in ("baseline", *strategies))
+
+
+def _launches_cell(point: "PointResult", names: Sequence[str]) -> str:
+    return "/".join(f"{point.launches[s]:g}" if s in point.launches else "-" for s in ("baseline", *names))
+
+
+def _roofline_line(result: "BenchmarkResult", point: "PointResult", names: Sequence[str]) -> str:
+    """At one point: each timing's percentage of its roofline bound, and which ceiling binds."""
+    dtype = str(point.params.get("dtype", "float32"))
+    cells = []
+    for s in ("baseline", *names):
+        if s in point.timings:
+            r = roofline(point.work, point.timings[s], result.peaks, dtype)
+            cells.append(f"{s} {r.percent_of_bound:.1f}% ({r.tflops:.3g} TFLOP/s, {r.gbps:.3g} GB/s)")
+    bound = roofline(point.work, 1.0, result.peaks, dtype).bound
+    return f"  N={point.n} {params_text(point.params)} [{bound}-bound]: " + "; ".join(cells)
 
 
 def _n_or_never(n: Optional[int]) -> str:
@@ -137,6 +154,16 @@ def _skipped_lines(result: "BenchmarkResult") -> List[str]:
     return points + [f"  {why}" + (f" ({k} points)" if k > 1 else "") for why, k in strategies.items()]
 
 
+def _largest_n(result: "BenchmarkResult") -> List["PointResult"]:
+    """Each group's point of the largest N."""
+    largest = {}
+    for p in result.points:
+        key = params_text(p.params)
+        if key not in largest or p.n > largest[key].n:
+            largest[key] = p
+    return list(largest.values())
+
+
 def format_summary(result: "BenchmarkResult") -> str:
     env = result.environment
     axes: List[str] = list(result.points[0].params) if result.points else []
@@ -148,6 +175,7 @@ def format_summary(result: "BenchmarkResult") -> str:
         *(f"{s}{' (control)' if s in CONTROLS else ''} ms speedup [95% CI]" for s in shown),
         "winner",
         "peak MiB (baseline/" + "/".join(shown) + ")",
+        "launches/call",
     ]
     rows = [
         [
@@ -157,8 +185,12 @@ def format_summary(result: "BenchmarkResult") -> str:
             *(_cell(p, s) for s in shown),
             _winner_cell(p),
             _memory_cell(p, shown),
+            _launches_cell(p, shown),
         ]
         for p in result.points
+    ]
+    roof = [] if result.peaks is None else [
+        p for p in _largest_n(result) if p.work is not None and p.timings and p.params.get("dtype", "float32") in result.peaks.tflops
     ]
     captures = [g for g in result.groups if g.fuse_or_capture is not None]
     crossed = sum(g.crossover_n is not None for g in result.groups)
@@ -180,6 +212,14 @@ def format_summary(result: "BenchmarkResult") -> str:
         ),
         *(["fuse, or just capture the loop? (best strategy against the fastest control):"] if captures else []),
         *(_fuse_or_capture_line(g) for g in captures),
+        *(
+            [f"roofline at the largest N (peaks measured on {result.peaks.device_name}: "
+             + ", ".join(f"{d} {t:.3g} TFLOP/s" for d, t in result.peaks.tflops.items())
+             + f", copy {result.peaks.copy_gbps:.4g} GB/s):"]
+            if roof
+            else []
+        ),
+        *(_roofline_line(result, p, shown) for p in roof),
         "crossover N per parameter group (smallest N from which fusing wins, confirmed, at every larger N):",
         *(f"  {params_text(g.params)}: {_n_or_never(g.crossover_n)}" for g in result.groups),
         f"crossover_n: {_n_or_never(result.crossover_n)} ({crossed}/{len(result.groups)} groups cross) | "

@@ -64,6 +64,10 @@ def check_result(r: "BenchmarkResult", where: str) -> None:
     _need(bool(strategies), f"{where}.strategies", "is empty")
     _need(len(set(strategies)) == len(strategies), f"{where}.strategies", f"{strategies} repeats a name")
     _need(all(strategies) and not {BASELINE, POINT} & set(strategies), f"{where}.strategies", f"{strategies}")
+    if r.peaks is not None:
+        for d, t in r.peaks.tflops.items():
+            _need(t > 0, f"{where}.peaks.tflops[{d!r}]", f"{t} is not positive")
+        _need(r.peaks.copy_gbps > 0, f"{where}.peaks.copy_gbps", f"{r.peaks.copy_gbps} is not positive")
     _need(r.compile in COMPILE_MODES, f"{where}.compile", f"{r.compile!r} is not one of {', '.join(COMPILE_MODES)}")
     _need(0 <= r.seed <= MAX_SEED, f"{where}.seed", f"{r.seed} is not in [0, {MAX_SEED}]")
     _need(r.environment.threads >= 1, f"{where}.environment.threads", f"{r.environment.threads} is not positive")
@@ -132,6 +136,12 @@ def _check_point(p: "PointResult", strategies: Collection[str], where: str) -> N
     _keys(f"{where}.first_call_s", p.first_call_s, timed)
     for s, seconds in p.first_call_s.items():
         _non_negative(f"{where}.first_call_s[{s!r}]", seconds)
+    _keys(f"{where}.launches", p.launches, timed)
+    for s, k in p.launches.items():
+        _non_negative(f"{where}.launches[{s!r}]", k)
+    if p.work is not None:
+        _non_negative(f"{where}.work.flops", p.work.flops)
+        _non_negative(f"{where}.work.min_bytes", p.work.min_bytes)
     if p.health is not None:
         _check_health(p.health, f"{where}.health")
     if p.confirmation is not None:
@@ -184,3 +194,10 @@ def _check_group(g: "GroupResult", where: str) -> None:
     for i, n in enumerate(g.n_values):
         _positive_int(f"{where}.n_values[{i}]", n)
     _need(g.crossover_n is None or g.crossover_n in g.n_values, f"{where}.crossover_n", "is not one of its N values")
+    f = g.fuse_or_capture
+    if f is not None:
+        _need(f.n in g.n_values, f"{where}.fuse_or_capture.n", "is not one of its N values")
+        _need(f.control in CONTROLS, f"{where}.fuse_or_capture.control", f"{f.control!r} is not a control")
+        _need(f.speedup > 0, f"{where}.fuse_or_capture.speedup", f"{f.speedup} is not positive")
+        _need(len(f.ci) == 2 and 0 <= f.ci[0] <= f.ci[1], f"{where}.fuse_or_capture.ci", f"{f.ci} is not [low, high]")
+        _need(f.verdict in VERDICTS, f"{where}.fuse_or_capture.verdict", f"{f.verdict!r} is not one of {', '.join(VERDICTS)}")

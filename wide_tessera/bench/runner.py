@@ -19,6 +19,7 @@ from .job import BenchmarkJob, params_text
 from .memory import memory_method
 from .point import RunSettings, iter_points, point_key
 from .resume import point_order
+from .roofline import Peaks, load_or_calibrate
 from .schema import BenchmarkResult, PointResult
 from .stages import StageTimeouts
 from .timing import TimingConfig, timer_name
@@ -50,10 +51,11 @@ def run(
     confirm: str = "deciding",
     compile: str = "none",
     controls: Optional[bool] = None,
+    roofline: bool = False,
 ) -> BenchmarkResult:
     """Run every point of `job` on `device` (in worker processes with `isolate`), confirm, analyse."""
     settings = RunSettings(
-        device, seed, timing, timeouts or StageTimeouts(), memory_budget, isolate, confirm, compile, controls
+        device, seed, timing, timeouts or StageTimeouts(), memory_budget, isolate, confirm, compile, controls, roofline
     )
     return run_job(job, settings, verbose=verbose)
 
@@ -80,8 +82,10 @@ def run_job(
     def ordered() -> List[PointResult]:
         return sorted(points.values(), key=lambda p: order[point_key(p.n, p.params)])
 
+    peaks = load_or_calibrate(settings.device) if settings.roofline else None
+
     def result(complete: bool) -> BenchmarkResult:
-        return _build_result(job, settings, ordered(), time.perf_counter() - started, complete)
+        return _build_result(job, settings, ordered(), time.perf_counter() - started, complete, peaks)
 
     def measured(key: str, point: PointResult, line: str) -> None:
         points[key] = point
@@ -114,7 +118,12 @@ def _points(job: BenchmarkJob, settings: RunSettings, skip: Set[str]) -> Iterato
 
 
 def _build_result(
-    job: BenchmarkJob, settings: RunSettings, points: List[PointResult], duration_s: float, complete: bool
+    job: BenchmarkJob,
+    settings: RunSettings,
+    points: List[PointResult],
+    duration_s: float,
+    complete: bool,
+    peaks: Optional[Peaks],
 ) -> BenchmarkResult:
     return analysis.result_of(
         points,
@@ -130,6 +139,7 @@ def _build_result(
         complete=complete,
         confirm=settings.confirm,
         compile=settings.compile,
+        peaks=peaks,
     )
 
 

@@ -17,6 +17,7 @@ from .environment import Environment
 from .files import not_a_regular_file, write_atomic
 from .health import Health, RunHealth
 from .report import format_summary, warning_lines
+from .roofline import Peaks, Work
 from .result_checks import check_result
 from .stats import TimingStats
 from .timing import TimingConfig
@@ -101,6 +102,9 @@ class PointResult:
     first_call_s: callable -> seconds of its first call, one-time work included: torch.compile's
         compilation, Triton's JIT and autotuning, library handles. It is kept out of the
         timings and the memory peaks, which are steady-state.
+    launches: callable -> device kernels launched per call (CUDA) or top-level ATen operators
+        dispatched per call (CPU), from the profiler (bench.launches)
+    work: what one call of the N models must do (flops, fewest bytes), where the op declares it
     """
 
     n: int
@@ -121,6 +125,8 @@ class PointResult:
     confirmation: Optional[Confirmation] = None
     flags: List[str] = field(default_factory=list)
     first_call_s: Dict[str, float] = field(default_factory=dict)
+    launches: Dict[str, float] = field(default_factory=dict)
+    work: Optional[Work] = None
 
     @property
     def unstable(self) -> bool:
@@ -186,7 +192,8 @@ class BenchmarkResult:
     reliable / unreliable_reasons: the verdict on the run itself (a busy machine, disturbed or
     unconverged deciding points, unstable points, throttling). confirm: which points the
     confirmation pass measured again. health: the machine over the whole run. compile: the
-    torch.compile mode of the baseline and every strategy ('none': eager).
+    torch.compile mode of the baseline and every strategy ('none': eager). peaks: the device's
+    measured ceilings (bench.roofline), where the run was asked for the roofline.
     """
 
     op: str
@@ -211,6 +218,7 @@ class BenchmarkResult:
     unreliable_reasons: List[str] = field(default_factory=list)
     health: Optional[RunHealth] = None
     compile: str = "none"
+    peaks: Optional[Peaks] = None
     schema_version: int = SCHEMA_VERSION
 
     @property

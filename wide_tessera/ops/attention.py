@@ -12,7 +12,8 @@ from torch import nn
 from ..bench.job import SweepParams
 from ..bench.registry import register
 from ..errors import WideTesseraError
-from .base import TRITON, WideOp, shared_config
+from ..bench.roofline import Work
+from .base import TRITON, WideOp, itemsize, shared_config
 from .gemm import WideLinear
 
 __all__ = ["AttentionBlock", "WideAttention"]
@@ -132,6 +133,14 @@ class WideAttention(WideOp, nn.Module):
     @classmethod
     def check_params(cls, d_model: int, heads: int, **_: Any) -> None:
         _check_heads(d_model, heads)
+
+    @classmethod
+    def work(cls, n: int, batch: int, seq_len: int, d_model: int, causal: bool, **params: Any) -> Work:
+        # projections: 4 d x d matmuls per token; attention: QK^T and PV, half of them when causal
+        tokens = n * batch * seq_len
+        attention = 4.0 * n * batch * seq_len * seq_len * d_model * (0.5 if causal else 1.0)
+        weights = n * (4 * d_model * d_model + 4 * d_model)
+        return Work(8.0 * tokens * d_model * d_model + attention, float((2 * tokens * d_model + weights) * itemsize(params)))
 
     @classmethod
     def bench_model(cls, d_model: int, heads: int, causal: bool, **_: Any) -> nn.Module:

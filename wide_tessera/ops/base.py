@@ -9,7 +9,8 @@ from torch import nn
 
 from ..bench.capabilities import Needs
 from ..bench.controls import CONTROLS
-from ..bench.job import BenchmarkJob, SweepParams
+from ..bench.job import DTYPES, BenchmarkJob, SweepParams
+from ..bench.roofline import Work
 from ..errors import WideTesseraError, unknown
 
 __all__ = ["WideOp", "shared_config", "load_joined_parameters", "TRITON"]
@@ -42,7 +43,8 @@ class WideOp:
     and may implement check_params(**params), which rejects axis values that cannot work
     together (attention's d_model must divide by heads), and set STRATEGY_NEEDS (strategy ->
     capabilities.Needs: a CUDA device, a dtype, triton), so that a strategy is skipped with
-    the reason where the run cannot give it. `register` checks the contract.
+    the reason where the run cannot give it, and `work(n, **params)` (flops and fewest bytes
+    of one call of the N models, for the roofline). `register` checks the contract.
     """
 
     NAME: ClassVar[str]
@@ -66,6 +68,7 @@ class WideOp:
             input_factory=cls.bench_inputs,
             wide_factory=cls.from_modules,
             strategy_needs={s: cls.STRATEGY_NEEDS[s] for s in cls.BENCHMARK_STRATEGIES if s in cls.STRATEGY_NEEDS},
+            work_factory=cls.work,
         )
 
     @classmethod
@@ -114,6 +117,12 @@ class WideOp:
         return strategy
 
     @classmethod
+    def work(cls, n: int, **params: Any) -> Optional[Work]:
+        """What one call of the N models must do (flops, fewest bytes moved), for the roofline;
+        None where the op does not say."""
+        return None
+
+    @classmethod
     def bench_model(cls, **params: Any) -> nn.Module:
         raise NotImplementedError
 
@@ -156,6 +165,11 @@ class WideOp:
 
 
 _FACTORIES = ("bench_model", "bench_inputs", "from_modules")
+
+
+def itemsize(params: Dict[str, Any]) -> int:
+    """Bytes per element of the point's dtype."""
+    return torch.empty(0, dtype=DTYPES[params.get("dtype", "float32")]).element_size()
 
 
 def _describe_tensor(x: torch.Tensor) -> str:

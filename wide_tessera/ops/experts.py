@@ -12,7 +12,8 @@ from ..bench.capabilities import Needs
 from ..bench.job import SweepParams
 from ..bench.registry import register
 from ..errors import WideTesseraError
-from .base import TRITON, WideOp, shared_config
+from ..bench.roofline import Work
+from .base import TRITON, WideOp, itemsize, shared_config
 from .gemm import WideLinear
 
 __all__ = ["Expert", "WideExperts", "routing_sizes"]
@@ -160,6 +161,13 @@ class WideExperts(WideOp, nn.Module):
         from ..kernels import ragged_linear
 
         return ragged_linear(x, layer.weight, self.group_sizes, layer.bias)
+
+    @classmethod
+    def work(cls, n: int, tokens: int, d_model: int, hidden: int, **params: Any) -> Work:
+        # n * tokens tokens in all (routing moves them, it does not add any); two layers
+        t = n * tokens
+        weights = n * (2 * d_model * hidden + hidden + d_model)
+        return Work(4.0 * t * d_model * hidden, float((2 * t * d_model + weights) * itemsize(params)))
 
     @classmethod
     def bench_model(cls, d_model: int, hidden: int, **_: Any) -> nn.Module:

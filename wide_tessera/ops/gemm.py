@@ -9,7 +9,8 @@ from torch import nn
 
 from ..bench.job import SweepParams
 from ..bench.registry import register
-from .base import TRITON, WideOp, load_joined_parameters, shared_config
+from ..bench.roofline import Work
+from .base import TRITON, WideOp, itemsize, load_joined_parameters, shared_config
 
 __all__ = ["WideLinear"]
 
@@ -69,6 +70,12 @@ class WideLinear(WideOp, nn.Module):
             if self.bias is not None:
                 y = y + self.bias.unsqueeze(1)
         return y.reshape(self.n, *lead, self.out_features)
+
+    @classmethod
+    def work(cls, n: int, batch: int, in_features: int, out_features: int, **params: Any) -> Work:
+        # x, W, b read once, y written once
+        elements = batch * in_features + out_features * in_features + out_features + batch * out_features
+        return Work(2.0 * n * batch * in_features * out_features, float(n * elements * itemsize(params)))
 
     @classmethod
     def bench_model(cls, in_features: int, out_features: int, **_: Any) -> nn.Module:
