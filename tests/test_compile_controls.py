@@ -152,3 +152,12 @@ def test_cli_compile_default_end_to_end_and_resume_refuses_another_mode(tmp_path
 def test_cli_rejects_an_unknown_compile_mode():
     result = CliRunner().invoke(cli, ["benchmark", "gemm", "--compile", "fastest"])
     assert result.exit_code == 2 and "fastest" in result.output
+
+
+def test_a_strategy_torch_compile_cannot_trace_in_this_dtype_is_skipped_when_compiling():
+    needs = Needs(compiled_dtypes=("bfloat16",))
+    assert unmet_need(needs, "cpu", torch.float32) is None
+    assert unmet_need(needs, "cpu", torch.float32, compiling=True) == (
+        "needs dtype bfloat16 under torch.compile; this point is float32"
+    )
+    assert unmet_need(needs, "cpu", torch.bfloat16, compiling=True) is None

@@ -30,12 +30,19 @@ class Needs:
     dtypes: Optional[Tuple[str, ...]] = None
     triton: bool = False
     probe: Optional[Probe] = None
+    # Under torch.compile, where tracing accepts fewer dtypes than the eager kernels do.
+    compiled_dtypes: Optional[Tuple[str, ...]] = None
 
 
 def unmet_need(
-    needs: Optional[Needs], device: str, dtype: torch.dtype, params: Optional[Dict[str, Any]] = None
+    needs: Optional[Needs],
+    device: str,
+    dtype: torch.dtype,
+    params: Optional[Dict[str, Any]] = None,
+    compiling: bool = False,
 ) -> Optional[str]:
-    """Why a strategy with `needs` cannot run on `device` in `dtype` at `params`, or None when it can."""
+    """Why a strategy with `needs` cannot run on `device` in `dtype` at `params` (under torch.compile
+    when `compiling`), or None when it can."""
     if needs is None:
         return None
     dev = torch.device(device)
@@ -49,6 +56,8 @@ def unmet_need(
     name = str(dtype).replace("torch.", "")
     if needs.dtypes is not None and name not in needs.dtypes:
         return f"needs dtype {' or '.join(needs.dtypes)}; this point is {name}"
+    if compiling and needs.compiled_dtypes is not None and name not in needs.compiled_dtypes:
+        return f"needs dtype {' or '.join(needs.compiled_dtypes)} under torch.compile; this point is {name}"
     if needs.triton and importlib.util.find_spec("triton") is None:
         return "needs triton (pip install triton)"
     return needs.probe(dev, dtype, dict(params or {})) if needs.probe is not None else None

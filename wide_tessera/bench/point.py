@@ -242,7 +242,7 @@ def _measure_point(
     for strategy in job.strategies:
         if strategy in failures:
             continue
-        reason = unmet_need(job.strategy_needs.get(strategy), device, dtype, params)
+        reason = unmet_need(job.strategy_needs.get(strategy), device, dtype, params, compiling)
         if reason is not None:
             failures[strategy] = Failure("setup", "skipped", "Unavailable", f"{strategy}: {reason}")
             continue

@@ -75,7 +75,9 @@ class WideExperts(WideOp, nn.Module):
 
     BENCHMARK_STRATEGIES = ("padded", "grouped_mm", "triton")
     STRATEGY_NEEDS = {
-        "grouped_mm": Needs(probe=_grouped_mm_probe),
+        # torch's meta kernel for _grouped_mm (what torch.compile traces with) takes bfloat16
+        # only (torch 2.13), though the eager CPU kernel takes float32 too
+        "grouped_mm": Needs(probe=_grouped_mm_probe, compiled_dtypes=("bfloat16",)),
         "triton": TRITON,
     }
     BENCHMARK_SWEEPS = {
