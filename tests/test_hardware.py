@@ -10,6 +10,13 @@ import wide_tessera as wt
 from wide_tessera.bench import roofline as rl
 from wide_tessera.bench.launches import count_launches
 from wide_tessera.bench.roofline import Peaks, Work, roofline
+from wide_tessera.kernels import grouped_linear
+
+
+def kernels_unavailable():
+    from wide_tessera.kernels import triton_unavailable_reason
+
+    return triton_unavailable_reason("cpu")
 
 
 @pytest.mark.parametrize("n", [1, 3, 8])
@@ -67,3 +74,72 @@ def test_roofline_run_shows_the_bound(tmp_path, monkeypatch, fast_timing):
     r = wt.benchmark("gemm", preset="ci", device="cpu", verbose=False, timing=fast_timing, n_values=[2], roofline=True, confirm="none")
     assert r.peaks == PEAKS
     assert "roofline at the largest N" in r.summary() and "[memory-bound]" in r.summary()
+
+
+class _Config:  # what triton.Config holds
+    def __init__(self, num_warps, **kwargs):
+        self.kwargs, self.num_warps, self.num_stages = kwargs, num_warps, 3
+
+
+class _Compiled:  # a stand-in with the attributes triton 3.x's CompiledKernel has
+    n_regs, n_spills = 168, 0
+
+    class metadata:
+        name, shared, num_warps, num_stages = "_grouped_kernel", 98304, 8, 3
+
+    asm = {"ttir": "module {}", "ttgir": "module {} // gpu", "llir": "define void @k()", "ptx": ".version 8.7", "cubin": b"\x7fELF"}
+
+
+class _Jit:
+    device_caches = {0: ({"key": _Compiled()}, None, None, None)}
+
+
+class _Autotuner:
+    fast, slow = _Config(8, BM=128), _Config(4, BM=64)
+
+    def __init__(self):
+        self.fn = _Jit()
+        self.cache = {(4096, 4096): self.fast}
+        self.configs_timings = {self.fast: [1.5, 1.4, 1.6], self.slow: [2.5, 2.4, 2.6]}
+
+
+def test_triton_facts_from_triton_objects(tmp_path):
+    from wide_tessera.bench.triton_analysis import autotune_facts, compiled_kernels, dump_ir, kernel_facts
+
+    tuner = _Autotuner()
+    (compiled,) = compiled_kernels(tuner)
+    assert kernel_facts(compiled) == kernel_facts(_Compiled())
+    facts = kernel_facts(compiled)
+    assert (facts.registers, facts.spills, facts.shared_bytes, facts.num_warps) == (168, 0, 98304, 8)
+    (tuning,) = autotune_facts(tuner, "grouped_linear")
+    assert tuning.chosen == {"BM": 128, "num_warps": 8, "num_stages": 3}
+    assert [t["ms"] for t in tuning.tried] == [1.5, 2.5]
+    written = dump_ir({"grouped_linear": tuner}, tmp_path)
+    assert sorted(p.name for p in written) == sorted(
+        [f"grouped_linear.0.{s}" for s in ("ttir", "ttgir", "llir", "ptx")] + ["facts.json"]
+    )
+    assert (tmp_path / "grouped_linear.0.ptx").read_text() == ".version 8.7"
+    assert json.loads((tmp_path / "facts.json").read_text())[0]["registers"] == 168
+
+
+def test_dump_ir_under_the_interpreter_says_what_it_wrote(tmp_path):
+    from wide_tessera.cli import cli
+    from click.testing import CliRunner
+
+    if kernels_unavailable():
+        pytest.skip(kernels_unavailable())
+    grouped_linear(torch.randn(2, 3, 16), torch.randn(2, 5, 16))
+    args = ["benchmark", "gemm", "--preset", "ci", "--n-values", "1", "--device", "cpu", "--budget", "0.01"]
+    r = CliRunner().invoke(cli, [*args, "--quiet", "--no-controls", "--dump-ir", str(tmp_path / "ir")])
+    assert r.exit_code == 0, r.output
+    readme = (tmp_path / "ir" / "README.txt").read_text()
+    assert "grouped_linear" in readme and "interpreter" in readme
+
+
+def test_dump_ir_into_a_file_is_refused_before_measuring(tmp_path):
+    from wide_tessera.cli import cli
+    from click.testing import CliRunner
+
+    (tmp_path / "f").write_text("")
+    r = CliRunner().invoke(cli, ["benchmark", "gemm", "--preset", "ci", "--dump-ir", str(tmp_path / "f")])
+    assert r.exit_code == 2 and "is not a directory" in r.output

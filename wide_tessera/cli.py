@@ -25,8 +25,10 @@ from .bench.runner import RunInterrupted, RunSettings, run_job
 from .bench.schema import BenchmarkResult, load_results, save_results
 from .bench.stages import StageTimeouts
 from .bench.timing import TimingConfig
+from .bench.triton_analysis import dump_ir as write_ir
 from .checks import check_number, check_seed
 from .errors import WideTesseraError
+from .kernels import autotuned_kernels, triton_unavailable_reason
 
 __all__ = ["cli", "main"]
 
@@ -239,6 +241,12 @@ def list_ops() -> None:
 @click.option(
     "--roofline", is_flag=True, help="Measure the device's peaks (cached) and show timings against the roofline bound."
 )
+@click.option(
+    "--dump-ir",
+    default=None,
+    metavar="DIR",
+    help="After the run, write each Triton kernel's TTIR, TTGIR, LLIR, PTX and facts (registers, autotuning) to DIR.",
+)
 @click.option("--strict", is_flag=True, help="Exit 3 when a result is UNRELIABLE (busy machine, unstable points...).")
 @click.option("--quiet", is_flag=True, help="No progress on stderr.")
 def benchmark(
@@ -262,6 +270,7 @@ def benchmark(
     compile_mode: str,
     controls: bool,
     roofline: bool,
+    dump_ir: Optional[str],
     strict: bool,
     quiet: bool,
 ) -> None:
@@ -285,6 +294,8 @@ def benchmark(
                 raise WideTesseraError("name one or more ops, or give --all (see `wide_tessera list`)")
             texts = _override_texts(sets, n_values)
             _check_output(output, resume)
+            if dump_ir and Path(dump_ir).exists() and not Path(dump_ir).is_dir():
+                raise WideTesseraError(f"--dump-ir {dump_ir}: exists and is not a directory; give a directory")
             settings = _run_settings(
                 device,
                 seed,
@@ -317,6 +328,8 @@ def benchmark(
             click.echo(result.summary() + "\n")
         if output:
             click.echo(f"wrote {len(kept) + len(results)} result(s) to {output}", err=True)
+        if dump_ir:
+            _dump_ir(Path(dump_ir))
         failures = [f"{r.op}: {f}" for r in results for f in r.failures]
         if failures:
             click.echo(f"{len(failures)} failure(s):\n  " + "\n  ".join(failures), err=True)
@@ -325,6 +338,14 @@ def benchmark(
         if strict and unreliable:
             click.echo(f"--strict: {len(unreliable)} unreliable result(s):\n  " + "\n  ".join(unreliable), err=True)
             sys.exit(3)
+
+
+def _dump_ir(directory: Path) -> None:
+    if triton_unavailable_reason("cuda") is not None:  # no triton at all
+        click.echo(f"--dump-ir: nothing written: the Triton kernels {triton_unavailable_reason('cuda')}", err=True)
+        return
+    written = write_ir(autotuned_kernels(), directory)
+    click.echo(f"--dump-ir: wrote {len(written)} file(s) to {directory}", err=True)
 
 
 def _run_job(

@@ -10,11 +10,18 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from typing import Any, Optional
+from typing import Any, Dict, Optional
 
 import torch
 
-__all__ = ["grouped_linear", "ragged_linear", "flash_attention", "triton_unavailable_reason", "INTERPRETED"]
+__all__ = [
+    "grouped_linear",
+    "ragged_linear",
+    "flash_attention",
+    "triton_unavailable_reason",
+    "autotuned_kernels",
+    "INTERPRETED",
+]
 
 # Triton decides when a kernel is decorated whether it is interpreted: what this flag says
 # when the kernels load is what they are for the whole process.
@@ -31,6 +38,14 @@ def triton_unavailable_reason(device: Any) -> Optional[str]:
     if kind == "cpu" and INTERPRETED:
         return None
     return f"needs a CUDA device; on {kind} Triton runs only under TRITON_INTERPRET=1, for correctness, not timing"
+
+
+def autotuned_kernels() -> Dict[str, Any]:
+    """The autotuned Triton kernels behind each function, by function name (imports triton)."""
+    from .attention import ATTENTION
+    from .grouped_gemm import GROUPED, RAGGED
+
+    return {"grouped_linear": GROUPED, "ragged_linear": RAGGED, "flash_attention": ATTENTION}
 
 
 # Loaded on first use (PEP 562), so that importing this package never imports triton.
