@@ -164,7 +164,8 @@ def grouped_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.T
     n, m, k = x.shape
     o = weight.shape[1]
     y = torch.empty(n, m, o, device=x.device, dtype=x.dtype)
-    b = bias if bias is not None else y  # any pointer; HAS_BIAS=False never reads it
+    # The kernel walks a bias row with unit stride (x and weight go by their strides)
+    b = bias.contiguous() if bias is not None else y  # any pointer; HAS_BIAS=False never reads it
 
     def grid(meta: dict) -> tuple:
         return (triton.cdiv(m, meta["BM"]) * triton.cdiv(o, meta["BO"]), n)
@@ -196,7 +197,7 @@ def ragged_linear(
     t, k = x.shape
     n, o = weight.shape[:2]
     y = torch.empty(t, o, device=x.device, dtype=x.dtype)
-    b = bias if bias is not None else y
+    b = bias.contiguous() if bias is not None else y
 
     def grid(meta: dict) -> tuple:
         return (triton.cdiv(t, meta["BM"]) + n, triton.cdiv(o, meta["BO"]))
