@@ -55,12 +55,12 @@ def test_alias_and_default_device():
 @pytest.mark.parametrize("model,shape,kwargs", [(Expert, (5, 16), {"hidden": 24}), (NormedConv, (2, 4, 10), {})])
 def test_benchmark_custom_fuses_any_module(model, shape, kwargs):
     r = benchmark_custom(model, shape, [1, 3], device="cpu", verbose=False, **kwargs)
-    assert r.op == "custom" and r.strategies == ["vmap"]
+    assert r.op == model.__name__ and r.strategies == ["vmap"]  # named after the class, not "custom"
     assert [p.n for p in r.points] == [1, 3]
     assert all(p.correct == {"vmap": True} for p in r.points)
 
 
-def test_benchmark_custom_reports_a_module_vmap_cannot_run():
+def test_benchmark_custom_refuses_a_random_module_without_a_randomness_mode():
     class Noisy(nn.Module):
         """Draws random numbers in forward, which torch.func.vmap refuses by default."""
 
@@ -71,10 +71,10 @@ def test_benchmark_custom_reports_a_module_vmap_cannot_run():
         def forward(self, x):
             return x * self.w + torch.randn(x.shape)
 
-    r = benchmark_custom(Noisy, (2, 4), [2], verbose=False, device="cpu")
-    assert r.points[0].correct == {"vmap": False}
-    assert "randomness" in r.points[0].failures["vmap"].message
-    assert r.best_speedup is None and r.strategy_wins == {"baseline": 1} and not r.all_correct
+    with pytest.raises(WideTesseraError, match="Noisy draws random numbers.*randomness='different'"):
+        benchmark_custom(Noisy, (2, 4), [2], verbose=False, device="cpu")
+    r = benchmark_custom(Noisy, (2, 4), [2], verbose=False, device="cpu", randomness="different")
+    assert r.points[0].correct == {"vmap": True} and r.points[0].params["randomness"] == "different"
 
 
 def test_save_load_round_trip_is_exact(tmp_path):

@@ -22,7 +22,7 @@ from .checks import check_instance, check_number, check_seed
 from .errors import WideTesseraError
 from .ops.custom import custom_job
 
-__all__ = ["benchmark", "benchmark_custom", "measure", "resolve_device", "build_job"]
+__all__ = ["benchmark", "benchmark_custom", "measure", "resolve_device", "build_job", "build_custom_job"]
 
 
 def resolve_device(device: Optional[str]) -> str:
@@ -131,12 +131,12 @@ def benchmark(
 
 def benchmark_custom(
     model_class: type,
-    input_shape: Sequence[int],
+    input_shape: Any,
     n_values: Sequence[int],
-    name: str = "custom",
+    name: Optional[str] = None,
     device: Optional[str] = None,
     verbose: bool = True,
-    dtype: str = "float32",
+    dtype: Any = "float32",
     seed: int = 0,
     timing: Optional[TimingConfig] = None,
     isolate: bool = False,
@@ -145,21 +145,64 @@ def benchmark_custom(
     confirm: str = "deciding",
     compile: str = "none",
     controls: Optional[bool] = None,
+    input_dtype: Any = None,
+    int_high: Optional[int] = None,
+    input_factory: Optional[Callable[[], Any]] = None,
+    randomness: str = "error",
+    train: bool = False,
     **model_kwargs: Any,
 ) -> BenchmarkResult:
     """Benchmark N copies of `model_class(**model_kwargs)` made wide with torch.func.vmap.
 
-    `input_shape` is the shape of one model's input; each of the N models gets its own.
-    The other settings are `benchmark`'s.
+    `input_shape` is the shape of one model's input, or a list of shapes for a module of
+    several inputs; each of the N models gets its own. `input_dtype` is 'float' (the run's
+    dtype; the default), 'int64', 'int32' or 'bool', one for all inputs or a list of one per
+    input; integer inputs are drawn from [0, int_high). Or `input_factory()` (with
+    input_shape=None) returns one model's input: a tensor or a tuple of tensors.
+    `randomness` is vmap's ('error', 'different', 'same') for models that draw random
+    numbers; `train` runs the models in train mode (dropout active), without autograd.
+    `name` defaults to the class's name. The other settings are `benchmark`'s.
     """
     _check_settings(seed, timing, timeouts, memory_budget)
     device = resolve_device(device)
+    job = build_custom_job(
+        model_class,
+        input_shape,
+        n_values,
+        name,
+        dtype,
+        model_kwargs,
+        isolate,
+        timeouts,
+        input_dtype=input_dtype,
+        int_high=int_high,
+        input_factory=input_factory,
+        randomness=randomness,
+        train=train,
+    )
+    return run(job, device, verbose, seed, timing, timeouts, memory_budget, isolate, confirm, compile, controls)
+
+
+def build_custom_job(
+    model_class: type,
+    input_shape: Any,
+    n_values: Sequence[int],
+    name: Optional[str],
+    dtype: Any,
+    model_kwargs: Dict[str, Any],
+    isolate: bool,
+    timeouts: Optional[StageTimeouts],
+    **inputs: Any,
+) -> BenchmarkJob:
+    """The job behind benchmark_custom (and the `custom` command); `inputs` are custom_job's input options.
+
+    The module is tried on one input first, under `isolate` in a worker process within the
+    setup stage's time limit, so a module that crashes or hangs cannot take the caller with it.
+    """
     limit = (timeouts or StageTimeouts()).limit("setup")
     what = f"trying {getattr(model_class, '__name__', model_class)} on one input"
     run_check = partial(call_isolated, limit_s=limit, what=what) if isolate else (lambda check: check())
-    job = custom_job(model_class, input_shape, n_values, name, dtype, model_kwargs, run_check)
-    return run(job, device, verbose, seed, timing, timeouts, memory_budget, isolate, confirm, compile, controls)
-
+    return custom_job(model_class, input_shape, n_values, name, dtype, model_kwargs, run_check, **inputs)
 
 
 def measure(fn: Callable[[], object], device: str = "cpu", config: Optional[TimingConfig] = None) -> TimingStats:

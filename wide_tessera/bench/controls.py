@@ -12,10 +12,11 @@ loop_compiled: the N separate calls compiled with torch.compile's default mode.
 
 from __future__ import annotations
 
-from typing import Callable, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence
 
 import torch
 
+from . import trees
 from .timing import capture_graph
 
 __all__ = ["CONTROLS", "COMPILE_MODES", "control_unavailable", "GraphedLoop", "compiled"]
@@ -26,8 +27,14 @@ COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune")
 Loop = Callable[[Sequence[torch.Tensor]], List[torch.Tensor]]
 
 
-def control_unavailable(name: str, device: str, compile_mode: str, cuda_graph: bool) -> Optional[str]:
-    """Why control `name` is not run in this setting, or None when it is."""
+def control_unavailable(name: str, device: str, compile_mode: str, cuda_graph: bool, random: bool = False) -> Optional[str]:
+    """Why control `name` is not run in this setting, or None when it is.
+
+    `random`: the models draw random numbers. A compiled loop draws them its own way and a
+    graph replays one capture's draws, so neither could be checked against the eager calls.
+    """
+    if random:
+        return "the models draw random numbers, which a compiled or captured loop draws its own way"
     if name == "loop_graph":
         if torch.device(device).type != "cuda":
             return f"needs a CUDA device; this run is on {device}"
@@ -51,12 +58,12 @@ class GraphedLoop:
     replay overwrites.
     """
 
-    def __init__(self, loop: Loop, inputs: Sequence[torch.Tensor]):
-        self.inputs = [x.clone() for x in inputs]
+    def __init__(self, loop: Loop, inputs: Sequence[Any]):
+        self.inputs = [trees.clone(x) for x in inputs]
         self._replay, self.outputs = capture_graph(lambda: loop(self.inputs))
 
-    def load(self, inputs: Sequence[torch.Tensor]) -> None:
-        for static, x in zip(self.inputs, inputs):
+    def load(self, inputs: Sequence[Any]) -> None:
+        for static, x in zip(trees.tensors(self.inputs), trees.tensors(inputs)):
             static.copy_(x)
 
     def replay(self) -> List[torch.Tensor]:

@@ -10,6 +10,8 @@ from typing import Any, List, Optional, Sequence
 import torch
 from dataclasses_json import dataclass_json
 
+from . import trees
+
 __all__ = [
     "Check",
     "tolerance",
@@ -64,19 +66,21 @@ def nonfinite_reference(reference: Sequence[Any]) -> Optional[str]:
     NaN, which no comparison rejects: such a point is unjudgeable, never 'correct'.
     """
     for i, ref in enumerate(reference):
-        if isinstance(ref, torch.Tensor) and ref.is_floating_point() and not torch.isfinite(ref).all():
+        if any(t.is_floating_point() and not torch.isfinite(t).all() for t in trees.tensors(ref)):
             return f"unjudgeable: the separate call of model {i} gave NaN or Inf"
     return None
 
 
 def check_outputs(
     outputs: Sequence[Any],
-    reference: Sequence[torch.Tensor],
+    reference: Sequence[Any],
     tol: float,
     forbidden: Sequence[torch.Tensor] = (),
 ) -> Check:
     """Compare each of the N outputs with its reference by ||out - ref|| / ||ref||.
 
+    An output may be a tensor or a tuple, list or dict of them (nn.GRU returns two):
+    its structure must be the reference's, and the norms run over all its tensors.
     An output that shares memory with its reference, or with any tensor in
     `forbidden` (the strategy's own inputs, when the separate calls did not return
     theirs), is wrong whatever its values: it only looks right.
@@ -85,26 +89,52 @@ def check_outputs(
         return Check(False, None, tol, f"{len(outputs)} outputs for {len(reference)} models")
     rel_errors, abs_errors = [], []
     for i, (out, ref) in enumerate(zip(outputs, reference)):
-        if not isinstance(out, torch.Tensor):
-            return Check(False, None, tol, f"output {i} is a {type(out).__name__}, not a Tensor")
-        if out.shape != ref.shape:
-            return Check(False, None, tol, f"output {i} has shape {tuple(out.shape)}, expected {tuple(ref.shape)}")
-        if shares_memory(out, [ref]):
-            return Check(False, None, tol, f"output {i} shares memory with the reference output")
-        if shares_memory(out, forbidden):
-            return Check(False, None, tol, f"output {i} shares memory with the strategy's input")
-        if not torch.isfinite(out).all():
-            return Check(False, None, tol, f"output {i} contains NaN or Inf")
-        diff = (out - ref).double()
-        scale = torch.linalg.vector_norm(ref.double()).item()
-        norm = torch.linalg.vector_norm(diff).item()
-        rel_errors.append(norm / scale if scale > 0 else norm)
-        abs_errors.append(diff.abs().max().item() if diff.numel() else 0.0)
+        (out_leaves, out_spec), (ref_leaves, ref_spec) = trees.flat(out), trees.flat(ref)
+        if out_spec != ref_spec:
+            return Check(False, None, tol, f"output {i} is a {_structure(out)}, expected a {_structure(ref)}")
+        diff_sq = scale_sq = largest = 0.0
+        for o, r in zip(out_leaves, ref_leaves):
+            error = _leaf_error(o, r, forbidden)
+            if error is not None:
+                return Check(False, None, tol, f"output {i}{error}")
+            if isinstance(r, torch.Tensor):
+                diff = (o - r).double()
+                diff_sq += torch.linalg.vector_norm(diff).item() ** 2
+                scale_sq += torch.linalg.vector_norm(r.double()).item() ** 2
+                largest = max(largest, diff.abs().max().item() if diff.numel() else 0.0)
+        rel_errors.append(math.sqrt(diff_sq / scale_sq) if scale_sq > 0 else math.sqrt(diff_sq))
+        abs_errors.append(largest)
     worst = max(rel_errors, default=0.0)
     if not math.isfinite(worst) or worst > tol:
         error = f"relative error {worst:.3g} exceeds tolerance {tol:.3g} (model {rel_errors.index(worst)})"
         return Check(False, worst, tol, error, rel_errors, abs_errors)
     return Check(True, worst, tol, None, rel_errors, abs_errors)
+
+
+def _leaf_error(out: Any, ref: Any, forbidden: Sequence[torch.Tensor]) -> Optional[str]:
+    """What is wrong with one leaf of an output, after the words 'output i', or None."""
+    if not isinstance(ref, torch.Tensor):  # a plain value the module returns (a count, None): equal or wrong
+        return None if out == ref else f" holds {out!r} where the separate call gave {ref!r}"
+    if not isinstance(out, torch.Tensor):
+        return f" is a {type(out).__name__}, not a Tensor"
+    if out.shape != ref.shape:
+        return f" has shape {tuple(out.shape)}, expected {tuple(ref.shape)}"
+    if shares_memory(out, [ref]):
+        return " shares memory with the reference output"
+    if shares_memory(out, forbidden):
+        return " shares memory with the strategy's input"
+    if out.is_floating_point() and not torch.isfinite(out).all():
+        return " contains NaN or Inf"
+    return None
+
+
+def _structure(tree: Any) -> str:
+    """How an output is built, for an error message: 'Tensor', 'tuple(Tensor, Tensor)', 'dict(h: Tensor)'."""
+    if isinstance(tree, (tuple, list)):
+        return f"{type(tree).__name__}({', '.join(map(_structure, tree))})"
+    if isinstance(tree, dict):
+        return f"dict({', '.join(f'{k}: {_structure(v)}' for k, v in tree.items())})"
+    return "Tensor" if isinstance(tree, torch.Tensor) else type(tree).__name__
 
 
 def merge_checks(checks: Sequence[Check], fallback: Optional[str], warnings: Sequence[str]) -> Check:

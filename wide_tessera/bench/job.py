@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -131,9 +131,19 @@ class BenchmarkJob:
     """Everything the runner needs; the op class fills it in `benchmark_job`.
 
     model_factory(**params) -> one nn.Module (fp32, CPU; the runner moves it)
-    input_factory(n, **params) -> n input tensors, one per model (fp32, CPU)
+    input_factory(n, **params) -> n inputs, one per model (CPU): a tensor, or a tuple of
+        tensors passed as positional arguments; floating-point tensors are cast to the
+        point's dtype, integer ones (token ids) are kept
     wide_factory(modules, strategy) -> the wide nn.Module, with `pack(inputs)`
         and `unpack(output)` for its own input and output layout
+    train: the models run in train mode (dropout active, batch-norm on batch statistics),
+        still without autograd
+    seeded_check_factory: for models that draw random numbers, None for the rest. Their
+        outputs compare only when both sides draw the same numbers, so every checked call
+        starts from the same generator state, and the strategy is checked through
+        `seeded_check_factory(modules, strategy)`: its wide module drawing once for all N
+        models (vmap's randomness='same'), which is what each model's own call, started
+        from that state, draws. The module built by `wide_factory` is the one timed.
     strategy_needs: strategy -> capabilities.Needs; the runner skips, with the reason,
         a strategy the run cannot give what it needs
     """
@@ -143,12 +153,19 @@ class BenchmarkJob:
     strategies: List[str]
     sweep: SweepParams
     model_factory: Callable[..., torch.nn.Module]
-    input_factory: Callable[..., List[torch.Tensor]]
+    input_factory: Callable[..., List[Any]]
     wide_factory: Callable[[List[torch.nn.Module], str], torch.nn.Module]
     # strategy -> what it needs from the run (capabilities.Needs); a strategy not named needs nothing
     strategy_needs: Dict[str, Any] = field(default_factory=dict)
     # work_factory(n, **params) -> roofline.Work of one call of the N models, or None
     work_factory: Callable[..., Any] = lambda n, **params: None
+    train: bool = False
+    seeded_check_factory: Optional[Callable[[List[torch.nn.Module], str], torch.nn.Module]] = None
+
+    @property
+    def random(self) -> bool:
+        """Whether the models draw random numbers (see seeded_check_factory)."""
+        return self.seeded_check_factory is not None
 
 
 def params_text(params: Dict[str, Any]) -> str:

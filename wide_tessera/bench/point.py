@@ -20,7 +20,7 @@ import torch
 
 from ..checks import check_bool, check_instance, check_seed
 from ..errors import WideTesseraError
-from . import analysis
+from . import analysis, trees
 from .capabilities import unmet_need
 from .controls import COMPILE_MODES, CONTROLS, GraphedLoop, compiled, control_unavailable
 from .correctness import (
@@ -130,8 +130,8 @@ def iter_points(
             )
 
 
-def _clones(tensors: Sequence[torch.Tensor]) -> List[torch.Tensor]:
-    return [t.clone() for t in tensors]
+def _clones(inputs: Sequence[Any]) -> List[Any]:
+    return [trees.clone(x) for x in inputs]
 
 
 def _measure_point(
@@ -157,17 +157,22 @@ def _measure_point(
             # Seeded per point, so a point's models and inputs do not depend on which points
             # ran before it, and the confirmation pass rebuilds exactly the same point.
             torch.manual_seed(settings.seed)
-            modules = [job.model_factory(**params).to(device=device, dtype=dtype).eval() for _ in range(n)]
+            modules = [job.model_factory(**params).to(device=device, dtype=dtype).train(job.train) for _ in range(n)]
             draws = [
-                [x.to(device=device, dtype=dtype) for x in job.input_factory(n, **params)] for _ in range(INPUT_DRAWS)
+                [trees.cast(x, device, dtype) for x in job.input_factory(n, **params)] for _ in range(INPUT_DRAWS)
             ]
     except Exception as e:
         return analysis.failed_point(n, params, {"point": _failure("setup", e)})
 
     # Every call below gets its own copy of the inputs: a model that changes its input in
     # place (x += self.pos) must not change what the next strategy is checked on.
-    def separate_calls(inputs: Sequence[torch.Tensor]) -> List[torch.Tensor]:
-        return [m(x) for m, x in zip(modules, inputs)]
+    def separate_calls(inputs: Sequence[Any]) -> List[Any]:
+        return [trees.call(m, x) for m, x in zip(modules, inputs)]
+
+    def reference_calls(inputs: Sequence[Any]) -> List[Any]:
+        # Random models: every call starts from the same generator state, as the checked
+        # wide call does (see BenchmarkJob.random), so each model draws what the wide call drew.
+        return [_seeded(partial(trees.call, m, x), settings.seed, job.random) for m, x in zip(modules, inputs)]
 
     try:
         with stage("check", "baseline"):
@@ -177,14 +182,16 @@ def _measure_point(
             for i, inputs in enumerate(draws):
                 given = _clones(inputs)
                 if i == 0:
-                    reference, baseline_peak = peak_memory(partial(separate_calls, given), device)
+                    reference, baseline_peak = peak_memory(partial(reference_calls, given), device)
                 else:
-                    reference = separate_calls(given)
+                    reference = reference_calls(given)
                 unjudgeable = nonfinite_reference(reference)
                 if unjudgeable is not None:
                     return analysis.failed_point(n, params, {"point": Failure("check", "error", "Unjudgeable", unjudgeable)})
                 # The separate calls may return their input (an identity); only then may a strategy.
-                returns_input = any(shares_memory(o, [x]) for o, x in zip(reference, given))
+                returns_input = any(
+                    shares_memory(o, trees.tensors(x)) for out, x in zip(reference, given) for o in trees.tensors(out)
+                )
                 references.append((reference, returns_input))
     except Exception as e:
         return analysis.failed_point(n, params, {"point": _failure("check", e)})
@@ -196,27 +203,29 @@ def _measure_point(
     if compiling or settings.controls:
         torch._dynamo.reset()  # each point compiles afresh: never silently eager past the recompile limit
 
-    def checked(name: str, prepare: Prepare) -> Optional[Callable[[], object]]:
+    def checked(name: str, prepare: Prepare, timed_prepare: Optional[Prepare] = None) -> Optional[Callable[[], object]]:
         """Check `name` on every draw; its timed call on draw 0 when correct, else None.
 
         `prepare(inputs)` -> (call, unpack, own inputs): the call to check and time, what
-        turns its result into N outputs, and the inputs it made (none may be returned).
+        turns its result into N outputs, and the inputs it made (none may be returned);
+        `timed_prepare` the call to time where it is not the checked one (random models).
         The first call (compilation, autotuning, handles) is timed apart and kept out of
         the memory peak: on an H100 a Triton strategy's autotuning showed as a 256 MiB peak.
         """
         try:
             with stage("check", name), warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
-                first_call_s[name] = _first_call_s(prepare(_clones(draws[0]))[0], device)
+                first_call_s[name] = _first_call_s((timed_prepare or prepare)(_clones(draws[0]))[0], device)
                 draw_checks = []
                 for i, (inputs, (reference, returns_input)) in enumerate(zip(draws, references)):
                     given = _clones(inputs)
                     call, unpack, own = prepare(given)
+                    call = partial(_seeded, call, settings.seed, job.random)
                     if i == 0:
                         output, peaks[name] = peak_memory(call, device)
                     else:
                         output = call()
-                    forbidden = [] if returns_input else [*own, *given]
+                    forbidden = [] if returns_input else trees.tensors([own, given])
                     draw_checks.append(check_outputs(unpack(output), reference, tol, forbidden))
             messages = list(dict.fromkeys(str(w.message) for w in caught))
             checks[name] = merge_checks(draw_checks, fallback_note(messages), messages)
@@ -224,7 +233,7 @@ def _measure_point(
             failures[name] = _failure("check", e)
             _release_memory(device)
             return None
-        return prepare(_clones(draws[0]))[0] if checks[name].correct else None
+        return (timed_prepare or prepare)(_clones(draws[0]))[0] if checks[name].correct else None
 
     def loop_prepare(loop: Callable) -> Prepare:
         return lambda given: (partial(loop, given), list, [])
@@ -249,20 +258,17 @@ def _measure_point(
         try:
             with stage("check", strategy):
                 wide = job.wide_factory(modules, strategy)
+                seeded = job.seeded_check_factory and job.seeded_check_factory(modules, strategy)
         except Exception as e:
             failures[strategy] = _failure("check", e)
             continue
         forward = compiled(wide, settings.compile) if compiling else wide
-
-        def prepare(given: List[torch.Tensor], wide: Any = wide, forward: Any = forward) -> Any:
-            packed = wide.pack(given)
-            return partial(forward, packed), wide.unpack, [packed]
-
-        call = checked(strategy, prepare)
+        timed_prepare = _wide_prepare(wide, forward)
+        call = checked(strategy, _wide_prepare(seeded, seeded), timed_prepare) if seeded else checked(strategy, timed_prepare)
         if call is not None:
             timed[strategy] = call
     for control in CONTROLS if settings.controls else ():
-        if control_unavailable(control, device, settings.compile, settings.timing.cuda_graph) is not None:
+        if control_unavailable(control, device, settings.compile, settings.timing.cuda_graph, job.random) is not None:
             continue
         if control == "loop_compiled":
             call = checked(control, loop_prepare(compiled(separate_calls, "default")))
@@ -282,7 +288,24 @@ def _measure_point(
 
 
 # prepare(inputs) -> (the call, what turns its result into N outputs, the inputs it made)
-Prepare = Callable[[List[torch.Tensor]], Tuple[Callable[[], object], Callable[[Any], Sequence[Any]], List[torch.Tensor]]]
+Prepare = Callable[[List[Any]], Tuple[Callable[[], object], Callable[[Any], Sequence[Any]], List[Any]]]
+
+
+def _wide_prepare(wide: Any, forward: Callable) -> Prepare:
+    """The inputs packed into the wide module's layout, `forward` (the module, or it compiled) on them."""
+
+    def prepare(given: List[Any]) -> Any:
+        packed = wide.pack(given)
+        return partial(trees.call, forward, packed), wide.unpack, [packed]
+
+    return prepare
+
+
+def _seeded(call: Callable[[], Any], seed: int, random: bool) -> Any:
+    """`call()`, from the generator state `seed` when the models draw random numbers."""
+    if random:
+        torch.manual_seed(seed)
+    return call()
 
 
 def _graphed_prepare(loop: Callable, capture_inputs: Sequence[torch.Tensor]) -> Prepare:
@@ -356,11 +379,11 @@ def _over_budget(
     if settings.memory_budget is None:
         return None
     model = job.model_factory(**params).to(dtype=dtype)
-    x = job.input_factory(1, **params)[0].to(dtype=dtype)
+    x = trees.cast(job.input_factory(1, **params)[0], "cpu", dtype)
     with torch.no_grad():
-        y = model.eval()(x)
+        y = trees.call(model.train(job.train), x)
     weights = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
-    estimate = n * 2 * (weights + x.numel() * x.element_size() + y.numel() * y.element_size())
+    estimate = n * 2 * (weights + sum(t.numel() * t.element_size() for t in trees.tensors([x, y])))
     if estimate <= settings.memory_budget:
         return None
     return Failure(
