@@ -17,6 +17,8 @@ _EXPORTS = {
     "measure": ".api",
     "run": ".bench.runner",
     "register": ".bench.registry",
+    "register_strategy": ".bench.registry",
+    "Needs": ".bench.capabilities",
     "REGISTRY": ".bench.registry",
     "load_results": ".bench.schema",
     "save_results": ".bench.schema",

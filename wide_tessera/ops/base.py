@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Callable, ClassVar, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -10,6 +11,7 @@ from torch import nn
 from ..bench.capabilities import Needs
 from ..bench.controls import CONTROLS
 from ..bench.job import DTYPES, BenchmarkJob, SweepParams
+from ..bench.registry import outside_strategies
 from ..bench.roofline import Work
 from ..errors import WideTesseraError, unknown
 
@@ -59,15 +61,19 @@ class WideOp:
         sweep = cls.BENCHMARK_SWEEPS[preset].with_overrides(**overrides)
         for params in sweep.param_grid():  # now, not when the run reaches the point
             cls.check_params(**params)
+        outside = outside_strategies(cls)
+        needs = {s: cls.STRATEGY_NEEDS[s] for s in cls.BENCHMARK_STRATEGIES if s in cls.STRATEGY_NEEDS}
+        needs.update({s: o.needs for s, o in outside.items() if o.needs is not None})
         return BenchmarkJob(
             op=cls.NAME,
             preset=preset,
-            strategies=list(cls.BENCHMARK_STRATEGIES),
+            strategies=[*cls.BENCHMARK_STRATEGIES, *outside],
             sweep=sweep,
             model_factory=cls.bench_model,
             input_factory=cls.bench_inputs,
-            wide_factory=cls.from_modules,
-            strategy_needs={s: cls.STRATEGY_NEEDS[s] for s in cls.BENCHMARK_STRATEGIES if s in cls.STRATEGY_NEEDS},
+            # the outside strategies travel with the job: an isolated worker has not imported them
+            wide_factory=partial(_wide_module, cls, {s: o.build for s, o in outside.items()}),
+            strategy_needs=needs,
             work_factory=cls.work,
         )
 
@@ -165,6 +171,35 @@ class WideOp:
 
 
 _FACTORIES = ("bench_model", "bench_inputs", "from_modules")
+
+
+class OutsideWide(nn.Module):
+    """An outside strategy's wide module: `run` (what its build made) over the op's own wide
+    layout, with the op's default wide module's pack and unpack."""
+
+    def __init__(self, wide: nn.Module, run: Callable[..., Any]):
+        super().__init__()
+        self.wide, self.run = wide, run
+
+    def pack(self, inputs: Sequence[Any]) -> Any:
+        return self.wide.pack(inputs)
+
+    def unpack(self, output: Any) -> List[Any]:
+        return self.wide.unpack(output)
+
+    def forward(self, *inputs: Any) -> Any:
+        return self.run(*inputs)
+
+
+def _wide_module(cls: type, outside: Dict[str, Callable[[nn.Module], Callable[..., Any]]], modules: Sequence[nn.Module], strategy: str) -> nn.Module:
+    """The wide module of `strategy`: the op's own, or an outside strategy's over the op's default one."""
+    if strategy not in outside:
+        return cls.from_modules(modules, strategy)
+    wide = cls.from_modules(modules)
+    run = outside[strategy](wide)
+    if not callable(run):
+        raise WideTesseraError(f"strategy {strategy!r}: its build returned {run!r}, not a function of the wide input")
+    return OutsideWide(wide, run)
 
 
 def itemsize(params: Dict[str, Any]) -> int:
