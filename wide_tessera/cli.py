@@ -2,25 +2,27 @@
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import signal
 import sys
-from contextlib import ExitStack
+from contextlib import ExitStack, closing
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import click
 import torch
 
-from .api import build_job, resolve_device
+from .api import build_custom_job, build_job, resolve_device
 from .bench.environment import capture_environment
 from .bench.files import results_lock, results_target
-from .bench.job import BenchmarkJob
+from .bench.job import BenchmarkJob, SweepParams
 from .bench.point import COMPILE_MODES, CONFIRM_MODES
-from .bench.registry import REGISTRY, get_op, op_names
+from .bench.registry import REGISTRY, get_op, import_ops, op_names, outside_strategies
 from .bench.report import format_table
-from .bench.resume import check_resumable, point_order
+from .bench.progress import Progress
+from .bench.resume import check_resumable, point_order, points_left
 from .bench.runner import RunInterrupted, RunSettings, run_job
 from .bench.schema import BenchmarkResult, load_results, save_results
 from .bench.stages import StageTimeouts
@@ -29,6 +31,7 @@ from .bench.triton_analysis import dump_ir as write_ir
 from .checks import check_number, check_seed
 from .errors import WideTesseraError
 from .kernels import autotuned_kernels, triton_unavailable_reason
+from .ops.custom import INPUT_DTYPES, RANDOMNESS
 
 __all__ = ["cli", "main"]
 
@@ -164,6 +167,25 @@ def _run_settings(
         raise WideTesseraError(f"{_OPTIONS[field]} {rest}" if sep and field in _OPTIONS else str(e)) from None
 
 
+def _options(*options: Callable) -> Callable:
+    """Apply click options in the order listed (click's decorators apply bottom-up)."""
+
+    def decorate(f: Callable) -> Callable:
+        for option in reversed(options):
+            f = option(f)
+        return f
+
+    return decorate
+
+
+_IMPORT = click.option(
+    "--import",
+    "imports",
+    multiple=True,
+    metavar="MODULE",
+    help="Import MODULE first: its @register ops and register_strategy strategies join the run (repeatable).",
+)
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="wide_tessera")
 def cli() -> None:
@@ -171,13 +193,21 @@ def cli() -> None:
 
 
 @cli.command("list")
-def list_ops() -> None:
+@_IMPORT
+def list_ops(imports: Tuple[str, ...]) -> None:
     """Every op with its strategies, presets and sweep axes."""
-    for name in op_names():
+    try:
+        for module in imports:
+            import_ops(module)
+        names = op_names()
+    except WideTesseraError as e:
+        raise click.UsageError(str(e)) from None
+    for name in names:
         cls = REGISTRY[name]
         aliases = [k for k, v in REGISTRY.items() if v is cls and k != name]
         click.echo(f"{name}" + (f" (alias: {', '.join(aliases)})" if aliases else "") + f"  [{cls.__name__}]")
-        click.echo(f"  strategies: baseline, {', '.join(cls.BENCHMARK_STRATEGIES)}")
+        outside = [f"{s} (outside)" for s in outside_strategies(cls)]
+        click.echo(f"  strategies: baseline, {', '.join([*cls.BENCHMARK_STRATEGIES, *outside])}")
         rows = [
             [
                 preset,
@@ -190,69 +220,233 @@ def list_ops() -> None:
         click.echo("  " + format_table(["preset", "n_values", "points", "axes"], rows).replace("\n", "\n  "))
 
 
+# The options of every command that measures: `benchmark` and `custom`.
+_RUN_OPTIONS = _options(
+    _IMPORT,
+    click.option("--device", default=None, help="cpu, cuda or cuda:N  [default: cuda if available, else cpu]"),
+    click.option("-o", "--output", default=None, help="Write every result to this JSON file, after every point."),
+    click.option("--resume", is_flag=True, help="Continue the incomplete results in -o FILE, skipping measured points."),
+    click.option("--n-values", default=None, metavar="N1,N2,...", help="Replace the preset's N values."),
+    click.option("--set", "sets", multiple=True, metavar="AXIS=V1,V2", help="Replace a sweep axis (repeatable)."),
+    click.option("--seed", default=0, show_default=True, help="Seed for models and inputs."),
+    click.option("--threads", type=int, default=None, help="CPU threads for torch  [default: torch's choice]"),
+    click.option(
+        "--target-ci",
+        type=float,
+        default=TimingConfig.target_rel_ci,
+        show_default=True,
+        help="Sample until each median's 95% CI is narrower than this fraction of it.",
+    ),
+    click.option(
+        "--budget", type=float, default=TimingConfig.budget_s, show_default=True, help="Sampling seconds per function."
+    ),
+    click.option("--cuda-graph", is_flag=True, help="CUDA only: time CUDA-graph replays, without launch overhead."),
+    click.option("--isolate", is_flag=True, help="Run each op in a worker process: a hang or crash costs one strategy."),
+    click.option(
+        "--timeout-multiplier", type=float, default=1.0, show_default=True, help="Scale every stage's time limit."
+    ),
+    click.option("--memory-budget", default=None, metavar="SIZE", help="Skip points estimated above SIZE (e.g. 4GiB)."),
+    click.option(
+        "--confirm",
+        type=click.Choice(CONFIRM_MODES),
+        default="deciding",
+        show_default=True,
+        help="Which points to measure again, independently, after the sweep; disagreeing points are unstable.",
+    ),
+    click.option(
+        "--compile",
+        "compile_mode",
+        type=click.Choice(COMPILE_MODES),
+        default="none",
+        show_default=True,
+        help="torch.compile the baseline and every strategy alike; the compiled callables are checked and timed.",
+    ),
+    click.option(
+        "--controls/--no-controls",
+        default=True,
+        show_default=True,
+        help="Also time the baseline loop in one CUDA graph (CUDA) and compiled: cheaper loops that do not fuse.",
+    ),
+    click.option(
+        "--roofline",
+        is_flag=True,
+        help="Measure the device's peaks (cached) and show timings against the roofline bound.",
+    ),
+    click.option(
+        "--dump-ir",
+        default=None,
+        metavar="DIR",
+        help="After the run, write each Triton kernel's TTIR, TTGIR, LLIR, PTX and facts (registers, autotuning) to DIR.",
+    ),
+    click.option("--strict", is_flag=True, help="Exit 3 when a result is UNRELIABLE (busy machine, unstable points...)."),
+    click.option("--quiet", is_flag=True, help="No progress on stderr."),
+)
+
+_EXIT_STATUS = """
+    Exit status: 0 when every strategy ran and was correct; 1 when any was incorrect,
+    failed, timed out or crashed; 2 for bad input; 3 with --strict when a result is
+    unreliable; 130 when interrupted (what was measured is saved, marked incomplete).
+"""
+
+
 @cli.command()
 @click.argument("names", nargs=-1)
 @click.option("--all", "run_all", is_flag=True, help="Benchmark every registered op.")
 @click.option("--preset", default="full", show_default=True, help="Sweep preset: ci, quick or full.")
-@click.option("--device", default=None, help="cpu, cuda or cuda:N  [default: cuda if available, else cpu]")
-@click.option("-o", "--output", default=None, help="Write every result to this JSON file, after every point.")
-@click.option("--resume", is_flag=True, help="Continue the incomplete results in -o FILE, skipping measured points.")
-@click.option("--n-values", default=None, metavar="N1,N2,...", help="Replace the preset's N values.")
-@click.option("--set", "sets", multiple=True, metavar="AXIS=V1,V2", help="Replace a sweep axis (repeatable).")
-@click.option("--seed", default=0, show_default=True, help="Seed for models and inputs.")
-@click.option("--threads", type=int, default=None, help="CPU threads for torch  [default: torch's choice]")
+@_RUN_OPTIONS
+def benchmark(names: Tuple[str, ...], run_all: bool, preset: str, **options: Any) -> None:
+    """Benchmark ops: N separate calls against every wide strategy.
+
+    \b
+    Examples:
+      wide_tessera benchmark --all --preset quick
+      wide_tessera benchmark conv1d conv2d --preset ci -o results.json
+      wide_tessera benchmark gemm --n-values 4,8 --set batch=64 --set dtype=float32,bfloat16
+      wide_tessera benchmark flash_attention --preset quick --device cuda --cuda-graph
+      wide_tessera benchmark --all --preset full --isolate -o full.json   (Ctrl-C, then add --resume)
+      wide_tessera benchmark --import my_pkg.my_ops my_op --preset ci
+    """
+
+    def jobs(settings: RunSettings, texts: Dict[str, List[str]]) -> List[BenchmarkJob]:
+        if run_all == bool(names):
+            raise WideTesseraError("name one or more ops, or give --all (see `wide_tessera list`)")
+        return _build_jobs(op_names() if run_all else names, preset, settings.device, texts, not options["quiet"])
+
+    _measure(jobs, preset, **options)
+
+
+benchmark.help += _EXIT_STATUS
+
+
+@cli.command()
+@click.argument("model")
 @click.option(
-    "--target-ci",
-    type=float,
-    default=TimingConfig.target_rel_ci,
-    show_default=True,
-    help="Sample until each median's 95% CI is narrower than this fraction of it.",
+    "--input-shape",
+    "input_shapes",
+    multiple=True,
+    metavar="D1,D2,...",
+    help="One model's input shape; repeat for a module of several inputs.",
 )
 @click.option(
-    "--budget", type=float, default=TimingConfig.budget_s, show_default=True, help="Sampling seconds per function."
+    "--input-dtype",
+    "input_dtypes",
+    multiple=True,
+    type=click.Choice(list(INPUT_DTYPES)),
+    help="Each input's dtype, in order (float: the run's dtype; integers are drawn from [0, --int-high)).",
 )
-@click.option("--cuda-graph", is_flag=True, help="CUDA only: time CUDA-graph replays, without launch overhead.")
-@click.option("--isolate", is_flag=True, help="Run each op in a worker process: a hang or crash costs one strategy.")
+@click.option("--int-high", type=int, default=None, help="Exclusive bound of integer inputs' values (e.g. a vocabulary size).")
 @click.option(
-    "--timeout-multiplier", type=float, default=1.0, show_default=True, help="Scale every stage's time limit."
-)
-@click.option("--memory-budget", default=None, metavar="SIZE", help="Skip points estimated above SIZE (e.g. 4GiB).")
-@click.option(
-    "--confirm",
-    type=click.Choice(CONFIRM_MODES),
-    default="deciding",
-    show_default=True,
-    help="Which points to measure again, independently, after the sweep; disagreeing points are unstable.",
-)
-@click.option(
-    "--compile",
-    "compile_mode",
-    type=click.Choice(COMPILE_MODES),
-    default="none",
-    show_default=True,
-    help="torch.compile the baseline and every strategy alike; the compiled callables are checked and timed.",
-)
-@click.option(
-    "--controls/--no-controls",
-    default=True,
-    show_default=True,
-    help="Also time the baseline loop in one CUDA graph (CUDA) and compiled: cheaper loops that do not fuse.",
-)
-@click.option(
-    "--roofline", is_flag=True, help="Measure the device's peaks (cached) and show timings against the roofline bound."
-)
-@click.option(
-    "--dump-ir",
+    "--input-factory",
     default=None,
-    metavar="DIR",
-    help="After the run, write each Triton kernel's TTIR, TTGIR, LLIR, PTX and facts (registers, autotuning) to DIR.",
+    metavar="MODULE:FUNCTION",
+    help="A function of no arguments returning one model's input (a tensor or a tuple), instead of --input-shape.",
 )
-@click.option("--strict", is_flag=True, help="Exit 3 when a result is UNRELIABLE (busy machine, unstable points...).")
-@click.option("--quiet", is_flag=True, help="No progress on stderr.")
-def benchmark(
-    names: Tuple[str, ...],
-    run_all: bool,
+@click.option(
+    "--randomness",
+    type=click.Choice(RANDOMNESS),
+    default="error",
+    show_default=True,
+    help="vmap's randomness, for models that draw random numbers (dropout in train mode).",
+)
+@click.option("--train", is_flag=True, help="Run the models in train mode (dropout active), without autograd.")
+@click.option("--kwarg", "kwargs", multiple=True, metavar="NAME=VALUE", help="An argument of the class (repeatable).")
+@click.option("--name", default=None, help="The result's name  [default: the class's name]")
+@_RUN_OPTIONS
+def custom(
+    model: str,
+    input_shapes: Tuple[str, ...],
+    input_dtypes: Tuple[str, ...],
+    int_high: Optional[int],
+    input_factory: Optional[str],
+    randomness: str,
+    train: bool,
+    kwargs: Tuple[str, ...],
+    name: Optional[str],
+    **options: Any,
+) -> None:
+    """Benchmark N copies of your own nn.Module class, MODULE:CLASS, made wide with vmap.
+
+    \b
+    Examples:
+      wide_tessera custom my_pkg.models:Expert --input-shape 32,256 --n-values 1,4,16 --kwarg d=256
+      wide_tessera custom my_models:TwoTower --input-shape 8,64 --input-shape 8,32 --n-values 2,8 -o towers.json
+      wide_tessera custom my_models:Tagger --input-shape 4,16 --input-dtype int64 --int-high 1000 --n-values 4
+    """
+
+    def jobs(settings: RunSettings, texts: Dict[str, List[str]]) -> List[BenchmarkJob]:
+        if "n_values" not in texts:
+            raise WideTesseraError("give the N values to try with --n-values N1,N2,...")
+        if bool(input_shapes) == bool(input_factory):
+            raise WideTesseraError("give --input-shape D1,D2,... (repeat for several inputs) or --input-factory, not both")
+        shapes = [_parse_shape(text) for text in input_shapes]
+        overrides = custom_sweep_texts(texts)
+        job = build_custom_job(
+            load_object(model, "MODEL", "an nn.Module class"),
+            (shapes if len(shapes) > 1 else shapes[0]) if shapes else None,
+            overrides.pop("n_values"),
+            name,
+            overrides.pop("dtype", ["float32"]),
+            dict(map(_parse_kwarg, kwargs)),
+            settings.isolate,
+            settings.timeouts,
+            input_dtype=list(input_dtypes) or None,
+            int_high=int_high,
+            input_factory=load_object(input_factory, "--input-factory", "a function") if input_factory else None,
+            randomness=randomness,
+            train=train,
+        )
+        return [job]
+
+    _measure(jobs, "custom", **options)
+
+
+custom.help += _EXIT_STATUS
+
+
+def custom_sweep_texts(texts: Dict[str, List[str]]) -> Dict[str, List[Any]]:
+    """--n-values and --set for `custom`, whose only sweep axis is dtype."""
+    unknown_axes = [k for k in texts if k not in ("n_values", "dtype")]
+    if unknown_axes:
+        raise WideTesseraError(f"--set {unknown_axes[0]}: custom runs sweep only dtype (e.g. --set dtype=float32,bfloat16)")
+    return SweepParams.of([1], dtype=["float32"]).parse_overrides(texts)
+
+
+def _parse_shape(text: str) -> Tuple[int, ...]:
+    try:
+        return tuple(int(d) for d in text.split(","))
+    except ValueError:
+        raise WideTesseraError(f"--input-shape {text!r}: expected positive ints separated by commas, e.g. 32,256") from None
+
+
+def _parse_kwarg(text: str) -> Tuple[str, Any]:
+    """'d=256' -> ('d', 256): a Python literal where the value reads as one (256, 0.1, True, (3, 3)), else the text."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip().isidentifier():
+        raise WideTesseraError(f"--kwarg {text!r}: expected NAME=VALUE, e.g. hidden=512")
+    try:
+        return key.strip(), ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        return key.strip(), value
+
+
+def load_object(spec: str, option: str, what: str) -> Any:
+    """'my_pkg.models:Expert' -> the object, imported (from the current directory too)."""
+    module, sep, attr = spec.partition(":")
+    if not sep or not module or not attr:
+        raise WideTesseraError(f"{option} {spec!r}: expected MODULE:NAME, e.g. my_pkg.models:Expert")
+    import_ops(module)
+    obj = sys.modules[module]
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise WideTesseraError(f"{option} {spec!r}: {module} has no {attr!r} ({what})")
+        obj = getattr(obj, part)
+    return obj
+
+
+def _measure(
+    make_jobs: Callable[[RunSettings, Dict[str, List[str]]], List[BenchmarkJob]],
     preset: str,
+    imports: Tuple[str, ...],
     device: Optional[str],
     output: Optional[str],
     resume: bool,
@@ -274,24 +468,11 @@ def benchmark(
     strict: bool,
     quiet: bool,
 ) -> None:
-    """Benchmark ops: N separate calls against every wide strategy.
-
-    \b
-    Examples:
-      wide_tessera benchmark --all --preset quick
-      wide_tessera benchmark conv1d conv2d --preset ci -o results.json
-      wide_tessera benchmark gemm --n-values 4,8 --set batch=64 --set dtype=float32,bfloat16
-      wide_tessera benchmark flash_attention --preset quick --device cuda --cuda-graph
-      wide_tessera benchmark --all --preset full --isolate -o full.json   (Ctrl-C, then add --resume)
-
-    Exit status: 0 when every strategy ran and was correct; 1 when any was incorrect,
-    failed, timed out or crashed; 2 for bad input; 3 with --strict when a result is
-    unreliable; 130 when interrupted (what was measured is saved, marked incomplete).
-    """
+    """Check every option, build the jobs, measure them, saving as it goes; exit with the run's status."""
     with ExitStack() as held:
         try:
-            if run_all == bool(names):
-                raise WideTesseraError("name one or more ops, or give --all (see `wide_tessera list`)")
+            for module in imports:
+                import_ops(module)
             texts = _override_texts(sets, n_values)
             _check_output(output, resume)
             if dump_ir and Path(dump_ir).exists() and not Path(dump_ir).is_dir():
@@ -313,7 +494,7 @@ def benchmark(
             )
             if threads is not None:
                 torch.set_num_threads(threads)
-            jobs = _build_jobs(op_names() if run_all else names, preset, settings.device, texts, not quiet)
+            jobs = make_jobs(settings, texts)
             if output:
                 held.enter_context(results_lock(output))  # until the last save: one writer per file
             previous = _previous_results(output, preset, settings) if resume else {}
@@ -322,10 +503,12 @@ def benchmark(
         kept = [r for op, r in previous.items() if op not in {job.op for job in jobs}]  # other ops in the file
 
         results: List[BenchmarkResult] = []
+        todo = [points_left(job.sweep, previous.get(job.op)) for job in jobs]
+        progress = held.enter_context(closing(Progress(sum(todo), enabled=not quiet)))
         for job in jobs:
-            result = _run_job(job, settings, previous.get(job.op), [*kept, *results], output, quiet)
+            result = _run_job(job, settings, previous.get(job.op), [*kept, *results], output, progress)
             results.append(result)
-            click.echo(result.summary() + "\n")
+            progress.echo(result.summary() + "\n")
         if output:
             click.echo(f"wrote {len(kept) + len(results)} result(s) to {output}", err=True)
         if dump_ir:
@@ -354,7 +537,7 @@ def _run_job(
     previous: Optional[BenchmarkResult],
     done: List[BenchmarkResult],
     output: Optional[str],
-    quiet: bool,
+    progress: Progress,
 ) -> BenchmarkResult:
     """Measure one job, saving after every point; on Ctrl-C save what was measured and exit 130."""
     if previous is not None and previous.complete and len(point_order(job.sweep, previous.points)) == len(previous.points):
@@ -365,7 +548,7 @@ def _run_job(
             save_results([*done, result], output)
 
     try:
-        result = run_job(job, settings, previous, on_point=save, verbose=not quiet)
+        result = run_job(job, settings, previous, on_point=save, progress=progress)
     except RunInterrupted as stop:
         save(stop.result)
         where = f"saved {len(stop.result.points)} point(s) of {job.op} to {output}; continue with --resume"

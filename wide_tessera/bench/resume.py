@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import WideTesseraError
 from .environment import Environment
@@ -18,7 +18,7 @@ from .point import point_key
 from .schema import BenchmarkResult, PointResult
 from .timing import TimingConfig
 
-__all__ = ["check_resumable", "point_order"]
+__all__ = ["check_resumable", "point_order", "points_left"]
 
 
 def _measured_with(
@@ -77,3 +77,9 @@ def point_order(sweep: SweepParams, earlier: Sequence[PointResult]) -> Dict[str,
         group = groups.setdefault(json.dumps(params, sort_keys=True), len(groups))
         rank[point_key(n, params)] = (group, n)
     return {key: i for i, key in enumerate(sorted(rank, key=rank.__getitem__))}
+
+
+def points_left(sweep: SweepParams, previous: Optional[BenchmarkResult]) -> int:
+    """How many of the sweep's points a run continuing `previous` still measures (before confirmation)."""
+    done = {point_key(p.n, p.params) for p in previous.points} if previous else set()
+    return sum(point_key(n, params) not in done for n, params in sweep.points())

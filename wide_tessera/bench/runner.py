@@ -8,16 +8,17 @@ measured in this process (`point.iter_points`) or in isolated workers
 
 from __future__ import annotations
 
-import sys
 import time
 from typing import Callable, Dict, Iterator, List, Optional, Set
 
+from ..errors import WideTesseraError
 from . import analysis
 from .environment import capture_environment
 from .isolation import iter_points_isolated
 from .job import BenchmarkJob, params_text
 from .memory import memory_method
 from .point import RunSettings, iter_points, point_key
+from .progress import Progress
 from .resume import point_order
 from .roofline import Peaks, load_or_calibrate
 from .schema import BenchmarkResult, PointResult
@@ -57,7 +58,11 @@ def run(
     settings = RunSettings(
         device, seed, timing, timeouts or StageTimeouts(), memory_budget, isolate, confirm, compile, controls, roofline
     )
-    return run_job(job, settings, verbose=verbose)
+    progress = Progress(job.sweep.n_points(), enabled=verbose)
+    try:
+        return run_job(job, settings, progress=progress)
+    finally:
+        progress.close()
 
 
 def run_job(
@@ -65,13 +70,21 @@ def run_job(
     settings: RunSettings,
     previous: Optional[BenchmarkResult] = None,
     on_point: Optional[Callable[[BenchmarkResult], None]] = None,
-    verbose: bool = True,
+    progress: Optional[Progress] = None,
 ) -> BenchmarkResult:
     """Measure the points of `job` that `previous` lacks, then the confirmation pass.
 
     `on_point(result)` gets the incomplete result after every measurement (the CLI
-    saves it). Ctrl-C raises RunInterrupted carrying that incomplete result.
+    saves it); `progress` hears of each (None: nothing is shown). Ctrl-C raises
+    RunInterrupted carrying that incomplete result.
     """
+    progress = progress or Progress(0, enabled=False)
+    progress.op(job.op)
+    if job.random and settings.compile != "none":
+        raise WideTesseraError(
+            f"{job.op} draws random numbers, which compiled code draws its own way, so a compiled run could not "
+            f"be checked; run it with compile 'none' (got {settings.compile!r})"
+        )
     earlier = previous.points if previous else []
     # Every earlier point is kept, those outside this sweep too (--resume with other N values).
     points: Dict[str, PointResult] = {point_key(p.n, p.params): p for p in earlier}
@@ -89,8 +102,7 @@ def run_job(
 
     def measured(key: str, point: PointResult, line: str) -> None:
         points[key] = point
-        if verbose:
-            print(f"[{job.op}] {line}", file=sys.stderr, flush=True)
+        progress.done(f"[{job.op}] {line}")
         if on_point is not None:
             on_point(result(complete=False))
 
@@ -100,6 +112,7 @@ def run_job(
         for _ in range(_CONFIRM_ROUNDS):
             todo = {point_key(p.n, p.params) for p in analysis.points_to_confirm(ordered(), settings.confirm)}
             todo &= sweep  # a point of an earlier run outside this sweep cannot be rebuilt from it
+            progress.more(len(todo))
             for i, second in enumerate(_points(job, settings, skip=sweep - todo), start=1):
                 key = point_key(second.n, second.params)
                 point = analysis.confirmed(points[key], second)

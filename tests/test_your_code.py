@@ -1,0 +1,341 @@
+"""A user's own code: modules of several or integer inputs, tuple and dict outputs, random
+modules, strategies added to built-in ops, ops from --import and from installed plugins,
+the `custom` command, and the progress shown while a run measures."""
+
+import fcntl
+import os
+import pickle
+import pty
+import struct
+import subprocess
+import sys
+import termios
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from click.testing import CliRunner
+from torch import nn
+
+from wide_tessera import (
+    TimingConfig,
+    WideLinear,
+    WideTesseraError,
+    benchmark,
+    benchmark_custom,
+    load_results,
+    register_strategy,
+    run,
+)
+from wide_tessera.bench import registry
+from wide_tessera.cli import cli
+from wide_tessera.ops.custom import WideFunctional, custom_job
+
+REPO = Path(__file__).resolve().parent.parent
+FAST_FLAGS = ["--budget", "0.005", "--target-ci", "0.5", "--no-controls", "--device", "cpu"]
+
+
+@pytest.fixture(autouse=True)
+def _registry_restored():
+    """Ops and strategies a test registers (directly, by --import) leave with the test."""
+    ops, outside = dict(registry.REGISTRY), {k: dict(v) for k, v in registry._OUTSIDE.items()}
+    path, modules = list(sys.path), set(sys.modules)
+    yield
+    registry.REGISTRY.clear()
+    registry.REGISTRY.update(ops)
+    registry._OUTSIDE.clear()
+    registry._OUTSIDE.update(outside)
+    sys.path[:] = path
+    for name in set(sys.modules) - modules:
+        if name.startswith("user_"):
+            del sys.modules[name]
+
+
+class TwoInputs(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 6), nn.Linear(4, 6)
+
+    def forward(self, x, y):
+        return self.a(x) + self.b(y)
+
+
+class Tagger(nn.Module):
+    """Token ids in, scores out: an integer input."""
+
+    def __init__(self, vocab=50):
+        super().__init__()
+        self.embed, self.head = nn.Embedding(vocab, 16), nn.Linear(16, 3)
+
+    def forward(self, ids):
+        return self.head(self.embed(ids))
+
+
+class PairOut(nn.Module):
+    """A tuple out, like nn.GRU's (output, hidden)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = self.fc(x)
+        return y, y.sum(-1)
+
+
+class DictOut(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x):
+        return {"logits": self.fc(x), "pooled": {"mean": x.mean(0)}}
+
+
+class Dropped(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc, self.drop = nn.Linear(8, 8), nn.Dropout(0.5)
+
+    def forward(self, x):
+        return self.drop(F.gelu(self.fc(x)))
+
+
+@pytest.mark.parametrize(
+    "model,kwargs",
+    [
+        (TwoInputs, dict(input_shape=[(3, 8), (3, 4)])),
+        (Tagger, dict(input_shape=(2, 5), input_dtype="int64", int_high=50)),
+        (PairOut, dict(input_shape=(3, 8))),
+        (DictOut, dict(input_shape=(3, 8))),
+        (TwoInputs, dict(input_shape=None, input_factory=lambda: (torch.randn(2, 8), torch.randn(2, 4)))),
+    ],
+)
+def test_benchmark_custom_fuses_the_modules_people_have(model, kwargs, fast_timing):
+    r = benchmark_custom(model, n_values=[1, 3], device="cpu", verbose=False, timing=fast_timing, **kwargs)
+    assert r.op == model.__name__ and r.all_correct, r.summary()
+    assert all(p.correct == {"vmap": True} for p in r.points)
+
+
+class IdsAndValues(Tagger):
+    def forward(self, ids, x):
+        return self.embed(ids).mean() + x
+
+
+def test_integer_inputs_stay_integers_and_in_range():
+    job = custom_job(IdsAndValues, [(2, 5), (3,)], [2], None, "float32", {}, input_dtype=["int64", "float"], int_high=7)
+    ids, x = job.input_factory(2)[0]
+    assert ids.dtype == torch.int64 and 0 <= ids.min() and ids.max() < 7 and x.dtype == torch.float32
+
+
+def test_a_wrong_leaf_of_a_tuple_output_is_caught(fast_timing):
+    job = custom_job(PairOut, (3, 8), [2], None, "float32", {})
+
+    class SecondLeafWrong(WideFunctional):
+        def forward(self, *inputs):
+            y, s = super().forward(*inputs)
+            return y, s * 1.01
+
+    job.wide_factory = SecondLeafWrong.from_modules
+    point = run(job, timing=fast_timing, verbose=False).points[0]
+    assert point.correct == {"vmap": False} and "relative error" in point.checks["vmap"].error
+
+
+def test_dropout_in_train_mode_is_checked_with_comparable_draws(fast_timing):
+    r = benchmark_custom(
+        Dropped, (4, 8), [1, 3], device="cpu", verbose=False, timing=fast_timing, randomness="different", train=True
+    )
+    assert r.all_correct and all(p.params["train"] is True and p.params["randomness"] == "different" for p in r.points)
+    # The check can fail: a wide module that ignores the dropout masks is caught.
+    job = custom_job(Dropped, (4, 8), [3], None, "float32", {}, randomness="different", train=True)
+    job.seeded_check_factory = lambda modules, strategy: WideFunctional.from_modules(modules).eval()
+    assert run(job, timing=fast_timing, verbose=False).points[0].correct == {"vmap": False}
+
+
+def test_a_random_module_refuses_compile_and_needs_a_randomness_mode():
+    with pytest.raises(WideTesseraError, match="Dropped draws random numbers .*dropout in train mode"):
+        benchmark_custom(Dropped, (4, 8), [2], verbose=False, train=True)
+    with pytest.raises(WideTesseraError, match="compiled code draws its own way"):
+        benchmark_custom(Dropped, (4, 8), [2], verbose=False, train=True, randomness="different", compile="default")
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(input_shape=(2, 5), input_dtype="int64"), "input 0 is int64: give int_high"),
+        (dict(input_shape=(2, 5), input_dtype="int8", int_high=5), "unknown input_dtype 'int8'"),
+        (dict(input_shape=[(2, 5), (2, 0)]), r"each input_shape must be .* got \(2, 0\)"),
+        (dict(input_shape=[(2, 5), (2,)], input_dtype=["int64"], int_high=5), "give one per input"),
+        (dict(input_shape=(2, 5), input_factory=lambda: torch.zeros(2)), "not both"),
+        (dict(input_shape=None, input_factory=lambda: [torch.zeros(2)]), "returned list; give a Tensor or a tuple"),
+        (dict(input_shape=(2, 5), randomness="sometimes"), "unknown randomness 'sometimes'"),
+    ],
+)
+def test_bad_custom_inputs_are_one_clear_error(kwargs, message):
+    with pytest.raises(WideTesseraError, match=message):
+        benchmark_custom(Tagger, n_values=[2], verbose=False, **kwargs)
+
+
+def _correct_kernel(wide):
+    return lambda x: torch.baddbmm(wide.bias.unsqueeze(1), x, wide.weight.transpose(1, 2))
+
+
+def _wrong_kernel(wide):
+    return lambda x: torch.bmm(x, wide.weight.transpose(1, 2))  # forgets the bias
+
+
+def test_an_outside_strategy_is_checked_timed_and_reported_like_the_ops_own(fast_timing):
+    register_strategy("gemm", "mine", _correct_kernel)
+    register_strategy("linear", "broken")(_wrong_kernel)  # the decorator form, through an alias
+    r = benchmark("gemm", preset="ci", device="cpu", verbose=False, timing=fast_timing, n_values=[2])
+    point = r.points[0]
+    assert r.strategies[-2:] == ["mine", "broken"]
+    assert point.correct["mine"] and "mine" in point.timings
+    assert not point.correct["broken"] and "broken" not in point.timings
+    assert "broken: incorrect" in r.summary()
+    # It travels with the job, so an isolated worker (a fresh interpreter) builds it too.
+    job = WideLinear.benchmark_job("ci", n_values=[2])
+    assert pickle.loads(pickle.dumps(job)).strategies == job.strategies
+
+
+@pytest.mark.parametrize(
+    "call,message",
+    [
+        (lambda: register_strategy("gemm", "bmm", _correct_kernel), "already has a strategy 'bmm'"),
+        (lambda: register_strategy("gemm", "loop_compiled", _correct_kernel), "already has a strategy"),
+        (lambda: register_strategy("gemm", "my kernel", _correct_kernel), "an identifier"),
+        (lambda: register_strategy("gemm", "k", 42), "is not callable"),
+        (lambda: register_strategy("gemmm", "k", _correct_kernel), "did you mean 'gemm'"),
+        (lambda: register_strategy("gemm", "k", _correct_kernel, needs="cuda"), "give a capabilities.Needs"),
+    ],
+)
+def test_bad_outside_strategies_are_refused_where_registered(call, message):
+    with pytest.raises(WideTesseraError, match=message):
+        call()
+
+
+def _write(directory: Path, name: str, text: str) -> None:
+    (directory / f"{name}.py").write_text(textwrap.dedent(text))
+
+
+def test_import_adds_strategies_and_ops_on_the_command_line(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # found from the current directory, as `python -m` finds modules
+    _write(
+        tmp_path,
+        "user_kernels",
+        """
+        import torch
+        from wide_tessera import register_strategy
+
+        @register_strategy("gemm", "user_right")
+        def right(wide):
+            return lambda x: torch.baddbmm(wide.bias.unsqueeze(1), x, wide.weight.transpose(1, 2))
+
+        @register_strategy("gemm", "user_wrong")
+        def wrong(wide):
+            return lambda x: torch.bmm(x, wide.weight.transpose(1, 2))
+        """,
+    )
+    runner = CliRunner()
+    listed = runner.invoke(cli, ["list", "--import", "user_kernels"])
+    assert "user_right (outside), user_wrong (outside)" in listed.output
+    r = runner.invoke(cli, ["benchmark", "--import", "user_kernels", "gemm", "--preset", "ci", "--n-values", "2", *FAST_FLAGS])
+    assert r.exit_code == 1  # user_wrong is incorrect
+    assert "user_wrong: incorrect" in r.stderr and "user_right ms" in r.stdout
+    bad = runner.invoke(cli, ["benchmark", "--import", "user_nothing", "gemm", "--preset", "ci", *FAST_FLAGS])
+    assert bad.exit_code == 2 and "cannot import 'user_nothing': ModuleNotFoundError" in bad.output
+
+
+def test_an_installed_plugin_offers_ops_through_its_entry_point(tmp_path):
+    site = tmp_path / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--no-index"]
+        + ["--target", str(site), str(REPO / "tests" / "plugin")],
+        check=True,
+        capture_output=True,
+        cwd=tmp_path,  # pip builds in place: keep its build/ out of the repository
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(REPO)])}
+    command = [sys.executable, "-m", "wide_tessera"]
+    listed = subprocess.run([*command, "list"], env=env, capture_output=True, text=True, timeout=120)
+    assert "demo_scale  [WideScale]" in listed.stdout and "demo_kernel (outside)" in listed.stdout, listed.stderr
+    r = subprocess.run(
+        [*command, "benchmark", "demo_scale", "--preset", "ci", *FAST_FLAGS], env=env, capture_output=True, text=True
+    )
+    assert r.returncode == 0 and "== demo_scale (preset ci)" in r.stdout, r.stderr
+
+
+def test_custom_command_end_to_end_with_output_resume_and_exit_codes(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _write(
+        tmp_path,
+        "user_models",
+        """
+        from torch import nn
+
+        class Expert(nn.Module):
+            def __init__(self, d=8, hidden=16):
+                super().__init__()
+                self.fc1, self.fc2 = nn.Linear(d, hidden), nn.Linear(hidden, d)
+
+            def forward(self, x):
+                return self.fc2(self.fc1(x).relu())
+
+        class Recurrent(nn.GRU):
+            pass
+        """,
+    )
+    out = tmp_path / "custom.json"
+    runner = CliRunner()
+    args = ["custom", "user_models:Expert", "--input-shape", "4,12", "--kwarg", "d=12", "-o", str(out), *FAST_FLAGS]
+    first = runner.invoke(cli, [*args, "--n-values", "1"])
+    assert first.exit_code == 0, first.output
+    assert "== Expert (preset custom)" in first.stdout
+    resumed = runner.invoke(cli, [*args, "--n-values", "1,2", "--resume"])
+    assert resumed.exit_code == 0, resumed.output
+    (result,) = load_results(out)
+    assert [p.n for p in result.points] == [1, 2]
+    assert "[Expert] 2/2 N=2" in resumed.stderr and "N=1" not in resumed.stderr  # N=1 was not measured again
+    # vmap has no batching rule for aten::gru: the strategy fails, and the exit status says so
+    gru = ["custom", "user_models:Recurrent", "--input-shape", "3,4", "--kwarg", "input_size=4", "--kwarg", "hidden_size=4"]
+    failed = runner.invoke(cli, [*gru, "--n-values", "2", *FAST_FLAGS])
+    assert failed.exit_code == 1 and "Batching rule not implemented for aten::gru" in failed.stderr
+    for bad, message in [
+        (["custom", "user_models:Expert", "--input-shape", "4,12"], "give the N values to try with --n-values"),
+        (["custom", "user_models:Missing", "--input-shape", "4,8", "--n-values", "2"], "user_models has no 'Missing'"),
+        (["custom", "user_models:Expert", "--input-shape", "4,9", "--n-values", "2"], "input_shape (4, 9) does not fit"),
+        (["custom", "user_models:Expert", "--input-shape", "4,8", "--n-values", "2", "--kwarg", "d"], "expected NAME=VALUE"),
+    ]:
+        r = runner.invoke(cli, bad)
+        assert r.exit_code == 2 and message in r.output, r.output
+
+
+def test_progress_is_a_bar_on_a_terminal_plain_lines_elsewhere_and_nothing_when_quiet():
+    command = [sys.executable, "-m", "wide_tessera", "benchmark", "gemm", "--preset", "ci", "--n-values", "1,2"]
+    command += [*FAST_FLAGS, "--confirm", "none"]
+    env = dict(os.environ)
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))  # a terminal 120 columns wide
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=follower, env=env, cwd=REPO)
+    os.close(follower)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        seen += chunk
+    assert proc.wait(timeout=120) == 0
+    os.close(leader)
+    text = seen.decode(errors="replace")
+    assert "gemm:" in text and "2/2" in text and ("point/s" in text or "s/point" in text), text
+    assert "[gemm] 1/2 N=1" in text  # each point's line, above the bar
+
+    plain = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
+    assert "[gemm] 1/2 N=1" in plain.stderr and "\r" not in plain.stderr and "point/s" not in plain.stderr
+    quiet = subprocess.run([*command, "--quiet"], capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
+    assert quiet.returncode == 0 and "[gemm]" not in quiet.stderr and "point" not in quiet.stderr
