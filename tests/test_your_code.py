@@ -339,3 +339,13 @@ def test_progress_is_a_bar_on_a_terminal_plain_lines_elsewhere_and_nothing_when_
     assert "[gemm] 1/2 N=1" in plain.stderr and "\r" not in plain.stderr and "point/s" not in plain.stderr
     quiet = subprocess.run([*command, "--quiet"], capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
     assert quiet.returncode == 0 and "[gemm]" not in quiet.stderr and "point" not in quiet.stderr
+
+
+def test_a_custom_run_of_several_inputs_and_dropout_runs_isolated(fast_timing):
+    # The job is pickled to a worker process: every factory in it must be an importable function.
+    r = benchmark_custom(
+        Dropped, (4, 8), [2], device="cpu", verbose=False, timing=fast_timing, isolate=True, randomness="different", train=True
+    )
+    assert r.all_correct and r.points[0].correct == {"vmap": True}
+    r = benchmark_custom(TwoInputs, [(3, 8), (3, 4)], [2], device="cpu", verbose=False, timing=fast_timing, isolate=True)
+    assert r.all_correct

@@ -23,7 +23,7 @@ from .bench.registry import REGISTRY, get_op, import_ops, op_names, outside_stra
 from .bench.report import format_table
 from .bench.progress import Progress
 from .bench.resume import check_resumable, point_order, points_left
-from .bench.runner import RunInterrupted, RunSettings, run_job
+from .bench.runner import RunInterrupted, RunSettings, check_runnable, run_job
 from .bench.schema import BenchmarkResult, load_results, save_results
 from .bench.stages import StageTimeouts
 from .bench.timing import TimingConfig
@@ -495,6 +495,8 @@ def _measure(
             if threads is not None:
                 torch.set_num_threads(threads)
             jobs = make_jobs(settings, texts)
+            for job in jobs:
+                check_runnable(job, settings)
             if output:
                 held.enter_context(results_lock(output))  # until the last save: one writer per file
             previous = _previous_results(output, preset, settings) if resume else {}

@@ -34,7 +34,7 @@ from .job import BenchmarkJob
 from .point import RunSettings, iter_points
 from .schema import Failure, PointResult
 
-__all__ = ["iter_points_isolated", "call_isolated"]
+__all__ = ["iter_points_isolated", "call_isolated", "check_picklable"]
 
 # Past a stage's limit, the worker's own alarm gets this long to report a timeout
 # gracefully before the parent kills it (a hang in C code never reports).
@@ -51,7 +51,7 @@ _PR_SET_PDEATHSIG = 1
 def iter_points_isolated(
     job: BenchmarkJob, settings: RunSettings, skip: Optional[Set[str]] = None
 ) -> Iterator[PointResult]:
-    _check_picklable(job)
+    check_picklable(job)
     points = job.sweep.points()
     start, excluded = 0, {}
     while start < len(points):
@@ -124,7 +124,8 @@ def _exit_text(code: Optional[int]) -> str:
     return f"exit code {code}"
 
 
-def _check_picklable(job: BenchmarkJob) -> None:
+def check_picklable(job: BenchmarkJob) -> None:
+    """A clear error now, before any point, for a job that cannot be sent to a worker process."""
     try:
         pickle.dumps(job)
     except Exception as e:

@@ -158,7 +158,7 @@ class BenchmarkJob:
     # strategy -> what it needs from the run (capabilities.Needs); a strategy not named needs nothing
     strategy_needs: Dict[str, Any] = field(default_factory=dict)
     # work_factory(n, **params) -> roofline.Work of one call of the N models, or None
-    work_factory: Callable[..., Any] = lambda n, **params: None
+    work_factory: Callable[..., Any] = field(default_factory=lambda: unknown_work)
     train: bool = False
     seeded_check_factory: Optional[Callable[[List[torch.nn.Module], str], torch.nn.Module]] = None
 
@@ -166,6 +166,12 @@ class BenchmarkJob:
     def random(self) -> bool:
         """Whether the models draw random numbers (see seeded_check_factory)."""
         return self.seeded_check_factory is not None
+
+
+def unknown_work(n: int, **params: Any) -> None:
+    """The work_factory of a job whose op does not say what one call must do (a module-level
+    function, not a lambda: an isolated run pickles the job)."""
+    return None
 
 
 def params_text(params: Dict[str, Any]) -> str:

@@ -14,7 +14,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Set
 from ..errors import WideTesseraError
 from . import analysis
 from .environment import capture_environment
-from .isolation import iter_points_isolated
+from .isolation import check_picklable, iter_points_isolated
 from .job import BenchmarkJob, params_text
 from .memory import memory_method
 from .point import RunSettings, iter_points, point_key
@@ -25,7 +25,7 @@ from .schema import BenchmarkResult, PointResult
 from .stages import StageTimeouts
 from .timing import TimingConfig, timer_name
 
-__all__ = ["run", "run_job", "RunInterrupted", "RunSettings"]
+__all__ = ["run", "run_job", "check_runnable", "RunInterrupted", "RunSettings"]
 
 # Confirming can move a crossover, which makes new points deciding; they are confirmed in
 # turn, this many times at most.
@@ -80,11 +80,7 @@ def run_job(
     """
     progress = progress or Progress(0, enabled=False)
     progress.op(job.op)
-    if job.random and settings.compile != "none":
-        raise WideTesseraError(
-            f"{job.op} draws random numbers, which compiled code draws its own way, so a compiled run could not "
-            f"be checked; run it with compile 'none' (got {settings.compile!r})"
-        )
+    check_runnable(job, settings)
     earlier = previous.points if previous else []
     # Every earlier point is kept, those outside this sweep too (--resume with other N values).
     points: Dict[str, PointResult] = {point_key(p.n, p.params): p for p in earlier}
@@ -122,6 +118,17 @@ def run_job(
     except KeyboardInterrupt:
         raise RunInterrupted(result(complete=False)) from None
     return result(complete=True)
+
+
+def check_runnable(job: BenchmarkJob, settings: RunSettings) -> None:
+    """A clear error, before any point is measured, for a job these settings cannot run."""
+    if job.random and settings.compile != "none":
+        raise WideTesseraError(
+            f"{job.op} draws random numbers, which compiled code draws its own way, so a compiled run could not "
+            f"be checked; run it uncompiled (compile 'none', --compile none; got {settings.compile!r})"
+        )
+    if settings.isolate:
+        check_picklable(job)
 
 
 def _points(job: BenchmarkJob, settings: RunSettings, skip: Set[str]) -> Iterator[PointResult]:

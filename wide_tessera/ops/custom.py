@@ -238,5 +238,5 @@ def _check_fits(
     if not same and randomness == "error":
         raise WideTesseraError(
             f"{name} draws random numbers (two calls on one input differ{'; dropout in train mode?' if train else ''}): "
-            "give randomness='different' (each model its own draws) or 'same' (one draw for all)"
+            "give randomness='different' (--randomness different; each model its own draws) or 'same' (one draw for all)"
         )
