@@ -29,6 +29,20 @@ def _no_controls(monkeypatch):
     monkeypatch.setattr(point, "default_controls", lambda: False)
 
 
+@pytest.fixture(autouse=True)
+def _registry_restored():
+    """Ops and strategies a test registers (directly, by --import, from a README example)
+    leave with the test; those of test modules, registered when imported, stay."""
+    from wide_tessera.bench import registry
+
+    ops, outside = dict(registry.REGISTRY), {k: dict(v) for k, v in registry._OUTSIDE.items()}
+    yield
+    registry.REGISTRY.clear()
+    registry.REGISTRY.update(ops)
+    registry._OUTSIDE.clear()
+    registry._OUTSIDE.update(outside)
+
+
 @pytest.fixture
 def fast_timing():
     return FAST

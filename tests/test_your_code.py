@@ -20,7 +20,6 @@ from click.testing import CliRunner
 from torch import nn
 
 from wide_tessera import (
-    TimingConfig,
     WideLinear,
     WideTesseraError,
     benchmark,
@@ -29,7 +28,6 @@ from wide_tessera import (
     register_strategy,
     run,
 )
-from wide_tessera.bench import registry
 from wide_tessera.cli import cli
 from wide_tessera.ops.custom import WideFunctional, custom_job
 
@@ -38,15 +36,10 @@ FAST_FLAGS = ["--budget", "0.005", "--target-ci", "0.5", "--no-controls", "--dev
 
 
 @pytest.fixture(autouse=True)
-def _registry_restored():
-    """Ops and strategies a test registers (directly, by --import) leave with the test."""
-    ops, outside = dict(registry.REGISTRY), {k: dict(v) for k, v in registry._OUTSIDE.items()}
+def _imports_forgotten():
+    """Modules a test imports through --import (named user_*) and the path it adds leave with it."""
     path, modules = list(sys.path), set(sys.modules)
     yield
-    registry.REGISTRY.clear()
-    registry.REGISTRY.update(ops)
-    registry._OUTSIDE.clear()
-    registry._OUTSIDE.update(outside)
     sys.path[:] = path
     for name in set(sys.modules) - modules:
         if name.startswith("user_"):
