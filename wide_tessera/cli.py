@@ -197,8 +197,7 @@ def cli() -> None:
 def list_ops(imports: Tuple[str, ...]) -> None:
     """Every op with its strategies, presets and sweep axes."""
     try:
-        for module in imports:
-            import_ops(module)
+        import_ops(imports)
         names = op_names()
     except WideTesseraError as e:
         raise click.UsageError(str(e)) from None
@@ -379,7 +378,7 @@ def custom(
         if bool(input_shapes) == bool(input_factory):
             raise WideTesseraError("give --input-shape D1,D2,... (repeat for several inputs) or --input-factory, not both")
         shapes = [_parse_shape(text) for text in input_shapes]
-        overrides = custom_sweep_texts(texts)
+        overrides = SweepParams.of([1], dtype=["float32"]).parse_overrides(texts)  # custom runs sweep dtype only
         job = build_custom_job(
             load_object(model, "MODEL", "an nn.Module class"),
             (shapes if len(shapes) > 1 else shapes[0]) if shapes else None,
@@ -401,14 +400,6 @@ def custom(
 
 
 custom.help += _EXIT_STATUS
-
-
-def custom_sweep_texts(texts: Dict[str, List[str]]) -> Dict[str, List[Any]]:
-    """--n-values and --set for `custom`, whose only sweep axis is dtype."""
-    unknown_axes = [k for k in texts if k not in ("n_values", "dtype")]
-    if unknown_axes:
-        raise WideTesseraError(f"--set {unknown_axes[0]}: custom runs sweep only dtype (e.g. --set dtype=float32,bfloat16)")
-    return SweepParams.of([1], dtype=["float32"]).parse_overrides(texts)
 
 
 def _parse_shape(text: str) -> Tuple[int, ...]:
@@ -434,7 +425,7 @@ def load_object(spec: str, option: str, what: str) -> Any:
     module, sep, attr = spec.partition(":")
     if not sep or not module or not attr:
         raise WideTesseraError(f"{option} {spec!r}: expected MODULE:NAME, e.g. my_pkg.models:Expert")
-    import_ops(module)
+    import_ops([module])
     obj = sys.modules[module]
     for part in attr.split("."):
         if not hasattr(obj, part):
@@ -471,8 +462,7 @@ def _measure(
     """Check every option, build the jobs, measure them, saving as it goes; exit with the run's status."""
     with ExitStack() as held:
         try:
-            for module in imports:
-                import_ops(module)
+            import_ops(imports)
             texts = _override_texts(sets, n_values)
             _check_output(output, resume)
             if dump_ir and Path(dump_ir).exists() and not Path(dump_ir).is_dir():

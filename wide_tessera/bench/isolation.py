@@ -51,7 +51,6 @@ _PR_SET_PDEATHSIG = 1
 def iter_points_isolated(
     job: BenchmarkJob, settings: RunSettings, skip: Optional[Set[str]] = None
 ) -> Iterator[PointResult]:
-    check_picklable(job)
     points = job.sweep.points()
     start, excluded = 0, {}
     while start < len(points):

@@ -7,7 +7,7 @@ import os
 import sys
 from dataclasses import dataclass
 from importlib.metadata import entry_points
-from typing import Any, Callable, Dict, List, Optional, TypeVar
+from typing import Any, Callable, Dict, List, Optional, Sequence, TypeVar
 
 from ..errors import WideTesseraError, unknown
 from .capabilities import Needs
@@ -15,6 +15,7 @@ from .controls import CONTROLS
 
 __all__ = [
     "REGISTRY",
+    "RESERVED_STRATEGY_NAMES",
     "register",
     "register_strategy",
     "outside_strategies",
@@ -40,6 +41,9 @@ class OutsideStrategy:
     build: Callable[[Any], Callable[..., Any]]
     needs: Optional[Needs] = None
 
+
+# Names the runner gives its own callables: no strategy, an op's own or an outside one, may take them.
+RESERVED_STRATEGY_NAMES = ("baseline", "point", *CONTROLS)
 
 # op class -> strategy name -> the strategy, in registration order
 _OUTSIDE: Dict[type, Dict[str, OutsideStrategy]] = {}
@@ -89,7 +93,7 @@ def register_strategy(
         return lambda fn: register_strategy(op, name, fn, needs) or fn
     if not isinstance(name, str) or not name.isidentifier():
         raise WideTesseraError(f"register_strategy({op!r}, {name!r}): give a strategy name that is an identifier")
-    taken = ["baseline", "point", *CONTROLS, *cls.BENCHMARK_STRATEGIES]
+    taken = [*RESERVED_STRATEGY_NAMES, *cls.BENCHMARK_STRATEGIES]
     if name in taken:
         raise WideTesseraError(f"register_strategy({op!r}, {name!r}): {cls.NAME} already has a strategy {name!r}")
     if not callable(build):
@@ -108,15 +112,16 @@ def outside_strategies(cls: type) -> Dict[str, OutsideStrategy]:
     return dict(_OUTSIDE.get(cls, {}))
 
 
-def import_ops(module: str) -> None:
-    """Import `module` (a dotted name, found from the current directory too, as `python -m`
-    finds it) so that its @register ops and register_strategy calls take effect."""
+def import_ops(modules: Sequence[str]) -> None:
+    """Import `modules` (dotted names, found from the current directory too, as `python -m`
+    finds them) so that their @register ops and register_strategy calls take effect."""
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
-    try:
-        importlib.import_module(module)
-    except Exception as e:  # the plugin's own error, in one line
-        raise WideTesseraError(f"cannot import {module!r}: {type(e).__name__}: {e}") from None
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except Exception as e:  # the plugin's own error, in one line
+            raise WideTesseraError(f"cannot import {module!r}: {type(e).__name__}: {e}") from None
 
 
 _plugins_loaded = False

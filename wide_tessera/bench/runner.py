@@ -58,6 +58,7 @@ def run(
     settings = RunSettings(
         device, seed, timing, timeouts or StageTimeouts(), memory_budget, isolate, confirm, compile, controls, roofline
     )
+    check_runnable(job, settings)
     progress = Progress(job.sweep.n_points(), enabled=verbose)
     try:
         return run_job(job, settings, progress=progress)
@@ -76,11 +77,11 @@ def run_job(
 
     `on_point(result)` gets the incomplete result after every measurement (the CLI
     saves it); `progress` hears of each (None: nothing is shown). Ctrl-C raises
-    RunInterrupted carrying that incomplete result.
+    RunInterrupted carrying that incomplete result. The caller has called
+    `check_runnable` (`run` does; the CLI does for all its jobs before the first).
     """
     progress = progress or Progress(0, enabled=False)
     progress.op(job.op)
-    check_runnable(job, settings)
     earlier = previous.points if previous else []
     # Every earlier point is kept, those outside this sweep too (--resume with other N values).
     points: Dict[str, PointResult] = {point_key(p.n, p.params): p for p in earlier}

@@ -9,9 +9,8 @@ import torch
 from torch import nn
 
 from ..bench.capabilities import Needs
-from ..bench.controls import CONTROLS
 from ..bench.job import DTYPES, BenchmarkJob, SweepParams
-from ..bench.registry import outside_strategies
+from ..bench.registry import RESERVED_STRATEGY_NAMES, outside_strategies
 from ..bench.roofline import Work
 from ..errors import WideTesseraError, unknown
 
@@ -94,8 +93,8 @@ class WideOp:
             problem = "needs BENCHMARK_STRATEGIES: a tuple of its wide strategies' names"
         elif not all(isinstance(s, str) and s for s in strategies) or len(set(strategies)) != len(strategies):
             problem = f"BENCHMARK_STRATEGIES {strategies!r}: give distinct non-empty names"
-        elif {"baseline", "point", *CONTROLS} & set(strategies):
-            problem = f"BENCHMARK_STRATEGIES {strategies!r}: 'baseline', 'point' and {', '.join(CONTROLS)} are reserved names"
+        elif set(RESERVED_STRATEGY_NAMES) & set(strategies):
+            problem = f"BENCHMARK_STRATEGIES {strategies!r}: {', '.join(RESERVED_STRATEGY_NAMES)} are reserved names"
         elif not isinstance(cls.STRATEGY_NEEDS, dict) or not all(
             isinstance(v, Needs) for v in cls.STRATEGY_NEEDS.values()
         ):  # names outside BENCHMARK_STRATEGIES are allowed: a subclass may drop an inherited strategy
@@ -191,7 +190,9 @@ class OutsideWide(nn.Module):
         return self.run(*inputs)
 
 
-def _wide_module(cls: type, outside: Dict[str, Callable[[nn.Module], Callable[..., Any]]], modules: Sequence[nn.Module], strategy: str) -> nn.Module:
+def _wide_module(
+    cls: type, outside: Dict[str, Callable[[nn.Module], Callable[..., Any]]], modules: Sequence[nn.Module], strategy: str
+) -> nn.Module:
     """The wide module of `strategy`: the op's own, or an outside strategy's over the op's default one."""
     if strategy not in outside:
         return cls.from_modules(modules, strategy)
