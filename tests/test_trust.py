@@ -293,10 +293,10 @@ class FakeNvml:
     ],
 )
 def test_gpu_throttling_and_other_processes_are_seen_through_nvml(nvml, problem):
-    from wide_tessera.bench.health import HealthMonitor, _Nvml
+    from wide_tessera.bench.health import HealthMonitor, Nvml
 
     monitor = HealthMonitor("cpu")
-    monitor.gpu = _Nvml(nvml, handle=None)
+    monitor.gpu = Nvml(nvml, handle=None)
     disturbed = 0
     for _ in range(10):
         monitor.round_started()

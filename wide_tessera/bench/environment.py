@@ -9,7 +9,7 @@ from typing import Optional
 import torch
 from dataclasses_json import dataclass_json
 
-__all__ = ["Environment", "capture_environment"]
+__all__ = ["Environment", "capture_environment", "cpu_name", "triton_version"]
 
 
 @dataclass_json
@@ -29,7 +29,7 @@ def capture_environment(device: str) -> Environment:
         device=device,
         device_name=_device_name(device),
         torch_version=torch.__version__,
-        triton_version=_triton_version(),
+        triton_version=triton_version(),
         python_version=platform.python_version(),
         threads=torch.get_num_threads(),
         platform=platform.platform(),
@@ -39,6 +39,10 @@ def capture_environment(device: str) -> Environment:
 def _device_name(device: str) -> str:
     if torch.device(device).type == "cuda":
         return torch.cuda.get_device_name(torch.device(device))
+    return cpu_name()
+
+
+def cpu_name() -> str:
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -49,7 +53,7 @@ def _device_name(device: str) -> str:
     return platform.processor() or platform.machine()
 
 
-def _triton_version() -> Optional[str]:
+def triton_version() -> Optional[str]:
     try:
         import triton
     except ImportError:

@@ -25,7 +25,7 @@ import os
 import resource
 import time
 from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 import psutil
 import torch
@@ -111,7 +111,7 @@ class HealthMonitor:
 
     def __init__(self, device: str):
         self.cuda = torch.device(device).type == "cuda"
-        self.gpu = _Nvml.open(device) if self.cuda else None
+        self.gpu = Nvml.open(device) if self.cuda else None
         self._wall0 = time.monotonic()
         self._cpu0 = psutil.cpu_times()
         self._own0 = _own_cpu_s()
@@ -231,7 +231,7 @@ def _own_cpu_s() -> float:
     return t.user + t.system + t.children_user + t.children_system + live
 
 
-class _Nvml:
+class Nvml:
     """The few NVML readings the monitor needs, for one device; None where NVML is absent."""
 
     def __init__(self, nvml: Any, handle: Any):
@@ -239,7 +239,7 @@ class _Nvml:
         self.max_sm_clock = nvml.nvmlDeviceGetMaxClockInfo(handle, nvml.NVML_CLOCK_SM)
 
     @classmethod
-    def open(cls, device: str) -> Optional["_Nvml"]:
+    def open(cls, device: str) -> Optional["Nvml"]:
         try:
             import pynvml
         except ImportError:
@@ -265,6 +265,17 @@ class _Nvml:
         temperature = self.nvml.nvmlDeviceGetTemperature(self.handle, self.nvml.NVML_TEMPERATURE_GPU)
         slowdowns = [name for bit, name in _GPU_SLOWDOWNS.items() if reasons & bit]
         return slowdowns, clock / self.max_sm_clock if self.max_sm_clock else 1.0, float(temperature)
+
+    def facts(self) -> Dict[str, Any]:
+        """What the run manifest records of the GPU: driver, clocks now and at most."""
+        n = self.nvml
+        return {
+            "driver": n.nvmlSystemGetDriverVersion(),
+            "sm_clock_mhz": n.nvmlDeviceGetClockInfo(self.handle, n.NVML_CLOCK_SM),
+            "max_sm_clock_mhz": self.max_sm_clock,
+            "memory_clock_mhz": n.nvmlDeviceGetClockInfo(self.handle, n.NVML_CLOCK_MEM),
+            "max_memory_clock_mhz": n.nvmlDeviceGetMaxClockInfo(self.handle, n.NVML_CLOCK_MEM),
+        }
 
     def other_processes(self) -> int:
         try:

@@ -40,6 +40,11 @@ def _non_negative(where: str, value: Optional[float]) -> None:
     _need(value is None or value >= 0, where, f"{value!r} is negative")
 
 
+def _positive(where: str, value: float) -> None:
+    # No timer measures a call in zero time: a zero is a damaged file, and ratios divide by it.
+    _need(value > 0, where, f"{value!r} is not positive")
+
+
 def _positive_int(where: str, value: Optional[int]) -> None:
     _need(value is None or value >= 1, where, f"{value!r} is not a positive integer")
 
@@ -84,6 +89,10 @@ def check_result(r: "BenchmarkResult", where: str) -> None:
         _need(list(p.params) == list(r.points[0].params), f"{where}.points[{i}].params", "names other axes")
     for i, g in enumerate(r.groups):
         _check_group(g, f"{where}.groups[{i}]")
+    for i, m in enumerate(r.runs):
+        _positive_int(f"{where}.runs[{i}].cores", m.cores)
+        _positive_int(f"{where}.runs[{i}].usable_cores", m.usable_cores)
+        _need(0 <= m.seed <= MAX_SEED, f"{where}.runs[{i}].seed", f"{m.seed} is not in [0, {MAX_SEED}]")
 
 
 def _check_point(p: "PointResult", strategies: Collection[str], where: str) -> None:
@@ -98,7 +107,7 @@ def _check_point(p: "PointResult", strategies: Collection[str], where: str) -> N
     _same_keys(f"{where}.verdicts", p.verdicts, p.speedups, "the speedups'")
     _same_keys(f"{where}.stats", p.stats, p.timings, "the timings'")
     for s, ms in p.timings.items():
-        _non_negative(f"{where}.timings[{s!r}]", ms)
+        _positive(f"{where}.timings[{s!r}]", ms)
     for s, x in p.speedups.items():
         _need(x > 0, f"{where}.speedups[{s!r}]", f"{x} is not positive")
     for s, ci in p.speedup_ci.items():
@@ -155,6 +164,8 @@ def _check_health(h: "Health", where: str) -> None:
 
 def _check_confirmation(c: "Confirmation", strategies: Collection[str], where: str) -> None:
     _keys(f"{where}.timings", c.timings, [BASELINE, *strategies])
+    for s, ms in c.timings.items():  # a comparison of runs divides by them
+        _positive(f"{where}.timings[{s!r}]", ms)
     _same_keys(f"{where}.speedup_ci", c.speedup_ci, c.speedups, "the speedups'")
     _same_keys(f"{where}.verdicts", c.verdicts, c.speedups, "the speedups'")
     for s, v in c.verdicts.items():

@@ -8,6 +8,7 @@ measured in this process (`point.iter_points`) or in isolated workers
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Callable, Dict, Iterator, List, Optional, Set
 
@@ -16,6 +17,7 @@ from . import analysis
 from .environment import capture_environment
 from .isolation import check_picklable, iter_points_isolated
 from .job import BenchmarkJob, params_text
+from .manifest import Manifest, capture_manifest, now
 from .memory import memory_method
 from .point import RunSettings, iter_points, point_key
 from .progress import Progress
@@ -93,9 +95,13 @@ def run_job(
         return sorted(points.values(), key=lambda p: order[point_key(p.n, p.params)])
 
     peaks = load_or_calibrate(settings.device) if settings.roofline else None
+    # This run's manifest joins those of the runs a --resume continues.
+    earlier_runs = previous.runs if previous else []
+    manifest = capture_manifest(settings.device, settings.seed)
 
     def result(complete: bool) -> BenchmarkResult:
-        return _build_result(job, settings, ordered(), time.perf_counter() - started, complete, peaks)
+        runs = [*earlier_runs, dataclasses.replace(manifest, finished=now())]
+        return _build_result(job, settings, ordered(), time.perf_counter() - started, complete, peaks, runs)
 
     def measured(key: str, point: PointResult, line: str) -> None:
         points[key] = point
@@ -145,6 +151,7 @@ def _build_result(
     duration_s: float,
     complete: bool,
     peaks: Optional[Peaks],
+    runs: List[Manifest],
 ) -> BenchmarkResult:
     return analysis.result_of(
         points,
@@ -161,6 +168,7 @@ def _build_result(
         confirm=settings.confirm,
         compile=settings.compile,
         peaks=peaks,
+        runs=runs,
     )
 
 

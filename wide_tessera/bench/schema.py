@@ -6,9 +6,12 @@ import json
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Union
 
 from dataclasses_json import dataclass_json
+
+if TYPE_CHECKING:
+    import pandas
 
 from ..errors import WideTesseraError
 from .job import params_text
@@ -16,9 +19,11 @@ from .correctness import Check
 from .environment import Environment
 from .files import not_a_regular_file, write_atomic
 from .health import Health, RunHealth
+from .manifest import Manifest
 from .report import format_summary, warning_lines
 from .roofline import Peaks, Work
 from .result_checks import check_result
+from . import tidy
 from .stats import TimingStats
 from .timing import TimingConfig
 from .typed_json import check_json
@@ -35,7 +40,9 @@ __all__ = [
 ]
 
 # 3: health, confirmation, reliability, the stored winner, per-model errors, significant-only best speedups.
-SCHEMA_VERSION = 3
+# 4: run manifests. A version-3 file reads as a result without manifests.
+SCHEMA_VERSION = 4
+READABLE_VERSIONS = (3, 4)
 
 
 @dataclass_json
@@ -193,7 +200,9 @@ class BenchmarkResult:
     unconverged deciding points, unstable points, throttling). confirm: which points the
     confirmation pass measured again. health: the machine over the whole run. compile: the
     torch.compile mode of the baseline and every strategy ('none': eager). peaks: the device's
-    measured ceilings (bench.roofline), where the run was asked for the roofline.
+    measured ceilings (bench.roofline), where the run was asked for the roofline. runs: the
+    manifest of every run that measured points of this result (a `--resume` adds one); the
+    first one's `run_id` is the result's.
     """
 
     op: str
@@ -219,7 +228,13 @@ class BenchmarkResult:
     health: Optional[RunHealth] = None
     compile: str = "none"
     peaks: Optional[Peaks] = None
+    runs: List[Manifest] = field(default_factory=list)
     schema_version: int = SCHEMA_VERSION
+
+    @property
+    def run_id(self) -> Optional[str]:
+        """The id of the run that started this result; None for a file from before manifests."""
+        return self.runs[0].run_id if self.runs else None
 
     @property
     def device(self) -> str:
@@ -256,6 +271,14 @@ class BenchmarkResult:
 
     def summary(self) -> str:
         return format_summary(self)
+
+    def to_rows(self) -> List[Dict[str, Any]]:
+        """The tidy rows: one dict per (N, parameters, strategy); see `bench.tidy`."""
+        return tidy.rows([self])
+
+    def to_dataframe(self) -> "pandas.DataFrame":
+        """The tidy rows as a pandas DataFrame (the `pandas` extra); many results: `wide_tessera.to_dataframe`."""
+        return tidy.to_dataframe([self])
 
     def save(self, path: Union[str, Path]) -> None:
         save_results([self], path)
@@ -301,8 +324,10 @@ def load_results(path: Union[str, Path]) -> List[BenchmarkResult]:
         if not isinstance(doc, dict) or "schema_version" not in doc:
             raise WideTesseraError("no schema_version")
         version = doc["schema_version"]
-        if version != SCHEMA_VERSION:
-            raise WideTesseraError(f"schema version {version!r}; this wide_tessera reads {SCHEMA_VERSION}")
+        if version not in READABLE_VERSIONS:
+            raise WideTesseraError(
+                f"schema version {version!r}; this wide_tessera reads {', '.join(map(str, READABLE_VERSIONS))}"
+            )
         check_json(doc.get("results"), List[Dict[str, Any]], "results")
         results = []
         for i, raw in enumerate(doc["results"]):

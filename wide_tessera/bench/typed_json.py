@@ -33,6 +33,9 @@ def check_json(value: Any, hint: Any, where: str) -> None:
         options = [a for a in args if a is not type(None)]
         if len(options) == 1:
             return check_json(value, options[0], where)
+        if all(o in _SCALARS for o in options):  # Union[str, int]: one of them
+            ok = any(isinstance(value, _SCALARS[o]) and (o is bool or not isinstance(value, bool)) for o in options)
+            return _expect(ok, value, " or ".join(f"a {o.__name__}" for o in options), where)
         return  # a wider union: left to the dataclasses
     if dataclasses.is_dataclass(hint):
         _check_fields(hint, value, where)
