@@ -22,6 +22,7 @@ _EXPORTS = {
     "REGISTRY": ".bench.registry",
     "load_results": ".bench.schema",
     "save_results": ".bench.schema",
+    "to_dataframe": ".bench.tidy",
     "BenchmarkJob": ".bench.job",
     "SweepParams": ".bench.job",
     "BenchmarkResult": ".bench.schema",

@@ -13,7 +13,17 @@ from .stats import MIN_EFFECT
 if TYPE_CHECKING:  # only for annotations: the schema imports this module to render itself
     from .schema import BenchmarkResult, GroupResult, PointResult
 
-__all__ = ["format_summary", "format_table", "warning_lines", "warning_digest"]
+__all__ = [
+    "format_summary",
+    "format_table",
+    "warning_lines",
+    "warning_digest",
+    "controls_run",
+    "first_line",
+    "measured_points",
+    "no_speedup",
+    "winner_cell",
+]
 
 # The summary shows this many of the worst warnings; the rest are counted (`show FILE --warnings` lists all).
 _DIGEST_WORST = 3
@@ -25,14 +35,21 @@ def format_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in [header, *rows])
 
 
-def _cell(point: "PointResult", strategy: str) -> str:
+def no_speedup(point: "PointResult", strategy: str) -> Optional[str]:
+    """Why a strategy has no speedup at a point (ERROR, TIMEOUT, CRASH, SKIPPED, INCORRECT, '-'), or None."""
     if strategy in point.failures:
-        return point.failures[strategy].kind.upper()  # ERROR, TIMEOUT, CRASH
+        return point.failures[strategy].kind.upper()
     check = point.checks.get(strategy)
     if check is not None and not check.correct:
         return "INCORRECT"
-    if strategy not in point.speedup_ci:
-        return "-"
+    return "-" if strategy not in point.speedup_ci else None
+
+
+def _cell(point: "PointResult", strategy: str) -> str:
+    why = no_speedup(point, strategy)
+    if why is not None:
+        return why
+    check = point.checks.get(strategy)
     low, high = point.speedup_ci[strategy]
     mark = {"faster": "", "slower": "", "same": " n.s."}[point.verdicts[strategy]]
     loop = " loop" if check is not None and check.fallback else ""
@@ -70,7 +87,7 @@ def _n_or_never(n: Optional[int]) -> str:
     return "never" if n is None else str(n)
 
 
-def _winner_cell(point: "PointResult") -> str:
+def winner_cell(point: "PointResult") -> str:
     if "point" in point.failures:
         return "-"
     if point.unstable:
@@ -126,7 +143,7 @@ def warning_digest(result: "BenchmarkResult") -> List[str]:
     ]
 
 
-def _controls(result: "BenchmarkResult") -> List[str]:
+def controls_run(result: "BenchmarkResult") -> List[str]:
     """The controls some point of the result ran."""
     return [c for c in CONTROLS if any(c in p.checks or c in p.failures for p in result.points)]
 
@@ -164,10 +181,46 @@ def _largest_n(result: "BenchmarkResult") -> List["PointResult"]:
     return list(largest.values())
 
 
+def measured_points(result: "BenchmarkResult") -> List["PointResult"]:
+    """The points whose baseline was timed: the only ones a verdict can come from."""
+    return [p for p in result.points if p.timings]
+
+
+def first_line(result: "BenchmarkResult") -> str:
+    """The run's verdict on itself: INCOMPLETE first when it stopped early; NOTHING MEASURED when
+    every point was skipped or failed (no verdict, not a win for the baseline); else RELIABLE or
+    UNRELIABLE with the reasons."""
+    incomplete = "" if result.complete else "INCOMPLETE, "
+    if not measured_points(result):
+        skipped = sum(p.failures["point"].kind == "skipped" for p in result.points)
+        return (
+            f"{incomplete}NOTHING MEASURED: of {len(result.points)} points, {skipped} skipped and "
+            f"{len(result.points) - skipped} failed"
+        )
+    return incomplete + ("RELIABLE" if result.reliable else "UNRELIABLE: " + "; ".join(result.unreliable_reasons))
+
+
+def _crossover_lines(result: "BenchmarkResult") -> List[str]:
+    """Crossover per group and the headline; marked provisional when the run is incomplete."""
+    if not measured_points(result):
+        return ["crossover_n: none: nothing was measured, so nothing says whether fusing pays"]
+    provisional = "" if result.complete else " (provisional: the run is incomplete)"
+    crossed = sum(g.crossover_n is not None for g in result.groups)
+    wins = sorted(result.strategy_wins.items(), key=lambda x: -x[1])
+    return [
+        f"crossover N per parameter group{provisional.replace(' (', ', ').rstrip(')')} (smallest N from which fusing wins, confirmed, at every larger N):",
+        *(f"  {params_text(g.params)}: {_n_or_never(g.crossover_n)}" for g in result.groups),
+        f"crossover_n: {_n_or_never(result.crossover_n)}{provisional} ({crossed}/{len(result.groups)} groups cross) | "
+        f"recommended_threshold: {_n_or_never(result.recommended_threshold)} | best speedup: "
+        + ("none significant" if result.best_speedup is None else f"{result.best_speedup:.2f}x"),
+        "wins: " + ", ".join(f"{s} {k}" for s, k in wins),
+    ]
+
+
 def format_summary(result: "BenchmarkResult") -> str:
     env = result.environment
     axes: List[str] = list(result.points[0].params) if result.points else []
-    shown = [*result.strategies, *_controls(result)]
+    shown = [*result.strategies, *controls_run(result)]
     header = [
         "N",
         *axes,
@@ -183,7 +236,7 @@ def format_summary(result: "BenchmarkResult") -> str:
             *(str(p.params[a]) for a in axes),
             _baseline_cell(p),
             *(_cell(p, s) for s in shown),
-            _winner_cell(p),
+            winner_cell(p),
             _memory_cell(p, shown),
             _launches_cell(p, shown),
         ]
@@ -193,10 +246,8 @@ def format_summary(result: "BenchmarkResult") -> str:
         p for p in _largest_n(result) if p.work is not None and p.timings and p.params.get("dtype", "float32") in result.peaks.tflops
     ]
     captures = [g for g in result.groups if g.fuse_or_capture is not None]
-    crossed = sum(g.crossover_n is not None for g in result.groups)
-    verdict = "RELIABLE" if result.reliable else "UNRELIABLE: " + "; ".join(result.unreliable_reasons)
     lines = [
-        ("" if result.complete else "INCOMPLETE, ") + verdict,
+        first_line(result),
         f"== {result.op} (preset {result.preset}) on {env.device}: {env.device_name}, {env.threads} threads, "
         f"timer {result.timer}, torch {env.torch_version}, "
         + ("" if result.compile == "none" else f"torch.compile mode {result.compile} on every side, ")
@@ -220,12 +271,7 @@ def format_summary(result: "BenchmarkResult") -> str:
             else []
         ),
         *(_roofline_line(result, p, shown) for p in roof),
-        "crossover N per parameter group (smallest N from which fusing wins, confirmed, at every larger N):",
-        *(f"  {params_text(g.params)}: {_n_or_never(g.crossover_n)}" for g in result.groups),
-        f"crossover_n: {_n_or_never(result.crossover_n)} ({crossed}/{len(result.groups)} groups cross) | "
-        f"recommended_threshold: {_n_or_never(result.recommended_threshold)} | best speedup: "
-        + ("none significant" if result.best_speedup is None else f"{result.best_speedup:.2f}x"),
-        "wins: " + ", ".join(f"{s} {k}" for s, k in sorted(result.strategy_wins.items(), key=lambda x: -x[1])),
+        *_crossover_lines(result),
         *warning_digest(result),
     ]
     if result.skipped:
