@@ -82,11 +82,14 @@ NEAR_MARGIN = 0.01
 _REASONS_SHOWN = 2
 
 
-def speedup_ci(baseline_ms: Sequence[float], strategy_ms: Sequence[float], seed: int = 0) -> Tuple[float, float]:
+def speedup_ci(
+    baseline_ms: Sequence[float], strategy_ms: Sequence[float], seed: int = 0, paired: Optional[bool] = None
+) -> Tuple[float, float]:
     """95% bootstrap CI of median(baseline) / median(strategy).
 
-    Samples of equal count are paired by round (they were interleaved) and resampled
-    together; otherwise each side is resampled on its own.
+    Samples of one run, of equal count, are paired by round (they were interleaved) and
+    resampled together; otherwise, or with paired=False (two independent runs), each side
+    is resampled on its own.
     """
     if min(len(baseline_ms), len(strategy_ms)) < 2:
         raise ValueError("a speedup's confidence interval needs at least 2 samples on each side")
@@ -99,7 +102,7 @@ def speedup_ci(baseline_ms: Sequence[float], strategy_ms: Sequence[float], seed:
         res = stats.bootstrap(
             (np.asarray(baseline_ms), np.asarray(strategy_ms)),
             ratio,
-            paired=len(baseline_ms) == len(strategy_ms),
+            paired=len(baseline_ms) == len(strategy_ms) if paired is None else paired,
             vectorized=True,
             n_resamples=2000,
             confidence_level=0.95,
