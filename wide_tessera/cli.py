@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import csv
+import json
 import os
 import re
 import signal
@@ -15,13 +17,18 @@ import click
 import torch
 
 from .api import build_custom_job, build_job, resolve_device
+from .bench import markdown, tidy
+from .bench.capabilities import unmet_need
+from .bench.compare import compare, render
 from .bench.environment import capture_environment
 from .bench.files import results_lock, results_target
-from .bench.job import BenchmarkJob, SweepParams
+from .bench.job import DTYPES, BenchmarkJob, SweepParams
 from .bench.point import COMPILE_MODES, CONFIRM_MODES
 from .bench.registry import REGISTRY, get_op, import_ops, op_names, outside_strategies
 from .bench.report import format_table
+from .bench.plots import plot_result
 from .bench.progress import Progress
+from .bench.report_page import write_report
 from .bench.resume import check_resumable, point_order, points_left
 from .bench.runner import RunInterrupted, RunSettings, check_runnable, run_job
 from .bench.schema import BenchmarkResult, load_results, save_results
@@ -194,11 +201,13 @@ def cli() -> None:
 
 @cli.command("list")
 @_IMPORT
-def list_ops(imports: Tuple[str, ...]) -> None:
-    """Every op with its strategies, presets and sweep axes."""
+@click.option("--device", default=None, help="Count the points a run will have on this device  [default: cuda if available, else cpu]")
+def list_ops(imports: Tuple[str, ...], device: Optional[str]) -> None:
+    """Every op with its strategies, presets and sweep axes, and what a run on this device will measure."""
     try:
         import_ops(imports)
         names = op_names()
+        device = resolve_device(device)
     except WideTesseraError as e:
         raise click.UsageError(str(e)) from None
     for name in names:
@@ -207,16 +216,41 @@ def list_ops(imports: Tuple[str, ...]) -> None:
         click.echo(f"{name}" + (f" (alias: {', '.join(aliases)})" if aliases else "") + f"  [{cls.__name__}]")
         outside = [f"{s} (outside)" for s in outside_strategies(cls)]
         click.echo(f"  strategies: baseline, {', '.join([*cls.BENCHMARK_STRATEGIES, *outside])}")
-        rows = [
-            [
-                preset,
-                ",".join(map(str, sweep.n_values)),
-                str(sweep.n_points()),
-                " ".join(f"{k}={','.join(map(str, v))}" for k, v in sweep.axes.items()),
-            ]
-            for preset, sweep in cls.BENCHMARK_SWEEPS.items()
+        rows, skipped = [], {}
+        for preset, sweep in cls.BENCHMARK_SWEEPS.items():
+            here, why = _points_here(name, preset, device)
+            skipped.update(why)
+            rows.append(
+                [
+                    preset,
+                    ",".join(map(str, sweep.n_values)),
+                    str(sweep.n_points()),
+                    str(here),
+                    " ".join(f"{k}={','.join(map(str, v))}" for k, v in sweep.axes.items()),
+                ]
+            )
+        click.echo("  " + format_table(["preset", "n_values", "points", f"on {device}", "axes"], rows).replace("\n", "\n  "))
+        for strategy, reason in skipped.items():
+            click.echo(f"  on {device}, {strategy} is skipped: {reason}")
+
+
+def _points_here(op: str, preset: str, device: str) -> Tuple[int, Dict[str, str]]:
+    """The points a run of `preset` measures on `device` (presets leave out dtypes the device lacks
+    or emulates), and the strategies skipped at every one of them, with the reason."""
+    try:
+        job = build_job(op, preset, device, {}, verbose=False)
+    except WideTesseraError:  # no dtype of the preset runs here
+        return 0, {}
+    points = job.sweep.points()
+    skipped = {}
+    for strategy in job.strategies:
+        reasons = [
+            unmet_need(job.strategy_needs.get(strategy), device, DTYPES[params.get("dtype", "float32")], params)
+            for _, params in points
         ]
-        click.echo("  " + format_table(["preset", "n_values", "points", "axes"], rows).replace("\n", "\n  "))
+        if points and all(reasons):
+            skipped[strategy] = reasons[0]
+    return len(points), skipped
 
 
 # The options of every command that measures: `benchmark` and `custom`.
@@ -465,8 +499,8 @@ def _measure(
             import_ops(imports)
             texts = _override_texts(sets, n_values)
             _check_output(output, resume)
-            if dump_ir and Path(dump_ir).exists() and not Path(dump_ir).is_dir():
-                raise WideTesseraError(f"--dump-ir {dump_ir}: exists and is not a directory; give a directory")
+            if dump_ir:
+                _check_directory(dump_ir)
             settings = _run_settings(
                 device,
                 seed,
@@ -550,20 +584,124 @@ def _run_job(
     return result
 
 
-@cli.command()
-@click.argument("path")
-@click.option("--warnings", "all_warnings", is_flag=True, help="List every warning, not only the digest.")
-def show(path: str, all_warnings: bool) -> None:
-    """Print the summaries stored in a results file written by `benchmark -o`."""
+def _load_all(paths: Sequence[str]) -> List[BenchmarkResult]:
+    """Every result of every file, in order; a bad file is a usage error naming it."""
     try:
-        results = load_results(path)
+        return [r for path in paths for r in load_results(path)]
     except WideTesseraError as e:
         raise click.UsageError(str(e)) from None
-    for result in results:
-        click.echo(result.summary() + "\n")
-        if all_warnings:
-            click.echo(f"all {len(result.warnings)} warning(s) of {result.op}:")
-            click.echo("".join(f"  {w}\n" for w in result.warnings))
+
+
+@cli.command()
+@click.argument("paths", nargs=-1, required=True, metavar="FILE...")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["table", "markdown", "csv", "json"]),
+    default="table",
+    show_default=True,
+    help="table: the summaries; markdown: for a pull request; csv, json: the tidy rows (one per N, parameters, strategy).",
+)
+@click.option("--warnings", "all_warnings", is_flag=True, help="List every warning, not only the digest (table format).")
+def show(paths: Tuple[str, ...], fmt: str, all_warnings: bool) -> None:
+    """Print the results stored in files written by `benchmark -o`.
+
+    \b
+    Examples:
+      wide_tessera show results.json
+      wide_tessera show gemm.json conv.json --format markdown >> $GITHUB_STEP_SUMMARY
+      wide_tessera show results.json --format csv > results.csv   (pd.read_csv reads it)
+    """
+    results = _load_all(paths)
+    if fmt == "csv":
+        table = tidy.rows(results)
+        writer = csv.DictWriter(sys.stdout, fieldnames=tidy.column_order(table), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(table)
+    elif fmt == "json":
+        click.echo(json.dumps(tidy.rows(results), indent=1, allow_nan=False))
+    elif fmt == "markdown":
+        click.echo("\n".join(markdown.result_markdown(r) for r in results), nl=False)
+    else:
+        for result in results:
+            click.echo(result.summary() + "\n")
+            if all_warnings:
+                click.echo(f"all {len(result.warnings)} warning(s) of {result.op}:")
+                click.echo("".join(f"  {w}\n" for w in result.warnings))
+
+
+@cli.command("compare")
+@click.argument("base", metavar="BASE.json")
+@click.argument("new", metavar="NEW.json")
+@click.option("--format", "fmt", type=click.Choice(["table", "markdown"]), default="table", show_default=True)
+@click.option(
+    "--fail-on-regression",
+    "fail_percent",
+    type=float,
+    default=None,
+    metavar="PCT",
+    help="Exit 1 when a timing is significantly slower by more than PCT percent, a strategy broke, or a crossover moved to a larger N.",
+)
+def compare_runs(base: str, new: str, fmt: str, fail_percent: Optional[float]) -> None:
+    """Compare two results files point by point: changes in time with their 95% CI, and crossovers.
+
+    \b
+    Examples:
+      wide_tessera compare main.json branch.json
+      wide_tessera compare main.json branch.json --fail-on-regression 10 --format markdown > comment.md
+
+    Exit status: 0; 1 with --fail-on-regression when there is a regression; 2 for bad input.
+    """
+    try:
+        if fail_percent is not None:
+            check_number("--fail-on-regression", fail_percent, 0, 1e6, low_ok=True)
+    except WideTesseraError as e:
+        raise click.UsageError(str(e)) from None
+    comparison = compare(_load_all([base]), _load_all([new]))
+    if not comparison.changes:
+        raise click.UsageError(f"{base} and {new} share no measured point (same op, parameters and N): nothing to compare")
+    click.echo(render(comparison, fmt == "markdown", fail_percent), nl=False)
+    if fail_percent is not None and comparison.regressions(fail_percent):
+        sys.exit(1)
+
+
+@cli.command()
+@click.argument("paths", nargs=-1, required=True, metavar="FILE...")
+@click.option("-o", "--output", required=True, metavar="DIR", help="Directory for the plots (PNG and SVG).")
+def plot(paths: Tuple[str, ...], output: str) -> None:
+    """Draw each op's parameter groups: speedup, time and memory against N, and speed against memory.
+
+    Needs matplotlib: pip install 'wide_tessera[plot]'.
+    """
+    results = _load_all(paths)
+    try:
+        _check_directory(output)
+        written = [path for r in results for path in plot_result(r, Path(output))]
+    except WideTesseraError as e:
+        raise click.UsageError(str(e)) from None
+    click.echo(f"wrote {len(written)} file(s) to {output}")
+
+
+@cli.command()
+@click.argument("paths", nargs=-1, required=True, metavar="FILE...")
+@click.option("-o", "--output", required=True, metavar="DIR", help="Directory for README.md and its plots.")
+def report(paths: Tuple[str, ...], output: str) -> None:
+    """Write one Markdown page: the environment, the headline per op, the tables and the plots.
+
+    DIR/README.md renders on GitHub as it is; without matplotlib it has no plots and says so.
+    """
+    results = _load_all(paths)
+    try:
+        _check_directory(output)
+        page = write_report(results, Path(output), paths)
+    except WideTesseraError as e:
+        raise click.UsageError(str(e)) from None
+    click.echo(f"wrote {page}")
+
+
+def _check_directory(path: str) -> None:
+    if Path(path).exists() and not Path(path).is_dir():
+        raise WideTesseraError(f"-o {path}: exists and is not a directory; give a directory")
 
 
 def _first_interrupt(signum: int, frame: object) -> None:

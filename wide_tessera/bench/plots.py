@@ -1,0 +1,149 @@
+"""Pictures of a result: per op and parameter group, speedup, time and memory against N.
+
+matplotlib is an optional extra (`pip install 'wide_tessera[plot]'`). Figures are drawn
+with `matplotlib.figure.Figure`, not pyplot: no global state, no display needed.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Dict, List, Sequence
+
+from ..errors import WideTesseraError
+from .controls import CONTROLS
+from .job import params_text
+from .report import controls_run, first_line
+from .stats import MIN_EFFECT
+
+if TYPE_CHECKING:
+    from .schema import BenchmarkResult, GroupResult, PointResult
+
+__all__ = ["plot_result", "FORMATS"]
+
+FORMATS = ("png", "svg")
+
+
+def _figure_class():
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise WideTesseraError("plots need matplotlib: pip install 'wide_tessera[plot]'") from None
+    return Figure
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.]+", "_", text).strip("_")
+
+
+def _group_points(result: "BenchmarkResult", group: "GroupResult") -> List["PointResult"]:
+    return sorted((p for p in result.points if p.params == group.params and p.timings), key=lambda p: p.n)
+
+
+def _styles(names: Sequence[str]) -> Dict[str, dict]:
+    """One look per callable, the same in every panel: the baseline black, thick and underneath (a
+    strategy with the baseline's memory would otherwise hide it), controls dashed (they make the loop
+    cheaper without fusing and never win)."""
+    styles = {"baseline": {"color": "black", "linewidth": 3.5, "alpha": 0.35, "zorder": 1, "marker": "s", "markersize": 6}}
+    for i, s in enumerate(names):
+        styles[s] = {"color": f"C{i}", "linestyle": "--" if s in CONTROLS else "-", "marker": "o", "markersize": 4, "zorder": 2}
+    return styles
+
+
+def _log_axis(axis) -> None:
+    """A log axis labelled 1, 2, 5, 10, ... in plain numbers, not 10^-1 alone."""
+    from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter
+
+    axis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(FormatStrFormatter("%g"))
+    axis.set_minor_formatter(NullFormatter())
+
+
+def _draw_group(result: "BenchmarkResult", group: "GroupResult", points: Sequence["PointResult"]):
+    Figure = _figure_class()
+    fig = Figure(figsize=(12, 8.5), layout="constrained")
+    (speed, time), (memory, tradeoff) = fig.subplots(2, 2)
+    names = [s for s in [*result.strategies, *controls_run(result)] if any(s in p.speedups for p in points)]
+    ns = [p.n for p in points]
+    style = _styles(names)
+    for s in names:
+        ps = [p for p in points if s in p.speedups]
+        x = [p.n for p in ps]
+        speed.plot(x, [p.speedups[s] for p in ps], label=s, **style[s])
+        speed.fill_between(x, [p.speedup_ci[s][0] for p in ps], [p.speedup_ci[s][1] for p in ps], color=style[s]["color"], alpha=0.18)
+        bad = [p for p in ps if p.unstable or p.disturbed]  # no verdict there: hollow markers
+        speed.plot([p.n for p in bad], [p.speedups[s] for p in bad], "o", mfc="white", mec=style[s]["color"], ms=8)
+    speed.axhline(1.0, color="black", linewidth=1)
+    for margin in (1 + MIN_EFFECT, 1 / (1 + MIN_EFFECT)):
+        speed.axhline(margin, color="grey", linewidth=0.8, linestyle=":")
+    if group.crossover_n is not None:
+        speed.axvline(group.crossover_n, color="black", linewidth=1.2, linestyle="-.", label=f"crossover N={group.crossover_n}")
+    speed.set_title("speedup over N separate calls (band: 95% CI; dotted: ±5% significance margin)", fontsize=9)
+    speed.set_ylabel("speedup (x)")
+
+    for s in ["baseline", *names]:
+        ps = [p for p in points if s in p.stats]
+        lows = [p.timings[s] - p.stats[s].median_ci_ms[0] for p in ps]
+        highs = [p.stats[s].median_ci_ms[1] - p.timings[s] for p in ps]
+        time.errorbar([p.n for p in ps], [p.timings[s] for p in ps], yerr=[lows, highs], label=s, capsize=2, **style[s])
+    time.set_yscale("log")
+    _log_axis(time.yaxis)
+    time.set_title("median time per call of all N models (95% CI)", fontsize=9)
+    time.set_ylabel("ms")
+
+    for s in ["baseline", *names]:
+        ps = [p for p in points if s in p.peak_memory_bytes]
+        memory.plot([p.n for p in ps], [p.peak_memory_bytes[s] / 2**20 for p in ps], label=s, **style[s])
+    memory.set_yscale("log")
+    _log_axis(memory.yaxis)
+    memory.set_title(f"peak memory above the inputs ({result.memory_method or 'measured'})", fontsize=9)
+    memory.set_ylabel("MiB")
+
+    for s in names:
+        ps = [p for p in points if s in p.speedups and s in p.peak_memory_bytes and "baseline" in p.peak_memory_bytes]
+        x = [p.peak_memory_bytes[s] / max(p.peak_memory_bytes["baseline"], 1) for p in ps]
+        y = [p.speedups[s] for p in ps]
+        tradeoff.plot(x, y, label=s, **style[s])
+        for p, xi, yi in zip(ps, x, y):
+            tradeoff.annotate(f"N={p.n}", (xi, yi), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    tradeoff.axhline(1.0, color="black", linewidth=1)
+    tradeoff.axvline(1.0, color="grey", linewidth=0.6, linestyle=":")
+    tradeoff.set_xscale("log")
+    _log_axis(tradeoff.xaxis)
+    tradeoff.set_title("speed against memory, both relative to the N separate calls", fontsize=9)
+    tradeoff.set_xlabel("peak memory / baseline's (x)")
+    tradeoff.set_ylabel("speedup (x)")
+
+    for ax in (speed, time, memory):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ns, [str(n) for n in ns])
+        ax.minorticks_off()
+        ax.set_xlabel("N (copies of the op)")
+    for ax in (speed, time, memory, tradeoff):
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    status = first_line(result).split(":")[0]
+    fig.suptitle(
+        f"{result.op}: {params_text(group.params)}\n{result.environment.device_name} ({result.environment.device}), "
+        f"preset {result.preset}, {status}",
+        fontsize=11,
+    )
+    return fig
+
+
+def plot_result(result: "BenchmarkResult", directory: Path, formats: Sequence[str] = FORMATS) -> List[Path]:
+    """One figure per parameter group with a measured point, in every format; the paths written."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    for group in result.groups:
+        points = _group_points(result, group)
+        if not points:
+            continue
+        fig = _draw_group(result, group, points)
+        stem = _slug(f"{result.op}_{params_text(group.params)}")
+        for fmt in formats:
+            path = directory / f"{stem}.{fmt}"
+            fig.savefig(path, dpi=110)
+            written.append(path)
+    return written
