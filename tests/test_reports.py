@@ -16,7 +16,7 @@ from click.testing import CliRunner
 import wide_tessera as wt
 from wide_tessera import TimingStats
 from wide_tessera.bench import analysis, tidy
-from wide_tessera.bench.compare import compare
+from wide_tessera.bench.compare import compare, render
 from wide_tessera.bench.correctness import Check
 from wide_tessera.bench.environment import Environment
 from wide_tessera.bench.health import Health
@@ -376,3 +376,15 @@ def test_list_shows_the_points_a_run_will_have_on_this_device():
     quick = next(line.split() for line in gemm.splitlines() if line.strip().startswith("quick"))
     assert quick[2:4] == ["24", "12"]  # bfloat16 is left to GPUs by the presets
     assert "on cpu, triton is skipped: needs a CUDA device" in gemm
+
+
+def test_an_op_that_shifted_as_a_whole_is_named_with_its_unchanged_speedups():
+    """Everything 20% slower with speedups unchanged is what a slower machine looks like: still slower,
+    but named as such; a slower strategy alone does not name its op."""
+    everything = compare([synthetic()], [synthetic(scale=1.2)])
+    [(op, (median, moved, points, speedup))] = everything.shifted_ops().items()
+    assert op == "synthetic" and median == pytest.approx(20) and (moved, points) == (4, 4)
+    assert speedup == pytest.approx(0, abs=1e-9)
+    assert "the N separate calls (baseline) moved too: median +20.0%" in render(everything)
+    assert len(everything.regressions(10)) == 12  # the changes still count: a slower torch looks the same
+    assert compare([synthetic()], [synthetic(slow_a=1.2)]).shifted_ops() == {}

@@ -21,6 +21,13 @@ The rules, which the README repeats:
 * A strategy correct in the base run and incorrect or failing in the new one is 'broken'.
 * A group's crossover moved later when the new run's is a larger N, or when the new run
   never crosses where the base run did.
+* The N separate calls (the baseline) are torch's own ops: where they moved too, at half an
+  op's points or more and in the same direction, the op shifted as a whole. A machine that
+  ran slower during one run looks exactly like that (two back-to-back quick runs of
+  unchanged code: every callable of flash_attention +21% in the second, speedups unchanged,
+  nothing in the health readings), so such ops are named with the median change of their
+  speedups, which a machine-wide shift leaves alone. Their changes still count: a slower
+  torch looks the same.
 * `regressions(pct)`: every 'slower' change whose median slowdown exceeds pct percent,
   every 'broken' strategy, every crossover moved later. `wide_tessera compare
   --fail-on-regression PCT` exits 1 when there is one.
@@ -54,6 +61,8 @@ class Change:
     ci: Optional[Tuple[float, float]]
     verdict: str  # faster, slower, same, unknown, broken
     note: str = ""
+    # new speedup / base speedup, for a strategy or control with a speedup in both runs
+    speedup_change: Optional[float] = None
 
     @property
     def percent(self) -> Optional[float]:
@@ -104,11 +113,35 @@ class Comparison:
         ]
         return lines
 
+    def shifted_ops(self) -> Dict[str, Tuple[float, int, int, Optional[float]]]:
+        """Ops whose baseline moved significantly, one way, at half their points or more:
+        op -> (median baseline change in percent, points where it moved, points, median
+        speedup change in percent, None without speedups)."""
+        out = {}
+        for op in dict.fromkeys(c.op for c in self.changes):
+            base = [c for c in self.changes if c.op == op and c.callable == "baseline" and c.ratio is not None]
+            moved = max((sum(c.verdict == v for c in base) for v in ("slower", "faster")), default=0)
+            if base and 2 * moved >= len(base):
+                speedups = [c.speedup_change for c in self.changes if c.op == op and c.speedup_change is not None]
+                out[op] = (
+                    100 * (_median([c.ratio for c in base]) - 1),
+                    moved,
+                    len(base),
+                    100 * (_median(speedups) - 1) if speedups else None,
+                )
+        return out
+
     def counts(self) -> Dict[str, int]:
         out: Dict[str, int] = {}
         for c in self.changes:
             out[c.verdict] = out.get(c.verdict, 0) + 1
         return out
+
+
+def _median(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
 def _key(params: Dict[str, object], n: Optional[int] = None) -> str:
@@ -174,6 +207,7 @@ def _change(op: str, base: PointResult, new: PointResult, name: str, noise: floa
         ci=(1 / hi, 1 / lo),
         verdict="unknown" if untrusted else verdict((lo, hi)),
         note="; ".join(untrusted),
+        speedup_change=new.speedups[name] / base.speedups[name] if name in base.speedups and name in new.speedups else None,
     )
 
 
@@ -257,12 +291,16 @@ def render(comparison: Comparison, as_markdown: bool = False, fail_percent: Opti
     head = "COMPARE: " + ", ".join(f"{counts.get(k, 0)} {k}" for k in ("slower", "faster", "same", "unknown", "broken"))
     later = [g for g in comparison.crossovers if g.moved_later]
     head += f"; crossover moved later in {len(later)} of {len(comparison.crossovers)} groups"
+    shifted = comparison.shifted_ops()
+    in_shifted = sum(c.verdict == "slower" and c.op in shifted for c in comparison.changes)
+    if in_shifted:
+        head += f"; {in_shifted} of the slower in ops whose baseline moved too ({', '.join(shifted)}): see the notes"
     if fail_percent is not None:
         regressions = comparison.regressions(fail_percent)
         head = (f"REGRESSION ({len(regressions)}) " if regressions else "NO REGRESSION ") + f"(--fail-on-regression {fail_percent:g}%): " + head
     order = {"broken": 0, "slower": 1, "faster": 2, "unknown": 3, "same": 4}
     changes = sorted(comparison.changes, key=lambda c: order[c.verdict])
-    header = ["op", "N", "parameters", "callable", "base ms", "new ms", "change [95% CI]", "verdict"]
+    header = ["op", "N", "parameters", "callable", "base ms", "new ms", "change [95% CI]", "verdict", "speedup change"]
     rows = [
         [
             c.op,
@@ -273,6 +311,7 @@ def render(comparison: Comparison, as_markdown: bool = False, fail_percent: Opti
             "–" if c.new_ms is None else f"{c.new_ms:.4g}",
             _change_cell(c),
             c.verdict + (f" ({c.note})" if c.note and c.ratio is not None else ""),
+            "" if c.speedup_change is None else f"{100 * (c.speedup_change - 1):+.1f}%",
         ]
         for c in changes
     ]
@@ -292,7 +331,15 @@ def render(comparison: Comparison, as_markdown: bool = False, fail_percent: Opti
             "neither run has a confirmation pass (--confirm none): the intervals hold only the sampling noise "
             "within each run, not the larger noise between runs, and may call noise a change"
         )
-    notes = [noise, *(f"the runs differ: {d}" for d in comparison.differences), *comparison.unmatched]
+    shifts = [
+        f"{op}: the N separate calls (baseline) moved too: median {median:+.1f}% over {points} points, significantly at "
+        f"{moved}; "
+        + ("" if speedup is None else f"the speedups' median change is {speedup:+.1f}%. ")
+        + "A machine that ran slower or faster during one of the runs looks exactly like this, and a change "
+        "that slowed everything alike (torch, the device) does too: rerun both runs to tell them apart"
+        for op, (median, moved, points, speedup) in shifted.items()
+    ]
+    notes = [noise, *shifts, *(f"the runs differ: {d}" for d in comparison.differences), *comparison.unmatched]
     if as_markdown:
         parts = [f"**{head}**", md_table(header, rows), md_table(cross_header, cross_rows), thresholds]
         parts += [f"- {n}" for n in notes]

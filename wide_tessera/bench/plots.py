@@ -78,7 +78,9 @@ def _draw_group(result: "BenchmarkResult", group: "GroupResult", points: Sequenc
         speed.axhline(margin, color="grey", linewidth=0.8, linestyle=":")
     if group.crossover_n is not None:
         speed.axvline(group.crossover_n, color="black", linewidth=1.2, linestyle="-.", label=f"crossover N={group.crossover_n}")
-    speed.set_title("speedup over N separate calls (band: 95% CI; dotted: ±5% significance margin)", fontsize=9)
+    hollow = "; hollow: no verdict (disturbed or unstable)" if any(p.unstable or p.disturbed for p in points) else ""
+    crossing = "never crosses" if group.crossover_n is None else f"crossover N={group.crossover_n}"
+    speed.set_title(f"speedup over N separate calls, {crossing}\n(band: 95% CI; dotted: ±5% significance margin{hollow})", fontsize=9)
     speed.set_ylabel("speedup (x)")
 
     for s in ["baseline", *names]:

@@ -54,7 +54,7 @@ def _environment(results: Sequence["BenchmarkResult"]) -> str:
     note = "".join(f"\n\nMeasured with another {what}: {'; '.join(ops)}." for what, ops in others.items() if ops)
     resumed = [r.op for r in results if len(r.runs) > 1]
     note += f"\n\nResumed (more than one run): {', '.join(resumed)}." if resumed else ""
-    return markdown.table(["", ""], rows) + note
+    return markdown.table(["", "this run"], rows) + note
 
 
 def write_report(results: Sequence["BenchmarkResult"], directory: Path, sources: Sequence[str] = ()) -> Path:
