@@ -29,7 +29,8 @@ from wide_tessera import (
     run,
 )
 from wide_tessera.cli import cli
-from wide_tessera.ops.custom import WideFunctional, custom_job
+from wide_tessera.ops.custom import custom_job
+from wide_tessera.ops.functional import WideFunctional
 
 REPO = Path(__file__).resolve().parent.parent
 FAST_FLAGS = ["--budget", "0.005", "--target-ci", "0.5", "--no-controls", "--device", "cpu"]
@@ -109,7 +110,7 @@ class Dropped(nn.Module):
 def test_benchmark_custom_fuses_the_modules_people_have(model, kwargs, fast_timing):
     r = benchmark_custom(model, n_values=[1, 3], device="cpu", verbose=False, timing=fast_timing, **kwargs)
     assert r.op == model.__name__ and r.all_correct, r.summary()
-    assert all(p.correct == {"vmap": True} for p in r.points)
+    assert all(p.correct == {"vmap": True, "surgery": True} for p in r.points)
 
 
 class IdsAndValues(Tagger):
@@ -132,6 +133,7 @@ def test_a_wrong_leaf_of_a_tuple_output_is_caught(fast_timing):
             return y, s * 1.01
 
     job.wide_factory = SecondLeafWrong.from_modules
+    job.strategies = ["vmap"]
     point = run(job, timing=fast_timing, verbose=False).points[0]
     assert point.correct == {"vmap": False} and "relative error" in point.checks["vmap"].error
 
@@ -144,7 +146,7 @@ def test_dropout_in_train_mode_is_checked_with_comparable_draws(fast_timing):
     # The check can fail: a wide module that ignores the dropout masks is caught.
     job = custom_job(Dropped, (4, 8), [3], None, "float32", {}, randomness="different", train=True)
     job.seeded_check_factory = lambda modules, strategy: WideFunctional.from_modules(modules).eval()
-    assert run(job, timing=fast_timing, verbose=False).points[0].correct == {"vmap": False}
+    assert run(job, timing=fast_timing, verbose=False).points[0].correct == {"vmap": False, "surgery": False}
 
 
 def test_a_random_module_refuses_compile_and_needs_a_randomness_mode():
@@ -339,6 +341,95 @@ def test_a_custom_run_of_several_inputs_and_dropout_runs_isolated(fast_timing):
     r = benchmark_custom(
         Dropped, (4, 8), [2], device="cpu", verbose=False, timing=fast_timing, isolate=True, randomness="different", train=True
     )
-    assert r.all_correct and r.points[0].correct == {"vmap": True}
+    assert r.all_correct and r.points[0].correct == {"vmap": True, "surgery": True}
     r = benchmark_custom(TwoInputs, [(3, 8), (3, 4)], [2], device="cpu", verbose=False, timing=fast_timing, isolate=True)
     assert r.all_correct
+
+
+# --- surgery: whole models, layer by layer -----------------------------------------------------
+
+
+class Expert(nn.Module):
+    def __init__(self, d=16, hidden=32):
+        super().__init__()
+        self.fc1, self.act, self.fc2 = nn.Linear(d, hidden), nn.GELU(), nn.Linear(hidden, d)
+
+    def forward(self, x):
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class Mixed(nn.Module):
+    """A grouped conv's layout, a layer no op fuses, a residual, a parameter read in forward,
+    a reduction, a constant and a tuple out: every path of surgery."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.norm, self.head = nn.Conv1d(4, 8, 3, padding=1), nn.LayerNorm(16), nn.Linear(8 * 16, 5)
+        self.grouped = nn.Conv1d(8, 8, 1, groups=2)  # the conv op fuses groups=1 only: vmapped
+        self.scale = nn.Parameter(torch.randn(5))
+
+    def forward(self, x):
+        y = F.relu(self.conv(x))
+        y = self.norm(self.grouped(y)) + y[:, :, :16]
+        return self.head(y.flatten(1)) * self.scale, y.mean(), torch.ones(2)
+
+
+class Branchy(nn.Module):
+    """Control flow on the input's rank: vmap runs it (each model's rank is known), torch.fx cannot trace it."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.fc(x) if x.dim() == 2 else x
+
+
+def test_surgery_swaps_the_layers_ops_fuse_and_matches_separate_calls():
+    from wide_tessera import WideSurgery
+
+    torch.manual_seed(0)
+    models = [Mixed() for _ in range(3)]
+    wide = WideSurgery(models)
+    assert wide.swapped == ["conv", "head"] and wide.looped == ["grouped", "norm"]
+    xs = [torch.randn(2, 4, 16) for _ in range(3)]
+    with torch.no_grad():
+        for got, model, x in zip(wide.unpack(wide(wide.pack(xs))), models, xs):
+            want = model(x)
+            assert all(torch.allclose(g, w, atol=1e-5) for g, w in zip(got, want))
+    # a real module: backward reaches the stacked weights of the swapped layers
+    loss = sum(t.sum() for t in wide(wide.pack(xs))[:2])
+    loss.backward()
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in wide.parameters())
+
+
+@pytest.mark.parametrize("model,shape", [(Expert, (4, 16)), (Mixed, (2, 4, 16)), (TwoInputs, [(3, 8), (3, 4)]), (Tagger, (2, 5))])
+def test_surgery_is_checked_like_every_strategy(model, shape, fast_timing):
+    ids = dict(input_dtype="int64", int_high=50) if model is Tagger else {}
+    r = benchmark_custom(model, shape, [1, 4], device="cpu", verbose=False, timing=fast_timing, **ids)
+    assert r.strategies == ["vmap", "surgery"] and r.all_correct, r.summary()
+    assert all(p.correct["surgery"] for p in r.points)
+
+
+def test_a_wrong_swap_is_caught(fast_timing, monkeypatch):
+    from wide_tessera.ops import surgery
+
+    class OffByOne(WideLinear):
+        def forward(self, x):
+            return super().forward(x) + 1e-2
+
+    monkeypatch.setattr(surgery, "_fusing_ops", lambda: {nn.Linear: OffByOne})
+    point = benchmark_custom(Expert, (4, 16), [2], device="cpu", verbose=False, timing=fast_timing).points[0]
+    assert point.correct == {"vmap": True, "surgery": False} and "relative error" in point.checks["surgery"].error
+
+
+def test_a_model_torch_fx_cannot_trace_is_skipped_by_surgery_with_the_reason(fast_timing):
+    r = benchmark_custom(Branchy, (2, 8), [2], device="cpu", verbose=False, timing=fast_timing)
+    assert r.all_correct and r.points[0].correct == {"vmap": True}
+    [why] = r.skipped
+    assert "surgery" in why and "torch.fx cannot trace Branchy" in why
+
+
+def test_surgery_keeps_dropout_comparable(fast_timing):
+    r = benchmark_custom(Dropped, (4, 8), [3], device="cpu", verbose=False, timing=fast_timing, randomness="different", train=True)
+    assert r.points[0].correct == {"vmap": True, "surgery": True}

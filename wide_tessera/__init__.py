@@ -42,6 +42,7 @@ _EXPORTS = {
     "WideExperts": ".ops",
     "Expert": ".ops",
     "WideFunctional": ".ops",
+    "WideSurgery": ".ops",
 }
 
 __all__ = list(_EXPORTS)

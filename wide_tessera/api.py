@@ -152,7 +152,8 @@ def benchmark_custom(
     train: bool = False,
     **model_kwargs: Any,
 ) -> BenchmarkResult:
-    """Benchmark N copies of `model_class(**model_kwargs)` made wide with torch.func.vmap.
+    """Benchmark N copies of `model_class(**model_kwargs)` made wide two ways: `vmap` (torch.func over
+    the whole model) and `surgery` (each layer an op fuses swapped for its wide module).
 
     `input_shape` is the shape of one model's input, or a list of shapes for a module of
     several inputs; each of the N models gets its own. `input_dtype` is 'float' (the run's

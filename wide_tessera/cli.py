@@ -397,7 +397,7 @@ def custom(
     name: Optional[str],
     **options: Any,
 ) -> None:
-    """Benchmark N copies of your own nn.Module class, MODULE:CLASS, made wide with vmap.
+    """Benchmark N copies of your own nn.Module class, MODULE:CLASS, made wide by vmap and by surgery.
 
     \b
     Examples:

@@ -6,6 +6,7 @@ from .conv import WideConv1d, WideConv2d  # isort: skip
 from .attention import AttentionBlock, WideAttention  # isort: skip
 from .experts import Expert, WideExperts  # isort: skip
 from .base import WideOp
-from .custom import WideFunctional
+from .functional import WideFunctional
+from .surgery import WideSurgery
 
-__all__ = ["WideOp", "WideLinear", "WideConv1d", "WideConv2d", "AttentionBlock", "WideAttention", "Expert", "WideExperts", "WideFunctional"]
+__all__ = ["WideOp", "WideLinear", "WideConv1d", "WideConv2d", "AttentionBlock", "WideAttention", "Expert", "WideExperts", "WideFunctional", "WideSurgery"]

@@ -74,6 +74,7 @@ class WideAttention(WideOp, nn.Module):
 
     BENCHMARK_STRATEGIES = ("batch_fold", "head_fold", "triton")
     STRATEGY_NEEDS = {"triton": replace(TRITON, probe=_triton_attention_unavailable)}
+    FUSES = AttentionBlock
     BENCHMARK_SWEEPS = {
         "ci": SweepParams.of(
             [1, 4, 16], batch=[2], seq_len=[64], d_model=[64], heads=[4], causal=[True], dtype=["float32"]

@@ -41,7 +41,9 @@ class WideOp:
     from_modules(modules, strategy) -> the wide module
     pack(inputs) -> the wide input; unpack(output) -> n outputs (default: stacked on axis 0)
 
-    and may implement check_params(**params), which rejects axis values that cannot work
+    and may set FUSES, the nn.Module class its from_modules fuses (nn.Linear for gemm): the
+    `surgery` strategy of whole models swaps such layers for the op's wide module. It may
+    implement check_params(**params), which rejects axis values that cannot work
     together (attention's d_model must divide by heads), and set STRATEGY_NEEDS (strategy ->
     capabilities.Needs: a CUDA device, a dtype, triton), so that a strategy is skipped with
     the reason where the run cannot give it, and `work(n, **params)` (flops and fewest bytes
@@ -52,6 +54,7 @@ class WideOp:
     BENCHMARK_SWEEPS: ClassVar[Dict[str, SweepParams]]
     BENCHMARK_STRATEGIES: ClassVar[Tuple[str, ...]]
     STRATEGY_NEEDS: ClassVar[Dict[str, Needs]] = {}
+    FUSES: ClassVar[Optional[type]] = None
 
     @classmethod
     def benchmark_job(cls, preset: str = "full", **overrides: Any) -> BenchmarkJob:

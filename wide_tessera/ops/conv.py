@@ -24,7 +24,7 @@ class _WideConvNd(WideOp, nn.Module):
     """
 
     CONV: ClassVar[Callable[..., torch.Tensor]]
-    MODULE: ClassVar[type]
+    FUSES: ClassVar[type]
 
     def __init__(
         self,
@@ -42,7 +42,7 @@ class _WideConvNd(WideOp, nn.Module):
         self.n, self.in_channels, self.out_channels = n, in_channels, out_channels
         self.stride, self.padding, self.dilation = stride, padding, dilation
         self.strategy = self.check_strategy(strategy)
-        shape = (n * out_channels, in_channels, *self.MODULE(1, 1, kernel_size).kernel_size)
+        shape = (n * out_channels, in_channels, *self.FUSES(1, 1, kernel_size).kernel_size)
         self.weight = nn.Parameter(torch.empty(shape, memory_format=self._memory_format()))
         self.bias = nn.Parameter(torch.empty(n * out_channels)) if bias else None
 
@@ -51,7 +51,7 @@ class _WideConvNd(WideOp, nn.Module):
 
     @classmethod
     def from_modules(cls, modules: Sequence[nn.Module], strategy: Optional[str] = None) -> "_WideConvNd":
-        config = shared_config(modules, cls.MODULE, _describe_conv)
+        config = shared_config(modules, cls.FUSES, _describe_conv)
         if config.pop("groups") != 1 or config.pop("padding_mode") != "zeros":
             raise WideTesseraError(f"{cls.__name__} fuses only groups=1, padding_mode='zeros' convolutions")
         return load_joined_parameters(cls(len(modules), strategy=strategy, **config), modules, torch.cat)
@@ -105,7 +105,7 @@ class WideConv1d(_WideConvNd):
     """N Conv1d. Strategies: 'grouped' (one conv with groups=N), 'vmap' (torch.func.vmap over the weights)."""
 
     CONV = F.conv1d
-    MODULE = nn.Conv1d
+    FUSES = nn.Conv1d
     BENCHMARK_STRATEGIES = ("grouped", "vmap")
     BENCHMARK_SWEEPS = {
         "ci": SweepParams.of([1, 4, 16], batch=[4], channels=[32], kernel_size=[3], length=[256], dtype=["float32"]),
@@ -141,7 +141,7 @@ class WideConv2d(_WideConvNd):
     """N Conv2d. Strategies: 'grouped', 'channels_last' (grouped, NHWC memory layout), 'vmap'."""
 
     CONV = F.conv2d
-    MODULE = nn.Conv2d
+    FUSES = nn.Conv2d
     BENCHMARK_STRATEGIES = ("grouped", "channels_last", "vmap")
     BENCHMARK_SWEEPS = {
         "ci": SweepParams.of([1, 4, 16], batch=[2], channels=[16], kernel_size=[3], size=[16], dtype=["float32"]),

@@ -1,26 +1,26 @@
-"""Any nn.Module made wide with torch.func: stacked parameters, vmap over functional_call."""
+"""The job behind benchmark_custom: N copies of any nn.Module class, their inputs, and its two
+strategies, `vmap` (the whole model under torch.func's vmap) and `surgery` (layer by layer)."""
 
 from __future__ import annotations
 
-import copy
 from functools import partial
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
-from torch.func import functional_call, stack_module_state, vmap
-from torch.utils._pytree import tree_map
 
 from ..bench import trees
+from ..bench.capabilities import Needs
 from ..bench.job import BenchmarkJob, SweepParams
 from ..errors import WideTesseraError, unknown
-from .base import WideOp, shared_config
+from .functional import RANDOMNESS, WideFunctional
+from .surgery import WideSurgery, untraceable
 
-__all__ = ["WideFunctional", "custom_job", "RANDOMNESS", "INPUT_DTYPES"]
+__all__ = ["custom_job", "custom_wide", "CUSTOM_STRATEGIES", "RANDOMNESS", "INPUT_DTYPES"]
 
-# vmap's randomness modes: 'error' refuses random ops; 'different' gives each model its own
-# draws (N dropout masks, as N separate calls have); 'same' draws once for all N models.
-RANDOMNESS = ("error", "different", "same")
+# vmap: the whole model under vmap; surgery: layers an op fuses swapped for its wide module.
+CUSTOM_STRATEGIES = ("vmap", "surgery")
+
 # An input's dtype: 'float' follows the run's dtype; integer inputs (token ids) are drawn
 # uniformly from [0, int_high); bool ones are 0 or 1.
 INPUT_DTYPES: Dict[str, Optional[torch.dtype]] = {
@@ -29,66 +29,6 @@ INPUT_DTYPES: Dict[str, Optional[torch.dtype]] = {
     "int32": torch.int32,
     "bool": torch.bool,
 }
-
-
-class WideFunctional(WideOp, nn.Module):
-    """N copies of one module class, run as one vmapped call.
-
-    Wide layout: each of the module's inputs stacked on a new leading axis N (a module
-    of two inputs takes two stacked tensors); each tensor of the output (a tensor, or a
-    tuple, list or dict of them) has N leading. `randomness` is vmap's (see RANDOMNESS).
-    """
-
-    NAME = "custom"
-    BENCHMARK_STRATEGIES = ("vmap",)
-
-    def __init__(self, modules: Sequence[nn.Module], randomness: str = "error"):
-        super().__init__()
-        if randomness not in RANDOMNESS:
-            raise unknown("randomness", randomness, RANDOMNESS)
-        self.n, self.randomness = len(modules), randomness
-        params, buffers = stack_module_state(list(modules))
-        self._param_names, self._buffer_names = list(params), list(buffers)
-        self.stacked_params = nn.ParameterList([nn.Parameter(p.detach(), requires_grad=False) for p in params.values()])
-        for i, b in enumerate(buffers.values()):
-            self.register_buffer(f"stacked_buffer_{i}", b)
-        # A structure-only copy for functional_call; kept out of the module tree so .to() and
-        # state_dict see only the stacked tensors. It keeps the modules' train/eval mode.
-        self._skeleton: Tuple[nn.Module] = (copy.deepcopy(modules[0]).to("meta"),)
-        self.train(modules[0].training)
-
-    @classmethod
-    def from_modules(
-        cls, modules: Sequence[nn.Module], strategy: Optional[str] = None, randomness: str = "error"
-    ) -> "WideFunctional":
-        cls.check_strategy(strategy)
-        shared_config(modules, nn.Module, lambda m: dict(cls=type(m).__name__))
-        return cls(modules, randomness)
-
-    def _state(self) -> Tuple[Dict[str, torch.Tensor], Dict[str, torch.Tensor]]:
-        params = dict(zip(self._param_names, self.stacked_params))
-        buffers = {name: getattr(self, f"stacked_buffer_{i}") for i, name in enumerate(self._buffer_names)}
-        return params, buffers
-
-    def pack(self, inputs: Sequence[Any]) -> Any:
-        """N inputs -> the wide input: a stacked tensor, or for several inputs a tuple of them."""
-        if isinstance(inputs, (list, tuple)) and inputs and all(isinstance(x, tuple) for x in inputs):
-            arity = {len(x) for x in inputs}
-            if len(arity) > 1:
-                raise WideTesseraError(f"pack: the models' inputs have {sorted(arity)} parts; all must have the same")
-            return tuple(super(WideFunctional, self).pack([x[j] for x in inputs]) for j in range(len(inputs[0])))
-        return super().pack(inputs)
-
-    def unpack(self, output: Any) -> List[Any]:
-        return [tree_map(lambda t, i=i: t[i], output) for i in range(self.n)]
-
-    def forward(self, *inputs: torch.Tensor) -> Any:
-        skeleton = self._skeleton[0].train(self.training)
-
-        def one(params: Dict[str, torch.Tensor], buffers: Dict[str, torch.Tensor], *xs: torch.Tensor) -> Any:
-            return functional_call(skeleton, (params, buffers), xs)
-
-        return vmap(one, randomness=self.randomness)(*self._state(), *inputs)
 
 
 def custom_job(
@@ -136,15 +76,24 @@ def custom_job(
     return BenchmarkJob(
         op=name or model_class.__name__,
         preset="custom",
-        strategies=list(WideFunctional.BENCHMARK_STRATEGIES),
+        strategies=list(CUSTOM_STRATEGIES),
         sweep=sweep,
         # partials of module-level functions, not lambdas: an isolated run pickles the job
         model_factory=partial(_build_model, model_class, model_kwargs),
         input_factory=partial(_inputs, make_input),
-        wide_factory=partial(WideFunctional.from_modules, randomness=randomness),
+        wide_factory=partial(custom_wide, randomness=randomness),
         train=train,
-        seeded_check_factory=None if randomness == "error" else partial(WideFunctional.from_modules, randomness="same"),
+        seeded_check_factory=None if randomness == "error" else partial(custom_wide, randomness="same"),
+        # a model torch.fx cannot trace is skipped by surgery with the reason, not failed
+        strategy_needs={"surgery": Needs(probe=partial(untraceable, model_class, model_kwargs))},
     )
+
+
+def custom_wide(modules: Sequence[nn.Module], strategy: str, randomness: str = "error") -> nn.Module:
+    """The wide module of a custom job's strategy."""
+    if strategy == "surgery":
+        return WideSurgery(modules, randomness)
+    return WideFunctional.from_modules(modules, strategy, randomness)
 
 
 # (shape, dtype or None for the run's float dtype) of each input

@@ -38,6 +38,7 @@ class WideLinear(WideOp, nn.Module):
     }
     BENCHMARK_STRATEGIES = ("bmm", "einsum", "triton")
     STRATEGY_NEEDS = {"triton": TRITON}
+    FUSES = nn.Linear
 
     def __init__(self, n: int, in_features: int, out_features: int, bias: bool = True, strategy: Optional[str] = None):
         super().__init__()
