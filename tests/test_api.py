@@ -55,9 +55,9 @@ def test_alias_and_default_device():
 @pytest.mark.parametrize("model,shape,kwargs", [(Expert, (5, 16), {"hidden": 24}), (NormedConv, (2, 4, 10), {})])
 def test_benchmark_custom_fuses_any_module(model, shape, kwargs):
     r = benchmark_custom(model, shape, [1, 3], device="cpu", verbose=False, **kwargs)
-    assert r.op == model.__name__ and r.strategies == ["vmap"]  # named after the class, not "custom"
+    assert r.op == model.__name__ and r.strategies == ["vmap", "surgery"]  # named after the class, not "custom"
     assert [p.n for p in r.points] == [1, 3]
-    assert all(p.correct == {"vmap": True} for p in r.points)
+    assert all(p.correct == {"vmap": True, "surgery": True} for p in r.points)
 
 
 def test_benchmark_custom_refuses_a_random_module_without_a_randomness_mode():
@@ -74,7 +74,7 @@ def test_benchmark_custom_refuses_a_random_module_without_a_randomness_mode():
     with pytest.raises(WideTesseraError, match="Noisy draws random numbers.*randomness='different'"):
         benchmark_custom(Noisy, (2, 4), [2], verbose=False, device="cpu")
     r = benchmark_custom(Noisy, (2, 4), [2], verbose=False, device="cpu", randomness="different")
-    assert r.points[0].correct == {"vmap": True} and r.points[0].params["randomness"] == "different"
+    assert r.points[0].correct == {"vmap": True, "surgery": True} and r.points[0].params["randomness"] == "different"
 
 
 def test_save_load_round_trip_is_exact(tmp_path):

@@ -188,7 +188,7 @@ class AddsToInput(nn.Module):
 
 def test_a_model_that_changes_its_input_is_judged_on_fresh_inputs(fast_timing):
     r = benchmark_custom(AddsToInput, (4, 8), [3], device="cpu", verbose=False, timing=fast_timing)
-    assert r.points[0].correct == {"vmap": True}, r.points[0].checks
+    assert r.points[0].correct == {"vmap": True, "surgery": True}, r.points[0].checks
 
 
 def test_vmap_falling_back_to_a_loop_is_reported(fast_timing):

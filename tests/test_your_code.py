@@ -374,6 +374,19 @@ class Mixed(nn.Module):
         return self.head(y.flatten(1)) * self.scale, y.mean(), torch.ones(2)
 
 
+class Reshaping(nn.Module):
+    """Sizes read from the input: they must be one model's sizes, not the stack's."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc, self.w = nn.Linear(8, 8), nn.Parameter(torch.randn(8))
+
+    def forward(self, x):
+        b = x.size(0)
+        y = self.fc(x).reshape(b, 2, 4).flatten(1) + torch.zeros(x.shape) * x.dim()
+        return y * self.w + x.size(-1) + x.ndim
+
+
 class Branchy(nn.Module):
     """Control flow on the input's rank: vmap runs it (each model's rank is known), torch.fx cannot trace it."""
 
@@ -403,7 +416,9 @@ def test_surgery_swaps_the_layers_ops_fuse_and_matches_separate_calls():
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in wide.parameters())
 
 
-@pytest.mark.parametrize("model,shape", [(Expert, (4, 16)), (Mixed, (2, 4, 16)), (TwoInputs, [(3, 8), (3, 4)]), (Tagger, (2, 5))])
+@pytest.mark.parametrize(
+    "model,shape", [(Expert, (4, 16)), (Mixed, (2, 4, 16)), (Reshaping, (5, 8)), (TwoInputs, [(3, 8), (3, 4)]), (Tagger, (2, 5))]
+)
 def test_surgery_is_checked_like_every_strategy(model, shape, fast_timing):
     ids = dict(input_dtype="int64", int_high=50) if model is Tagger else {}
     r = benchmark_custom(model, shape, [1, 4], device="cpu", verbose=False, timing=fast_timing, **ids)

@@ -89,6 +89,22 @@ class _GetItem(_Vmapped):
         return super().forward(*args, **kwargs)
 
 
+class _ShapeQuery(nn.Module):
+    """x.shape, x.size(d), x.dim() or x.ndim of a stacked x, answered for one model: without its N axis."""
+
+    def __init__(self, node: fx.Node):
+        super().__init__()
+        self.what = node.args[1] if node.op == "call_function" else node.target
+
+    def forward(self, x: torch.Tensor, *args: Any) -> Any:
+        if self.what in ("dim", "ndim"):
+            return x.dim() - 1
+        if self.what == "size" and args:  # size(d): a model's axis d is the stack's d + 1
+            d = args[0]
+            return x.size(d + 1 if d >= 0 else d)
+        return x.shape[1:]
+
+
 class _Relayout(nn.Module):
     """An op's wide module on stacked input, through the op's own layout (grouped convolutions
     keep the N models' channels side by side)."""
@@ -160,6 +176,10 @@ class WideSurgery(StackedIO, nn.Module):
                 node.target = name
                 if inputs_stacked or not isinstance(getattr(holder, name), _ELEMENTWISE_MODULES):
                     stacked.add(node)
+            elif _is_shape_query(node) and node.args[0] in stacked:
+                # one model's shape, the same for every model: not stacked
+                holder.add_module(name, _ShapeQuery(node))
+                node.op, node.target = "call_module", name
             elif node.op in ("call_function", "call_method") and inputs_stacked:
                 fn = node.target if node.op == "call_function" else _method(node.target)
                 if _elementwise(node) and sum(_leaf_flags(mask)) == 1 and _constants_are_numbers(node):
@@ -235,6 +255,12 @@ def _constants_are_numbers(node: fx.Node) -> bool:
     leaves: List[Any] = []
     tree_map(leaves.append, (node.args, node.kwargs), is_leaf=lambda a: isinstance(a, fx.Node))
     return all(isinstance(a, (fx.Node, int, float, bool, str, type(None))) for a in leaves)
+
+
+def _is_shape_query(node: fx.Node) -> bool:
+    if node.op == "call_function":
+        return node.target is getattr and len(node.args) == 2 and node.args[1] in ("shape", "ndim")
+    return node.op == "call_method" and node.target in ("size", "dim") and not node.kwargs
 
 
 def _elementwise(node: fx.Node) -> bool:
