@@ -20,6 +20,10 @@ def random_params(op: str, rng: random.Random, strategy: str = "") -> dict:
         # torch._grouped_mm takes rows of a multiple of 16 bytes only
         width = (lambda: 8 * rng.randint(1, 3)) if strategy == "grouped_mm" else (lambda: rng.randint(1, 20))
         return dict(tokens=rng.randint(1, 9), d_model=width(), hidden=width(), skew=rng.choice([0, 1, 2.5]))
+    if op == "mlp":
+        return dict(tokens=rng.randint(1, 9), d_model=rng.randint(1, 40), hidden=rng.randint(1, 40))
+    if op == "layernorm":
+        return dict(batch=rng.randint(1, 9), features=rng.randint(1, 40))
     if op == "gemm":
         return dict(batch=rng.randint(1, 9), in_features=rng.randint(1, 40), out_features=rng.randint(1, 40))
     if op in ("conv1d", "conv2d"):

@@ -41,6 +41,8 @@ _EXPORTS = {
     "AttentionBlock": ".ops",
     "WideExperts": ".ops",
     "Expert": ".ops",
+    "WideMLP": ".ops",
+    "WideLayerNorm": ".ops",
     "WideFunctional": ".ops",
     "WideSurgery": ".ops",
 }

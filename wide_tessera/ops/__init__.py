@@ -5,8 +5,10 @@ from .gemm import WideLinear  # isort: skip
 from .conv import WideConv1d, WideConv2d  # isort: skip
 from .attention import AttentionBlock, WideAttention  # isort: skip
 from .experts import Expert, WideExperts  # isort: skip
+from .mlp import WideMLP  # isort: skip
+from .norms import WideLayerNorm  # isort: skip
 from .base import WideOp
 from .functional import WideFunctional
 from .surgery import WideSurgery
 
-__all__ = ["WideOp", "WideLinear", "WideConv1d", "WideConv2d", "AttentionBlock", "WideAttention", "Expert", "WideExperts", "WideFunctional", "WideSurgery"]
+__all__ = ["WideOp", "WideLinear", "WideConv1d", "WideConv2d", "AttentionBlock", "WideAttention", "Expert", "WideExperts", "WideMLP", "WideLayerNorm", "WideFunctional", "WideSurgery"]
