@@ -26,8 +26,10 @@ def random_params(op: str, rng: random.Random, strategy: str = "") -> dict:
         return dict(batch=rng.randint(1, 9), features=rng.randint(1, 40))
     if op == "gemm":
         return dict(batch=rng.randint(1, 9), in_features=rng.randint(1, 40), out_features=rng.randint(1, 40))
-    if op in ("conv1d", "conv2d"):
-        size = dict(length=rng.randint(5, 40)) if op == "conv1d" else dict(size=rng.randint(5, 12))
+    if op == "embedding":
+        return dict(batch=rng.randint(1, 5), seq_len=rng.randint(1, 9), vocab=rng.randint(1, 50), dim=rng.randint(1, 20))
+    if op in ("conv1d", "conv2d", "conv3d"):
+        size = dict(length=rng.randint(5, 40)) if op == "conv1d" else dict(size=rng.randint(5, 12 if op == "conv2d" else 7))
         return dict(batch=rng.randint(1, 4), channels=rng.randint(1, 9), kernel_size=rng.choice([1, 3, 5]), **size)
     heads = rng.choice([1, 2, 4])
     return dict(
@@ -63,7 +65,7 @@ def test_strategy_matches_separate_calls(op, strategy, dtype, seed):
     n = rng.randint(1, 6)
     torch_dtype = DTYPES[dtype]
     modules = [cls.bench_model(**params).to(torch_dtype).eval() for _ in range(n)]
-    inputs = [x.to(torch_dtype) for x in cls.bench_inputs(n, **params)]
+    inputs = [x.to(torch_dtype) if x.is_floating_point() else x for x in cls.bench_inputs(n, **params)]  # ids stay ids
     with torch.no_grad():
         reference = [m(x) for m, x in zip(modules, inputs)]
         wide = cls.from_modules(modules, strategy)

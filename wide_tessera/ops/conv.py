@@ -170,3 +170,32 @@ class WideConv2d(_WideConvNd):
     @classmethod
     def bench_inputs(cls, n: int, batch: int, channels: int, size: int, **_: Any) -> List[torch.Tensor]:
         return [torch.randn(batch, channels, size, size) for _ in range(n)]
+
+
+@register("conv3d")
+class WideConv3d(_WideConvNd):
+    """N Conv3d. Strategies: 'grouped' (one conv with groups=N), 'vmap'."""
+
+    CONV = F.conv3d
+    FUSES = nn.Conv3d
+    BENCHMARK_STRATEGIES = ("grouped", "vmap")
+    BENCHMARK_SWEEPS = {
+        "ci": SweepParams.of([1, 4, 16], batch=[1], channels=[8], kernel_size=[3], size=[8], dtype=["float32"]),
+        "quick": SweepParams.of([1, 2, 4, 8, 16], batch=[2], channels=[16], kernel_size=[3], size=[12], dtype=["float32", "bfloat16"]),
+        "full": SweepParams.of(
+            [1, 2, 4, 8, 16, 32],
+            batch=[2, 8],
+            channels=[16, 32],
+            kernel_size=[1, 3],
+            size=[16, 32],
+            dtype=["float32", "bfloat16", "float16"],
+        ),
+    }
+
+    @classmethod
+    def bench_model(cls, channels: int, kernel_size: int, **_: Any) -> nn.Module:
+        return nn.Conv3d(channels, channels, kernel_size, padding=kernel_size // 2)
+
+    @classmethod
+    def bench_inputs(cls, n: int, batch: int, channels: int, size: int, **_: Any) -> List[torch.Tensor]:
+        return [torch.randn(batch, channels, size, size, size) for _ in range(n)]

@@ -1,0 +1,81 @@
+"""N embedding tables, each looked up with its own token ids: integer inputs."""
+
+from __future__ import annotations
+
+from typing import Any, List, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..bench.job import SweepParams
+from ..bench.registry import register
+from ..bench.roofline import Work
+from ..errors import WideTesseraError
+from .base import WideOp, itemsize, load_joined_parameters, shared_config
+
+__all__ = ["WideEmbedding"]
+
+
+@register("embedding")
+class WideEmbedding(WideOp, nn.Module):
+    """N nn.Embedding(vocab, dim). Wide layout: ids [N, ...] (integers), output [N, ..., dim].
+
+    The N tables are one parameter [N, vocab, dim]. Strategies: 'offset' (the tables seen as
+    one of N*vocab rows, each model's ids shifted by its offset, one F.embedding); 'gather'
+    (advanced indexing of the stacked tables by model and id).
+    """
+
+    BENCHMARK_SWEEPS = {
+        "ci": SweepParams.of([1, 4, 16], batch=[8], seq_len=[32], vocab=[1000], dim=[64], dtype=["float32"]),
+        "quick": SweepParams.of([1, 2, 4, 8, 16, 32], batch=[16], seq_len=[64], vocab=[4096], dim=[128], dtype=["float32", "bfloat16"]),
+        "full": SweepParams.of(
+            [1, 2, 4, 8, 16, 32, 64],
+            batch=[16, 64],
+            seq_len=[128],
+            vocab=[4096, 32768],
+            dim=[128, 512],
+            dtype=["float32", "bfloat16", "float16"],
+        ),
+    }
+    BENCHMARK_STRATEGIES = ("offset", "gather")
+    FUSES = nn.Embedding
+
+    def __init__(self, n: int, vocab: int, dim: int, strategy: Optional[str] = None):
+        super().__init__()
+        self.n, self.vocab, self.dim = n, vocab, dim
+        self.strategy = self.check_strategy(strategy)
+        self.weight = nn.Parameter(torch.empty(n, vocab, dim))
+        self.bias = None  # for load_joined_parameters: tables have none
+
+    @classmethod
+    def from_modules(cls, modules: Sequence[nn.Module], strategy: Optional[str] = None) -> "WideEmbedding":
+        config = shared_config(
+            modules,
+            nn.Embedding,
+            lambda m: dict(vocab=m.num_embeddings, dim=m.embedding_dim, max_norm=m.max_norm, sparse=m.sparse),
+        )
+        if config.pop("max_norm") is not None or config.pop("sparse"):
+            raise WideTesseraError("WideEmbedding fuses embeddings without max_norm (it renormalizes in place) or sparse gradients")
+        return load_joined_parameters(cls(len(modules), strategy=strategy, **config), modules, torch.stack)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if ids.dtype.is_floating_point:
+            raise WideTesseraError(f"WideEmbedding takes integer token ids, got {ids.dtype}")
+        models = torch.arange(self.n, device=ids.device).view(self.n, *(1,) * (ids.dim() - 1))
+        if self.strategy == "gather":
+            return self.weight[models, ids]
+        return F.embedding(ids + models * self.vocab, self.weight.view(self.n * self.vocab, self.dim))
+
+    @classmethod
+    def work(cls, n: int, batch: int, seq_len: int, dim: int, **params: Any) -> Work:
+        # no arithmetic; the looked-up rows read and written, the ids read
+        return Work(0.0, float(n * batch * seq_len * (2 * dim * itemsize(params) + 8)))
+
+    @classmethod
+    def bench_model(cls, vocab: int, dim: int, **_: Any) -> nn.Module:
+        return nn.Embedding(vocab, dim)
+
+    @classmethod
+    def bench_inputs(cls, n: int, batch: int, seq_len: int, vocab: int, **_: Any) -> List[torch.Tensor]:
+        return [torch.randint(0, vocab, (batch, seq_len)) for _ in range(n)]
