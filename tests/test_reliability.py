@@ -78,10 +78,10 @@ class TimedTroubleLinear(WideLinear):
         self.calls = getattr(self, "calls", 0) + 1
         if self.strategy == "exits":
             raise SystemExit("a strategy called sys.exit")
-        # the first call, two checked draws, then the timer
-        if self.calls > 3 and self.strategy == "segfaults_timed":
+        # the first call, two checked draws, the memory peak's call, then the timer
+        if self.calls > 4 and self.strategy == "segfaults_timed":
             os.kill(os.getpid(), signal.SIGSEGV)
-        if self.calls > 3 and self.strategy == "hangs_timed":
+        if self.calls > 4 and self.strategy == "hangs_timed":
             signal.signal(signal.SIGALRM, signal.SIG_IGN)
             while True:
                 pass

@@ -12,6 +12,7 @@ from . import ops  # noqa: F401  (registers the built-in ops)
 from .bench import timing
 from .bench.isolation import call_isolated
 from .bench.job import DTYPES, BenchmarkJob
+from .bench.modes import TRAINING_MODES, check_mode
 from .bench.registry import get_op
 from .bench.runner import run
 from .bench.schema import BenchmarkResult
@@ -104,6 +105,7 @@ def benchmark(
     compile: str = "none",
     controls: Optional[bool] = None,
     roofline: bool = False,
+    mode: str = "inference",
     **overrides: Any,
 ) -> BenchmarkResult:
     """Benchmark a registered op: N separate calls against each wide strategy, over the preset's sweep.
@@ -119,13 +121,16 @@ def benchmark(
     strategy alike. `controls` (default on) also times the baseline loop captured in one CUDA
     graph (CUDA only) and compiled: cheaper loops that fuse nothing, shown beside the strategies.
     `roofline` measures the device's peaks (once per device and software, cached) and shows
-    each timing as a percentage of its roofline bound.
+    each timing as a percentage of its roofline bound. `mode` says what one timed call does:
+    'inference' (under no_grad), 'forward' (autograd recording), 'backward' (the backward pass
+    alone), 'forward_backward', or 'train_step' (forward, backward, an SGD step); the training
+    modes also check every model's gradients, buffers and updated parameters (see bench.modes).
     """
-    _check_settings(seed, timing, timeouts, memory_budget)
+    _check_settings(seed, timing, timeouts, memory_budget, mode)
     device = resolve_device(device)
     job = build_job(name, preset, device, overrides, verbose)
     return run(
-        job, device, verbose, seed, timing, timeouts, memory_budget, isolate, confirm, compile, controls, roofline
+        job, device, verbose, seed, timing, timeouts, memory_budget, isolate, confirm, compile, controls, roofline, mode
     )
 
 
@@ -150,6 +155,7 @@ def benchmark_custom(
     input_factory: Optional[Callable[[], Any]] = None,
     randomness: str = "error",
     train: bool = False,
+    mode: str = "inference",
     **model_kwargs: Any,
 ) -> BenchmarkResult:
     """Benchmark N copies of `model_class(**model_kwargs)` made wide two ways: `vmap` (torch.func over
@@ -161,10 +167,11 @@ def benchmark_custom(
     input; integer inputs are drawn from [0, int_high). Or `input_factory()` (with
     input_shape=None) returns one model's input: a tensor or a tuple of tensors.
     `randomness` is vmap's ('error', 'different', 'same') for models that draw random
-    numbers; `train` runs the models in train mode (dropout active), without autograd.
-    `name` defaults to the class's name. The other settings are `benchmark`'s.
+    numbers; `train` runs the models in train mode (dropout active) in the inference mode too
+    (the training modes always do). `name` defaults to the class's name. The other settings
+    are `benchmark`'s.
     """
-    _check_settings(seed, timing, timeouts, memory_budget)
+    _check_settings(seed, timing, timeouts, memory_budget, mode)
     device = resolve_device(device)
     job = build_custom_job(
         model_class,
@@ -179,9 +186,11 @@ def benchmark_custom(
         int_high=int_high,
         input_factory=input_factory,
         randomness=randomness,
-        train=train,
+        train=train or mode in TRAINING_MODES,
     )
-    return run(job, device, verbose, seed, timing, timeouts, memory_budget, isolate, confirm, compile, controls)
+    return run(
+        job, device, verbose, seed, timing, timeouts, memory_budget, isolate, confirm, compile, controls, False, mode
+    )
 
 
 def build_custom_job(
@@ -215,10 +224,11 @@ def measure(fn: Callable[[], object], device: str = "cpu", config: Optional[Timi
 
 
 def _check_settings(
-    seed: int, timing: Optional[TimingConfig], timeouts: Optional[StageTimeouts], memory_budget: Optional[int]
+    seed: int, timing: Optional[TimingConfig], timeouts: Optional[StageTimeouts], memory_budget: Optional[int], mode: str
 ) -> None:
     """The run's settings, checked before any model is built."""
     check_seed(seed)
+    check_mode(mode)
     check_instance("timing", timing, TimingConfig)
     check_instance("timeouts", timeouts, StageTimeouts)
     if memory_budget is not None:

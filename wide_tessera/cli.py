@@ -23,6 +23,7 @@ from .bench.compare import compare, render
 from .bench.environment import capture_environment
 from .bench.files import results_lock, results_target
 from .bench.job import DTYPES, BenchmarkJob, SweepParams
+from .bench.modes import MODES, TRAINING_MODES
 from .bench.point import COMPILE_MODES, CONFIRM_MODES
 from .bench.registry import REGISTRY, get_op, import_ops, op_names, outside_strategies
 from .bench.report import format_table
@@ -121,7 +122,7 @@ def _previous_results(path: str, preset: str, settings: RunSettings) -> Dict[str
         raise WideTesseraError(f"--resume: {path} holds more than one result for an op; it was not written by one run")
     environment = capture_environment(settings.device)
     for r in previous.values():
-        check_resumable(r, path, preset, settings.seed, settings.timing, environment, settings.compile)
+        check_resumable(r, path, preset, settings.seed, settings.timing, environment, settings.compile, settings.mode)
     return previous
 
 
@@ -149,6 +150,7 @@ def _run_settings(
     compile_mode: str = "none",
     controls: bool = True,
     roofline: bool = False,
+    mode: str = "inference",
 ) -> RunSettings:
     """The run's settings from the options, each checked; an error names the option, not the field."""
     resolved = resolve_device(device)
@@ -168,6 +170,7 @@ def _run_settings(
             compile=compile_mode,
             controls=controls,
             roofline=roofline,
+            mode=mode,
         )
     except WideTesseraError as e:
         field, sep, rest = str(e).partition("=")
@@ -287,6 +290,14 @@ _RUN_OPTIONS = _options(
         help="Which points to measure again, independently, after the sweep; disagreeing points are unstable.",
     ),
     click.option(
+        "--mode",
+        type=click.Choice(MODES),
+        default="inference",
+        show_default=True,
+        help="What is timed: inference (no autograd), forward (recording), backward, forward_backward, train_step "
+        "(forward, backward, SGD step). Training modes also check gradients and updated parameters.",
+    ),
+    click.option(
         "--compile",
         "compile_mode",
         type=click.Choice(COMPILE_MODES),
@@ -381,7 +392,9 @@ benchmark.help += _EXIT_STATUS
     show_default=True,
     help="vmap's randomness, for models that draw random numbers (dropout in train mode).",
 )
-@click.option("--train", is_flag=True, help="Run the models in train mode (dropout active), without autograd.")
+@click.option(
+    "--train", is_flag=True, help="Run the models in train mode (dropout active) in --mode inference too (without autograd)."
+)
 @click.option("--kwarg", "kwargs", multiple=True, metavar="NAME=VALUE", help="An argument of the class (repeatable).")
 @click.option("--name", default=None, help="The result's name  [default: the class's name]")
 @_RUN_OPTIONS
@@ -426,7 +439,7 @@ def custom(
             int_high=int_high,
             input_factory=load_object(input_factory, "--input-factory", "a function") if input_factory else None,
             randomness=randomness,
-            train=train,
+            train=train or settings.mode in TRAINING_MODES,
         )
         return [job]
 
@@ -486,6 +499,7 @@ def _measure(
     timeout_multiplier: float,
     memory_budget: Optional[str],
     confirm: str,
+    mode: str,
     compile_mode: str,
     controls: bool,
     roofline: bool,
@@ -515,6 +529,7 @@ def _measure(
                 compile_mode,
                 controls,
                 roofline,
+                mode,
             )
             if threads is not None:
                 torch.set_num_threads(threads)

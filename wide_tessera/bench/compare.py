@@ -223,6 +223,7 @@ def differences(base: BenchmarkResult, new: BenchmarkResult) -> List[str]:
         ("timer", base.timer, new.timer),
         ("timing settings", base.timing, new.timing),
         ("torch.compile", base.compile, new.compile),
+        ("mode", base.mode, new.mode),
         ("preset", base.preset, new.preset),
         ("seed", base.seed, new.seed),
     ]

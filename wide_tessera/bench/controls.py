@@ -19,27 +19,43 @@ import torch
 from . import trees
 from .timing import capture_graph
 
-__all__ = ["CONTROLS", "COMPILE_MODES", "control_unavailable", "GraphedLoop", "compiled"]
+__all__ = ["CONTROLS", "COMPILE_MODES", "BACKWARD_NOT_COMPILED", "control_unavailable", "GraphedLoop", "compiled"]
 
 CONTROLS = ("loop_graph", "loop_compiled")
 COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune")
 
+# torch.compile's backward frees the tensors its forward saved ("donated buffers"), so the
+# backward of one recorded forward cannot run twice (torch 2.13: a RuntimeError on the second).
+BACKWARD_NOT_COMPILED = (
+    "compiled code frees what its forward saved after one backward, so the backward mode, which times the "
+    "backward of one recorded forward again and again, cannot time it; time forward_backward instead"
+)
+
 Loop = Callable[[Sequence[torch.Tensor]], List[torch.Tensor]]
 
 
-def control_unavailable(name: str, device: str, compile_mode: str, cuda_graph: bool, random: bool = False) -> Optional[str]:
+def control_unavailable(
+    name: str, device: str, compile_mode: str, cuda_graph: bool, random: bool = False, mode: str = "inference"
+) -> Optional[str]:
     """Why control `name` is not run in this setting, or None when it is.
 
     `random`: the models draw random numbers. A compiled loop draws them its own way and a
     graph replays one capture's draws, so neither could be checked against the eager calls.
+    `mode`: the loop is captured for inference only; capturing a backward pass and an
+    optimizer step is whole-network graph capture, which this control does not do. The
+    compiled loop cannot be timed in the backward mode (see BACKWARD_NOT_COMPILED).
     """
     if random:
         return "the models draw random numbers, which a compiled or captured loop draws its own way"
+    if name == "loop_graph" and mode != "inference":
+        return f"captures the inference loop only; this run's mode is {mode}"
     if name == "loop_graph":
         if torch.device(device).type != "cuda":
             return f"needs a CUDA device; this run is on {device}"
         if cuda_graph:
             return "every side is timed as a CUDA-graph replay already (--cuda-graph)"
+    if name == "loop_compiled" and mode == "backward":
+        return BACKWARD_NOT_COMPILED
     if name == "loop_compiled" and compile_mode != "none":
         return f"every side is compiled already (--compile {compile_mode})"
     return None

@@ -74,7 +74,7 @@ def result_markdown(result: "BenchmarkResult", level: int = 3) -> str:
         f"**{_escape(first_line(result))}**",
         f"{env.device}: {env.device_name}, {env.threads} threads, torch {env.torch_version}, timer {result.timer}"
         + ("" if result.compile == "none" else f", torch.compile {result.compile}")
-        + f", {result.duration_s:.1f} s{run}",
+        + f", mode {result.mode}, {result.duration_s:.1f} s{run}",
         table(header, rows, right),
         f"Speedup over the N separate calls, with its 95% CI. **Bold**: significantly faster (the whole CI "
         f"above {1 + MIN_EFFECT:.2f}); n.s.: no significant difference."

@@ -8,19 +8,20 @@ points here.
 
 from __future__ import annotations
 
+import copy
 import gc
 import json
 import time
 import warnings
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set
 
 import torch
 
 from ..checks import check_bool, check_instance, check_seed
 from ..errors import WideTesseraError
-from . import analysis, trees
+from . import analysis, modes, trees
 from .capabilities import unmet_need
 from .controls import COMPILE_MODES, CONTROLS, GraphedLoop, compiled, control_unavailable
 from .correctness import (
@@ -35,6 +36,7 @@ from .correctness import (
 from .job import DTYPES, BenchmarkJob
 from .launches import count_launches
 from .memory import peak_memory
+from .modes import TRAINING_MODES, Side, check_mode
 from .schema import Failure, PointResult
 from .stages import StageObserver, StageTimeout, StageTimeouts, stage_limit
 from .timing import PairedTimings, TimedFunctionError, TimingConfig, measure_paired
@@ -65,6 +67,8 @@ class RunSettings:
     compile: torch.compile mode applied to the baseline and every strategy alike ('none' for eager).
     controls: time the controls (see `controls`) beside the strategies where they apply.
     roofline: measure the device's peaks (once, cached) and report each timing against them.
+    mode: what one timed call does (see `modes`): 'inference' (no autograd), 'forward',
+        'backward', 'forward_backward' or 'train_step'.
     """
 
     device: str = "cpu"
@@ -77,8 +81,10 @@ class RunSettings:
     compile: str = "none"
     controls: Optional[bool] = None
     roofline: bool = False
+    mode: str = "inference"
 
     def __post_init__(self) -> None:
+        check_mode(self.mode)
         if self.timing is None:
             object.__setattr__(self, "timing", default_timing())
         if self.controls is None:
@@ -157,7 +163,9 @@ def _measure_point(
             # Seeded per point, so a point's models and inputs do not depend on which points
             # ran before it, and the confirmation pass rebuilds exactly the same point.
             torch.manual_seed(settings.seed)
-            modules = [job.model_factory(**params).to(device=device, dtype=dtype).train(job.train) for _ in range(n)]
+            training = settings.mode in TRAINING_MODES
+            train = job.train or training
+            modules = [job.model_factory(**params).to(device=device, dtype=dtype).train(train) for _ in range(n)]
             draws = [
                 [trees.cast(x, device, dtype) for x in job.input_factory(n, **params)] for _ in range(INPUT_DRAWS)
             ]
@@ -166,24 +174,41 @@ def _measure_point(
 
     # Every call below gets its own copy of the inputs: a model that changes its input in
     # place (x += self.pos) must not change what the next strategy is checked on.
-    def separate_calls(inputs: Sequence[Any]) -> List[Any]:
-        return [trees.call(m, x) for m, x in zip(modules, inputs)]
+    separate_calls = partial(_separate_calls, modules)
 
     def reference_calls(inputs: Sequence[Any]) -> List[Any]:
         # Random models: every call starts from the same generator state, as the checked
         # wide call does (see BenchmarkJob.random), so each model draws what the wide call drew.
         return [_seeded(partial(trees.call, m, x), settings.seed, job.random) for m, x in zip(modules, inputs)]
 
+    def seeded(call: Callable[[], Any]) -> Any:
+        return _seeded(call, settings.seed, job.random)
+
+    weights: List[Any] = []  # training modes: per draw, what the loss weights each output by
+    outcomes: List[modes.Outcome] = []  # training modes: per draw, what the N models' training call did
+
+    def loop_side(compile_mode: str = "none") -> Side:
+        """N separate calls to time. In the training modes each loop has models of its own, as the
+        models were built: its optimizer steps them, and a backward-mode forward recorded on them
+        must not see another side's check restore their running statistics."""
+        models = [copy.deepcopy(m) for m in modules] if training else modules
+        loop = partial(_separate_calls, models)
+        return Side(loop if compile_mode == "none" else compiled(loop, compile_mode), list, list, models)
+
+    def timed_of(side: Side) -> Callable[[], object]:
+        return modes.timed_call(settings.mode, side, _clones(draws[0]), weights[0] if weights else [])
+
     try:
+        # Calls in train mode update the models' running statistics: each call here starts from,
+        # and leaves, the models as they were built, from which each strategy is built and checked.
         with stage("check", "baseline"):
-            references, baseline_peak = [], 0
+            references = []
             # The first call (handles, workspaces: cuBLAS's 33 MiB on an H100) is not steady state.
-            first_call_s = {"baseline": _first_call_s(partial(separate_calls, _clones(draws[0])), device)}
+            with modes.preserved(modules):
+                first_call_s = {"baseline": _first_call_s(partial(separate_calls, _clones(draws[0])), device)}
             for i, inputs in enumerate(draws):
                 given = _clones(inputs)
-                if i == 0:
-                    reference, baseline_peak = peak_memory(partial(reference_calls, given), device)
-                else:
+                with modes.preserved(modules):
                     reference = reference_calls(given)
                 unjudgeable = nonfinite_reference(reference)
                 if unjudgeable is not None:
@@ -193,61 +218,70 @@ def _measure_point(
                     shares_memory(o, trees.tensors(x)) for out, x in zip(reference, given) for o in trees.tensors(out)
                 )
                 references.append((reference, returns_input))
+                if training:
+                    weights.append(modes.grad_weights(reference, settings.seed + i))
+                    reference_side = Side(reference_calls, list, list, modules)
+                    outcomes.append(modes.outcome(settings.mode, reference_side, _clones(inputs), weights[i], _call))
+            timed = {"baseline": timed_of(loop_side())}
+            peaks = {"baseline": peak_memory(timed["baseline"], device)[1]}
     except Exception as e:
         return analysis.failed_point(n, params, {"point": _failure("check", e)})
 
     tol = tolerance(dtype, device)
     checks: Dict[str, Check] = {}
-    peaks = {"baseline": baseline_peak}
     compiling = settings.compile != "none"
     if compiling or settings.controls:
         torch._dynamo.reset()  # each point compiles afresh: never silently eager past the recompile limit
 
-    def checked(name: str, prepare: Prepare, timed_prepare: Optional[Prepare] = None) -> Optional[Callable[[], object]]:
+    def check_draw(side: Side, join: Optional[Callable[[List[Any]], Any]], i: int, given: List[Any]) -> Check:
+        """One draw's verdict on `side`: its N outputs (training modes: and gradients, state) against the separate calls'."""
+        reference, returns_input = references[i]
+        if training:
+            got = modes.outcome(settings.mode, side, given, weights[i], seeded)
+            return modes.compare(outcomes[i], got, modules, join, tol)
+        x = side.pack(given)
+        output = seeded(partial(side.forward, x))
+        forbidden = [] if returns_input else trees.tensors([x, given])
+        return check_outputs(side.unpack(output), reference, tol, forbidden)
+
+    def checked(
+        name: str, side: Side, join: Optional[Callable[[List[Any]], Any]] = None, check_side: Optional[Side] = None
+    ) -> Optional[Callable[[], object]]:
         """Check `name` on every draw; its timed call on draw 0 when correct, else None.
 
-        `prepare(inputs)` -> (call, unpack, own inputs): the call to check and time, what
-        turns its result into N outputs, and the inputs it made (none may be returned);
-        `timed_prepare` the call to time where it is not the checked one (random models).
+        `join(modules)` builds the side's wide module from N models (None for a loop over
+        them); `check_side` is the one checked where the timed side cannot be (random models).
         The first call (compilation, autotuning, handles) is timed apart and kept out of
         the memory peak: on an H100 a Triton strategy's autotuning showed as a 256 MiB peak.
         """
         try:
             with stage("check", name), warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
-                first_call_s[name] = _first_call_s((timed_prepare or prepare)(_clones(draws[0]))[0], device)
-                draw_checks = []
-                for i, (inputs, (reference, returns_input)) in enumerate(zip(draws, references)):
-                    given = _clones(inputs)
-                    call, unpack, own = prepare(given)
-                    call = partial(_seeded, call, settings.seed, job.random)
-                    if i == 0:
-                        output, peaks[name] = peak_memory(call, device)
-                    else:
-                        output = call()
-                    forbidden = [] if returns_input else trees.tensors([own, given])
-                    draw_checks.append(check_outputs(unpack(output), reference, tol, forbidden))
+                with modes.preserved(side.modules):
+                    first_call_s[name] = _first_call_s(timed_of(side), device)
+                draw_checks = [check_draw(check_side or side, join, i, _clones(x)) for i, x in enumerate(draws)]
             messages = list(dict.fromkeys(str(w.message) for w in caught))
             checks[name] = merge_checks(draw_checks, fallback_note(messages), messages)
+            if not checks[name].correct:
+                return None
+            with stage("check", name):  # left as the timed call leaves it: restoring could break a recorded forward
+                call = timed_of(side)
+                peaks[name] = peak_memory(call, device)[1]
+            return call
         except Exception as e:  # a broken strategy is a result to report, not a reason to stop the sweep
             failures[name] = _failure("check", e)
             _release_memory(device)
             return None
-        return (timed_prepare or prepare)(_clones(draws[0]))[0] if checks[name].correct else None
 
-    def loop_prepare(loop: Callable) -> Prepare:
-        return lambda given: (partial(loop, given), list, [])
-
-    timed: Dict[str, Callable[[], object]] = {"baseline": partial(separate_calls, _clones(draws[0]))}
     if compiling:  # the compiled loop is the baseline; the eager one stays the reference it is checked against
-        baseline = checked("baseline", loop_prepare(compiled(separate_calls, settings.compile)))
+        compiled_baseline = checked("baseline", loop_side(settings.compile))
         check = checks.pop("baseline", None)
-        if baseline is None:
+        if compiled_baseline is None:
             failure = failures.pop("baseline", None) or Failure(
                 "check", "error", "Incorrect", f"the compiled baseline differs from the eager calls: {check.error}"
             )
             return analysis.failed_point(n, params, {"point": failure}, peak_memory_bytes=peaks)
-        timed["baseline"] = baseline
+        timed["baseline"] = compiled_baseline
     for strategy in job.strategies:
         if strategy in failures:
             continue
@@ -258,22 +292,22 @@ def _measure_point(
         try:
             with stage("check", strategy):
                 wide = job.wide_factory(modules, strategy)
-                seeded = job.seeded_check_factory and job.seeded_check_factory(modules, strategy)
+                seeded_wide = job.seeded_check_factory and job.seeded_check_factory(modules, strategy)
         except Exception as e:
             failures[strategy] = _failure("check", e)
             continue
-        forward = compiled(wide, settings.compile) if compiling else wide
-        timed_prepare = _wide_prepare(wide, forward)
-        call = checked(strategy, _wide_prepare(seeded, seeded), timed_prepare) if seeded else checked(strategy, timed_prepare)
+        side = _wide_side(wide, compiled(wide, settings.compile) if compiling else wide)
+        join = partial(_join, job.wide_factory, strategy)
+        call = checked(strategy, side, join, seeded_wide and _wide_side(seeded_wide, seeded_wide))
         if call is not None:
             timed[strategy] = call
     for control in CONTROLS if settings.controls else ():
-        if control_unavailable(control, device, settings.compile, settings.timing.cuda_graph, job.random) is not None:
+        if control_unavailable(control, device, settings.compile, settings.timing.cuda_graph, job.random, settings.mode):
             continue
         if control == "loop_compiled":
-            call = checked(control, loop_prepare(compiled(separate_calls, "default")))
+            call = checked(control, loop_side("default"))
         else:
-            call = checked(control, _graphed_prepare(separate_calls, draws[0]))
+            call = checked(control, _graphed_side(separate_calls, draws[0]))
         if call is not None:
             timed[control] = call
 
@@ -287,18 +321,22 @@ def _measure_point(
     return point
 
 
-# prepare(inputs) -> (the call, what turns its result into N outputs, the inputs it made)
-Prepare = Callable[[List[Any]], Tuple[Callable[[], object], Callable[[Any], Sequence[Any]], List[Any]]]
+def _separate_calls(models: Sequence[torch.nn.Module], inputs: Sequence[Any]) -> List[Any]:
+    return [trees.call(m, x) for m, x in zip(models, inputs)]
 
 
-def _wide_prepare(wide: Any, forward: Callable) -> Prepare:
+def _wide_side(wide: Any, forward: Callable) -> Side:
     """The inputs packed into the wide module's layout, `forward` (the module, or it compiled) on them."""
+    return Side(partial(trees.call, forward), wide.pack, wide.unpack, [wide])
 
-    def prepare(given: List[Any]) -> Any:
-        packed = wide.pack(given)
-        return partial(trees.call, forward, packed), wide.unpack, [packed]
 
-    return prepare
+def _join(wide_factory: Callable[[List[Any], str], Any], strategy: str, modules: List[Any]) -> Any:
+    """The strategy's wide module of `modules`: how a training check joins the models' gradients and state."""
+    return wide_factory(modules, strategy)
+
+
+def _call(call: Callable[[], Any]) -> Any:
+    return call()
 
 
 def _seeded(call: Callable[[], Any], seed: int, random: bool) -> Any:
@@ -308,18 +346,18 @@ def _seeded(call: Callable[[], Any], seed: int, random: bool) -> Any:
     return call()
 
 
-def _graphed_prepare(loop: Callable, capture_inputs: Sequence[torch.Tensor]) -> Prepare:
+def _graphed_side(loop: Callable, capture_inputs: Sequence[torch.Tensor]) -> Side:
     """The loop captured on its first use (in the check stage, where a failure is recorded) over
     draw 0's inputs; each draw is then copied into the static inputs."""
     graphed: List[GraphedLoop] = []
 
-    def prepare(given: List[torch.Tensor]) -> Any:
+    def load(given: List[torch.Tensor]) -> List[Any]:
         if not graphed:
             graphed.append(GraphedLoop(loop, capture_inputs))
         graphed[0].load(given)
-        return graphed[0].replay, list, graphed[0].inputs
+        return graphed[0].inputs
 
-    return prepare
+    return Side(lambda _: graphed[0].replay(), load, list, [])
 
 
 def _first_call_s(call: Callable[[], object], device: str) -> float:
@@ -374,7 +412,8 @@ def _over_budget(
 
     The estimate, from one model and one input on the CPU: N times (weights twice, for
     the models and the wide copy; input twice, separate and packed; output twice,
-    reference and wide).
+    reference and wide). The training modes add, on both sides, the weights' gradients and
+    momentum, and the input's and output's gradients.
     """
     if settings.memory_budget is None:
         return None
@@ -383,7 +422,9 @@ def _over_budget(
     with torch.no_grad():
         y = trees.call(model.train(job.train), x)
     weights = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
-    estimate = n * 2 * (weights + sum(t.numel() * t.element_size() for t in trees.tensors([x, y])))
+    training = settings.mode in TRAINING_MODES
+    io = sum(t.numel() * t.element_size() for t in trees.tensors([x, y]))
+    estimate = n * ((6 if training else 2) * weights + (4 if training else 2) * io)
     if estimate <= settings.memory_budget:
         return None
     return Failure(

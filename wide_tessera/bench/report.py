@@ -251,7 +251,7 @@ def format_summary(result: "BenchmarkResult") -> str:
         f"== {result.op} (preset {result.preset}) on {env.device}: {env.device_name}, {env.threads} threads, "
         f"timer {result.timer}, torch {env.torch_version}, "
         + ("" if result.compile == "none" else f"torch.compile mode {result.compile} on every side, ")
-        + f"{result.duration_s:.1f} s",
+        + f"mode {result.mode}, {result.duration_s:.1f} s",
         format_table(header, rows),
         f"n.s.: no significant difference from baseline; a win needs the whole CI above {1 + MIN_EFFECT:.2f}; "
         "loop: the strategy ran a per-model loop"

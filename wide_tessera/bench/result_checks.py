@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Collection, Dict, Iterable, Optional
 from ..checks import MAX_SEED
 from ..errors import WideTesseraError
 from .controls import COMPILE_MODES, CONTROLS
+from .modes import MODES
 
 if TYPE_CHECKING:
     from .correctness import Check
@@ -73,6 +74,7 @@ def check_result(r: "BenchmarkResult", where: str) -> None:
         for d, t in r.peaks.tflops.items():
             _need(t > 0, f"{where}.peaks.tflops[{d!r}]", f"{t} is not positive")
         _need(r.peaks.copy_gbps > 0, f"{where}.peaks.copy_gbps", f"{r.peaks.copy_gbps} is not positive")
+    _need(r.mode in MODES, f"{where}.mode", f"{r.mode!r} is not one of {', '.join(MODES)}")
     _need(r.compile in COMPILE_MODES, f"{where}.compile", f"{r.compile!r} is not one of {', '.join(COMPILE_MODES)}")
     _need(0 <= r.seed <= MAX_SEED, f"{where}.seed", f"{r.seed} is not in [0, {MAX_SEED}]")
     _need(r.environment.threads >= 1, f"{where}.environment.threads", f"{r.environment.threads} is not positive")

@@ -22,11 +22,12 @@ __all__ = ["check_resumable", "point_order", "points_left"]
 
 
 def _measured_with(
-    preset: str, seed: int, timing: TimingConfig, env: Environment, compile_mode: str
+    preset: str, seed: int, timing: TimingConfig, env: Environment, compile_mode: str, mode: str
 ) -> List[Tuple[str, Any]]:
     """Everything that changes what a measurement means, by name."""
     return [
         ("preset", preset),
+        ("mode", mode),
         ("compile mode", compile_mode),
         ("device", env.device),
         ("seed", seed),
@@ -52,10 +53,11 @@ def check_resumable(
     timing: TimingConfig,
     env: Environment,
     compile_mode: str = "none",
+    mode: str = "inference",
 ) -> None:
     """Raise WideTesseraError naming the first setting of `previous` that differs from this run's."""
-    was = _measured_with(previous.preset, previous.seed, previous.timing, previous.environment, previous.compile)
-    now = _measured_with(preset, seed, timing, env, compile_mode)
+    was = _measured_with(previous.preset, previous.seed, previous.timing, previous.environment, previous.compile, previous.mode)
+    now = _measured_with(preset, seed, timing, env, compile_mode, mode)
     for (name, old), (_, new) in zip(was, now):
         if old != new:
             raise WideTesseraError(

@@ -14,6 +14,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Set
 
 from ..errors import WideTesseraError
 from . import analysis
+from .controls import BACKWARD_NOT_COMPILED
 from .environment import capture_environment
 from .isolation import check_picklable, iter_points_isolated
 from .job import BenchmarkJob, params_text
@@ -55,10 +56,11 @@ def run(
     compile: str = "none",
     controls: Optional[bool] = None,
     roofline: bool = False,
+    mode: str = "inference",
 ) -> BenchmarkResult:
     """Run every point of `job` on `device` (in worker processes with `isolate`), confirm, analyse."""
     settings = RunSettings(
-        device, seed, timing, timeouts or StageTimeouts(), memory_budget, isolate, confirm, compile, controls, roofline
+        device, seed, timing, timeouts or StageTimeouts(), memory_budget, isolate, confirm, compile, controls, roofline, mode
     )
     check_runnable(job, settings)
     progress = Progress(job.sweep.n_points(), enabled=verbose)
@@ -134,6 +136,8 @@ def check_runnable(job: BenchmarkJob, settings: RunSettings) -> None:
             f"{job.op} draws random numbers, which compiled code draws its own way, so a compiled run could not "
             f"be checked; run it uncompiled (compile 'none', --compile none; got {settings.compile!r})"
         )
+    if settings.mode == "backward" and settings.compile != "none":
+        raise WideTesseraError(f"--compile {settings.compile} with --mode backward: {BACKWARD_NOT_COMPILED}")
     if settings.isolate:
         check_picklable(job)
 
@@ -167,6 +171,7 @@ def _build_result(
         complete=complete,
         confirm=settings.confirm,
         compile=settings.compile,
+        mode=settings.mode,
         peaks=peaks,
         runs=runs,
     )

@@ -41,8 +41,8 @@ __all__ = [
 
 # 3: health, confirmation, reliability, the stored winner, per-model errors, significant-only best speedups.
 # 4: run manifests. A version-3 file reads as a result without manifests.
-SCHEMA_VERSION = 4
-READABLE_VERSIONS = (3, 4)
+SCHEMA_VERSION = 5
+READABLE_VERSIONS = (3, 4, 5)
 
 
 @dataclass_json
@@ -199,7 +199,9 @@ class BenchmarkResult:
     reliable / unreliable_reasons: the verdict on the run itself (a busy machine, disturbed or
     unconverged deciding points, unstable points, throttling). confirm: which points the
     confirmation pass measured again. health: the machine over the whole run. compile: the
-    torch.compile mode of the baseline and every strategy ('none': eager). peaks: the device's
+    torch.compile mode of the baseline and every strategy ('none': eager). mode: what one timed
+    call did (bench.modes: 'inference', 'forward', 'backward', 'forward_backward', 'train_step';
+    files before schema 5 hold inference). peaks: the device's
     measured ceilings (bench.roofline), where the run was asked for the roofline. runs: the
     manifest of every run that measured points of this result (a `--resume` adds one); the
     first one's `run_id` is the result's.
@@ -227,6 +229,7 @@ class BenchmarkResult:
     unreliable_reasons: List[str] = field(default_factory=list)
     health: Optional[RunHealth] = None
     compile: str = "none"
+    mode: str = "inference"
     peaks: Optional[Peaks] = None
     runs: List[Manifest] = field(default_factory=list)
     schema_version: int = SCHEMA_VERSION

@@ -28,6 +28,7 @@ COLUMNS = (
     "device",
     "device_name",
     "compile",
+    "mode",
     "n",
     # parameters here
     "strategy",
@@ -91,6 +92,7 @@ def _row(result: "BenchmarkResult", point: "PointResult", strategy: str) -> Dict
         "device": env.device,
         "device_name": env.device_name,
         "compile": result.compile,
+        "mode": result.mode,
         "n": point.n,
         **{_param_column(k): v for k, v in point.params.items()},
         "strategy": strategy,
