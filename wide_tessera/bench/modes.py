@@ -197,7 +197,6 @@ def _outcome(mode: str, side: Side, inputs: List[Any], weights: List[Any], seede
         params = [p for ps in named for _, p in ps if p.requires_grad]
         grads = iter(torch.autograd.grad(loss(outputs, weights), params + sum(leaves, []), allow_unused=True))
     per_module = [{k: _or_zeros(next(grads) if p.requires_grad else None, p) for k, p in ps} for ps in named]
-    input_grads = grads
     stepped = None
     if mode == "train_step":
         stepped = []
@@ -210,7 +209,7 @@ def _outcome(mode: str, side: Side, inputs: List[Any], weights: List[Any], seede
             stepped.append({k: p.detach().clone() for k, p in ps})
     buffers = [_persistent_buffers(m) for m in side.modules]
     input_grad_trees = [
-        tree_map(lambda t: _or_zeros(next(input_grads), t) if isinstance(t, torch.Tensor) and t.requires_grad else None, x)
+        tree_map(lambda t: _or_zeros(next(grads), t) if isinstance(t, torch.Tensor) and t.requires_grad else None, x)
         for x in given
     ]
     return Outcome([_detached(o) for o in outputs], input_grad_trees, per_module, buffers, stepped)
