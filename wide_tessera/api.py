@@ -189,7 +189,7 @@ def benchmark_custom(
         train=train or mode in TRAINING_MODES,
     )
     return run(
-        job, device, verbose, seed, timing, timeouts, memory_budget, isolate, confirm, compile, controls, False, mode
+        job, device, verbose, seed, timing, timeouts, memory_budget, isolate, confirm, compile, controls, mode=mode
     )
 
 

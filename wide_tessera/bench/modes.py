@@ -114,11 +114,11 @@ def timed_call(mode: str, side: Side, inputs: List[Any], weights: List[Any]) -> 
     """The call to time in `mode` on `side`, over inputs (the N models' own, made here into
     fresh leaves and packed once, outside the timed call)."""
     x = side.pack(inputs) if mode == "inference" else requiring_grad(side.pack(inputs))
-    wrt = side.parameters() + _float_leaves(x)
     if mode == "inference":
         return partial(side.forward, x)
     if mode == "forward":
         return _with_grad(side.forward, x)
+    wrt = side.parameters() + _float_leaves(x)
     if mode == "backward":
         with torch.enable_grad():
             recorded = loss(side.unpack(side.forward(x)), weights)

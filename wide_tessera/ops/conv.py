@@ -1,4 +1,4 @@
-"""N independent Conv1d/Conv2d layers as one grouped convolution (or a vmap over stacked weights)."""
+"""N independent Conv1d/Conv2d/Conv3d layers as one grouped convolution (or a vmap over stacked weights)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from ..bench.registry import register
 from ..errors import WideTesseraError
 from .base import WideOp, load_joined_parameters, shared_config
 
-__all__ = ["WideConv1d", "WideConv2d"]
+__all__ = ["WideConv1d", "WideConv2d", "WideConv3d"]
 
 
 class _WideConvNd(WideOp, nn.Module):
@@ -45,6 +45,10 @@ class _WideConvNd(WideOp, nn.Module):
         shape = (n * out_channels, in_channels, *self.FUSES(1, 1, kernel_size).kernel_size)
         self.weight = nn.Parameter(torch.empty(shape, memory_format=self._memory_format()))
         self.bias = nn.Parameter(torch.empty(n * out_channels)) if bias else None
+
+    @classmethod
+    def bench_model(cls, channels: int, kernel_size: int, **_: Any) -> nn.Module:
+        return cls.FUSES(channels, channels, kernel_size, padding=kernel_size // 2)
 
     def _memory_format(self) -> torch.memory_format:
         return torch.channels_last if self.strategy == "channels_last" else torch.contiguous_format
@@ -128,10 +132,6 @@ class WideConv1d(_WideConvNd):
     }
 
     @classmethod
-    def bench_model(cls, channels: int, kernel_size: int, **_: Any) -> nn.Module:
-        return nn.Conv1d(channels, channels, kernel_size, padding=kernel_size // 2)
-
-    @classmethod
     def bench_inputs(cls, n: int, batch: int, channels: int, length: int, **_: Any) -> List[torch.Tensor]:
         return [torch.randn(batch, channels, length) for _ in range(n)]
 
@@ -164,10 +164,6 @@ class WideConv2d(_WideConvNd):
     }
 
     @classmethod
-    def bench_model(cls, channels: int, kernel_size: int, **_: Any) -> nn.Module:
-        return nn.Conv2d(channels, channels, kernel_size, padding=kernel_size // 2)
-
-    @classmethod
     def bench_inputs(cls, n: int, batch: int, channels: int, size: int, **_: Any) -> List[torch.Tensor]:
         return [torch.randn(batch, channels, size, size) for _ in range(n)]
 
@@ -191,10 +187,6 @@ class WideConv3d(_WideConvNd):
             dtype=["float32", "bfloat16", "float16"],
         ),
     }
-
-    @classmethod
-    def bench_model(cls, channels: int, kernel_size: int, **_: Any) -> nn.Module:
-        return nn.Conv3d(channels, channels, kernel_size, padding=kernel_size // 2)
 
     @classmethod
     def bench_inputs(cls, n: int, batch: int, channels: int, size: int, **_: Any) -> List[torch.Tensor]:
