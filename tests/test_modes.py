@@ -9,7 +9,7 @@ import torch
 from click.testing import CliRunner
 from torch import nn
 
-from wide_tessera import WideLinear, benchmark, benchmark_custom, run
+from wide_tessera import WideBatchNorm2d, WideLinear, benchmark, benchmark_custom, run
 from wide_tessera.bench import modes, trees
 from wide_tessera.bench.job import SweepParams
 from wide_tessera.bench.registry import op_names
@@ -97,6 +97,39 @@ def test_batch_norm_running_statistics_are_checked_per_model(mode, fast_timing):
     )
     assert r.all_correct, r.failures
     assert all({"vmap", "surgery"} <= set(p.timings) for p in r.points)
+
+
+class StaleStatisticsBatchNorm(WideBatchNorm2d):
+    """Wide batch norms whose outputs and gradients are right and whose running statistics are
+    never updated: 'frozen' normalizes with the batch's statistics and leaves the running ones."""
+
+    BENCHMARK_STRATEGIES = ("stacked", "frozen")
+    BENCHMARK_SWEEPS = {"test": SweepParams.of([2], batch=[4], channels=[3], size=[5])}
+
+    def _normalize(self, x, n, weight, bias, mean, var):
+        if self.strategy == "frozen":
+            mean, var = None, None
+        return super()._normalize(x, n, weight, bias, mean, var)
+
+
+@pytest.mark.parametrize("mode", ["forward", "train_step"])
+def test_a_batch_norm_that_does_not_update_its_running_statistics_is_caught(mode, fast_timing):
+    r = run(StaleStatisticsBatchNorm.benchmark_job("test"), mode=mode, timing=fast_timing, verbose=False, confirm="none")
+    (point,) = r.points
+    assert point.correct["stacked"] and not point.correct["frozen"]
+    assert point.checks["frozen"].error.startswith("buffer: running_mean"), point.checks["frozen"].error
+    inference = run(StaleStatisticsBatchNorm.benchmark_job("test"), timing=fast_timing, verbose=False, confirm="none")
+    assert not inference.points[0].correct["frozen"]  # in eval, the batch's statistics are not the running ones
+
+
+@pytest.mark.parametrize("op", ["gru", "lstm"])
+def test_recurrent_ops_train_over_several_sequence_lengths(op, fast_timing):
+    r = benchmark(
+        op, preset="ci", device="cpu", n_values=[3], mode="train_step", seq_len=[1, 5], hidden=[6],
+        verbose=False, timing=fast_timing, confirm="none",
+    )
+    assert [p.params["seq_len"] for p in r.points] == [1, 5]
+    assert r.all_correct and all({"fused_cell", "block_diagonal"} <= set(p.timings) for p in r.points), r.failures
 
 
 def _batch_norm_outcomes(mode):

@@ -111,7 +111,10 @@ def every_op(tmp_path_factory):
 
 def test_tidy_rows_for_every_op_one_per_point_and_callable(every_op):
     results, _ = every_op
-    assert {r.op for r in results} == {"gemm", "conv1d", "conv2d", "conv3d", "flash_attention", "moe_experts", "mlp", "layernorm", "embedding"}
+    assert {r.op for r in results} == {
+        "gemm", "conv1d", "conv2d", "conv3d", "conv_transpose2d", "flash_attention", "moe_experts", "mlp", "layernorm",
+        "batchnorm1d", "batchnorm2d", "instancenorm1d", "instancenorm2d", "groupnorm", "embedding", "gru", "lstm",
+    }
     for r in results:
         rows = r.to_rows()
         callables = ["baseline", *r.strategies, *tidy.controls_run(r)]

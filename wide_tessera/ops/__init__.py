@@ -2,14 +2,15 @@
 
 # Registration order is the order `wide_tessera list` and `--all` use.
 from .gemm import WideLinear  # isort: skip
-from .conv import WideConv1d, WideConv2d, WideConv3d  # isort: skip
+from .conv import WideConv1d, WideConv2d, WideConv3d, WideConvTranspose2d  # isort: skip
 from .attention import AttentionBlock, WideAttention  # isort: skip
 from .experts import Expert, WideExperts  # isort: skip
 from .mlp import WideMLP  # isort: skip
-from .norms import WideLayerNorm  # isort: skip
+from .norms import WideLayerNorm, WideBatchNorm1d, WideBatchNorm2d, WideInstanceNorm1d, WideInstanceNorm2d, WideGroupNorm  # isort: skip
 from .embedding import WideEmbedding  # isort: skip
+from .recurrent import WideGRU, WideLSTM  # isort: skip
 from .base import WideOp
 from .functional import WideFunctional
 from .surgery import WideSurgery
 
-__all__ = ["WideOp", "WideLinear", "WideConv1d", "WideConv2d", "WideConv3d", "AttentionBlock", "WideAttention", "Expert", "WideExperts", "WideMLP", "WideLayerNorm", "WideEmbedding", "WideFunctional", "WideSurgery"]
+__all__ = ["WideOp", "WideLinear", "WideConv1d", "WideConv2d", "WideConv3d", "WideConvTranspose2d", "AttentionBlock", "WideAttention", "Expert", "WideExperts", "WideMLP", "WideLayerNorm", "WideBatchNorm1d", "WideBatchNorm2d", "WideInstanceNorm1d", "WideInstanceNorm2d", "WideGroupNorm", "WideEmbedding", "WideGRU", "WideLSTM", "WideFunctional", "WideSurgery"]

@@ -7,6 +7,7 @@ from typing import Any, Callable, ClassVar, Dict, List, Optional, Sequence, Tupl
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ..bench.capabilities import Needs
 from ..bench.job import DTYPES, BenchmarkJob, SweepParams
@@ -14,7 +15,7 @@ from ..bench.registry import RESERVED_STRATEGY_NAMES, outside_strategies
 from ..bench.roofline import Work
 from ..errors import WideTesseraError, unknown
 
-__all__ = ["WideOp", "shared_config", "load_joined_parameters", "TRITON"]
+__all__ = ["WideOp", "WideChannelsOp", "shared_config", "load_joined_parameters", "TRITON"]
 
 
 def _triton_unavailable(device: torch.device, dtype: torch.dtype, params: Dict[str, Any]) -> Optional[str]:
@@ -168,8 +169,39 @@ class WideOp:
                 )
         return list(inputs)
 
+    def unpack(self, output: Any) -> List[Any]:
+        """The N outputs: every tensor of the output (a tensor, or a tuple such as a GRU's output
+        and hidden state) split on its leading axis."""
+        leaves, spec = tree_flatten(output)
+        return [tree_unflatten(list(models), spec) for models in zip(*(t.unbind(0) for t in leaves))]
+
+
+class WideChannelsOp(WideOp):
+    """An op over channels, whose wide layout puts the N models' channels side by side,
+    [B, N*C, *rest] (a grouped convolution's, and the channel norms'): the stacked layout
+    [N, B, C, ...] would need a copy into it on every call.
+
+    A subclass sets `n`, `in_channels` and `out_channels` (per model).
+    """
+
+    n: int
+    in_channels: int
+    out_channels: int
+
+    def memory_format(self) -> torch.memory_format:
+        """The layout `pack` gives its output."""
+        return torch.contiguous_format
+
+    def pack(self, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
+        inputs = self.check_inputs(inputs)
+        if inputs and (inputs[0].dim() < 2 or inputs[0].shape[1] != self.in_channels):
+            raise WideTesseraError(
+                f"pack: inputs of shape {tuple(inputs[0].shape)}; expected [batch, {self.in_channels}, ...]"
+            )
+        return torch.cat(inputs, dim=1).contiguous(memory_format=self.memory_format())
+
     def unpack(self, output: torch.Tensor) -> List[torch.Tensor]:
-        return list(output.unbind(0))
+        return list(output.unflatten(1, (self.n, self.out_channels)).unbind(1))
 
 
 _FACTORIES = ("bench_model", "bench_inputs", "from_modules")

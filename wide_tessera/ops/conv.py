@@ -1,4 +1,5 @@
-"""N independent Conv1d/Conv2d/Conv3d layers as one grouped convolution (or a vmap over stacked weights)."""
+"""N independent Conv1d/Conv2d/Conv3d/ConvTranspose2d layers as one grouped convolution (or a
+vmap over stacked weights)."""
 
 from __future__ import annotations
 
@@ -11,16 +12,17 @@ from torch import nn
 from ..bench.job import SweepParams
 from ..bench.registry import register
 from ..errors import WideTesseraError
-from .base import WideOp, load_joined_parameters, shared_config
+from .base import WideChannelsOp, load_joined_parameters, shared_config
 
-__all__ = ["WideConv1d", "WideConv2d", "WideConv3d"]
+__all__ = ["WideConv1d", "WideConv2d", "WideConv3d", "WideConvTranspose2d"]
 
 
-class _WideConvNd(WideOp, nn.Module):
+class _WideConvNd(WideChannelsOp, nn.Module):
     """N convolutions. Wide layout: channels of the N models side by side, [B, N*C, *spatial].
 
-    The weights are stored as one grouped-conv weight [N*C_out, C_in, *k], which
-    every strategy can view as [N, C_out, C_in, *k] without a copy.
+    The weights are stored as one grouped-conv weight, the N models' weights concatenated on
+    its first axis ([N*C_out, C_in, *k]), which every strategy can view as [N, C_out, C_in, *k]
+    without a copy.
     """
 
     CONV: ClassVar[Callable[..., torch.Tensor]]
@@ -42,16 +44,26 @@ class _WideConvNd(WideOp, nn.Module):
         self.n, self.in_channels, self.out_channels = n, in_channels, out_channels
         self.stride, self.padding, self.dilation = stride, padding, dilation
         self.strategy = self.check_strategy(strategy)
-        shape = (n * out_channels, in_channels, *self.FUSES(1, 1, kernel_size).kernel_size)
-        self.weight = nn.Parameter(torch.empty(shape, memory_format=self._memory_format()))
+        shape = (n * self._weight_rows(), self._weight_cols(), *self.FUSES(1, 1, kernel_size).kernel_size)
+        self.weight = nn.Parameter(torch.empty(shape, memory_format=self.memory_format()))
         self.bias = nn.Parameter(torch.empty(n * out_channels)) if bias else None
 
     @classmethod
     def bench_model(cls, channels: int, kernel_size: int, **_: Any) -> nn.Module:
         return cls.FUSES(channels, channels, kernel_size, padding=kernel_size // 2)
 
-    def _memory_format(self) -> torch.memory_format:
+    def _weight_rows(self) -> int:
+        """A model's rows of the grouped weight: torch's conv weight is [C_out, C_in, *k]."""
+        return self.out_channels
+
+    def _weight_cols(self) -> int:
+        return self.in_channels
+
+    def memory_format(self) -> torch.memory_format:
         return torch.channels_last if self.strategy == "channels_last" else torch.contiguous_format
+
+    def _conv(self, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], groups: int) -> torch.Tensor:
+        return type(self).CONV(x, weight, bias, self.stride, self.padding, self.dilation, groups)
 
     @classmethod
     def from_modules(cls, modules: Sequence[nn.Module], strategy: Optional[str] = None) -> "_WideConvNd":
@@ -63,35 +75,24 @@ class _WideConvNd(WideOp, nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.strategy == "vmap":
             return self._vmap_forward(x)
-        return type(self).CONV(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.n)
+        return self._conv(x, self.weight, self.bias, self.n)
 
     def _vmap_forward(self, x: torch.Tensor) -> torch.Tensor:
-        conv = type(self).CONV
-
         def one(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor]) -> torch.Tensor:
-            return conv(x, w, b, self.stride, self.padding, self.dilation)
+            return self._conv(x, w, b, 1)
 
-        w = self.weight.unflatten(0, (self.n, self.out_channels))
-        b = None if self.bias is None else self.bias.unflatten(0, (self.n, self.out_channels))
+        w = self.weight.unflatten(0, (self.n, -1))
+        b = None if self.bias is None else self.bias.unflatten(0, (self.n, -1))
         y = torch.func.vmap(one, in_dims=(1, 0, None if b is None else 0), out_dims=1)(
             x.unflatten(1, (self.n, self.in_channels)), w, b
         )
         return y.flatten(1, 2)
 
-    def pack(self, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
-        inputs = self.check_inputs(inputs)
-        if inputs and (inputs[0].dim() < 2 or inputs[0].shape[1] != self.in_channels):
-            raise WideTesseraError(
-                f"pack: inputs of shape {tuple(inputs[0].shape)}; expected [batch, {self.in_channels}, ...]"
-            )
-        return torch.cat(inputs, dim=1).contiguous(memory_format=self._memory_format())
-
-    def unpack(self, output: torch.Tensor) -> List[torch.Tensor]:
-        return list(output.unflatten(1, (self.n, self.out_channels)).unbind(1))
-
 
 def _describe_conv(m: nn.Module) -> dict:
+    transposed = dict(output_padding=m.output_padding) if m.transposed else {}
     return dict(
+        **transposed,
         in_channels=m.in_channels,
         out_channels=m.out_channels,
         kernel_size=m.kernel_size,
@@ -191,3 +192,47 @@ class WideConv3d(_WideConvNd):
     @classmethod
     def bench_inputs(cls, n: int, batch: int, channels: int, size: int, **_: Any) -> List[torch.Tensor]:
         return [torch.randn(batch, channels, size, size, size) for _ in range(n)]
+
+
+@register("conv_transpose2d")
+class WideConvTranspose2d(_WideConvNd):
+    """N ConvTranspose2d (the upsampling of decoders and GANs). Strategies: 'grouped' (one
+    transposed conv with groups=N), 'vmap'."""
+
+    FUSES = nn.ConvTranspose2d
+    BENCHMARK_STRATEGIES = ("grouped", "vmap")
+    BENCHMARK_SWEEPS = {
+        "ci": SweepParams.of([1, 4, 16], batch=[2], channels=[16], kernel_size=[4], size=[8], dtype=["float32"]),
+        "quick": SweepParams.of([1, 2, 4, 8, 16], batch=[4], channels=[32], kernel_size=[4], size=[16], dtype=["float32", "bfloat16"]),
+        "full": SweepParams.of(
+            [1, 2, 4, 8, 16, 32],
+            batch=[8, 32],
+            channels=[32, 64],
+            kernel_size=[2, 4],
+            size=[16, 32],
+            dtype=["float32", "bfloat16", "float16"],
+        ),
+    }
+
+    def __init__(self, n: int, *args: Any, output_padding: Any = 0, **kwargs: Any):
+        super().__init__(n, *args, **kwargs)
+        self.output_padding = output_padding
+
+    def _weight_rows(self) -> int:
+        """torch's transposed conv weight is [C_in, C_out, *k]: a model's rows are its inputs."""
+        return self.in_channels
+
+    def _weight_cols(self) -> int:
+        return self.out_channels
+
+    def _conv(self, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], groups: int) -> torch.Tensor:
+        return F.conv_transpose2d(x, weight, bias, self.stride, self.padding, self.output_padding, groups, self.dilation)
+
+    @classmethod
+    def bench_model(cls, channels: int, kernel_size: int, **_: Any) -> nn.Module:
+        # stride 2: the upsampling layer it is in practice, output twice the input's size
+        return nn.ConvTranspose2d(channels, channels, kernel_size, stride=2, padding=(kernel_size - 2) // 2)
+
+    @classmethod
+    def bench_inputs(cls, n: int, batch: int, channels: int, size: int, **_: Any) -> List[torch.Tensor]:
+        return [torch.randn(batch, channels, size, size) for _ in range(n)]
