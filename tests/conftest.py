@@ -26,7 +26,7 @@ def _no_controls(monkeypatch):
     controls ask for them; elsewhere a run leaves them out unless told."""
     from wide_tessera.bench import point
 
-    monkeypatch.setattr(point, "default_controls", lambda: False)
+    monkeypatch.setattr(point, "default_controls", lambda preset=None: False)
 
 
 @pytest.fixture(autouse=True)

@@ -15,7 +15,7 @@ from wide_tessera.bench.schema import SCHEMA_VERSION, save_results
 @pytest.fixture(autouse=True)
 def _fast_runs(monkeypatch, fast_timing):
     """benchmark() takes no timing config; shorten the runner's default for these tests."""
-    monkeypatch.setattr(point, "default_timing", lambda: fast_timing)
+    monkeypatch.setattr(point, "default_timing", lambda preset=None: fast_timing)
 
 
 class Expert(nn.Module):

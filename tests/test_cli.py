@@ -233,3 +233,29 @@ def test_timing_settings_and_threads_are_recorded(tmp_path):
     result = load_results(out)[0]
     assert result.environment.threads == 1
     assert (result.timing.budget_s, result.timing.target_rel_ci, result.timing.cuda_graph) == (0.005, 0.5, False)
+
+
+@pytest.mark.parametrize(
+    "options, budget, confirm",
+    [((), 0.1, "none"), (("--budget", "0.05", "--confirm", "all"), 0.05, "all")],
+)
+def test_the_ci_preset_is_a_smoke_run_unless_told_otherwise(tmp_path, options, budget, confirm):
+    out = tmp_path / "ci.json"
+    args = ["benchmark", "layernorm", "--preset", "ci", "--n-values", "1,2", "--set", "batch=4", "-o", str(out), *options]
+    r = CliRunner().invoke(cli, args, catch_exceptions=False)  # not invoke(): it gives a --budget
+    assert r.exit_code == 0, r.output
+    (result,) = load_results(out)
+    assert (result.timing.budget_s, result.confirm) == (budget, confirm)
+    unconfirmed = "fusing wins, unconfirmed: --confirm none, at every larger N" in r.stdout
+    assert unconfirmed == (confirm == "none")
+
+
+def test_presets_other_than_ci_confirm_and_control_as_always():
+    from wide_tessera.bench.point import PRESET_RUNS, RunSettings, preset_run
+
+    assert preset_run("full") == preset_run(None) == preset_run("custom")
+    assert (preset_run("full").budget_s, preset_run("full").confirm, preset_run("full").controls) == (0.5, "deciding", True)
+    assert (preset_run("quick").budget_s, preset_run("quick").confirm, preset_run("quick").controls) == (0.25, "deciding", True)
+    assert not PRESET_RUNS["ci"].controls
+    assert RunSettings(preset="ci").confirm == "none" and RunSettings(preset="ci", confirm="all").confirm == "all"
+    assert RunSettings(preset="full").confirm == "deciding"

@@ -17,7 +17,7 @@ def test_readme_has_examples():
 
 @pytest.mark.parametrize("code", EXAMPLES, ids=[f"example{i}" for i in range(len(EXAMPLES))])
 def test_readme_example_runs(code, monkeypatch, fast_timing, capsys, tmp_path):
-    monkeypatch.setattr(point, "default_timing", lambda: fast_timing)
+    monkeypatch.setattr(point, "default_timing", lambda preset=None: fast_timing)
     monkeypatch.chdir(tmp_path)  # the files an example writes
     exec(compile(code, "README.md", "exec"), {"__name__": "readme_example"})  # what it registers leaves with the test
     out = capsys.readouterr().out

@@ -101,7 +101,7 @@ def benchmark(
     isolate: bool = False,
     timeouts: Optional[StageTimeouts] = None,
     memory_budget: Optional[int] = None,
-    confirm: str = "deciding",
+    confirm: Optional[str] = None,
     compile: str = "none",
     controls: Optional[bool] = None,
     roofline: bool = False,
@@ -116,7 +116,9 @@ def benchmark(
     `timeouts` limits each stage of a point (StageTimeouts); `memory_budget` (bytes) skips
     points whose estimated footprint is larger. `confirm` says which points are measured
     again after the sweep ('deciding', 'all', 'none'); where the passes disagree the
-    point is unstable and never counts as a win. `compile` applies torch.compile in that mode
+    point is unstable and never counts as a win. The `ci` preset, a smoke run, samples 0.1 s
+    per function, confirms nothing and times no controls where `timing`, `confirm` and
+    `controls` are not given (bench.point.PRESET_RUNS); other runs 0.5 s, 'deciding', controls. `compile` applies torch.compile in that mode
     ('default', 'reduce-overhead', 'max-autotune'; 'none' for eager) to the baseline and every
     strategy alike. `controls` (default on) also times the baseline loop captured in one CUDA
     graph (CUDA only) and compiled: cheaper loops that fuse nothing, shown beside the strategies.
@@ -147,7 +149,7 @@ def benchmark_custom(
     isolate: bool = False,
     timeouts: Optional[StageTimeouts] = None,
     memory_budget: Optional[int] = None,
-    confirm: str = "deciding",
+    confirm: Optional[str] = None,
     compile: str = "none",
     controls: Optional[bool] = None,
     input_dtype: Any = None,

@@ -24,7 +24,7 @@ from .bench.environment import capture_environment
 from .bench.files import results_lock, results_target
 from .bench.job import DTYPES, BenchmarkJob, SweepParams
 from .bench.modes import MODES, TRAINING_MODES
-from .bench.point import COMPILE_MODES, CONFIRM_MODES
+from .bench.point import COMPILE_MODES, CONFIRM_MODES, PRESET_RUNS, default_timing
 from .bench.registry import REGISTRY, get_op, import_ops, op_names, outside_strategies
 from .bench.report import format_table
 from .bench.plots import plot_result
@@ -141,16 +141,17 @@ def _run_settings(
     seed: int,
     threads: Optional[int],
     target_ci: float,
-    budget: float,
+    budget: Optional[float],
     cuda_graph: bool,
     timeout_multiplier: float,
     memory_budget: Optional[str],
     isolate: bool = False,
-    confirm: str = "deciding",
+    confirm: Optional[str] = None,
     compile_mode: str = "none",
-    controls: bool = True,
+    controls: Optional[bool] = None,
     roofline: bool = False,
     mode: str = "inference",
+    preset: Optional[str] = None,
 ) -> RunSettings:
     """The run's settings from the options, each checked; an error names the option, not the field."""
     resolved = resolve_device(device)
@@ -162,7 +163,11 @@ def _run_settings(
         return RunSettings(
             resolved,
             check_seed(seed),
-            TimingConfig(target_rel_ci=target_ci, budget_s=budget, cuda_graph=cuda_graph),
+            TimingConfig(
+                target_rel_ci=target_ci,
+                budget_s=default_timing(preset).budget_s if budget is None else budget,
+                cuda_graph=cuda_graph,
+            ),
             StageTimeouts(multiplier=timeout_multiplier),
             None if memory_budget is None else parse_size(memory_budget),
             isolate,
@@ -171,6 +176,7 @@ def _run_settings(
             controls=controls,
             roofline=roofline,
             mode=mode,
+            preset=preset,
         )
     except WideTesseraError as e:
         field, sep, rest = str(e).partition("=")
@@ -274,7 +280,11 @@ _RUN_OPTIONS = _options(
         help="Sample until each median's 95% CI is narrower than this fraction of it.",
     ),
     click.option(
-        "--budget", type=float, default=TimingConfig.budget_s, show_default=True, help="Sampling seconds per function."
+        "--budget",
+        type=float,
+        default=None,
+        help=f"Sampling seconds per function.  [default: {TimingConfig.budget_s}; preset quick: "
+        f"{PRESET_RUNS['quick'].budget_s}, ci: {PRESET_RUNS['ci'].budget_s}]",
     ),
     click.option("--cuda-graph", is_flag=True, help="CUDA only: time CUDA-graph replays, without launch overhead."),
     click.option("--isolate", is_flag=True, help="Run each op in a worker process: a hang or crash costs one strategy."),
@@ -285,9 +295,9 @@ _RUN_OPTIONS = _options(
     click.option(
         "--confirm",
         type=click.Choice(CONFIRM_MODES),
-        default="deciding",
-        show_default=True,
-        help="Which points to measure again, independently, after the sweep; disagreeing points are unstable.",
+        default=None,
+        help="Which points to measure again, independently, after the sweep; disagreeing points are unstable.  "
+        "[default: deciding; preset ci: none]",
     ),
     click.option(
         "--mode",
@@ -307,9 +317,9 @@ _RUN_OPTIONS = _options(
     ),
     click.option(
         "--controls/--no-controls",
-        default=True,
-        show_default=True,
-        help="Also time the baseline loop in one CUDA graph (CUDA) and compiled: cheaper loops that do not fuse.",
+        default=None,
+        help="Also time the baseline loop in one CUDA graph (CUDA) and compiled: cheaper loops that do not fuse.  "
+        "[default: controls; preset ci: no-controls]",
     ),
     click.option(
         "--roofline",
@@ -493,15 +503,15 @@ def _measure(
     seed: int,
     threads: Optional[int],
     target_ci: float,
-    budget: float,
+    budget: Optional[float],
     cuda_graph: bool,
     isolate: bool,
     timeout_multiplier: float,
     memory_budget: Optional[str],
-    confirm: str,
+    confirm: Optional[str],
     mode: str,
     compile_mode: str,
-    controls: bool,
+    controls: Optional[bool],
     roofline: bool,
     dump_ir: Optional[str],
     strict: bool,
@@ -530,6 +540,7 @@ def _measure(
                 controls,
                 roofline,
                 mode,
+                preset,
             )
             if threads is not None:
                 torch.set_num_threads(threads)

@@ -49,14 +49,36 @@ CONFIRM_MODES = ("deciding", "all", "none")
 INPUT_DRAWS = 2
 
 
-def default_timing() -> TimingConfig:
+@dataclass(frozen=True)
+class PresetRun:
+    """How a run of a preset samples, confirms and controls where its caller does not say."""
+
+    budget_s: float = TimingConfig.budget_s
+    confirm: str = "deciding"
+    controls: bool = True
+
+
+# The `ci` preset is a smoke run of every op: does each strategy run and compute what the N
+# calls compute, with a rough speedup. With the full settings all 17 ops took 370 s on the
+# 2-core CPU (controls compiled at every point, deciding points measured twice, 0.5 s per
+# function); with these, 59 s. Its verdicts keep their intervals, its header says they are
+# unconfirmed, and any of the three can be asked back (--budget, --confirm, --controls).
+# `quick`, the README's first command, keeps confirmation and controls and samples 0.25 s.
+PRESET_RUNS = {"ci": PresetRun(budget_s=0.1, confirm="none", controls=False), "quick": PresetRun(budget_s=0.25)}
+
+
+def preset_run(preset: Optional[str]) -> PresetRun:
+    return PRESET_RUNS.get(preset or "", PresetRun())
+
+
+def default_timing(preset: Optional[str] = None) -> TimingConfig:
     """The timing settings of a run that names none; one place, so tests can shorten it."""
-    return TimingConfig()
+    return TimingConfig(budget_s=preset_run(preset).budget_s)
 
 
-def default_controls() -> bool:
+def default_controls(preset: Optional[str] = None) -> bool:
     """Whether a run that does not say times the controls; one place, so tests can leave them out."""
-    return True
+    return preset_run(preset).controls
 
 
 @dataclass(frozen=True)
@@ -64,6 +86,7 @@ class RunSettings:
     """How to run a job's points; one object, passed whole to the runner and the isolated worker.
 
     confirm: which points the confirmation pass measures again ('deciding', 'all', 'none').
+    timing, confirm and controls left None are the preset's (PRESET_RUNS), else the defaults.
     compile: torch.compile mode applied to the baseline and every strategy alike ('none' for eager).
     controls: time the controls (see `controls`) beside the strategies where they apply.
     roofline: measure the device's peaks (once, cached) and report each timing against them.
@@ -77,18 +100,21 @@ class RunSettings:
     timeouts: StageTimeouts = field(default_factory=StageTimeouts)
     memory_budget: Optional[int] = None
     isolate: bool = False
-    confirm: str = "deciding"
+    confirm: Optional[str] = None
     compile: str = "none"
     controls: Optional[bool] = None
     roofline: bool = False
     mode: str = "inference"
+    preset: Optional[str] = None
 
     def __post_init__(self) -> None:
         check_mode(self.mode)
         if self.timing is None:
-            object.__setattr__(self, "timing", default_timing())
+            object.__setattr__(self, "timing", default_timing(self.preset))
         if self.controls is None:
-            object.__setattr__(self, "controls", default_controls())
+            object.__setattr__(self, "controls", default_controls(self.preset))
+        if self.confirm is None:
+            object.__setattr__(self, "confirm", preset_run(self.preset).confirm)
         check_bool("controls", self.controls)
         check_bool("roofline", self.roofline)
         if self.compile not in COMPILE_MODES:

@@ -207,8 +207,9 @@ def _crossover_lines(result: "BenchmarkResult") -> List[str]:
     provisional = "" if result.complete else " (provisional: the run is incomplete)"
     crossed = sum(g.crossover_n is not None for g in result.groups)
     wins = sorted(result.strategy_wins.items(), key=lambda x: -x[1])
+    confirmed = "unconfirmed: --confirm none" if result.confirm == "none" else "confirmed"
     return [
-        f"crossover N per parameter group{provisional.replace(' (', ', ').rstrip(')')} (smallest N from which fusing wins, confirmed, at every larger N):",
+        f"crossover N per parameter group{provisional.replace(' (', ', ').rstrip(')')} (smallest N from which fusing wins, {confirmed}, at every larger N):",
         *(f"  {params_text(g.params)}: {_n_or_never(g.crossover_n)}" for g in result.groups),
         f"crossover_n: {_n_or_never(result.crossover_n)}{provisional} ({crossed}/{len(result.groups)} groups cross) | "
         f"recommended_threshold: {_n_or_never(result.recommended_threshold)} | best speedup: "

@@ -52,7 +52,7 @@ def run(
     timeouts: Optional[StageTimeouts] = None,
     memory_budget: Optional[int] = None,
     isolate: bool = False,
-    confirm: str = "deciding",
+    confirm: Optional[str] = None,
     compile: str = "none",
     controls: Optional[bool] = None,
     roofline: bool = False,
@@ -60,7 +60,8 @@ def run(
 ) -> BenchmarkResult:
     """Run every point of `job` on `device` (in worker processes with `isolate`), confirm, analyse."""
     settings = RunSettings(
-        device, seed, timing, timeouts or StageTimeouts(), memory_budget, isolate, confirm, compile, controls, roofline, mode
+        device, seed, timing, timeouts or StageTimeouts(), memory_budget, isolate, confirm, compile, controls, roofline, mode,
+        preset=job.preset,
     )
     check_runnable(job, settings)
     progress = Progress(job.sweep.n_points(), enabled=verbose)
