@@ -23,7 +23,7 @@ from typing import Iterator, List
 
 import torch
 
-from wide_tessera import benchmark
+from wide_tessera import TimingConfig, benchmark
 from wide_tessera.bench.registry import op_names
 from wide_tessera.bench.report import format_table
 
@@ -67,10 +67,13 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     rows, why = [], []
     totals = {"groups": 0, "agree": 0, "flagged": 0, "confident": 0}
+    # the full settings over the preset's sweep (the ci preset alone would neither confirm nor
+    # sample long): what is under test is the confirmation and the flags, not the smoke run
+    full = dict(device=args.device, verbose=False, timing=TimingConfig(), confirm="deciding", controls=True)
     for op in args.ops or op_names():
-        first = benchmark(op, preset=args.preset, device=args.device, verbose=False)
+        first = benchmark(op, preset=args.preset, **full)
         with cpu_burners(args.load):
-            second = benchmark(op, preset=args.preset, device=args.device, verbose=False)
+            second = benchmark(op, preset=args.preset, **full)
         agree = flagged = confident = 0
         for a, b in zip(first.groups, second.groups):
             if a.crossover_n == b.crossover_n:

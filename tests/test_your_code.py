@@ -426,6 +426,31 @@ def test_surgery_is_checked_like_every_strategy(model, shape, fast_timing):
     assert all(p.correct["surgery"] for p in r.points)
 
 
+class Recurrent(nn.Module):
+    """A GRU encoder with a BatchNorm head: vmap has no batching rule for aten::gru."""
+
+    def __init__(self, d: int = 8):
+        super().__init__()
+        self.gru, self.fc, self.bn = nn.GRU(d, d, batch_first=True), nn.Linear(d, d), nn.BatchNorm1d(d)
+
+    def forward(self, x):
+        out, _ = self.gru(x)
+        return self.bn(self.fc(out[:, -1]))
+
+
+@pytest.mark.parametrize("mode", ["inference", "train_step"])
+def test_surgery_fuses_a_recurrent_model_vmap_cannot_run(mode, fast_timing):
+    r = benchmark_custom(Recurrent, (4, 5, 8), [1, 3], mode=mode, device="cpu", verbose=False, timing=fast_timing, confirm="none")
+    assert all(p.correct["surgery"] and not p.correct["vmap"] for p in r.points), r.summary()
+    assert all("aten::gru" in p.failures["vmap"].message for p in r.points)
+
+
+def test_surgery_swaps_recurrent_layers_and_batch_norms():
+    from wide_tessera import WideSurgery
+
+    assert WideSurgery([Recurrent(), Recurrent()]).swapped == ["gru", "fc", "bn"]
+
+
 def test_a_wrong_swap_is_caught(fast_timing, monkeypatch):
     from wide_tessera.ops import surgery
 
