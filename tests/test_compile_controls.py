@@ -83,8 +83,14 @@ def test_controls_are_timed_checked_and_never_win(fast_timing):
         assert p.first_call_s["loop_compiled"] > 0
         assert p.winner not in ("loop_compiled", "loop_graph") and p.best_strategy != "loop_compiled"
     assert "loop_compiled (control) ms speedup" in r.summary()
-    assert "fuse, or just capture the loop?" in r.summary()
-    assert r.groups[0].fuse_or_capture.n == 4 and r.groups[0].fuse_or_capture.control == "loop_compiled"
+    # a disturbed point or one no strategy wins gets no answer (a loaded CI machine gave one)
+    last = r.points[-1]
+    answered = last.best_strategy is not None and not last.disturbed
+    assert ("fuse, or just capture the loop?" in r.summary()) == answered
+    if answered:
+        assert r.groups[0].fuse_or_capture.n == 4 and r.groups[0].fuse_or_capture.control == "loop_compiled"
+    else:
+        assert r.groups[0].fuse_or_capture is None
 
 
 def test_a_control_faster_than_every_strategy_still_never_wins():
