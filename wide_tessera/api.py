@@ -116,9 +116,10 @@ def benchmark(
     `timeouts` limits each stage of a point (StageTimeouts); `memory_budget` (bytes) skips
     points whose estimated footprint is larger. `confirm` says which points are measured
     again after the sweep ('deciding', 'all', 'none'); where the passes disagree the
-    point is unstable and never counts as a win. The `ci` preset, a smoke run, samples 0.1 s
-    per function, confirms nothing and times no controls where `timing`, `confirm` and
-    `controls` are not given (bench.point.PRESET_RUNS); other runs 0.5 s, 'deciding', controls. `compile` applies torch.compile in that mode
+    point is unstable and never counts as a win. Where `timing`, `confirm` and `controls` are
+    not given, the preset's settings apply (bench.point.PRESET_RUNS): `ci`, a smoke run,
+    samples 0.1 s per function, confirms nothing and times no controls; `quick` samples 0.25 s;
+    other runs 0.5 s, confirm the deciding points and time the controls. `compile` applies torch.compile in that mode
     ('default', 'reduce-overhead', 'max-autotune'; 'none' for eager) to the baseline and every
     strategy alike. `controls` (default on) also times the baseline loop captured in one CUDA
     graph (CUDA only) and compiled: cheaper loops that fuse nothing, shown beside the strategies.

@@ -3,7 +3,7 @@ vmap over stacked weights)."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, ClassVar, List, Optional, Sequence
+from typing import Any, Callable, ClassVar, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -44,7 +44,8 @@ class _WideConvNd(WideChannelsOp, nn.Module):
         self.n, self.in_channels, self.out_channels = n, in_channels, out_channels
         self.stride, self.padding, self.dilation = stride, padding, dilation
         self.strategy = self.check_strategy(strategy)
-        shape = (n * self._weight_rows(), self._weight_cols(), *self.FUSES(1, 1, kernel_size).kernel_size)
+        rows, cols = self._weight_dims()
+        shape = (n * rows, cols, *self.FUSES(1, 1, kernel_size).kernel_size)
         self.weight = nn.Parameter(torch.empty(shape, memory_format=self.memory_format()))
         self.bias = nn.Parameter(torch.empty(n * out_channels)) if bias else None
 
@@ -52,12 +53,10 @@ class _WideConvNd(WideChannelsOp, nn.Module):
     def bench_model(cls, channels: int, kernel_size: int, **_: Any) -> nn.Module:
         return cls.FUSES(channels, channels, kernel_size, padding=kernel_size // 2)
 
-    def _weight_rows(self) -> int:
-        """A model's rows of the grouped weight: torch's conv weight is [C_out, C_in, *k]."""
-        return self.out_channels
-
-    def _weight_cols(self) -> int:
-        return self.in_channels
+    def _weight_dims(self) -> Tuple[int, int]:
+        """A model's first two weight dims, its rows of the grouped weight first: torch's conv
+        weight is [C_out, C_in, *k]."""
+        return self.out_channels, self.in_channels
 
     def memory_format(self) -> torch.memory_format:
         return torch.channels_last if self.strategy == "channels_last" else torch.contiguous_format
@@ -218,12 +217,9 @@ class WideConvTranspose2d(_WideConvNd):
         super().__init__(n, *args, **kwargs)
         self.output_padding = output_padding
 
-    def _weight_rows(self) -> int:
+    def _weight_dims(self) -> Tuple[int, int]:
         """torch's transposed conv weight is [C_in, C_out, *k]: a model's rows are its inputs."""
-        return self.in_channels
-
-    def _weight_cols(self) -> int:
-        return self.out_channels
+        return self.in_channels, self.out_channels
 
     def _conv(self, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], groups: int) -> torch.Tensor:
         return F.conv_transpose2d(x, weight, bias, self.stride, self.padding, self.output_padding, groups, self.dilation)

@@ -4,7 +4,6 @@ and group norms) over the channels of [B, C, ...] inputs."""
 from __future__ import annotations
 
 import math
-
 from typing import Any, ClassVar, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -137,12 +136,13 @@ class _WideChannelNorm(WideChannelsOp, nn.Module):
         config = shared_config(modules, cls.FUSES, cls._describe)
         config.pop("num_batches_tracked", None)  # checked alike, then copied with the buffers
         wide = cls(len(modules), strategy=strategy, **config)
-        ref = next(iter(modules[0].state_dict().values()), None)
+        states = [m.state_dict() for m in modules]
+        ref = next(iter(states[0].values()), None)
         if ref is not None:
             wide.to(device=ref.device, dtype=ref.dtype)
         with torch.no_grad():
             for name, t in wide.state_dict().items():
-                parts = [m.state_dict()[name] for m in modules]
+                parts = [state[name] for state in states]
                 t.copy_(torch.stack(parts) if name == "num_batches_tracked" else torch.cat(parts))
         return wide.train(modules[0].training)  # batch statistics or running ones, as the models use
 
@@ -162,8 +162,10 @@ class _WideChannelNorm(WideChannelsOp, nn.Module):
 
     def _average_factor(self) -> float:
         """The weight of this batch in the running statistics, as torch's batch norm computes it."""
-        if self.momentum is not None or self.num_batches_tracked is None:
-            return self.momentum or 0.0
+        if self.momentum is not None:
+            return self.momentum
+        if self.num_batches_tracked is None:
+            return 0.0  # no running statistics to update
         return 1.0 / float(self.num_batches_tracked[0])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -269,7 +271,6 @@ class WideBatchNorm1d(_WideBatchNorm):
     BENCHMARK_SWEEPS = _sweeps_1d()
 
 
-
 @register("batchnorm2d")
 class WideBatchNorm2d(_WideBatchNorm):
     """N nn.BatchNorm2d over [B, C, H, W]. Strategies: 'stacked', 'vmap'."""
@@ -277,7 +278,6 @@ class WideBatchNorm2d(_WideBatchNorm):
     FUSES = nn.BatchNorm2d
     SPATIAL = ("size", "size")
     BENCHMARK_SWEEPS = _sweeps_2d()
-
 
 
 @register("instancenorm1d")
@@ -289,7 +289,6 @@ class WideInstanceNorm1d(_WideInstanceNorm):
     BENCHMARK_SWEEPS = _sweeps_1d()
 
 
-
 @register("instancenorm2d")
 class WideInstanceNorm2d(_WideInstanceNorm):
     """N nn.InstanceNorm2d over [B, C, H, W]. Strategies: 'stacked', 'vmap'."""
@@ -297,7 +296,6 @@ class WideInstanceNorm2d(_WideInstanceNorm):
     FUSES = nn.InstanceNorm2d
     SPATIAL = ("size", "size")
     BENCHMARK_SWEEPS = _sweeps_2d()
-
 
 
 @register("groupnorm")

@@ -101,7 +101,7 @@ class _WideRNN(WideOp, nn.Module):
         if state is None:
             zeros = x.new_zeros(self.n, self.num_layers, x.shape[1], self.hidden_size)
             state = self._state(zeros, zeros)
-        run = self._fused_cell if self.strategy == "fused_cell" else self._block_diagonal
+        run = self._fused_cell if self.strategy == "fused_cell" else self._one_wide_layer
         out, state = run(x, state)
         return (out if self.batch_first else out.transpose(1, 2)), state
 
@@ -116,8 +116,7 @@ class _WideRNN(WideOp, nn.Module):
             carried = self._layer_state(state, layer)
             steps = []
             for t in range(x.shape[2]):
-                h = carried[0]
-                recurrent = torch.bmm(h, w_hh.transpose(1, 2))
+                recurrent = torch.bmm(carried[0], w_hh.transpose(1, 2))
                 if biases:
                     recurrent = recurrent + biases[1].unsqueeze(1)
                 carried = self._cell(projected[:, :, t], recurrent, carried)
@@ -126,8 +125,8 @@ class _WideRNN(WideOp, nn.Module):
             finals.append(carried)
         return x, self._state(*(torch.stack(parts, 1) for parts in zip(*finals)))
 
-    def _block_diagonal(self, x: torch.Tensor, state: Any) -> Tuple[torch.Tensor, Any]:
-        n, batch, steps, _ = x.shape
+    def _one_wide_layer(self, x: torch.Tensor, state: Any) -> Tuple[torch.Tensor, Any]:
+        n = x.shape[0]
         eye = torch.eye(n, dtype=x.dtype, device=x.device)
         params = []
         for layer in range(self.num_layers):
@@ -135,11 +134,10 @@ class _WideRNN(WideOp, nn.Module):
             params += [_block_diagonal(w_ih, self.GATES, eye), _block_diagonal(w_hh, self.GATES, eye)]
             # gate-major, as the weights' rows: [G, N, H] -> [G*N*H]
             params += [b.unflatten(1, (self.GATES, -1)).transpose(0, 1).flatten() for b in biases]
-        side_by_side = x.permute(1, 2, 0, 3).flatten(2)  # [B, T, N*I]
-        hidden = [s.permute(1, 2, 0, 3).flatten(2) for s in self._state_tensors(state)]  # [layers, B, N*H]
-        out, *final = self._native(side_by_side, hidden, params)
-        out = out.unflatten(2, (n, -1)).permute(2, 0, 1, 3)
-        return out, self._state(*(f.unflatten(2, (n, -1)).permute(2, 0, 1, 3) for f in final))
+        # x [N, B, T, I] -> [B, T, N*I]; the state [N, layers, B, H] -> [layers, B, N*H]
+        hidden = [_side_by_side(s) for s in self._state_tensors(state)]
+        out, *final = self._native(_side_by_side(x), hidden, params)
+        return _stacked(out, n), self._state(*(_stacked(f, n) for f in final))
 
     def _native(self, x: torch.Tensor, hidden: List[torch.Tensor], params: List[torch.Tensor]) -> Tuple[torch.Tensor, ...]:
         raise NotImplementedError
@@ -171,6 +169,16 @@ class _WideRNN(WideOp, nn.Module):
     @classmethod
     def bench_inputs(cls, n: int, batch: int, seq_len: int, hidden: int, **_: Any) -> List[torch.Tensor]:
         return [torch.randn(batch, seq_len, hidden) for _ in range(n)]
+
+
+def _side_by_side(t: torch.Tensor) -> torch.Tensor:
+    """[N, A, B, K] -> [A, B, N*K]: the N models' features side by side, as one wide layer sees them."""
+    return t.permute(1, 2, 0, 3).flatten(2)
+
+
+def _stacked(t: torch.Tensor, n: int) -> torch.Tensor:
+    """[A, B, N*K] -> [N, A, B, K]: the inverse of _side_by_side."""
+    return t.unflatten(2, (n, -1)).permute(2, 0, 1, 3)
 
 
 def _block_diagonal(weight: torch.Tensor, gates: int, eye: torch.Tensor) -> torch.Tensor:
