@@ -20,6 +20,7 @@ from .api import build_custom_job, build_job, resolve_device
 from .bench import markdown, tidy
 from .bench.capabilities import unmet_need
 from .bench.compare import compare, render
+from .bench.dispatch import TABLE_ENV, DispatchTable, default_table_path, entries_of
 from .bench.environment import capture_environment
 from .bench.files import results_lock, results_target
 from .bench.job import DTYPES, BenchmarkJob, SweepParams
@@ -262,16 +263,53 @@ def _points_here(op: str, preset: str, device: str) -> Tuple[int, Dict[str, str]
     return len(points), skipped
 
 
-# The options of every command that measures: `benchmark` and `custom`.
+# Options of every command that measures (`benchmark`, `custom`, `tune`).
+_DEVICE = click.option("--device", default=None, help="cpu, cuda or cuda:N  [default: cuda if available, else cpu]")
+_N_VALUES = click.option("--n-values", default=None, metavar="N1,N2,...", help="Replace the preset's N values.")
+_SET = click.option("--set", "sets", multiple=True, metavar="AXIS=V1,V2", help="Replace a sweep axis (repeatable).")
+_SEED = click.option("--seed", default=0, show_default=True, help="Seed for models and inputs.")
+_THREADS = click.option("--threads", type=int, default=None, help="CPU threads for torch  [default: torch's choice]")
+_BUDGET = click.option(
+    "--budget",
+    type=float,
+    default=None,
+    help=f"Sampling seconds per function.  [default: {TimingConfig.budget_s}; preset quick: "
+    f"{PRESET_RUNS['quick'].budget_s}, ci: {PRESET_RUNS['ci'].budget_s}]",
+)
+_CUDA_GRAPH = click.option("--cuda-graph", is_flag=True, help="CUDA only: time CUDA-graph replays, without launch overhead.")
+_ISOLATE = click.option("--isolate", is_flag=True, help="Run each op in a worker process: a hang or crash costs one strategy.")
+_TIMEOUT_MULTIPLIER = click.option(
+    "--timeout-multiplier", type=float, default=1.0, show_default=True, help="Scale every stage's time limit."
+)
+_MEMORY_BUDGET = click.option("--memory-budget", default=None, metavar="SIZE", help="Skip points estimated above SIZE (e.g. 4GiB).")
+_MODE = click.option(
+    "--mode",
+    type=click.Choice(MODES),
+    default="inference",
+    show_default=True,
+    help="What is timed: inference (no autograd), forward (recording), backward, forward_backward, train_step "
+    "(forward, backward, SGD step). Training modes also check gradients and updated parameters.",
+)
+_COMPILE = click.option(
+    "--compile",
+    "compile_mode",
+    type=click.Choice(COMPILE_MODES),
+    default="none",
+    show_default=True,
+    help="torch.compile the baseline and every strategy alike; the compiled callables are checked and timed.",
+)
+_QUIET = click.option("--quiet", is_flag=True, help="No progress on stderr.")
+
+# The options of `benchmark` and `custom`.
 _RUN_OPTIONS = _options(
     _IMPORT,
-    click.option("--device", default=None, help="cpu, cuda or cuda:N  [default: cuda if available, else cpu]"),
+    _DEVICE,
     click.option("-o", "--output", default=None, help="Write every result to this JSON file, after every point."),
     click.option("--resume", is_flag=True, help="Continue the incomplete results in -o FILE, skipping measured points."),
-    click.option("--n-values", default=None, metavar="N1,N2,...", help="Replace the preset's N values."),
-    click.option("--set", "sets", multiple=True, metavar="AXIS=V1,V2", help="Replace a sweep axis (repeatable)."),
-    click.option("--seed", default=0, show_default=True, help="Seed for models and inputs."),
-    click.option("--threads", type=int, default=None, help="CPU threads for torch  [default: torch's choice]"),
+    _N_VALUES,
+    _SET,
+    _SEED,
+    _THREADS,
     click.option(
         "--target-ci",
         type=float,
@@ -279,19 +317,11 @@ _RUN_OPTIONS = _options(
         show_default=True,
         help="Sample until each median's 95% CI is narrower than this fraction of it.",
     ),
-    click.option(
-        "--budget",
-        type=float,
-        default=None,
-        help=f"Sampling seconds per function.  [default: {TimingConfig.budget_s}; preset quick: "
-        f"{PRESET_RUNS['quick'].budget_s}, ci: {PRESET_RUNS['ci'].budget_s}]",
-    ),
-    click.option("--cuda-graph", is_flag=True, help="CUDA only: time CUDA-graph replays, without launch overhead."),
-    click.option("--isolate", is_flag=True, help="Run each op in a worker process: a hang or crash costs one strategy."),
-    click.option(
-        "--timeout-multiplier", type=float, default=1.0, show_default=True, help="Scale every stage's time limit."
-    ),
-    click.option("--memory-budget", default=None, metavar="SIZE", help="Skip points estimated above SIZE (e.g. 4GiB)."),
+    _BUDGET,
+    _CUDA_GRAPH,
+    _ISOLATE,
+    _TIMEOUT_MULTIPLIER,
+    _MEMORY_BUDGET,
     click.option(
         "--confirm",
         type=click.Choice(CONFIRM_MODES),
@@ -299,22 +329,8 @@ _RUN_OPTIONS = _options(
         help="Which points to measure again, independently, after the sweep; disagreeing points are unstable.  "
         "[default: deciding; preset ci: none]",
     ),
-    click.option(
-        "--mode",
-        type=click.Choice(MODES),
-        default="inference",
-        show_default=True,
-        help="What is timed: inference (no autograd), forward (recording), backward, forward_backward, train_step "
-        "(forward, backward, SGD step). Training modes also check gradients and updated parameters.",
-    ),
-    click.option(
-        "--compile",
-        "compile_mode",
-        type=click.Choice(COMPILE_MODES),
-        default="none",
-        show_default=True,
-        help="torch.compile the baseline and every strategy alike; the compiled callables are checked and timed.",
-    ),
+    _MODE,
+    _COMPILE,
     click.option(
         "--controls/--no-controls",
         default=None,
@@ -333,7 +349,13 @@ _RUN_OPTIONS = _options(
         help="After the run, write each Triton kernel's TTIR, TTGIR, LLIR, PTX and facts (registers, autotuning) to DIR.",
     ),
     click.option("--strict", is_flag=True, help="Exit 3 when a result is UNRELIABLE (busy machine, unstable points...)."),
-    click.option("--quiet", is_flag=True, help="No progress on stderr."),
+    _QUIET,
+    click.option(
+        "--save-dispatch",
+        default=None,
+        metavar="TABLE",
+        help="Merge each op's verdicts into this dispatch table (see `tune`); only confirmed wins enter it as fuse.",
+    ),
 )
 
 _EXIT_STATUS = """
@@ -459,6 +481,67 @@ def custom(
 custom.help += _EXIT_STATUS
 
 
+@cli.command()
+@click.argument("names", nargs=-1)
+@click.option("--preset", default="quick", show_default=True, help="Sweep preset: ci, quick or full.")
+@click.option(
+    "-o",
+    "--output",
+    "table",
+    default=None,
+    metavar="TABLE",
+    help=f"The dispatch table to write, or merge into.  [default: ${TABLE_ENV}, else dispatch.json in the "
+    "per-user cache: ~/.cache/wide_tessera]",
+)
+@click.option("--results", default=None, metavar="FILE", help="Also write every result to this JSON file, as benchmark -o does.")
+@_options(_IMPORT, _DEVICE, _N_VALUES, _SET, _SEED, _THREADS, _BUDGET, _CUDA_GRAPH, _ISOLATE, _TIMEOUT_MULTIPLIER)
+@_options(_MEMORY_BUDGET, _MODE, _COMPILE, _QUIET)
+def tune(names: Tuple[str, ...], preset: str, table: Optional[str], results: Optional[str], **options: Any) -> None:
+    """Measure ops (all of them when none is named) and write their verdicts to the dispatch
+    table that wide_tessera.fuse() reads.
+
+    Every point is measured twice, independently (--confirm all): only a significant win
+    that the second measurement confirms enters the table as `fuse`. Controls are not
+    timed (they never win). An existing table keeps its other entries; a newer measurement
+    of the same op, device, dtype, mode and parameters replaces the older one.
+
+    \b
+    Examples:
+      wide_tessera tune gemm mlp --preset ci
+      wide_tessera tune moe_experts --set d_model=256 --set hidden=1024 --n-values 1,4,16,64 -o moe.json
+      wide_tessera tune --preset quick --mode train_step
+    """
+
+    def jobs(settings: RunSettings, texts: Dict[str, List[str]]) -> List[BenchmarkJob]:
+        return _build_jobs(names or op_names(), preset, settings.device, texts, not options["quiet"])
+
+    if table is None:  # the per-user cache file, its folder made on first use
+        table = str(default_table_path())
+        Path(table).parent.mkdir(parents=True, exist_ok=True)
+
+    _measure(
+        jobs,
+        preset,
+        output=results,
+        resume=False,
+        target_ci=TimingConfig.target_rel_ci,
+        confirm="all",
+        controls=False,
+        roofline=False,
+        dump_ir=None,
+        strict=False,
+        save_dispatch=table,
+        **options,
+    )
+
+
+tune.help += """
+    Exit status: 0 when every strategy ran and was correct (the table is written either
+    way); 1 when any was incorrect, failed, timed out or crashed; 2 for bad input; 130
+    when interrupted (the ops finished before it are in the table).
+"""
+
+
 def _parse_shape(text: str) -> Tuple[int, ...]:
     try:
         return tuple(int(d) for d in text.split(","))
@@ -516,6 +599,7 @@ def _measure(
     dump_ir: Optional[str],
     strict: bool,
     quiet: bool,
+    save_dispatch: Optional[str],
 ) -> None:
     """Check every option, build the jobs, measure them, saving as it goes; exit with the run's status."""
     with ExitStack() as held:
@@ -549,6 +633,9 @@ def _measure(
                 check_runnable(job, settings)
             if output:
                 held.enter_context(results_lock(output))  # until the last save: one writer per file
+            if save_dispatch:
+                _check_table(save_dispatch, output)
+                held.enter_context(results_lock(save_dispatch))
             previous = _previous_results(output, preset, settings) if resume else {}
         except WideTesseraError as e:
             raise click.UsageError(str(e)) from None
@@ -561,6 +648,8 @@ def _measure(
             result = _run_job(job, settings, previous.get(job.op), [*kept, *results], output, progress)
             results.append(result)
             progress.echo(result.summary() + "\n")
+            if save_dispatch:
+                _save_dispatch(save_dispatch, result, progress)
         if output:
             click.echo(f"wrote {len(kept) + len(results)} result(s) to {output}", err=True)
         if dump_ir:
@@ -573,6 +662,33 @@ def _measure(
         if strict and unreliable:
             click.echo(f"--strict: {len(unreliable)} unreliable result(s):\n  " + "\n  ".join(unreliable), err=True)
             sys.exit(3)
+
+
+def _check_table(path: str, output: Optional[str]) -> None:
+    """The dispatch table a run merges into: a regular file or none yet, not the results file,
+    and, where it exists, a table (a damaged one is not overwritten: it may hold other measurements)."""
+    try:
+        results_target(path)
+    except WideTesseraError as e:
+        raise WideTesseraError(f"dispatch table {e}") from None
+    if output and Path(output).resolve() == Path(path).resolve():
+        raise WideTesseraError(f"dispatch table {path}: is the results file too; give another file")
+    if Path(path).exists():
+        DispatchTable.load(path)
+
+
+def _save_dispatch(path: str, result: BenchmarkResult, progress: Progress) -> None:
+    """Merge `result`'s entries into the table at `path`; an interrupted op's are left out."""
+    if not result.complete:
+        return
+    entries = entries_of(result)
+    table = DispatchTable.load(path) if Path(path).exists() else DispatchTable()
+    table.merged(entries).save(path)
+    fused = [f"{e.crossover_n}" if e.crossover_n else "never" for e in entries]
+    unconfirmed = sum(v.verdict == "unconfirmed" for e in entries for v in e.verdicts)
+    note = f"; {unconfirmed} win(s) not confirmed, kept out (tune confirms every point)" if unconfirmed else ""
+    count = f"{len(entries)} {'entry' if len(entries) == 1 else 'entries'}"
+    progress.echo(f"dispatch table {path}: {result.op}: {count}, fuse from N = {', '.join(fused)}{note}\n")
 
 
 def _dump_ir(directory: Path) -> None:

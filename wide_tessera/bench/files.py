@@ -14,7 +14,7 @@ from filelock import FileLock, Timeout
 
 from ..errors import WideTesseraError
 
-__all__ = ["results_target", "not_a_regular_file", "write_atomic", "results_lock", "lock_path"]
+__all__ = ["results_target", "not_a_regular_file", "write_atomic", "results_lock", "lock_path", "cache_dir"]
 
 _KINDS = (
     (stat.S_ISDIR, "a directory"),
@@ -82,6 +82,15 @@ def write_atomic(path: Union[str, Path], text: str) -> None:
     except BaseException:
         os.unlink(tmp)
         raise
+
+
+def cache_dir() -> Path:
+    """The per-user cache directory: $WIDE_TESSERA_CACHE_DIR, else $XDG_CACHE_HOME/wide_tessera,
+    else ~/.cache/wide_tessera (the roofline's measured peaks, the default dispatch table)."""
+    root = os.environ.get("WIDE_TESSERA_CACHE_DIR") or Path(
+        os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    ) / "wide_tessera"
+    return Path(root)
 
 
 def lock_path(path: Union[str, Path]) -> Path:

@@ -9,7 +9,6 @@ read and written), not read off a datasheet, and cached in the user's cache dire
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -20,7 +19,7 @@ import torch
 from dataclasses_json import dataclass_json
 
 from .environment import capture_environment
-from .files import write_atomic
+from .files import cache_dir, write_atomic
 from .timing import TimingConfig, measure
 
 __all__ = ["Work", "Peaks", "Roofline", "roofline", "calibrate", "load_or_calibrate", "cache_path"]
@@ -102,11 +101,8 @@ def calibrate(device: str) -> Peaks:
 
 
 def cache_path() -> Path:
-    """$WIDE_TESSERA_CACHE_DIR, else $XDG_CACHE_HOME/wide_tessera, else ~/.cache/wide_tessera; file peaks.json."""
-    root = os.environ.get("WIDE_TESSERA_CACHE_DIR") or Path(
-        os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    ) / "wide_tessera"
-    return Path(root) / "peaks.json"
+    """peaks.json in the per-user cache directory (files.cache_dir)."""
+    return cache_dir() / "peaks.json"
 
 
 def load_or_calibrate(device: str) -> Peaks:

@@ -144,6 +144,10 @@ class WideAttention(WideOp, nn.Module):
         return Work(8.0 * tokens * d_model * d_model + attention, float((2 * tokens * d_model + weights) * itemsize(params)))
 
     @classmethod
+    def module_params(cls, module: nn.Module) -> Dict[str, Any]:
+        return dict(d_model=module.d_model, heads=module.heads, causal=module.causal)
+
+    @classmethod
     def bench_model(cls, d_model: int, heads: int, causal: bool, **_: Any) -> nn.Module:
         return AttentionBlock(d_model, heads, causal)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from functools import partial
+from functools import partial, wraps
 from typing import Any, Callable, ClassVar, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -15,7 +15,7 @@ from ..bench.registry import RESERVED_STRATEGY_NAMES, outside_strategies
 from ..bench.roofline import Work
 from ..errors import WideTesseraError, unknown
 
-__all__ = ["WideOp", "WideChannelsOp", "shared_config", "load_joined_parameters", "TRITON"]
+__all__ = ["WideOp", "WideChannelsOp", "shared_config", "load_joined_parameters", "wide_module", "TRITON"]
 
 
 def _triton_unavailable(device: torch.device, dtype: torch.dtype, params: Dict[str, Any]) -> Optional[str]:
@@ -56,6 +56,13 @@ class WideOp:
     BENCHMARK_STRATEGIES: ClassVar[Tuple[str, ...]]
     STRATEGY_NEEDS: ClassVar[Dict[str, Needs]] = {}
     FUSES: ClassVar[Optional[type]] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Give the subclass's own from_modules strategy='auto': the measured choice of `fuse`."""
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get("from_modules")
+        if isinstance(own, classmethod):
+            cls.from_modules = classmethod(_with_auto_strategy(own.__func__))
 
     @classmethod
     def benchmark_job(cls, preset: str = "full", **overrides: Any) -> BenchmarkJob:
@@ -130,6 +137,13 @@ class WideOp:
         """What one call of the N models must do (flops, fewest bytes moved), for the roofline;
         None where the op does not say."""
         return None
+
+    @classmethod
+    def module_params(cls, module: nn.Module) -> Dict[str, Any]:
+        """The sweep axes one model fixes (gemm: in_features, out_features), by which `fuse`
+        finds the nearest measured entry of a dispatch table; the caller's hints give the rest
+        (batch, sequence length). Default: none."""
+        return {}
 
     @classmethod
     def bench_model(cls, **params: Any) -> nn.Module:
@@ -223,6 +237,27 @@ class OutsideWide(nn.Module):
 
     def forward(self, *inputs: Any) -> Any:
         return self.run(*inputs)
+
+
+def _with_auto_strategy(from_modules: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
+    """`from_modules` that also takes strategy='auto' (with `fuse`'s table= and hints): the wide
+    module of the strategy this machine's dispatch table chose, or the plain loop over the
+    modules where fusing did not win (see wide_tessera.fuse)."""
+
+    @wraps(from_modules)
+    def from_modules_or_auto(cls: type, modules: Sequence[nn.Module], strategy: Optional[str] = None, *args: Any, **kwargs: Any) -> nn.Module:
+        if strategy != "auto":
+            return from_modules(cls, modules, strategy, *args, **kwargs)
+        from ..fusing import fuse  # fuse builds on the ops
+
+        return fuse(modules, op=cls, **kwargs)
+
+    return from_modules_or_auto
+
+
+def wide_module(cls: type, modules: Sequence[nn.Module], strategy: str) -> nn.Module:
+    """The wide module of `strategy` of op class `cls`, an outside strategy's included."""
+    return _wide_module(cls, {s: o.build for s, o in outside_strategies(cls).items()}, modules, strategy)
 
 
 def _wide_module(

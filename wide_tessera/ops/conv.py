@@ -3,7 +3,7 @@ vmap over stacked weights)."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, ClassVar, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Callable, ClassVar, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -48,6 +48,10 @@ class _WideConvNd(WideChannelsOp, nn.Module):
         shape = (n * rows, cols, *self.FUSES(1, 1, kernel_size).kernel_size)
         self.weight = nn.Parameter(torch.empty(shape, memory_format=self.memory_format()))
         self.bias = nn.Parameter(torch.empty(n * out_channels)) if bias else None
+
+    @classmethod
+    def module_params(cls, module: nn.Module) -> Dict[str, Any]:
+        return dict(channels=module.in_channels, kernel_size=module.kernel_size[0])
 
     @classmethod
     def bench_model(cls, channels: int, kernel_size: int, **_: Any) -> nn.Module:

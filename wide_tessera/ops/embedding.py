@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -71,6 +71,10 @@ class WideEmbedding(WideOp, nn.Module):
     def work(cls, n: int, batch: int, seq_len: int, dim: int, **params: Any) -> Work:
         # no arithmetic; the looked-up rows read and written, the ids read
         return Work(0.0, float(n * batch * seq_len * (2 * dim * itemsize(params) + 8)))
+
+    @classmethod
+    def module_params(cls, module: nn.Module) -> Dict[str, Any]:
+        return dict(vocab=module.num_embeddings, dim=module.embedding_dim)
 
     @classmethod
     def bench_model(cls, vocab: int, dim: int, **_: Any) -> nn.Module:

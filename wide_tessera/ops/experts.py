@@ -172,6 +172,10 @@ class WideExperts(WideOp, nn.Module):
         return Work(4.0 * t * d_model * hidden, float((2 * t * d_model + weights) * itemsize(params)))
 
     @classmethod
+    def module_params(cls, module: nn.Module) -> Dict[str, Any]:
+        return dict(d_model=module.fc1.in_features, hidden=module.fc1.out_features)
+
+    @classmethod
     def bench_model(cls, d_model: int, hidden: int, **_: Any) -> nn.Module:
         return Expert(d_model, hidden)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 from torch import nn
@@ -77,6 +77,10 @@ class WideLinear(WideOp, nn.Module):
         # x, W, b read once, y written once
         elements = batch * in_features + out_features * in_features + out_features + batch * out_features
         return Work(2.0 * n * batch * in_features * out_features, float(n * elements * itemsize(params)))
+
+    @classmethod
+    def module_params(cls, module: nn.Module) -> Dict[str, Any]:
+        return dict(in_features=module.in_features, out_features=module.out_features)
 
     @classmethod
     def bench_model(cls, in_features: int, out_features: int, **_: Any) -> nn.Module:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -65,6 +65,10 @@ class WideMLP(WideOp, nn.Module):
         # x, both weights and biases read once, the hidden activation written and read, y written
         elements = 2 * tokens * d_model + 2 * d_model * hidden + hidden + d_model + 2 * tokens * hidden
         return Work(4.0 * n * tokens * d_model * hidden, float(n * elements * itemsize(params)))
+
+    @classmethod
+    def module_params(cls, module: nn.Module) -> Dict[str, Any]:
+        return dict(d_model=module.fc1.in_features, hidden=module.fc1.out_features)
 
     @classmethod
     def bench_model(cls, d_model: int, hidden: int, **_: Any) -> nn.Module:

@@ -79,6 +79,10 @@ class WideLayerNorm(WideOp, nn.Module):
         return Work(8.0 * n * batch * features, float(n * (2 * batch * features + 2 * features) * itemsize(params)))
 
     @classmethod
+    def module_params(cls, module: nn.Module) -> Dict[str, Any]:
+        return dict(features=module.normalized_shape[-1])
+
+    @classmethod
     def bench_model(cls, features: int, **_: Any) -> nn.Module:
         norm = nn.LayerNorm(features)
         with torch.no_grad():  # not the identity a fresh LayerNorm is: a wrong pairing of weights shows
@@ -196,6 +200,10 @@ class _WideChannelNorm(WideChannelsOp, nn.Module):
         elements = batch * channels * math.prod(params[a] for a in cls.SPATIAL)
         # about 8 flops an element (mean, variance, normalize, scale, shift); x read, y written
         return Work(8.0 * n * elements, float(n * (2 * elements + 4 * channels) * itemsize(params)))
+
+    @classmethod
+    def module_params(cls, module: nn.Module) -> Dict[str, Any]:
+        return dict(channels=module.num_features)
 
     @classmethod
     def bench_model(cls, channels: int, **_: Any) -> nn.Module:
@@ -322,6 +330,10 @@ class WideGroupNorm(_WideChannelNorm):
     def check_params(cls, channels: int, groups: int, **_: Any) -> None:
         if channels % groups:
             raise WideTesseraError(f"groupnorm: channels={channels} must be a multiple of groups={groups}")
+
+    @classmethod
+    def module_params(cls, module: nn.Module) -> Dict[str, Any]:
+        return dict(channels=module.num_channels, groups=module.num_groups)
 
     @classmethod
     def bench_model(cls, channels: int, groups: int, **_: Any) -> nn.Module:

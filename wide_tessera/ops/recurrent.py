@@ -14,7 +14,7 @@ strategies are written out:
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, List, Optional, Sequence, Tuple
+from typing import Any, Dict, ClassVar, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -161,6 +161,10 @@ class _WideRNN(WideOp, nn.Module):
         flops = 2.0 * 2 * n * batch * seq_len * hidden * cls.GATES * hidden
         elements = n * (2 * cls.GATES * hidden * hidden + 2 * batch * seq_len * hidden)
         return Work(flops, float(elements * itemsize(params)))
+
+    @classmethod
+    def module_params(cls, module: nn.Module) -> Dict[str, Any]:
+        return dict(hidden=module.hidden_size)
 
     @classmethod
     def bench_model(cls, hidden: int, **_: Any) -> nn.Module:
