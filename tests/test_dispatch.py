@@ -337,3 +337,18 @@ def test_tune_without_a_table_writes_the_per_user_cache(tmp_path):
     assert r.exit_code == 0, r.output
     [written] = DispatchTable.load(tmp_path / "cache" / "dispatch.json").entries
     assert written.op == "layernorm" and [v.n for v in written.verdicts] == [1]
+
+
+def test_equally_near_entries_that_won_with_different_strategies_do_not_fuse():
+    params = {"tokens": 16, "d_model": 16, "hidden": 32}
+    table = DispatchTable(
+        [entry(op="moe_experts", params={**params, "skew": 0.0}, strategy="padded", verdicts="fuse:8"),
+         entry(op="moe_experts", params={**params, "skew": 1.0}, strategy="grouped_mm", verdicts="fuse:8")]
+    )
+    experts = [wt.Expert(16, 32) for _ in range(8)]
+    unsure = fuse(experts, table=table, op="moe_experts", tokens=16)
+    assert not unsure.decision.fused
+    assert "different strategies (grouped_mm, padded): give skew to choose" in unsure.decision.match.reason
+    assert "skew=0.0: padded won" in unsure.decision.match.reason
+    told = fuse(experts, table=table, op="moe_experts", tokens=16, skew=1.0)
+    assert told.decision.strategy == "grouped_mm"

@@ -358,17 +358,23 @@ def match(table: DispatchTable, case: Case) -> Match:
     best = min(d for d, _ in scored)
     nearest = tuple(e for d, e in scored if d <= best + 1e-9)
     decisions = [_at_n(e, case.n) for e in nearest]
-    fuse = all(d[0] for d in decisions)
-    strategy = decisions[0][1] if fuse else None
+    strategies = sorted({d[1] for d in decisions if d[0]})
+    fuse = all(d[0] for d in decisions) and len(strategies) == 1
     reasons = [d[3] for d in decisions]
-    if len(nearest) > 1:
-        notes.append(f"{len(nearest)} entries are equally near; fusing needs all of them to say fuse")
     given = set(case.params)
     loose = sorted({a for e in nearest for a in e.params if a not in given})
+    if len(nearest) > 1:
+        # each tied entry's reason, labelled by the values that tell them apart
+        apart = [a for a in loose if len({json.dumps(e.params.get(a)) for e in nearest}) > 1]
+        reasons = [f"{params_text({a: e.params.get(a) for a in apart})}: {r}" for e, r in zip(nearest, reasons)]
+        notes.append(f"{len(nearest)} entries are equally near; fusing needs all of them to fuse, with one strategy")
+        if all(d[0] for d in decisions) and len(strategies) > 1:
+            reasons.append(f"they won with different strategies ({', '.join(strategies)}): give {', '.join(apart)} to choose")
     if loose:
         notes.append(f"not given, so any measured value matched: {', '.join(loose)}")
     if case.n > nearest[0].verdicts[-1].n:
         notes.append(f"N={case.n} is above the largest measured N ({nearest[0].verdicts[-1].n}); decided by it")
-    reason = "; ".join(dict.fromkeys(reasons))
+    strategy = strategies[0] if fuse else None
+    reason = "; ".join(reasons)
     return Match(fuse, strategy, nearest, best, decisions[0][2], reason, tuple(notes))
 
