@@ -352,3 +352,10 @@ def test_equally_near_entries_that_won_with_different_strategies_do_not_fuse():
     assert "skew=0.0: padded won" in unsure.decision.match.reason
     told = fuse(experts, table=table, op="moe_experts", tokens=16, skew=1.0)
     assert told.decision.strategy == "grouped_mm"
+
+
+def test_a_winner_that_cannot_run_here_is_not_built():
+    table = DispatchTable([entry(strategy="triton")])  # as if measured here with a GPU and triton
+    looped = fuse(linears(16), table=table, batch=16)
+    assert isinstance(looped, LoopedModules)
+    assert "but triton needs a CUDA device" in looped.decision.match.reason

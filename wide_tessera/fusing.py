@@ -8,7 +8,7 @@ N = len(modules) by the conservative rule written in `bench.dispatch.match`.
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from .bench import trees
+from .bench.capabilities import unmet_need
 from .bench.dispatch import TABLE_ENV, Case, DispatchTable, Match, default_table_path, match
 from .bench.environment import capture_environment
 from .bench.job import DTYPES, params_text
@@ -145,6 +146,11 @@ def fuse(
     answer = match(loaded, case)
     if not answer.entries:
         _warn_untuned(case, source)
+    unmet = cls is not None and answer.fuse and unmet_need(
+        cls.strategy_needs().get(answer.strategy), device, DTYPES[dtype], {**params, "dtype": dtype}
+    )
+    if unmet:  # measured where it ran (triton installed then, say); it cannot run here now
+        answer = replace(answer, fuse=False, strategy=None, reason=f"{answer.reason}; but {answer.strategy} {unmet}")
     if answer.fuse:
         built = wide_module(cls, modules, answer.strategy) if cls is not None else custom_wide(modules, answer.strategy, randomness)
     else:

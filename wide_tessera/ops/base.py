@@ -72,8 +72,6 @@ class WideOp:
         for params in sweep.param_grid():  # now, not when the run reaches the point
             cls.check_params(**params)
         outside = outside_strategies(cls)
-        needs = {s: cls.STRATEGY_NEEDS[s] for s in cls.BENCHMARK_STRATEGIES if s in cls.STRATEGY_NEEDS}
-        needs.update({s: o.needs for s, o in outside.items() if o.needs is not None})
         return BenchmarkJob(
             op=cls.NAME,
             preset=preset,
@@ -83,9 +81,16 @@ class WideOp:
             input_factory=cls.bench_inputs,
             # the outside strategies travel with the job: an isolated worker has not imported them
             wide_factory=partial(_wide_module, cls, {s: o.build for s, o in outside.items()}),
-            strategy_needs=needs,
+            strategy_needs=cls.strategy_needs(),
             work_factory=cls.work,
         )
+
+    @classmethod
+    def strategy_needs(cls) -> Dict[str, Needs]:
+        """What each strategy needs from the run (its own STRATEGY_NEEDS and the outside strategies')."""
+        needs = {s: cls.STRATEGY_NEEDS[s] for s in cls.BENCHMARK_STRATEGIES if s in cls.STRATEGY_NEEDS}
+        needs.update({s: o.needs for s, o in outside_strategies(cls).items() if o.needs is not None})
+        return needs
 
     @classmethod
     def check_params(cls, **params: Any) -> None:
