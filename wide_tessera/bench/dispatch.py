@@ -73,17 +73,10 @@ class NVerdict:
     speedup_ci: Optional[List[float]] = None
 
 
-@dataclass_json
 @dataclass(frozen=True)
-class DispatchEntry:
-    """One op's parameter group measured on one device: its verdict at every measured N.
-
-    device: 'cpu' or 'cuda'; device_name: the CPU model or GPU name. params: every sweep axis
-    but dtype and N. mode, compile, cuda_graph: how one timed call ran (the benchmark's
-    --mode, --compile, --cuda-graph). crossover_n: the smallest measured N from which every
-    measured N is 'fuse' (None when the largest is not). measured_at: when the run ended
-    (UTC); a newer measurement of the same entry replaces an older one. threads: torch's CPU threads.
-    """
+class Setting:
+    """What an entry and a case share: the op, the device, the dtype, how one timed call ran
+    (the benchmark's --mode, --compile, --cuda-graph), and the parameters."""
 
     op: str
     device: str
@@ -93,6 +86,20 @@ class DispatchEntry:
     compile: str
     cuda_graph: bool
     params: Dict[str, Any]
+
+
+@dataclass_json
+@dataclass(frozen=True)
+class DispatchEntry(Setting):
+    """One op's parameter group measured on one device: its verdict at every measured N.
+
+    device: 'cpu' or 'cuda'; device_name: the CPU model or GPU name. params: every sweep axis
+    but dtype and N. mode, compile, cuda_graph: how one timed call ran (the benchmark's
+    --mode, --compile, --cuda-graph). crossover_n: the smallest measured N from which every
+    measured N is 'fuse' (None when the largest is not). measured_at: when the run ended
+    (UTC); a newer measurement of the same entry replaces an older one. threads: torch's CPU threads.
+    """
+
     verdicts: List[NVerdict]
     crossover_n: Optional[int]
     measured_at: str
@@ -236,18 +243,10 @@ def entries_of(result: BenchmarkResult) -> List[DispatchEntry]:
 
 
 @dataclass(frozen=True)
-class Case:
+class Case(Setting):
     """What a module asks the table about: an op on a device, in a dtype and mode, with the
     parameters its modules fix and the caller's hints (`params`), at N copies."""
 
-    op: str
-    device: str
-    device_name: str
-    dtype: str
-    mode: str
-    compile: str
-    cuda_graph: bool
-    params: Dict[str, Any]
     n: int
 
 
@@ -298,12 +297,9 @@ def _distance(case: Case, entry: DispatchEntry) -> Optional[float]:
     return total
 
 
-# What an entry and a case must share: the op, the device, and how one timed call ran.
-_SETTING = ("op", "device", "device_name", "dtype", "mode", "compile", "cuda_graph")
-
-
-def _setting(x: Any) -> Tuple[Any, ...]:
-    return tuple(getattr(x, name) for name in _SETTING)
+def _setting(x: Setting) -> Tuple[Any, ...]:
+    """What must be equal for an entry to decide a case: everything but the parameters."""
+    return (x.op, x.device, x.device_name, x.dtype, x.mode, x.compile, x.cuda_graph)
 
 
 def _at_n(entry: DispatchEntry, n: int) -> Tuple[bool, Optional[str], Optional[int], str]:
