@@ -19,6 +19,7 @@ import torch
 from .api import build_custom_job, build_job, resolve_device
 from .bench import markdown, tidy
 from .bench.capabilities import unmet_need
+from .bench.collectives import COLLECTIVES, sizes
 from .bench.compare import compare, render
 from .bench.dispatch import TABLE_ENV, DispatchTable, default_table_path, entries_of
 from .bench.environment import capture_environment
@@ -38,7 +39,8 @@ from .bench.stages import StageTimeouts
 from .bench.timing import TimingConfig
 from .bench.triton_analysis import dump_ir as write_ir
 from .checks import check_number, check_seed
-from .errors import WideTesseraError
+from .errors import WideTesseraError, unknown
+from .distributed import run_collectives
 from .kernels import autotuned_kernels, triton_unavailable_reason
 from .ops.custom import INPUT_DTYPES, RANDOMNESS
 
@@ -106,12 +108,12 @@ _SIZE_UNITS = {
 }
 
 
-def parse_size(text: str) -> int:
+def parse_size(text: str, option: str = "--memory-budget") -> int:
     """'512MiB', '2GB', '1.5g', '1048576' -> bytes (K, M, G are powers of 1024)."""
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
     unit = match.group(2).lower() if match else None
     if match is None or unit not in _SIZE_UNITS or float(match.group(1)) <= 0:
-        raise WideTesseraError(f"--memory-budget {text!r}: expected a positive size such as 512MiB or 2GiB")
+        raise WideTesseraError(f"{option} {text!r}: expected a positive size such as 512MiB or 2GiB")
     return int(float(match.group(1)) * _SIZE_UNITS[unit])
 
 
@@ -724,6 +726,70 @@ def _run_job(
         sys.exit(130)
     save(result)
     return result
+
+
+@cli.command()
+@click.option("--ops", default=",".join(COLLECTIVES), show_default=True, help="Collectives to run, comma-separated.")
+@click.option("--min-bytes", default="1KiB", show_default=True, help="Smallest message (nccl-tests' S; powers of two up).")
+@click.option("--max-bytes", default="4MiB", show_default=True, help="Largest message.")
+@click.option("--dtype", "dtypes", default="float32", show_default=True, help="Dtypes, comma-separated.")
+@click.option(
+    "--placement",
+    "placements",
+    default="in_place,out_of_place",
+    show_default=True,
+    help="in_place, out_of_place, or both (each collective runs those torch.distributed has).",
+)
+@click.option("--budget", type=float, default=0.2, show_default=True, help="Sampling seconds per case.")
+@click.option("--device", default=None, help="cpu (gloo) or cuda (nccl, cuda:LOCAL_RANK)  [default: cuda if available]")
+@click.option("-o", "--output", default=None, metavar="FILE", help="Write every result to this JSON file (rank 0).")
+@click.option("--quiet", is_flag=True, help="No progress on stderr.")
+def collectives(
+    ops: str, min_bytes: str, max_bytes: str, dtypes: str, placements: str, budget: float, device: Optional[str],
+    output: Optional[str], quiet: bool,
+) -> None:
+    """Benchmark the collectives under torchrun: all_reduce, all_gather, reduce_scatter,
+    all_to_all and broadcast over message sizes, each result checked, with nccl-tests'
+    algbw and busbw (GB/s). gloo on the CPU, nccl on GPUs.
+
+    \b
+    Examples:
+      torchrun --standalone --nproc-per-node 2 -m wide_tessera collectives --device cpu
+      torchrun --nproc-per-node 8 -m wide_tessera collectives --max-bytes 1GiB --dtype bfloat16 -o coll.json
+
+    Exit status: 0 when every result was correct; 1 when one was not; 2 for bad input.
+    """
+    try:
+        if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+            raise WideTesseraError(
+                "collectives runs under torchrun, one process per rank: "
+                "torchrun --standalone --nproc-per-node 2 -m wide_tessera collectives"
+            )
+        names = [o.strip() for o in ops.split(",")]
+        for name in names:
+            if name not in COLLECTIVES:
+                raise unknown("collective", name, COLLECTIVES)
+        kinds = [d.strip() for d in dtypes.split(",")]
+        for d in kinds:
+            if d not in DTYPES:
+                raise unknown("dtype", d, DTYPES)
+        where = [p.strip() for p in placements.split(",")]
+        for p in where:
+            if p not in ("in_place", "out_of_place"):
+                raise unknown("placement", p, ("in_place", "out_of_place"))
+        low, high = parse_size(min_bytes, "--min-bytes"), parse_size(max_bytes, "--max-bytes")
+        if low > high:
+            raise WideTesseraError(f"--min-bytes {min_bytes} is larger than --max-bytes {max_bytes}")
+        config = TimingConfig(budget_s=budget)
+        local = int(os.environ.get("LOCAL_RANK", 0))
+        device = resolve_device(device)
+        if device.startswith("cuda"):
+            device = f"cuda:{local}"
+        if output:
+            results_target(output)
+    except WideTesseraError as e:
+        raise click.UsageError(str(e)) from None
+    run_collectives(names, sizes(low, high), kinds, where, device, config, output, quiet)
 
 
 def _load_all(paths: Sequence[str]) -> List[BenchmarkResult]:
