@@ -326,8 +326,9 @@ def test_unconfirmed_wins_enter_a_table_as_unconfirmed():
                           timing=wt.TimingConfig(budget_s=0.05))
     [e] = entries_of(result)
     point = result.points[0]
-    assert e.verdicts[0].verdict == ("unconfirmed" if point.fused_wins else "loop" if point.winner == "baseline" else "same")
-    assert e.crossover_n is None
+    assert e.verdicts[0].verdict != "fuse" and e.crossover_n is None  # nothing confirmed it
+    if point.fused_wins:
+        assert e.verdicts[0].verdict == "unconfirmed"
 
 
 def test_tune_without_a_table_writes_the_per_user_cache(tmp_path):

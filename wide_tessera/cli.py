@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import ast
 import csv
+import dataclasses
 import json
 import os
 import re
 import signal
 import sys
 from contextlib import ExitStack, closing
+from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import click
 import torch
@@ -26,7 +28,7 @@ from .bench.environment import capture_environment
 from .bench.files import results_lock, results_target
 from .bench.job import DTYPES, BenchmarkJob, SweepParams
 from .bench.modes import MODES, TRAINING_MODES
-from .bench.point import COMPILE_MODES, CONFIRM_MODES, PRESET_RUNS, default_timing
+from .bench.point import COMPILE_MODES, CONFIRM_MODES, PRESET_RUNS, default_timing, point_key
 from .bench.registry import REGISTRY, get_op, import_ops, op_names, outside_strategies
 from .bench.report import format_table
 from .bench.plots import plot_result
@@ -34,7 +36,8 @@ from .bench.progress import Progress
 from .bench.report_page import write_report
 from .bench.resume import check_resumable, point_order, points_left
 from .bench.runner import RunInterrupted, RunSettings, check_runnable, run_job
-from .bench.schema import BenchmarkResult, load_results, save_results
+from .bench.schema import BenchmarkResult, PointResult, load_results, save_results
+from .bench.shards import Shard, assign, group_key, joined, leftover_shards, mark, read_shards, shard_path
 from .bench.stages import StageTimeouts
 from .bench.timing import TimingConfig
 from .bench.triton_analysis import dump_ir as write_ir
@@ -89,7 +92,7 @@ def _check_output(path: Optional[str], resume: bool) -> None:
         results_target(path)
     except WideTesseraError as e:
         raise WideTesseraError(f"-o {e}") from None
-    if resume and not Path(path).exists():
+    if resume and not Path(path).exists() and not leftover_shards(path):
         raise WideTesseraError(f"--resume: {path} does not exist; run without --resume to start it")
 
 
@@ -117,13 +120,22 @@ def parse_size(text: str, option: str = "--memory-budget") -> int:
     return int(float(match.group(1)) * _SIZE_UNITS[unit])
 
 
-def _previous_results(path: str, preset: str, settings: RunSettings) -> Dict[str, BenchmarkResult]:
-    """Every result in the file a --resume continues, by op, each checked to be measured as this run measures."""
-    results = load_results(path)
+def _previous_results(path: str, preset: str, settings: RunSettings, sharded: bool = False) -> Dict[str, BenchmarkResult]:
+    """Every result in the file a --resume continues, and in the shard files a sharded run left
+    beside it (a rank died), by op, each checked to be measured as this run measures."""
+    results = load_results(path) if Path(path).exists() else []
     previous = {r.op: r for r in results}
     if len(previous) < len(results):
         raise WideTesseraError(f"--resume: {path} holds more than one result for an op; it was not written by one run")
+    for part in read_shards(path):  # points the file lacks, with the manifests of the runs that measured them
+        whole = previous.setdefault(part.op, part)
+        have = _keys(whole.points)
+        runs = {run.run_id: run for run in [*whole.runs, *part.runs]}
+        points = [*whole.points, *(p for p in part.points if point_key(p.n, p.params) not in have)]
+        previous[part.op] = dataclasses.replace(whole, points=points, runs=list(runs.values()), complete=False)
     environment = capture_environment(settings.device)
+    if sharded:  # ranks run on cuda:0, cuda:1, ...; the file says cuda
+        environment = dataclasses.replace(environment, device=environment.device.split(":")[0])
     for r in previous.values():
         check_resumable(r, path, preset, settings.seed, settings.timing, environment, settings.compile, settings.mode)
     return previous
@@ -628,42 +640,138 @@ def _measure(
                 mode,
                 preset,
             )
-            if threads is not None:
+            shard = Shard.from_environment()
+            if shard is not None:  # under torchrun: this rank's device, threads and share of the points
+                shard.join(settings.device)
+                held.callback(shard.leave)
+                settings = dataclasses.replace(settings, device=shard.device(settings.device))
+                torch.set_num_threads(threads or shard.threads())
+            elif threads is not None:
                 torch.set_num_threads(threads)
             jobs = make_jobs(settings, texts)
             for job in jobs:
                 check_runnable(job, settings)
-            if output:
+            writer = shard is None or shard.rank == 0  # rank 0 writes the results file and the table
+            if output and writer:
                 held.enter_context(results_lock(output))  # until the last save: one writer per file
-            if save_dispatch:
+            if save_dispatch and writer:
                 _check_table(save_dispatch, output)
                 held.enter_context(results_lock(save_dispatch))
-            previous = _previous_results(output, preset, settings) if resume else {}
+            previous = _previous_results(output, preset, settings, shard is not None) if resume else {}
         except WideTesseraError as e:
             raise click.UsageError(str(e)) from None
         kept = [r for op, r in previous.items() if op not in {job.op for job in jobs}]  # other ops in the file
 
-        results: List[BenchmarkResult] = []
-        todo = [points_left(job.sweep, previous.get(job.op)) for job in jobs]
-        progress = held.enter_context(closing(Progress(sum(todo), enabled=not quiet)))
+        if shard is None:
+            todo = sum(points_left(job.sweep, previous.get(job.op)) for job in jobs)
+            progress = held.enter_context(closing(Progress(todo, enabled=not quiet)))
+            results: List[BenchmarkResult] = []
+            for job in jobs:
+                results.append(_run_job(job, settings, previous.get(job.op), [*kept, *results], output, progress))
+                _finished(results[-1], save_dispatch, progress)  # each op's summary as soon as it is done
+            for merged in leftover_shards(output) if output and resume else []:  # their points are in the file now
+                merged.unlink()
+            errors: List[str] = []
+        else:
+            owner = assign(jobs, shard.ranks, {op: _keys(r.points) for op, r in previous.items()})
+            todo = sum(1 for job in jobs for n, p in job.sweep.points() if owner[(job.op, group_key(p))] == shard.rank)
+            progress = held.enter_context(closing(Progress(todo, enabled=not quiet)))
+            gathered = _run_shard(jobs, settings, previous, owner, output, progress, shard)
+            if gathered is None:  # not rank 0: rank 0 reports, and says how the run ends
+                sys.exit(shard.broadcast(None))
+            results, errors = gathered
+            for result in results:
+                _finished(result, save_dispatch, progress)
+        code = _report(results, kept, output, dump_ir, strict, errors)
+        if shard is not None:
+            shard.broadcast(code)
+        if code:
+            sys.exit(code)
+
+
+def _keys(points: Sequence[PointResult]) -> Set[str]:
+    return {point_key(p.n, p.params) for p in points}
+
+
+def _finished(result: BenchmarkResult, save_dispatch: Optional[str], progress: Progress) -> None:
+    progress.echo(result.summary() + "\n")
+    if save_dispatch:
+        _save_dispatch(save_dispatch, result, progress)
+
+
+def _report(
+    results: List[BenchmarkResult],
+    kept: List[BenchmarkResult],
+    output: Optional[str],
+    dump_ir: Optional[str],
+    strict: bool,
+    errors: List[str],
+) -> int:
+    """Write the IR, list what failed, and say how the run ends: its exit status."""
+    if output:
+        click.echo(f"wrote {len(kept) + len(results)} result(s) to {output}", err=True)
+    if dump_ir:
+        _dump_ir(Path(dump_ir))
+    failures = [*errors, *(f"{r.op}: {f}" for r in results for f in r.failures)]
+    if failures:
+        click.echo(f"{len(failures)} failure(s):\n  " + "\n  ".join(failures), err=True)
+        return 1
+    unreliable = [f"{r.op}: {'; '.join(r.unreliable_reasons)}" for r in results if not r.reliable]
+    if strict and unreliable:
+        click.echo(f"--strict: {len(unreliable)} unreliable result(s):\n  " + "\n  ".join(unreliable), err=True)
+        return 3
+    return 0
+
+
+def _run_shard(
+    jobs: List[BenchmarkJob],
+    settings: RunSettings,
+    previous: Dict[str, BenchmarkResult],
+    owner: Dict[Tuple[str, str], int],
+    output: Optional[str],
+    progress: Progress,
+    shard: Shard,
+) -> Optional[Tuple[List[BenchmarkResult], List[str]]]:
+    """This rank's groups of every job, saved to its shard file after every point; on rank 0,
+    every rank's results joined (and written to `output`) with the errors of ranks that raised;
+    None on the other ranks. A rank that raises still hands over what it measured."""
+    where = shard.where(settings.device)
+    path = str(shard_path(output, shard.rank)) if output else None
+    mine: List[BenchmarkResult] = []
+    latest: Dict[str, BenchmarkResult] = {}
+
+    def marked(result: BenchmarkResult) -> BenchmarkResult:
+        earlier = previous.get(result.op)
+        latest[result.op] = mark(result, where, _keys(earlier.points) if earlier else set())
+        return latest[result.op]
+
+    error = None
+    try:
         for job in jobs:
-            result = _run_job(job, settings, previous.get(job.op), [*kept, *results], output, progress)
-            results.append(result)
-            progress.echo(result.summary() + "\n")
-            if save_dispatch:
-                _save_dispatch(save_dispatch, result, progress)
-        if output:
-            click.echo(f"wrote {len(kept) + len(results)} result(s) to {output}", err=True)
-        if dump_ir:
-            _dump_ir(Path(dump_ir))
-        failures = [f"{r.op}: {f}" for r in results for f in r.failures]
-        if failures:
-            click.echo(f"{len(failures)} failure(s):\n  " + "\n  ".join(failures), err=True)
-            sys.exit(1)
-        unreliable = [f"{r.op}: {'; '.join(r.unreliable_reasons)}" for r in results if not r.reliable]
-        if strict and unreliable:
-            click.echo(f"--strict: {len(unreliable)} unreliable result(s):\n  " + "\n  ".join(unreliable), err=True)
-            sys.exit(3)
+            share = partial(_owns, owner, job.op, shard.rank)
+            mine.append(_run_job(job, settings, previous.get(job.op), mine, path, progress, share, marked))
+    except Exception as e:  # noqa: BLE001  a bug, say: the other ranks' points must not be lost
+        error = f"rank {shard.rank}: {type(e).__name__}: {e}"
+        mine += [r for op, r in latest.items() if op not in {m.op for m in mine}]
+    gathered = shard.gather((mine, error))
+    if gathered is None:
+        return None
+    results = []
+    for job in jobs:
+        parts = [r for rank_results, _ in gathered for r in rank_results if r.op == job.op]
+        earlier = previous[job.op].points if job.op in previous else []
+        if parts:
+            results.append(joined(job, parts, earlier))
+    if output:
+        save_results([*[r for op, r in previous.items() if op not in {j.op for j in jobs}], *results], output)
+        if not any(e for _, e in gathered):  # the shards are in the file now
+            for leftover in leftover_shards(output):
+                leftover.unlink()
+    return results, [e for _, e in gathered if e]
+
+
+def _owns(owner: Dict[Tuple[str, str], int], op: str, rank: int, params: Dict[str, Any]) -> bool:
+    return owner[(op, group_key(params))] == rank
 
 
 def _check_table(path: str, output: Optional[str]) -> None:
@@ -708,17 +816,21 @@ def _run_job(
     done: List[BenchmarkResult],
     output: Optional[str],
     progress: Progress,
+    share: Optional[Callable[[Dict[str, Any]], bool]] = None,
+    finish: Callable[[BenchmarkResult], BenchmarkResult] = lambda result: result,
 ) -> BenchmarkResult:
-    """Measure one job, saving after every point; on Ctrl-C save what was measured and exit 130."""
+    """Measure one job (its `share` of the groups in a sharded run), saving after every point;
+    on Ctrl-C save what was measured and exit 130. `finish` completes each result before it
+    is saved (a sharded run names the rank that measured each point)."""
     if previous is not None and previous.complete and len(point_order(job.sweep, previous.points)) == len(previous.points):
         return previous  # it holds every point this run asks for
 
     def save(result: BenchmarkResult) -> None:
         if output:
-            save_results([*done, result], output)
+            save_results([*done, finish(result)], output)
 
     try:
-        result = run_job(job, settings, previous, on_point=save, progress=progress)
+        result = finish(run_job(job, settings, previous, on_point=save, progress=progress, share=share))
     except RunInterrupted as stop:
         save(stop.result)
         where = f"saved {len(stop.result.points)} point(s) of {job.op} to {output}; continue with --resume"

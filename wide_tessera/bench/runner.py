@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Callable, Dict, Iterator, List, Optional, Set
+from typing import Any, Callable, Dict, Iterator, List, Optional, Set
 
 from ..errors import WideTesseraError
 from . import analysis
@@ -77,9 +77,12 @@ def run_job(
     previous: Optional[BenchmarkResult] = None,
     on_point: Optional[Callable[[BenchmarkResult], None]] = None,
     progress: Optional[Progress] = None,
+    share: Optional[Callable[[Dict[str, Any]], bool]] = None,
 ) -> BenchmarkResult:
     """Measure the points of `job` that `previous` lacks, then the confirmation pass.
 
+    `share(params)` says which parameter groups are this process's, in a sharded run
+    (bench.shards): whole groups, so that confirming and crossovers need no other rank.
     `on_point(result)` gets the incomplete result after every measurement (the CLI
     saves it); `progress` hears of each (None: nothing is shown). Ctrl-C raises
     RunInterrupted carrying that incomplete result. The caller has called
@@ -91,7 +94,8 @@ def run_job(
     # Every earlier point is kept, those outside this sweep too (--resume with other N values).
     points: Dict[str, PointResult] = {point_key(p.n, p.params): p for p in earlier}
     order = point_order(job.sweep, earlier)
-    sweep = {point_key(n, p) for n, p in job.sweep.points()}
+    every = {point_key(n, p) for n, p in job.sweep.points()}
+    sweep = {point_key(n, p) for n, p in job.sweep.points() if share is None or share(p)}
     started = time.perf_counter() - (previous.duration_s if previous else 0.0)
 
     def ordered() -> List[PointResult]:
@@ -113,13 +117,13 @@ def run_job(
             on_point(result(complete=False))
 
     try:
-        for point in _points(job, settings, skip=set(points)):
+        for point in _points(job, settings, skip=set(points) | (every - sweep)):
             measured(point_key(point.n, point.params), point, f"{len(points) + 1}/{len(order)} {_progress(point)}")
         for _ in range(_CONFIRM_ROUNDS):
             todo = {point_key(p.n, p.params) for p in analysis.points_to_confirm(ordered(), settings.confirm)}
             todo &= sweep  # a point of an earlier run outside this sweep cannot be rebuilt from it
             progress.more(len(todo))
-            for i, second in enumerate(_points(job, settings, skip=sweep - todo), start=1):
+            for i, second in enumerate(_points(job, settings, skip=every - todo), start=1):
                 key = point_key(second.n, second.params)
                 point = analysis.confirmed(points[key], second)
                 measured(key, point, f"confirm {i}/{len(todo)} {_confirmation_progress(point)}")

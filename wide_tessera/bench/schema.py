@@ -30,6 +30,7 @@ from .typed_json import check_json
 
 __all__ = [
     "Failure",
+    "Where",
     "PointResult",
     "GroupResult",
     "BenchmarkResult",
@@ -86,6 +87,16 @@ class Confirmation:
 
 
 @dataclass_json
+@dataclass(frozen=True)
+class Where:
+    """Which process measured a point of a sharded run (torchrun): its rank, host and device."""
+
+    rank: int
+    host: str
+    device: str
+
+
+@dataclass_json
 @dataclass
 class PointResult:
     """One N at one parameter combination; `wide_tessera.bench.analysis` computes it from measurements.
@@ -112,6 +123,7 @@ class PointResult:
     launches: callable -> device kernels launched per call (CUDA) or top-level ATen operators
         dispatched per call (CPU), from the profiler (bench.launches)
     work: what one call of the N models must do (flops, fewest bytes), where the op declares it
+    where: the rank, host and device that measured it, in a sharded run (torchrun); None otherwise
     """
 
     n: int
@@ -134,6 +146,7 @@ class PointResult:
     first_call_s: Dict[str, float] = field(default_factory=dict)
     launches: Dict[str, float] = field(default_factory=dict)
     work: Optional[Work] = None
+    where: Optional[Where] = None
 
     @property
     def unstable(self) -> bool:
