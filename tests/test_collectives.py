@@ -15,7 +15,7 @@ from wide_tessera.bench import collectives
 from wide_tessera.bench.collectives import COLLECTIVES, algbw_gbps, busbw_factor, expected, run_case, sizes
 from wide_tessera.bench.timing import TimingConfig
 from wide_tessera.cli import cli
-from wide_tessera.distributed import CollectivesRun
+from wide_tessera.bench.collectives import CollectivesRun
 
 
 def test_bandwidths_follow_nccl_tests():
@@ -77,6 +77,15 @@ def test_two_ranks_under_torchrun_check_and_time_every_collective(tmp_path):
         assert result.size_bytes in (1024, 2048) and result.stats.n_samples >= 3
         assert result.busbw_gbps == pytest.approx(result.algbw_gbps * busbw_factor(result.op, 2))
         assert result.algbw_gbps == pytest.approx(result.size_bytes / (result.stats.median_ms / 1e3) / 1e9)
+    shown = CliRunner().invoke(cli, ["show", str(out), "--format", "csv"], catch_exceptions=False)
+    assert shown.exit_code == 0 and shown.output.startswith("op,placement,dtype,size_bytes")
+    assert len(shown.output.splitlines()) == 1 + len(run.results)
+    pytest.importorskip("matplotlib")
+    drawn = CliRunner().invoke(cli, ["plot", str(out), "-o", str(tmp_path / "plots")], catch_exceptions=False)
+    assert drawn.exit_code == 0 and (tmp_path / "plots" / "collectives_float32_in_place.png").exists()
+    out.write_text(out.read_text()[:-200])  # cut short
+    damaged = CliRunner().invoke(cli, ["show", str(out)])
+    assert damaged.exit_code == 2 and str(out) in damaged.output and "Traceback" not in damaged.output
 
 
 def test_outside_torchrun_is_one_line(monkeypatch):

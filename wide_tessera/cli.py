@@ -21,7 +21,8 @@ import torch
 from .api import build_custom_job, build_job, resolve_device
 from .bench import markdown, tidy
 from .bench.capabilities import unmet_need
-from .bench.collectives import COLLECTIVES, sizes
+from .bench.collectives import COLLECTIVES, CollectivesRun, is_collectives_file, load_collectives, sizes
+from .bench.collectives import rows as collective_rows
 from .bench.compare import compare, render
 from .bench.dispatch import TABLE_ENV, DispatchTable, default_table_path, entries_of
 from .bench.environment import capture_environment
@@ -31,7 +32,7 @@ from .bench.modes import MODES, TRAINING_MODES
 from .bench.point import COMPILE_MODES, CONFIRM_MODES, PRESET_RUNS, default_timing, point_key
 from .bench.registry import REGISTRY, get_op, import_ops, op_names, outside_strategies
 from .bench.report import format_table
-from .bench.plots import plot_result
+from .bench.plots import plot_collectives, plot_result
 from .bench.progress import Progress
 from .bench.report_page import write_report
 from .bench.resume import check_resumable, point_order, points_left
@@ -43,7 +44,7 @@ from .bench.timing import TimingConfig
 from .bench.triton_analysis import dump_ir as write_ir
 from .checks import check_number, check_seed
 from .errors import WideTesseraError, unknown
-from .distributed import run_collectives
+from .distributed import run_collectives, summary
 from .kernels import autotuned_kernels, triton_unavailable_reason
 from .ops.custom import INPUT_DTYPES, RANDOMNESS
 
@@ -904,6 +905,13 @@ def collectives(
     run_collectives(names, sizes(low, high), kinds, where, device, config, output, quiet)
 
 
+def _load_collectives(paths: Sequence[str]) -> List[CollectivesRun]:
+    try:
+        return [load_collectives(path) for path in paths]
+    except WideTesseraError as e:
+        raise click.UsageError(str(e)) from None
+
+
 def _load_all(paths: Sequence[str]) -> List[BenchmarkResult]:
     """Every result of every file, in order; a bad file is a usage error naming it."""
     try:
@@ -924,7 +932,7 @@ def _load_all(paths: Sequence[str]) -> List[BenchmarkResult]:
 )
 @click.option("--warnings", "all_warnings", is_flag=True, help="List every warning, not only the digest (table format).")
 def show(paths: Tuple[str, ...], fmt: str, all_warnings: bool) -> None:
-    """Print the results stored in files written by `benchmark -o`.
+    """Print the results stored in files written by `benchmark -o` (or by `collectives -o`: their table or rows).
 
     \b
     Examples:
@@ -932,13 +940,22 @@ def show(paths: Tuple[str, ...], fmt: str, all_warnings: bool) -> None:
       wide_tessera show gemm.json conv.json --format markdown >> $GITHUB_STEP_SUMMARY
       wide_tessera show results.json --format csv > results.csv   (pd.read_csv reads it)
     """
-    results = _load_all(paths)
-    if fmt == "csv":
+    runs = _load_collectives([p for p in paths if is_collectives_file(p)])
+    results = _load_all([p for p in paths if not is_collectives_file(p)])
+    if fmt in ("csv", "json") and runs and results:
+        raise click.UsageError("--format csv and json print one kind of row: give results files or collectives files, not both")
+    if runs:
+        table = [row for run in runs for row in collective_rows(run)]
+        if fmt == "csv":
+            _write_csv(table, list(table[0]) if table else [])
+        elif fmt == "json":
+            click.echo(json.dumps(table, indent=1, allow_nan=False))
+        else:  # the table, as the run printed it (markdown too)
+            click.echo("\n\n".join(summary(run) for run in runs))
+    if fmt == "csv" and results:
         table = tidy.rows(results)
-        writer = csv.DictWriter(sys.stdout, fieldnames=tidy.column_order(table), lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(table)
-    elif fmt == "json":
+        _write_csv(table, tidy.column_order(table))
+    elif fmt == "json" and results:
         click.echo(json.dumps(tidy.rows(results), indent=1, allow_nan=False))
     elif fmt == "markdown":
         click.echo("\n".join(markdown.result_markdown(r) for r in results), nl=False)
@@ -948,6 +965,12 @@ def show(paths: Tuple[str, ...], fmt: str, all_warnings: bool) -> None:
             if all_warnings:
                 click.echo(f"all {len(result.warnings)} warning(s) of {result.op}:")
                 click.echo("".join(f"  {w}\n" for w in result.warnings))
+
+
+def _write_csv(table: List[Dict[str, Any]], fields: List[str]) -> None:
+    writer = csv.DictWriter(sys.stdout, fieldnames=fields, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(table)
 
 
 @cli.command("compare")
@@ -993,10 +1016,12 @@ def plot(paths: Tuple[str, ...], output: str) -> None:
 
     Needs matplotlib: pip install 'wide_tessera[plot]'.
     """
-    results = _load_all(paths)
+    runs = _load_collectives([p for p in paths if is_collectives_file(p)])
+    results = _load_all([p for p in paths if not is_collectives_file(p)])
     try:
         _check_directory(output)
         written = [path for r in results for path in plot_result(r, Path(output))]
+        written += [path for run in runs for path in plot_collectives(run, Path(output))]
     except WideTesseraError as e:
         raise click.UsageError(str(e)) from None
     click.echo(f"wrote {len(written)} file(s) to {output}")

@@ -7,41 +7,21 @@ import json
 import os
 import socket
 import sys
-from dataclasses import dataclass, field, replace
-from typing import List, Optional, Sequence
+from dataclasses import replace
+from typing import Optional, Sequence
 
 import click
 import torch
 import torch.distributed as dist
-from dataclasses_json import dataclass_json
 
-from .bench.collectives import CollectiveResult, run_all
+from .bench.collectives import CollectiveResult, CollectivesRun, run_all
 from .bench.environment import capture_environment
 from .bench.files import write_atomic
-from .bench.manifest import Manifest, capture_manifest, now
+from .bench.manifest import capture_manifest, now
 from .bench.report import format_table
 from .bench.timing import TimingConfig
 
-__all__ = ["CollectivesRun", "run_collectives", "FORMAT"]
-
-FORMAT = "wide_tessera collectives"
-
-
-@dataclass_json
-@dataclass
-class CollectivesRun:
-    """One `wide_tessera collectives` run: where (rank 0's manifest, every rank's host and device),
-    the backend, and every case's result."""
-
-    backend: str
-    ranks: int
-    hosts: List[str]
-    devices: List[str]
-    manifest: Manifest
-    results: List[CollectiveResult] = field(default_factory=list)
-    format: str = FORMAT
-    version: int = 1
-
+__all__ = ["run_collectives", "summary"]
 
 def run_collectives(
     ops: Sequence[str],

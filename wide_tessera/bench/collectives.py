@@ -12,20 +12,28 @@ so no rank waits in a collective the others have left.
 
 from __future__ import annotations
 
+import json
 import math
 import time
-from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.distributed as dist
 from dataclasses_json import dataclass_json
 
+from ..errors import WideTesseraError
 from .job import DTYPES
+from .manifest import Manifest
 from .stats import TimingStats, median_ci_rel_width
 from .timing import TimingConfig
+from .typed_json import check_json
 
-__all__ = ["COLLECTIVES", "PLACEMENTS", "CollectiveResult", "busbw_factor", "algbw_gbps", "run_case", "expected", "sizes"]
+__all__ = ["COLLECTIVES", "PLACEMENTS", "CollectiveResult", "CollectivesRun", "load_collectives", "is_collectives_file", "rows", "busbw_factor", "algbw_gbps", "run_case", "expected", "sizes"]
+
+FORMAT = "wide_tessera collectives"
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 
@@ -91,6 +99,64 @@ class CollectiveResult:
     busbw_gbps: Optional[float] = None
     error: Optional[str] = None
     skipped: Optional[str] = None
+
+
+@dataclass_json
+@dataclass
+class CollectivesRun:
+    """One `wide_tessera collectives` run: where (rank 0's manifest, every rank's host and device),
+    the backend, and every case's result."""
+
+    backend: str
+    ranks: int
+    hosts: List[str]
+    devices: List[str]
+    manifest: Manifest
+    results: List[CollectiveResult] = field(default_factory=list)
+    format: str = FORMAT
+    version: int = 1
+
+
+def load_collectives(path: Union[str, Path]) -> CollectivesRun:
+    """A file written by `collectives -o`; a damaged or foreign one is one line naming it."""
+    try:
+        doc = json.loads(Path(path).read_text())
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+            raise WideTesseraError(f"no \"format\": \"{FORMAT}\"")
+        check_json(doc, CollectivesRun, "run")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            return CollectivesRun.from_dict(doc)
+    except OSError as e:
+        raise WideTesseraError(f"{path}: cannot read ({e.strerror or e})") from None
+    except Exception as e:  # noqa: BLE001  a foreign or damaged file: one line
+        detail = str(e) if isinstance(e, WideTesseraError) else f"{type(e).__name__}: {e}"
+        raise WideTesseraError(f"{path}: not a wide_tessera collectives file ({detail})") from None
+
+
+def is_collectives_file(path: Union[str, Path]) -> bool:
+    """Whether `path` says it holds collectives (so `show` and `plot` read it as such)."""
+    try:
+        with open(path) as f:
+            return f'"format": "{FORMAT}"' in f.read()
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+def rows(run: CollectivesRun) -> List[Dict[str, Any]]:
+    """Tidy rows, one per case: what `show --format csv|json` prints."""
+    table = []
+    for r in run.results:
+        s = r.stats
+        table.append(dict(
+            op=r.op, placement=r.placement, dtype=r.dtype, size_bytes=r.size_bytes, count=r.count, ranks=r.ranks,
+            backend=run.backend, median_us=s and s.median_ms * 1e3,
+            median_ci_low_us=s and s.median_ci_ms[0] * 1e3, median_ci_high_us=s and s.median_ci_ms[1] * 1e3,
+            p10_us=s and s.p10_ms * 1e3, p90_us=s and s.p90_ms * 1e3, samples=s and s.n_samples, cv=s and s.cv,
+            converged=s and s.converged, algbw_gbps=r.algbw_gbps, busbw_gbps=r.busbw_gbps, correct=r.correct,
+            skipped=r.skipped, error=r.error,
+        ))  # fmt: skip
+    return table
 
 
 def _values(count: int, rank: int, dtype: torch.dtype, device: str) -> torch.Tensor:

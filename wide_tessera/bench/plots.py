@@ -17,9 +17,10 @@ from .report import controls_run, first_line
 from .stats import MIN_EFFECT
 
 if TYPE_CHECKING:
+    from .collectives import CollectivesRun
     from .schema import BenchmarkResult, GroupResult, PointResult
 
-__all__ = ["plot_result", "FORMATS"]
+__all__ = ["plot_result", "plot_collectives", "FORMATS"]
 
 FORMATS = ("png", "svg")
 
@@ -133,19 +134,51 @@ def _draw_group(result: "BenchmarkResult", group: "GroupResult", points: Sequenc
     return fig
 
 
+def _save(fig, directory: Path, stem: str, formats: Sequence[str]) -> List[Path]:
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = [directory / f"{_slug(stem)}.{fmt}" for fmt in formats]
+    for path in paths:
+        fig.savefig(path, dpi=110)
+    return paths
+
+
 def plot_result(result: "BenchmarkResult", directory: Path, formats: Sequence[str] = FORMATS) -> List[Path]:
     """One figure per parameter group with a measured point, in every format; the paths written."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
     written = []
     for group in result.groups:
         points = _group_points(result, group)
-        if not points:
-            continue
-        fig = _draw_group(result, group, points)
-        stem = _slug(f"{result.op}_{params_text(group.params)}")
-        for fmt in formats:
-            path = directory / f"{stem}.{fmt}"
-            fig.savefig(path, dpi=110)
-            written.append(path)
+        if points:
+            written += _save(_draw_group(result, group, points), Path(directory), f"{result.op}_{params_text(group.params)}", formats)
+    return written
+
+
+def plot_collectives(run: "CollectivesRun", directory: Path, formats: Sequence[str] = FORMATS) -> List[Path]:
+    """One figure per dtype and placement: each collective's time and bus bandwidth against the
+    message size (log2), the time with its 95% CI; incorrect cases are left out."""
+    written = []
+    for dtype, placement in dict.fromkeys((r.dtype, r.placement) for r in run.results):
+        fig = _figure_class()(figsize=(12, 4.5), layout="constrained")
+        time, bandwidth = fig.subplots(1, 2)
+        for i, op in enumerate(dict.fromkeys(r.op for r in run.results)):
+            rs = [r for r in run.results if (r.op, r.dtype, r.placement) == (op, dtype, placement) and r.correct]
+            if not rs:
+                continue
+            x = [r.size_bytes for r in rs]
+            us = [r.stats.median_ms * 1e3 for r in rs]
+            err = [[u - r.stats.median_ci_ms[0] * 1e3 for u, r in zip(us, rs)], [r.stats.median_ci_ms[1] * 1e3 - u for u, r in zip(us, rs)]]
+            time.errorbar(x, us, yerr=err, label=op, color=f"C{i}", marker="o", markersize=4, capsize=2)
+            bandwidth.plot(x, [r.busbw_gbps for r in rs], label=op, color=f"C{i}", marker="o", markersize=4)
+        time.set_yscale("log")
+        _log_axis(time.yaxis)
+        time.set_title("median time per call, the slowest rank's (95% CI)", fontsize=9)
+        time.set_ylabel("us")
+        bandwidth.set_title("bus bandwidth (nccl-tests' busbw)", fontsize=9)
+        bandwidth.set_ylabel("GB/s")
+        for ax in (time, bandwidth):
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("message size S (bytes)")
+            ax.grid(True, alpha=0.3)
+            ax.legend(fontsize=7)
+        fig.suptitle(f"collectives: {run.ranks} ranks, {run.backend}, {dtype}, {placement}\n{', '.join(sorted(set(run.devices)))}", fontsize=11)
+        written += _save(fig, Path(directory), f"collectives_{dtype}_{placement}", formats)
     return written
