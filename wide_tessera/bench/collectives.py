@@ -26,6 +26,7 @@ from dataclasses_json import dataclass_json
 
 from ..errors import WideTesseraError
 from .job import DTYPES
+from .files import not_a_regular_file
 from .manifest import Manifest
 from .stats import TimingStats, median_ci_rel_width
 from .timing import TimingConfig
@@ -135,7 +136,10 @@ def load_collectives(path: Union[str, Path]) -> CollectivesRun:
 
 
 def is_collectives_file(path: Union[str, Path]) -> bool:
-    """Whether `path` says it holds collectives (so `show` and `plot` read it as such)."""
+    """Whether `path` says it holds collectives (so `show` and `plot` read it as such). Only a
+    regular file is read: /dev/full never ends, and a FIFO waits for a writer."""
+    if not_a_regular_file(Path(path)) is not None:
+        return False
     try:
         with open(path) as f:
             return f'"format": "{FORMAT}"' in f.read()
