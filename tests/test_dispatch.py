@@ -360,3 +360,12 @@ def test_a_winner_that_cannot_run_here_is_not_built():
     looped = fuse(linears(16), table=table, batch=16)
     assert isinstance(looped, LoopedModules)
     assert "but triton needs a CUDA device" in looped.decision.match.reason
+
+
+def test_a_cpu_entry_measured_with_other_threads_says_so():
+    table = DispatchTable([entry(threads=torch.get_num_threads() + 1)])
+    decided = fuse(linears(16), table=table, batch=16)
+    assert decided.decision.fused  # the thread count is not matched on, but the decision says it differs
+    assert f"measured with {torch.get_num_threads() + 1} torch thread(s)" in str(decided.decision)
+    same = fuse(linears(16), table=DispatchTable([entry(threads=torch.get_num_threads())]), batch=16)
+    assert "torch thread" not in str(same.decision)

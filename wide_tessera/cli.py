@@ -676,7 +676,7 @@ def _measure(
         else:
             owner = assign(jobs, shard.ranks, {op: _keys(r.points) for op, r in previous.items()})
             todo = sum(1 for job in jobs for n, p in job.sweep.points() if owner[(job.op, group_key(p))] == shard.rank)
-            progress = held.enter_context(closing(Progress(todo, enabled=not quiet)))
+            progress = held.enter_context(closing(Progress(todo, enabled=not quiet, label=f"[rank {shard.rank}] ")))
             gathered = _run_shard(jobs, settings, previous, owner, output, progress, shard)
             if gathered is None:  # not rank 0: rank 0 reports, and says how the run ends
                 sys.exit(shard.broadcast(None))

@@ -151,6 +151,10 @@ def fuse(
     )
     if unmet:  # measured where it ran (triton installed then, say); it cannot run here now
         answer = replace(answer, fuse=False, strategy=None, reason=f"{answer.reason}; but {answer.strategy} {unmet}")
+    threads = sorted({e.threads for e in answer.entries if e.threads != torch.get_num_threads()})
+    if case.device == "cpu" and threads:  # on a CPU the thread count moves crossovers; entries are not matched on it
+        note = f"measured with {', '.join(map(str, threads))} torch thread(s); this process uses {torch.get_num_threads()}"
+        answer = replace(answer, notes=(*answer.notes, note))
     if answer.fuse:
         built = wide_module(cls, modules, answer.strategy) if cls is not None else custom_wide(modules, answer.strategy, randomness)
     else:

@@ -17,12 +17,15 @@ __all__ = ["Progress"]
 
 
 class Progress:
-    """Progress over `total` points; confirmation passes add theirs with `more`."""
+    """Progress over `total` points; confirmation passes add theirs with `more`.
 
-    def __init__(self, total: int, enabled: bool = True, stream: Optional[IO[str]] = None):
+    `label` starts every point's line: in a run sharded under torchrun, each rank's
+    (`[rank 1] `), and no bar, since K bars drawn on one terminal overwrite each other."""
+
+    def __init__(self, total: int, enabled: bool = True, stream: Optional[IO[str]] = None, label: str = ""):
         self.stream = stream or sys.stderr
-        self.enabled = enabled
-        use_bar = enabled and self.stream.isatty()
+        self.enabled, self.label = enabled, label
+        use_bar = enabled and self.stream.isatty() and not label
         self.bar = tqdm(total=total, unit="point", file=self.stream, dynamic_ncols=True) if use_bar else None
 
     def op(self, name: str) -> None:
@@ -42,7 +45,7 @@ class Progress:
             self.bar.write(line, file=self.stream)
             self.bar.update(1)
         elif self.enabled:
-            print(line, file=self.stream, flush=True)
+            print(f"{self.label}{line}", file=self.stream, flush=True)
 
     def echo(self, text: str) -> None:
         """`text` on stdout (a summary), above the bar."""
