@@ -458,7 +458,7 @@ def test_a_wrong_swap_is_caught(fast_timing, monkeypatch):
         def forward(self, x):
             return super().forward(x) + 1e-2
 
-    monkeypatch.setattr(surgery, "_fusing_ops", lambda: {nn.Linear: OffByOne})
+    monkeypatch.setattr(surgery, "fusing_ops", lambda: {nn.Linear: OffByOne})
     point = benchmark_custom(Expert, (4, 16), [2], device="cpu", verbose=False, timing=fast_timing).points[0]
     assert point.correct == {"vmap": True, "surgery": False} and "relative error" in point.checks["surgery"].error
 

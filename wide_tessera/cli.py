@@ -13,7 +13,7 @@ import sys
 from contextlib import ExitStack, closing
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import click
 import torch
@@ -29,7 +29,7 @@ from .bench.environment import capture_environment
 from .bench.files import results_lock, results_target
 from .bench.job import DTYPES, BenchmarkJob, SweepParams
 from .bench.modes import MODES, TRAINING_MODES
-from .bench.point import COMPILE_MODES, CONFIRM_MODES, PRESET_RUNS, default_timing, point_key
+from .bench.point import COMPILE_MODES, CONFIRM_MODES, PRESET_RUNS, default_timing, point_keys
 from .bench.registry import REGISTRY, get_op, import_ops, op_names, outside_strategies
 from .bench.report import format_table
 from .bench.plots import plot_collectives, plot_result
@@ -37,8 +37,10 @@ from .bench.progress import Progress
 from .bench.report_page import write_report
 from .bench.resume import check_resumable, point_order, points_left
 from .bench.runner import RunInterrupted, RunSettings, check_runnable, run_job
-from .bench.schema import BenchmarkResult, PointResult, load_results, save_results
-from .bench.shards import Shard, assign, group_key, joined, leftover_shards, mark, read_shards, shard_path
+from .bench.schema import BenchmarkResult, load_results, save_results
+from .bench.shards import (
+    Shard, assign, group_key, joined, leftover_shards, mark, rank_device, rank_threads, remove_shards, shard_path, with_shards,
+)  # fmt: skip
 from .bench.stages import StageTimeouts
 from .bench.timing import TimingConfig
 from .bench.triton_analysis import dump_ir as write_ir
@@ -128,12 +130,7 @@ def _previous_results(path: str, preset: str, settings: RunSettings, sharded: bo
     previous = {r.op: r for r in results}
     if len(previous) < len(results):
         raise WideTesseraError(f"--resume: {path} holds more than one result for an op; it was not written by one run")
-    for part in read_shards(path):  # points the file lacks, with the manifests of the runs that measured them
-        whole = previous.setdefault(part.op, part)
-        have = _keys(whole.points)
-        runs = {run.run_id: run for run in [*whole.runs, *part.runs]}
-        points = [*whole.points, *(p for p in part.points if point_key(p.n, p.params) not in have)]
-        previous[part.op] = dataclasses.replace(whole, points=points, runs=list(runs.values()), complete=False)
+    previous = with_shards(previous, path)
     environment = capture_environment(settings.device)
     if sharded:  # ranks run on cuda:0, cuda:1, ...; the file says cuda
         environment = dataclasses.replace(environment, device=environment.device.split(":")[0])
@@ -645,8 +642,8 @@ def _measure(
             if shard is not None:  # under torchrun: this rank's device, threads and share of the points
                 shard.join(settings.device)
                 held.callback(shard.leave)
-                settings = dataclasses.replace(settings, device=shard.device(settings.device))
-                torch.set_num_threads(threads or shard.threads())
+                settings = dataclasses.replace(settings, device=rank_device(settings.device))
+                torch.set_num_threads(threads or rank_threads())
             elif threads is not None:
                 torch.set_num_threads(threads)
             jobs = make_jobs(settings, texts)
@@ -670,11 +667,11 @@ def _measure(
             for job in jobs:
                 results.append(_run_job(job, settings, previous.get(job.op), [*kept, *results], output, progress))
                 _finished(results[-1], save_dispatch, progress)  # each op's summary as soon as it is done
-            for merged in leftover_shards(output) if output and resume else []:  # their points are in the file now
-                merged.unlink()
+            if output and resume:  # the shards' points are in the file now
+                remove_shards(output)
             errors: List[str] = []
         else:
-            owner = assign(jobs, shard.ranks, {op: _keys(r.points) for op, r in previous.items()})
+            owner = assign(jobs, shard.ranks, {op: point_keys(r.points) for op, r in previous.items()})
             todo = sum(1 for job in jobs for n, p in job.sweep.points() if owner[(job.op, group_key(p))] == shard.rank)
             progress = held.enter_context(closing(Progress(todo, enabled=not quiet, label=f"[rank {shard.rank}] ")))
             gathered = _run_shard(jobs, settings, previous, owner, output, progress, shard)
@@ -688,10 +685,6 @@ def _measure(
             shard.broadcast(code)
         if code:
             sys.exit(code)
-
-
-def _keys(points: Sequence[PointResult]) -> Set[str]:
-    return {point_key(p.n, p.params) for p in points}
 
 
 def _finished(result: BenchmarkResult, save_dispatch: Optional[str], progress: Progress) -> None:
@@ -743,7 +736,7 @@ def _run_shard(
 
     def marked(result: BenchmarkResult) -> BenchmarkResult:
         earlier = previous.get(result.op)
-        latest[result.op] = mark(result, where, _keys(earlier.points) if earlier else set())
+        latest[result.op] = mark(result, where, point_keys(earlier.points) if earlier else set())
         return latest[result.op]
 
     error = None
@@ -766,8 +759,7 @@ def _run_shard(
     if output:
         save_results([*[r for op, r in previous.items() if op not in {j.op for j in jobs}], *results], output)
         if not any(e for _, e in gathered):  # the shards are in the file now
-            for leftover in leftover_shards(output):
-                leftover.unlink()
+            remove_shards(output)
     return results, [e for _, e in gathered if e]
 
 
@@ -878,26 +870,14 @@ def collectives(
                 "collectives runs under torchrun, one process per rank: "
                 "torchrun --standalone --nproc-per-node 2 -m wide_tessera collectives"
             )
-        names = [o.strip() for o in ops.split(",")]
-        for name in names:
-            if name not in COLLECTIVES:
-                raise unknown("collective", name, COLLECTIVES)
-        kinds = [d.strip() for d in dtypes.split(",")]
-        for d in kinds:
-            if d not in DTYPES:
-                raise unknown("dtype", d, DTYPES)
-        where = [p.strip() for p in placements.split(",")]
-        for p in where:
-            if p not in ("in_place", "out_of_place"):
-                raise unknown("placement", p, ("in_place", "out_of_place"))
+        names = _choices(ops, "collective", COLLECTIVES)
+        kinds = _choices(dtypes, "dtype", DTYPES)
+        where = _choices(placements, "placement", ("in_place", "out_of_place"))
         low, high = parse_size(min_bytes, "--min-bytes"), parse_size(max_bytes, "--max-bytes")
         if low > high:
             raise WideTesseraError(f"--min-bytes {min_bytes} is larger than --max-bytes {max_bytes}")
         config = TimingConfig(budget_s=budget)
-        local = int(os.environ.get("LOCAL_RANK", 0))
-        device = resolve_device(device)
-        if device.startswith("cuda"):
-            device = f"cuda:{local}"
+        device = rank_device(resolve_device(device))
         if output:
             results_target(output)
     except WideTesseraError as e:
@@ -905,11 +885,23 @@ def collectives(
     run_collectives(names, sizes(low, high), kinds, where, device, config, output, quiet)
 
 
-def _load_collectives(paths: Sequence[str]) -> List[CollectivesRun]:
+def _choices(text: str, kind: str, valid: Sequence[str]) -> List[str]:
+    """'a, b' -> ['a', 'b'], each one of `valid`."""
+    chosen = [value.strip() for value in text.split(",")]
+    for value in chosen:
+        if value not in valid:
+            raise unknown(kind, value, valid)
+    return chosen
+
+
+def _load_files(paths: Sequence[str]) -> Tuple[List[CollectivesRun], List[BenchmarkResult]]:
+    """The collectives runs and the results of files written by `collectives -o` and `benchmark -o`."""
+    collective = [is_collectives_file(p) for p in paths]
     try:
-        return [load_collectives(path) for path in paths]
+        runs = [load_collectives(p) for p, c in zip(paths, collective) if c]
     except WideTesseraError as e:
         raise click.UsageError(str(e)) from None
+    return runs, _load_all([p for p, c in zip(paths, collective) if not c])
 
 
 def _load_all(paths: Sequence[str]) -> List[BenchmarkResult]:
@@ -940,8 +932,7 @@ def show(paths: Tuple[str, ...], fmt: str, all_warnings: bool) -> None:
       wide_tessera show gemm.json conv.json --format markdown >> $GITHUB_STEP_SUMMARY
       wide_tessera show results.json --format csv > results.csv   (pd.read_csv reads it)
     """
-    runs = _load_collectives([p for p in paths if is_collectives_file(p)])
-    results = _load_all([p for p in paths if not is_collectives_file(p)])
+    runs, results = _load_files(paths)
     if fmt in ("csv", "json") and runs and results:
         raise click.UsageError("--format csv and json print one kind of row: give results files or collectives files, not both")
     if runs:
@@ -1016,8 +1007,7 @@ def plot(paths: Tuple[str, ...], output: str) -> None:
 
     Needs matplotlib: pip install 'wide_tessera[plot]'.
     """
-    runs = _load_collectives([p for p in paths if is_collectives_file(p)])
-    results = _load_all([p for p in paths if not is_collectives_file(p)])
+    runs, results = _load_files(paths)
     try:
         _check_directory(output)
         written = [path for r in results for path in plot_result(r, Path(output))]

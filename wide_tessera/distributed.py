@@ -3,8 +3,6 @@ nccl on GPUs) and the `collectives` command's run, table and file."""
 
 from __future__ import annotations
 
-import json
-import os
 import socket
 import sys
 from dataclasses import replace
@@ -14,11 +12,10 @@ import click
 import torch
 import torch.distributed as dist
 
-from .bench.collectives import CollectiveResult, CollectivesRun, run_all
-from .bench.environment import capture_environment
-from .bench.files import write_atomic
+from .bench.collectives import CollectiveResult, CollectivesRun, run_all, save_collectives
 from .bench.manifest import capture_manifest, now
 from .bench.report import format_table
+from .bench.shards import describe_device, rank_threads
 from .bench.timing import TimingConfig
 
 __all__ = ["run_collectives", "summary"]
@@ -39,12 +36,12 @@ def run_collectives(
     if device.startswith("cuda"):
         torch.cuda.set_device(device)
     else:  # each rank its share of the cores
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
+        torch.set_num_threads(rank_threads())
     dist.init_process_group(backend)
     try:
         rank = dist.get_rank()
         where = [None] * dist.get_world_size()
-        dist.all_gather_object(where, (socket.gethostname(), f"{device}: {capture_environment(device).device_name}"))
+        dist.all_gather_object(where, (socket.gethostname(), describe_device(device)))
         run = CollectivesRun(backend, dist.get_world_size(), [h for h, _ in where], [d for _, d in where],
                              capture_manifest(device, seed=0))
 
@@ -53,14 +50,14 @@ def run_collectives(
             if rank == 0 and not quiet:
                 click.echo(f"[collectives] {_line(result)}", err=True)
             if rank == 0 and output:
-                write_atomic(output, json.dumps(run.to_dict(), indent=1) + "\n")
+                save_collectives(run, output)
 
         run_all(ops, byte_sizes, dtypes, placements, device, config, on_result=report)
         run.manifest = replace(run.manifest, finished=now())
         if rank == 0:
             click.echo(summary(run))
             if output:
-                write_atomic(output, json.dumps(run.to_dict(), indent=1) + "\n")
+                save_collectives(run, output)
                 click.echo(f"wrote {len(run.results)} result(s) to {output}", err=True)
     finally:
         dist.destroy_process_group()

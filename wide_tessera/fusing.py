@@ -24,7 +24,7 @@ from .bench.modes import check_mode
 from .bench.point import COMPILE_MODES
 from .bench.registry import REGISTRY, get_op
 from .errors import WideTesseraError, unknown
-from .ops.base import wide_module
+from .ops.base import fusing_ops, wide_module
 from .ops.custom import custom_wide
 from .ops.functional import RANDOMNESS
 
@@ -177,8 +177,7 @@ def _check_modules(modules: Any) -> List[nn.Module]:
 def _op_class(module: nn.Module, op: Union[None, str, type]) -> Optional[type]:
     """The registered op that fuses `module` (None: the custom way)."""
     if op is None:
-        fusing = {cls.FUSES: cls for cls in REGISTRY.values() if getattr(cls, "FUSES", None) is not None}
-        return fusing.get(type(module))
+        return fusing_ops().get(type(module))
     if isinstance(op, type):
         if op not in REGISTRY.values():
             raise WideTesseraError(

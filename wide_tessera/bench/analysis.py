@@ -59,6 +59,7 @@ __all__ = [
     "MIN_EFFECT",
     "IMPLAUSIBLE_SPEEDUP",
     "measured_point",
+    "parameter_groups",
     "failed_point",
     "confirmed",
     "points_to_confirm",
@@ -253,7 +254,7 @@ def confirmed(first: PointResult, second: PointResult) -> PointResult:
     return dataclasses.replace(first, confirmation=confirmation, winner="unstable", best_speedup=None)
 
 
-def _groups(points: Sequence[PointResult]) -> Iterator[List[PointResult]]:
+def parameter_groups(points: Sequence[PointResult]) -> Iterator[List[PointResult]]:
     """Points sharing every parameter but N, in N order; skipped points say nothing about crossovers."""
     groups: Dict[str, List[PointResult]] = {}
     for p in points:
@@ -289,14 +290,14 @@ def points_to_confirm(points: Sequence[PointResult], mode: str) -> List[PointRes
     measured = [p for p in points if p.timings and p.confirmation is None]
     if mode == "all":
         return measured
-    deciding = {id(p) for g in _groups(points) for p in _deciding(g)}
+    deciding = {id(p) for g in parameter_groups(points) for p in _deciding(g)}
     return [p for p in measured if id(p) in deciding or _near_margin(p)]
 
 
 def result_of(points: List[PointResult], **run_info: Any) -> BenchmarkResult:
     """An op's result from its points: groups and crossovers, wins, headline, reliability."""
     group_results = []
-    for ps in _groups(points):
+    for ps in parameter_groups(points):
         deciding = {id(p) for p in _deciding(ps)}
         group_results.append(
             GroupResult(

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import math
 import time
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
@@ -24,15 +23,14 @@ import torch
 import torch.distributed as dist
 from dataclasses_json import dataclass_json
 
-from ..errors import WideTesseraError
 from .job import DTYPES
-from .files import not_a_regular_file
+from .files import not_a_regular_file, write_atomic
 from .manifest import Manifest
 from .stats import TimingStats, median_ci_rel_width
 from .timing import TimingConfig
-from .typed_json import check_json
+from .typed_json import load_document
 
-__all__ = ["COLLECTIVES", "PLACEMENTS", "CollectiveResult", "CollectivesRun", "load_collectives", "is_collectives_file", "rows", "busbw_factor", "algbw_gbps", "run_case", "expected", "sizes"]
+__all__ = ["COLLECTIVES", "PLACEMENTS", "CollectiveResult", "CollectivesRun", "load_collectives", "is_collectives_file", "save_collectives", "rows", "busbw_factor", "algbw_gbps", "run_case", "expected", "sizes"]
 
 FORMAT = "wide_tessera collectives"
 
@@ -120,19 +118,11 @@ class CollectivesRun:
 
 def load_collectives(path: Union[str, Path]) -> CollectivesRun:
     """A file written by `collectives -o`; a damaged or foreign one is one line naming it."""
-    try:
-        doc = json.loads(Path(path).read_text())
-        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-            raise WideTesseraError(f"no \"format\": \"{FORMAT}\"")
-        check_json(doc, CollectivesRun, "run")
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")
-            return CollectivesRun.from_dict(doc)
-    except OSError as e:
-        raise WideTesseraError(f"{path}: cannot read ({e.strerror or e})") from None
-    except Exception as e:  # noqa: BLE001  a foreign or damaged file: one line
-        detail = str(e) if isinstance(e, WideTesseraError) else f"{type(e).__name__}: {e}"
-        raise WideTesseraError(f"{path}: not a wide_tessera collectives file ({detail})") from None
+    return load_document(path, CollectivesRun, FORMAT, CollectivesRun.version, str(path), "a wide_tessera collectives file")
+
+
+def save_collectives(run: CollectivesRun, path: Union[str, Path]) -> None:
+    write_atomic(path, json.dumps(run.to_dict(), indent=1, allow_nan=False) + "\n")
 
 
 def is_collectives_file(path: Union[str, Path]) -> bool:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
@@ -24,12 +23,12 @@ import torch
 from dataclasses_json import dataclass_json
 
 from ..errors import WideTesseraError
-from .analysis import group_crossover
+from .analysis import group_crossover, parameter_groups
 from .job import params_text
-from .files import cache_dir, not_a_regular_file, write_atomic
+from .files import cache_dir, write_atomic
 from .manifest import now
 from .schema import BenchmarkResult, PointResult
-from .typed_json import check_json
+from .typed_json import load_document
 
 __all__ = [
     "NVerdict",
@@ -128,30 +127,9 @@ class DispatchTable:
     @classmethod
     def load(cls, path: Union[str, Path]) -> "DispatchTable":
         """Read a table; a missing, damaged or foreign file is one WideTesseraError naming it."""
-        kind = not_a_regular_file(Path(path))
-        if kind is not None:
-            raise WideTesseraError(f"dispatch table {path}: is {kind}, not a dispatch table")
-        try:
-            doc = json.loads(Path(path).read_text())
-        except OSError as e:
-            raise WideTesseraError(f"dispatch table {path}: cannot read ({e.strerror or e})") from None
-        except ValueError as e:
-            raise WideTesseraError(f"dispatch table {path}: not JSON ({e})") from None
-        try:
-            if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-                raise WideTesseraError(f"no \"format\": \"{FORMAT}\"")
-            if doc.get("version") != VERSION:
-                raise WideTesseraError(f"version {doc.get('version')!r}; this wide_tessera reads {VERSION}")
-            check_json(doc, DispatchTable, "table")
-            with warnings.catch_warnings():
-                warnings.simplefilter("error")
-                table = DispatchTable.from_dict(doc)
-            for i, entry in enumerate(table.entries):
-                _check_entry(entry, f"entries[{i}]")
-        except Exception as e:  # noqa: BLE001  a foreign or damaged file: one line
-            detail = str(e) if isinstance(e, WideTesseraError) else f"{type(e).__name__}: {e}"
-            raise WideTesseraError(f"dispatch table {path}: not a wide_tessera dispatch table ({detail})") from None
-        return table
+        return load_document(
+            path, DispatchTable, FORMAT, VERSION, f"dispatch table {path}", "a wide_tessera dispatch table", _check_entries
+        )
 
     def save(self, path: Union[str, Path]) -> None:
         write_atomic(path, json.dumps(self.to_dict(), indent=1, allow_nan=False) + "\n")
@@ -164,6 +142,11 @@ class DispatchTable:
             if old is None or e.measured_at >= old.measured_at:  # ISO 8601 in UTC: text order is time order
                 by_key[e.key()] = e
         return DispatchTable(sorted(by_key.values(), key=lambda e: (e.op, e.device_name, e.dtype, e.key())))
+
+
+def _check_entries(table: DispatchTable) -> None:
+    for i, entry in enumerate(table.entries):
+        _check_entry(entry, f"entries[{i}]")
 
 
 def _check_entry(entry: DispatchEntry, where: str) -> None:
@@ -207,18 +190,13 @@ def _n_verdict(point: PointResult) -> NVerdict:
 def entries_of(result: BenchmarkResult) -> List[DispatchEntry]:
     """A result's dispatch entries, one per parameter group and dtype; points skipped by the
     memory budget are left out (they were not measured)."""
-    groups: Dict[str, List[PointResult]] = {}
-    for p in result.points:
-        if "point" in p.failures and p.failures["point"].kind == "skipped":
-            continue
-        groups.setdefault(json.dumps(p.params, sort_keys=True), []).append(p)
     run = result.runs[-1] if result.runs else None
     measured_at = (run.finished or run.started) if run is not None else now()
     entries = []
-    for points in groups.values():
+    for points in parameter_groups(result.points):
         params = dict(points[0].params)
         dtype = params.pop("dtype", "float32")
-        verdicts = [_n_verdict(p) for p in sorted(points, key=lambda p: p.n)]
+        verdicts = [_n_verdict(p) for p in points]
         env = result.environment
         entries.append(
             DispatchEntry(

@@ -41,7 +41,7 @@ from .schema import Failure, PointResult
 from .stages import StageObserver, StageTimeout, StageTimeouts, stage_limit
 from .timing import PairedTimings, TimedFunctionError, TimingConfig, measure_paired
 
-__all__ = ["RunSettings", "CONFIRM_MODES", "COMPILE_MODES", "point_key", "iter_points", "INPUT_DRAWS"]
+__all__ = ["RunSettings", "CONFIRM_MODES", "COMPILE_MODES", "point_key", "point_keys", "iter_points", "INPUT_DRAWS"]
 
 CONFIRM_MODES = ("deciding", "all", "none")
 # Each strategy is checked on this many independent input draws: one draw can hide a
@@ -130,6 +130,10 @@ class RunSettings:
 def point_key(n: int, params: Dict[str, Any]) -> str:
     """A point's identity across runs and passes, for --resume and the confirmation pass."""
     return json.dumps([n, params], sort_keys=True)
+
+
+def point_keys(points: Sequence[PointResult]) -> Set[str]:
+    return {point_key(p.n, p.params) for p in points}
 
 
 def iter_points(

@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from ..errors import WideTesseraError
 from .environment import Environment
 from .job import SweepParams
-from .point import point_key
+from .point import point_key, point_keys
 from .schema import BenchmarkResult, PointResult
 from .timing import TimingConfig
 
@@ -83,5 +83,5 @@ def point_order(sweep: SweepParams, earlier: Sequence[PointResult]) -> Dict[str,
 
 def points_left(sweep: SweepParams, previous: Optional[BenchmarkResult]) -> int:
     """How many of the sweep's points a run continuing `previous` still measures (before confirmation)."""
-    done = {point_key(p.n, p.params) for p in previous.points} if previous else set()
+    done = point_keys(previous.points) if previous else set()
     return sum(point_key(n, params) not in done for n, params in sweep.points())

@@ -20,7 +20,7 @@ from .isolation import check_picklable, iter_points_isolated
 from .job import BenchmarkJob, params_text
 from .manifest import Manifest, capture_manifest, now
 from .memory import memory_method
-from .point import RunSettings, iter_points, point_key
+from .point import RunSettings, iter_points, point_key, point_keys
 from .progress import Progress
 from .resume import point_order
 from .roofline import Peaks, load_or_calibrate
@@ -120,7 +120,7 @@ def run_job(
         for point in _points(job, settings, skip=set(points) | (every - sweep)):
             measured(point_key(point.n, point.params), point, f"{len(points) + 1}/{len(order)} {_progress(point)}")
         for _ in range(_CONFIRM_ROUNDS):
-            todo = {point_key(p.n, p.params) for p in analysis.points_to_confirm(ordered(), settings.confirm)}
+            todo = point_keys(analysis.points_to_confirm(ordered(), settings.confirm))
             todo &= sweep  # a point of an earlier run outside this sweep cannot be rebuilt from it
             progress.more(len(todo))
             for i, second in enumerate(_points(job, settings, skip=every - todo), start=1):

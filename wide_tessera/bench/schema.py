@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Union
@@ -26,7 +25,7 @@ from .result_checks import check_result
 from . import tidy
 from .stats import TimingStats
 from .timing import TimingConfig
-from .typed_json import check_json
+from .typed_json import build, check_json
 
 __all__ = [
     "Failure",
@@ -347,10 +346,7 @@ def load_results(path: Union[str, Path]) -> List[BenchmarkResult]:
         check_json(doc.get("results"), List[Dict[str, Any]], "results")
         results = []
         for i, raw in enumerate(doc["results"]):
-            check_json(raw, BenchmarkResult, f"results[{i}]")
-            with warnings.catch_warnings():
-                warnings.simplefilter("error")  # dataclasses-json warns about what it cannot decode
-                result = BenchmarkResult.from_dict(raw)
+            result = build(raw, BenchmarkResult, f"results[{i}]")
             check_result(result, f"results[{i}]")
             results.append(result)
         return results

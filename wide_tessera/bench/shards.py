@@ -25,11 +25,30 @@ from ..errors import WideTesseraError
 from . import analysis
 from .environment import capture_environment
 from .job import BenchmarkJob
-from .point import point_key
+from .manifest import Manifest
+from .point import point_key, point_keys
 from .resume import point_order
 from .schema import BenchmarkResult, PointResult, Where, load_results
 
-__all__ = ["Shard", "assign", "shard_path", "leftover_shards", "joined", "mark"]
+__all__ = [
+    "Shard", "rank_device", "rank_threads", "describe_device", "assign", "shard_path", "leftover_shards",
+    "with_shards", "remove_shards", "joined", "mark",
+]
+
+
+def rank_device(device: str) -> str:
+    """A torchrun rank's device: its own GPU, cuda:LOCAL_RANK; on the CPU, 'cpu' for every rank."""
+    return f"cuda:{os.environ.get('LOCAL_RANK', 0)}" if device.startswith("cuda") else device
+
+
+def rank_threads() -> int:
+    """A torchrun rank's torch threads on the CPU: its share of the node's cores."""
+    return max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+
+
+def describe_device(device: str) -> str:
+    """'cuda:1 (NVIDIA H100 80GB HBM3)': how a rank's device is recorded."""
+    return f"{device} ({capture_environment(device).device_name})"
 
 
 @dataclass(frozen=True)
@@ -38,8 +57,6 @@ class Shard:
 
     rank: int
     ranks: int
-    local_rank: int
-    local_ranks: int
 
     @classmethod
     def from_environment(cls) -> Optional["Shard"]:
@@ -47,17 +64,7 @@ class Shard:
         ranks = int(os.environ.get("WORLD_SIZE", "1"))
         if ranks <= 1:
             return None
-        return cls(
-            int(os.environ["RANK"]), ranks, int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-        )
-
-    def device(self, device: str) -> str:
-        """Each rank on its own GPU, cuda:LOCAL_RANK; on the CPU, every rank on 'cpu'."""
-        return f"cuda:{self.local_rank}" if device.startswith("cuda") else device
-
-    def threads(self) -> int:
-        """On the CPU, each rank its share of the node's cores."""
-        return max(1, (os.cpu_count() or 1) // self.local_ranks)
+        return cls(int(os.environ["RANK"]), ranks)
 
     def join(self, device: str) -> None:
         """Join torchrun's group; refuse ranks on different device models (their points would
@@ -74,7 +81,7 @@ class Shard:
             )
 
     def where(self, device: str) -> Where:
-        return Where(self.rank, socket.gethostname(), f"{device} ({capture_environment(device).device_name})")
+        return Where(self.rank, socket.gethostname(), describe_device(device))
 
     def gather(self, payload: Any) -> Optional[List[Any]]:
         """Every rank's payload on rank 0 (None elsewhere)."""
@@ -124,9 +131,28 @@ def leftover_shards(output: str) -> List[Path]:
     return sorted(p for p in folder.glob(f"{name}.rank*") if p.name[len(name) + 5 :].isdigit())
 
 
-def read_shards(output: str) -> List[BenchmarkResult]:
-    """Every result in the shard files beside `output`."""
-    return [r for path in leftover_shards(output) for r in load_results(path)]
+def with_shards(previous: Dict[str, BenchmarkResult], output: str) -> Dict[str, BenchmarkResult]:
+    """`previous` (the results in `output`, by op) with the points of the shard files beside it
+    that it lacks and the manifests of the runs that measured them; a result a shard touches is
+    marked incomplete, for --resume to finish."""
+    merged = dict(previous)
+    for part in (r for path in leftover_shards(output) for r in load_results(path)):
+        whole = merged.setdefault(part.op, part)
+        have = point_keys(whole.points)
+        points = [*whole.points, *(p for p in part.points if point_key(p.n, p.params) not in have)]
+        merged[part.op] = dataclasses.replace(whole, points=points, runs=_runs([whole, part]), complete=False)
+    return merged
+
+
+def remove_shards(output: str) -> None:
+    """Remove the shard files beside `output`, once their points are in it."""
+    for path in leftover_shards(output):
+        path.unlink()
+
+
+def _runs(results: Sequence[BenchmarkResult]) -> List[Manifest]:
+    """The results' run manifests, each once."""
+    return list({run.run_id: run for r in results for run in r.runs}.values())
 
 
 def mark(result: BenchmarkResult, where: Where, earlier: Set[str]) -> BenchmarkResult:
@@ -148,7 +174,6 @@ def joined(job: BenchmarkJob, results: Sequence[BenchmarkResult], earlier: Seque
                 points[key] = p
     order = point_order(job.sweep, earlier)
     first = results[0]
-    runs = list({run.run_id: run for r in results for run in r.runs}.values())
     environment = dataclasses.replace(first.environment, device=first.environment.device.split(":")[0])
     return analysis.result_of(
         sorted(points.values(), key=lambda p: order[point_key(p.n, p.params)]),
@@ -167,5 +192,5 @@ def joined(job: BenchmarkJob, results: Sequence[BenchmarkResult], earlier: Seque
         compile=first.compile,
         mode=first.mode,
         peaks=first.peaks,
-        runs=runs,
+        runs=_runs(results),
     )

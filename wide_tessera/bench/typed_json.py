@@ -9,14 +9,20 @@ every field, including ones added later, with no list of fields to keep up to da
 from __future__ import annotations
 
 import dataclasses
+import json
 import types
 import typing
+import warnings
 from functools import lru_cache
-from typing import Any, Dict
+from pathlib import Path
+from typing import Any, Callable, Dict, Type, TypeVar, Union
 
 from ..errors import WideTesseraError
+from .files import not_a_regular_file
 
-__all__ = ["check_json"]
+__all__ = ["check_json", "build", "load_document"]
+
+T = TypeVar("T")
 
 _SCALARS = {bool: (bool,), int: (int,), float: (int, float), str: (str,)}
 
@@ -73,3 +79,46 @@ def _expect(ok: bool, value: Any, expected: str, where: str) -> None:
         shown = repr(value)
         shown = shown if len(shown) <= 60 else shown[:57] + "..."
         raise WideTesseraError(f"{where}: expected {expected}, got {shown}")
+
+
+def build(raw: Any, cls: Type[T], where: str) -> T:
+    """`cls` from decoded JSON, checked first (check_json); what dataclasses-json cannot decode,
+    which it only warns about, is an error."""
+    check_json(raw, cls, where)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        return cls.from_dict(raw)  # type: ignore[attr-defined]
+
+
+def load_document(
+    path: Union[str, Path],
+    cls: Type[T],
+    fmt: str,
+    version: int,
+    label: str,
+    what: str,
+    check: Callable[[T], None] = lambda document: None,
+) -> T:
+    """The `cls` in a JSON file marked {"format": fmt, "version": version} (a dispatch table, a
+    collectives run), after `check`; a missing, damaged or foreign file is one WideTesseraError,
+    `label: ...`. Only a regular file is read: a FIFO would wait for a writer, /dev/full never ends."""
+    kind = not_a_regular_file(Path(path))
+    if kind is not None:
+        raise WideTesseraError(f"{label}: is {kind}, not {what}")
+    try:
+        doc = json.loads(Path(path).read_text())
+    except OSError as e:
+        raise WideTesseraError(f"{label}: cannot read ({e.strerror or e})") from None
+    except ValueError as e:
+        raise WideTesseraError(f"{label}: not JSON ({e})") from None
+    try:
+        if not isinstance(doc, dict) or doc.get("format") != fmt:
+            raise WideTesseraError(f'no "format": "{fmt}"')
+        if doc.get("version") != version:
+            raise WideTesseraError(f"version {doc.get('version')!r}; this wide_tessera reads {version}")
+        document = build(doc, cls, "document")
+        check(document)
+        return document
+    except Exception as e:  # noqa: BLE001  a foreign or damaged file: one line
+        detail = str(e) if isinstance(e, WideTesseraError) else f"{type(e).__name__}: {e}"
+        raise WideTesseraError(f"{label}: not {what} ({' '.join(detail.split())})") from None

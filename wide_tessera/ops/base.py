@@ -11,11 +11,11 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ..bench.capabilities import Needs
 from ..bench.job import DTYPES, BenchmarkJob, SweepParams
-from ..bench.registry import RESERVED_STRATEGY_NAMES, outside_strategies
+from ..bench.registry import REGISTRY, RESERVED_STRATEGY_NAMES, outside_strategies
 from ..bench.roofline import Work
 from ..errors import WideTesseraError, unknown
 
-__all__ = ["WideOp", "WideChannelsOp", "shared_config", "load_joined_parameters", "wide_module", "TRITON"]
+__all__ = ["WideOp", "WideChannelsOp", "shared_config", "load_joined_parameters", "fusing_ops", "wide_module", "TRITON"]
 
 
 def _triton_unavailable(device: torch.device, dtype: torch.dtype, params: Dict[str, Any]) -> Optional[str]:
@@ -258,6 +258,11 @@ def _with_auto_strategy(from_modules: Callable[..., nn.Module]) -> Callable[...,
         return fuse(modules, op=cls, **kwargs)
 
     return from_modules_or_auto
+
+
+def fusing_ops() -> Dict[type, type]:
+    """Module class -> the registered op that fuses it (its FUSES): what surgery swaps, what fuse() finds."""
+    return {cls.FUSES: cls for cls in REGISTRY.values() if getattr(cls, "FUSES", None) is not None}
 
 
 def wide_module(cls: type, modules: Sequence[nn.Module], strategy: str) -> nn.Module:

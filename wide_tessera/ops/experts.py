@@ -16,7 +16,7 @@ from ..bench.roofline import Work
 from .base import TRITON, WideOp, itemsize, shared_config
 from .gemm import WideLinear
 
-__all__ = ["Expert", "WideExperts", "routing_sizes"]
+__all__ = ["Expert", "WideExperts", "expert_sizes", "routing_sizes"]
 
 
 class Expert(nn.Module):
@@ -28,6 +28,11 @@ class Expert(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(F.gelu(self.fc1(x)))
+
+
+def expert_sizes(expert: nn.Module) -> Dict[str, Any]:
+    """An Expert's d_model and hidden: the sweep axes it fixes (moe_experts', mlp's)."""
+    return dict(d_model=expert.fc1.in_features, hidden=expert.fc1.out_features)
 
 
 def routing_sizes(n: int, total: int, skew: float) -> List[int]:
@@ -173,7 +178,7 @@ class WideExperts(WideOp, nn.Module):
 
     @classmethod
     def module_params(cls, module: nn.Module) -> Dict[str, Any]:
-        return dict(d_model=module.fc1.in_features, hidden=module.fc1.out_features)
+        return expert_sizes(module)
 
     @classmethod
     def bench_model(cls, d_model: int, hidden: int, **_: Any) -> nn.Module:

@@ -12,7 +12,7 @@ from ..bench.job import SweepParams
 from ..bench.registry import register
 from ..bench.roofline import Work
 from .base import TRITON, WideOp, itemsize, shared_config
-from .experts import Expert
+from .experts import Expert, expert_sizes
 from .gemm import WideLinear
 
 __all__ = ["WideMLP"]
@@ -68,7 +68,7 @@ class WideMLP(WideOp, nn.Module):
 
     @classmethod
     def module_params(cls, module: nn.Module) -> Dict[str, Any]:
-        return dict(d_model=module.fc1.in_features, hidden=module.fc1.out_features)
+        return expert_sizes(module)
 
     @classmethod
     def bench_model(cls, d_model: int, hidden: int, **_: Any) -> nn.Module:

@@ -14,7 +14,7 @@ strategies are written out:
 
 from __future__ import annotations
 
-from typing import Any, Dict, ClassVar, List, Optional, Sequence, Tuple
+from typing import Any, ClassVar, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn

@@ -29,9 +29,8 @@ from torch import fx, nn
 from torch.func import vmap
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
-from ..bench.registry import REGISTRY
 from ..errors import WideTesseraError
-from .base import WideOp
+from .base import WideOp, fusing_ops
 from .functional import StackedIO, WideFunctional
 
 __all__ = ["WideSurgery", "untraceable"]
@@ -45,11 +44,6 @@ _ELEMENTWISE = {
 }
 _ELEMENTWISE_METHODS = {"add", "sub", "mul", "div", "neg", "exp", "tanh", "sigmoid", "relu", "pow"}
 _ELEMENTWISE_MODULES = (nn.GELU, nn.ReLU, nn.SiLU, nn.Tanh, nn.Sigmoid, nn.LeakyReLU, nn.ELU, nn.Mish, nn.Identity)
-
-
-def _fusing_ops() -> Dict[type, type]:
-    """Module class -> the registered op that fuses it."""
-    return {cls.FUSES: cls for cls in REGISTRY.values() if getattr(cls, "FUSES", None) is not None}
 
 
 def _layout_is_stacked(layer: nn.Module) -> bool:
@@ -152,7 +146,7 @@ class WideSurgery(StackedIO, nn.Module):
         holder = nn.Module()  # what the rewritten graph calls
         graph = traced.graph
         stacked: Set[fx.Node] = set()
-        ops = _fusing_ops()
+        ops = fusing_ops()
         for node in list(graph.nodes):
             mask = tree_map(
                 lambda a: isinstance(a, fx.Node) and a in stacked,  # (a slice is unhashable before Python 3.12)
