@@ -9,6 +9,7 @@ import torch.nn.functional as F
 import wide_tessera as wt
 from wide_tessera.bench import roofline as rl
 from wide_tessera.bench.launches import count_launches
+from wide_tessera.bench.memory import peak_memory
 from wide_tessera.bench.roofline import Peaks, Work, roofline
 from wide_tessera.kernels import grouped_linear
 
@@ -25,6 +26,24 @@ def test_n_separate_calls_launch_n_times_what_one_fused_call_launches(n):
     stacked, ws = torch.stack(xs), torch.stack([w] * n)
     assert count_launches(lambda: [F.linear(x, w, b) for x in xs], "cpu") == n * count_launches(lambda: F.linear(xs[0], w, b), "cpu")
     assert count_launches(lambda: torch.bmm(stacked, ws), "cpu") == 1  # whatever N
+
+
+def test_an_operator_called_inside_another_is_part_of_its_dispatch():
+    x, w, b = torch.randn(4, 8), torch.randn(8, 8), torch.randn(8)
+    assert count_launches(lambda: F.linear(x, w, b), "cpu") == 1  # aten::linear, its aten::t and aten::addmm inside
+    assert count_launches(lambda: (torch.mm(x, w), torch.add(x, 1.0)), "cpu") == 2
+
+
+def test_cpu_peak_memory_sees_a_temporary_freed_within_the_call():
+    x = torch.randn(256, 1024)  # 1 MiB
+
+    def call():
+        temporary = x * 2  # 1 MiB, freed before the call returns
+        return (temporary + 1).sum()  # another 1 MiB while both live, then a 4-byte result
+
+    result, peak = peak_memory(call, "cpu")
+    assert 2 * 2**20 <= peak < 2 * 2**20 + 1024
+    assert peak_memory(lambda: None, "cpu") == (None, 0)
 
 
 def test_every_point_records_its_launches_and_work(fast_timing):

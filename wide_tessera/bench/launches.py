@@ -8,13 +8,13 @@ aten::addmm, is part of its caller's dispatch).
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable, Sequence
 
 import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
-from .memory import stderr_silenced
+from .memory import raw_events, stderr_silenced
 
 __all__ = ["count_launches"]
 
@@ -32,18 +32,20 @@ def count_launches(fn: Callable[[], object], device: str) -> float:
             fn()
         if cuda:
             torch.cuda.synchronize()
-    events = prof.events()
     if cuda:
-        launched = [e for e in events if e.device_type == DeviceType.CUDA]
-    else:
-        launched = [e for e in events if e.name.startswith("aten::") and not _inside_aten(e)]
-    return len(launched) / _CALLS
+        return sum(e.device_type == DeviceType.CUDA for e in prof.events()) / _CALLS
+    return _top_level_aten(raw_events(prof)) / _CALLS
 
 
-def _inside_aten(event: object) -> bool:
-    parent = getattr(event, "cpu_parent", None)
-    while parent is not None:
-        if parent.name.startswith("aten::"):
-            return True
-        parent = getattr(parent, "cpu_parent", None)
-    return False
+def _top_level_aten(events: Sequence[Any]) -> int:
+    """ATen operators not running inside another one on their thread: an operator starts
+    inside another when it starts before that one ends (outer ones first where two start
+    at once)."""
+    count, running = 0, {}  # thread -> end times of the ATen operators open at this point
+    for e in sorted((e for e in events if e.name().startswith("aten::")), key=lambda e: (e.start_ns(), -e.duration_ns())):
+        open_ends = running.setdefault(e.start_thread_id(), [])
+        while open_ends and open_ends[-1] <= e.start_ns():
+            open_ends.pop()
+        count += not open_ends
+        open_ends.append(e.start_ns() + e.duration_ns())
+    return count

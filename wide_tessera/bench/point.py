@@ -63,7 +63,9 @@ class PresetRun:
 # 2-core CPU (controls compiled at every point, deciding points measured twice, 0.5 s per
 # function); with these, 59 s. Its verdicts keep their intervals, its header says they are
 # unconfirmed, and any of the three can be asked back (--budget, --confirm, --controls).
-# `quick`, the README's first command, keeps confirmation and controls and samples 0.25 s.
+# `quick`, the README's first command, keeps confirmation and controls and samples 0.25 s:
+# 512 s for its 121 CPU points. Five minutes would mean no confirmation, as in ci (a gemm+gru
+# quick run: 128 s, 71 s without it), and verdicts no longer confirmed.
 PRESET_RUNS = {"ci": PresetRun(budget_s=0.1, confirm="none", controls=False), "quick": PresetRun(budget_s=0.25)}
 
 
