@@ -7,7 +7,7 @@ import torch
 from click.testing import CliRunner
 
 from wide_tessera import WideLinear, run
-from wide_tessera.bench import analysis
+from wide_tessera.bench import analysis, modes
 from wide_tessera.bench.capabilities import Needs, unmet_need
 from wide_tessera.bench.job import SweepParams
 from wide_tessera.cli import cli
@@ -86,11 +86,36 @@ def test_controls_are_timed_checked_and_never_win(fast_timing):
     # a disturbed point or one no strategy wins gets no answer (a loaded CI machine gave one)
     last = r.points[-1]
     answered = last.best_strategy is not None and not last.disturbed
-    assert ("fuse, or just capture the loop?" in r.summary()) == answered
+    assert ("fuse, or just make the loop cheaper?" in r.summary()) == answered
     if answered:
         assert r.groups[0].fuse_or_capture.n == 4 and r.groups[0].fuse_or_capture.control == "loop_compiled"
     else:
         assert r.groups[0].fuse_or_capture is None
+
+
+@pytest.mark.parametrize("mode", ["inference", "forward_backward", "train_step"])
+def test_optimizer_controls_step_all_n_models_together_in_train_step_only(mode, fast_timing):
+    r = run(WideLinear.benchmark_job("ci", n_values=[1, 4]), timing=fast_timing, verbose=False, controls=True, mode=mode, confirm="none")
+    for p in r.points:
+        for control in ("loop_foreach", "loop_fused"):
+            if mode == "train_step":  # checked (updated parameters included) and timed, never a winner
+                assert p.correct[control] and control in p.timings and p.winner != control
+            else:  # not run, and not a failure either
+                assert control not in p.checks and control not in p.failures
+    if mode == "train_step":
+        assert "loop_fused: the N calls, all N models stepped by one fused optimizer" in r.summary()
+
+
+def test_an_optimizer_control_that_steps_wrong_is_caught(monkeypatch, fast_timing):
+    def fused_steps_twice_as_far(params, **implementation):
+        return torch.optim.SGD(params, lr=0.02 if implementation.get("fused") else 0.01, momentum=0.9, **implementation)
+
+    monkeypatch.setattr(modes, "OPTIMIZER", fused_steps_twice_as_far)
+    r = run(WideLinear.benchmark_job("ci", n_values=[4]), timing=fast_timing, verbose=False, controls=True, mode="train_step", confirm="none")
+    p = r.points[0]
+    assert p.correct["loop_foreach"] and p.correct["bmm"] and not p.correct["loop_fused"]
+    assert p.checks["loop_fused"].error.startswith("updated parameter"), p.checks["loop_fused"].error
+    assert "loop_fused" not in p.timings
 
 
 def test_a_control_faster_than_every_strategy_still_never_wins():

@@ -346,7 +346,8 @@ _RUN_OPTIONS = _options(
     click.option(
         "--controls/--no-controls",
         default=None,
-        help="Also time the baseline loop in one CUDA graph (CUDA) and compiled: cheaper loops that do not fuse.  "
+        help="Also time the baseline loop in one CUDA graph (CUDA) and compiled, and in train_step stepped by "
+        "one foreach or fused optimizer: cheaper loops that do not fuse.  "
         "[default: controls; preset ci: no-controls]",
     ),
     click.option(

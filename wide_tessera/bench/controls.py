@@ -6,8 +6,11 @@ removes most of that overhead while the N problems stay separate. Timed beside t
 strategies, the controls answer "fuse, or just capture the loop?". They are checked
 like strategies but are never winners: they do not fuse.
 
-loop_graph: the N separate calls captured in one CUDA graph and replayed (CUDA only).
-loop_compiled: the N separate calls compiled with torch.compile's default mode.
+In train_step a loop of N models also pays N optimizer steps of a few small tensors each.
+torch's foreach (multi-tensor) and fused optimizers step all N models' parameters in a
+few kernels, without fusing the models: "fuse, or just step them together?". They are
+controls, not strategies: no wide module comes out of them for `fuse` to build, and
+every op has them alike.
 """
 
 from __future__ import annotations
@@ -19,9 +22,17 @@ import torch
 from . import trees
 from .timing import capture_graph
 
-__all__ = ["CONTROLS", "COMPILE_MODES", "BACKWARD_NOT_COMPILED", "control_unavailable", "GraphedLoop", "compiled"]
+__all__ = ["CONTROLS", "OPTIMIZER_CONTROLS", "legend", "COMPILE_MODES", "BACKWARD_NOT_COMPILED", "control_unavailable", "GraphedLoop", "compiled"]
 
-CONTROLS = ("loop_graph", "loop_compiled")
+# name: what it does, as tables explain it
+CONTROLS = {
+    "loop_graph": "the N calls captured in one CUDA graph (CUDA, inference)",
+    "loop_compiled": "the N calls compiled with torch.compile's default mode",
+    "loop_foreach": "the N calls, all N models stepped by one foreach optimizer (train_step)",
+    "loop_fused": "the N calls, all N models stepped by one fused optimizer (train_step)",
+}
+# the optimizer implementation each optimizer control steps the N models with
+OPTIMIZER_CONTROLS = {"loop_foreach": "foreach", "loop_fused": "fused"}
 COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune")
 
 # torch.compile's backward frees the tensors its forward saved ("donated buffers"), so the
@@ -43,8 +54,11 @@ def control_unavailable(
     graph replays one capture's draws, so neither could be checked against the eager calls.
     `mode`: the loop is captured for inference only; capturing a backward pass and an
     optimizer step is whole-network graph capture, which this control does not do. The
-    compiled loop cannot be timed in the backward mode (see BACKWARD_NOT_COMPILED).
+    compiled loop cannot be timed in the backward mode (see BACKWARD_NOT_COMPILED). The
+    optimizer controls step an optimizer, which only train_step has.
     """
+    if name in OPTIMIZER_CONTROLS:
+        return None if mode == "train_step" else f"steps an optimizer, which only train_step has; this run's mode is {mode}"
     if random:
         return "the models draw random numbers, which a compiled or captured loop draws its own way"
     if name == "loop_graph" and mode != "inference":
@@ -59,6 +73,11 @@ def control_unavailable(
     if name == "loop_compiled" and compile_mode != "none":
         return f"every side is compiled already (--compile {compile_mode})"
     return None
+
+
+def legend(names: Sequence[str]) -> str:
+    """'loop_graph: the N calls captured in one CUDA graph ..., ...' for the controls `names`."""
+    return ", ".join(f"{c}: {CONTROLS[c]}" for c in names)
 
 
 def compiled(fn: Callable, mode: str) -> Callable:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, List, Optional, Sequence
 
+from .controls import legend
 from .job import params_text
 from .report import controls_run, first_line, measured_points, no_speedup, winner_cell
 from .stats import MIN_EFFECT
@@ -78,7 +79,7 @@ def result_markdown(result: "BenchmarkResult", level: int = 3) -> str:
         table(header, rows, right),
         f"Speedup over the N separate calls, with its 95% CI. **Bold**: significantly faster (the whole CI "
         f"above {1 + MIN_EFFECT:.2f}); n.s.: no significant difference."
-        + (" Controls (loop_graph, loop_compiled) make the loop cheaper without fusing; they never win." if len(shown) > len(result.strategies) else ""),
+        + (f" Controls make the loop cheaper without fusing ({legend(controls_run(result))}); they never win." if len(shown) > len(result.strategies) else ""),
     ]
     if measured_points(result):
         provisional = "" if result.complete else " (provisional: the run is incomplete)"

@@ -10,7 +10,9 @@ Both sides do the same in each mode: the baseline over N models and N inputs, a 
 strategy over its wide module and the packed input. The gradient flowing back is that of
 a fixed random weighting of every output (`loss`), the same for both sides, so no side
 gains from an output that happens to be summed. The optimizer is SGD with momentum (see
-OPTIMIZER), N of them over N models, one over the wide module.
+OPTIMIZER) in torch's default implementation for the device, N of them over N models, one
+over the wide module; the optimizer controls step the N models with one foreach or fused
+SGD over all their parameters (see controls).
 
 A training-mode check compares, besides the N outputs, each model's input gradients
 (the wide side differentiates through `pack`), and the module state in the wide
@@ -63,16 +65,29 @@ class Side:
 
     forward(x) -> the side's output, for x = pack(inputs) made from the N models' inputs;
     unpack(output) -> the N models' outputs; modules: what holds the side's parameters (N
-    models, or one wide module), each stepped by its own optimizer.
+    models, or one wide module); optimizer: None, each module stepped by its own optimizer
+    in torch's default implementation, or 'foreach'/'fused', all modules by one optimizer
+    in that implementation.
     """
 
     forward: Callable[[Any], Any]
     pack: Callable[[List[Any]], Any]
     unpack: Callable[[Any], List[Any]]
     modules: List[nn.Module]
+    optimizer: Optional[str] = None
 
     def parameters(self) -> List[torch.Tensor]:
-        return [p for m in self.modules for p in m.parameters() if p.requires_grad]
+        return [p for m in self.modules for p in _trained(m)]
+
+    def optimizers(self) -> List[torch.optim.Optimizer]:
+        """What steps the side's parameters in train_step (none for a module with nothing to train)."""
+        if self.optimizer is None:
+            return [OPTIMIZER(_trained(m)) for m in self.modules if _trained(m)]
+        return [OPTIMIZER(self.parameters(), **{self.optimizer: True})] if self.parameters() else []
+
+
+def _trained(m: nn.Module) -> List[torch.Tensor]:
+    return [p for p in m.parameters() if p.requires_grad]
 
 
 def requiring_grad(tree: Any) -> Any:
@@ -125,7 +140,7 @@ def timed_call(mode: str, side: Side, inputs: List[Any], weights: List[Any]) -> 
         return partial(torch.autograd.grad, recorded, wrt, retain_graph=True, allow_unused=True)
     if mode == "forward_backward":
         return _with_grad(lambda x: torch.autograd.grad(loss(side.unpack(side.forward(x)), weights), wrt, allow_unused=True), x)
-    optimizers = [OPTIMIZER([p for p in m.parameters() if p.requires_grad]) for m in side.modules]
+    optimizers = side.optimizers()
 
     def train_step(x: Any) -> None:
         loss(side.unpack(side.forward(x)), weights).backward()
@@ -199,14 +214,12 @@ def _outcome(mode: str, side: Side, inputs: List[Any], weights: List[Any], seede
     per_module = [{k: _or_zeros(next(grads) if p.requires_grad else None, p) for k, p in ps} for ps in named]
     stepped = None
     if mode == "train_step":
-        stepped = []
         for ps, g in zip(named, per_module):
-            trained = [p for _, p in ps if p.requires_grad]
             for k, p in ps:
                 p.grad = g[k].clone() if p.requires_grad else None
-            if trained:
-                OPTIMIZER(trained).step()
-            stepped.append({k: p.detach().clone() for k, p in ps})
+        for optimizer in side.optimizers():
+            optimizer.step()
+        stepped = [{k: p.detach().clone() for k, p in ps} for ps in named]
     buffers = [_persistent_buffers(m) for m in side.modules]
     input_grad_trees = [
         tree_map(lambda t: _or_zeros(next(grads), t) if isinstance(t, torch.Tensor) and t.requires_grad else None, x)

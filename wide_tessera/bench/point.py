@@ -23,7 +23,7 @@ from ..checks import check_bool, check_instance, check_seed
 from ..errors import WideTesseraError
 from . import analysis, modes, trees
 from .capabilities import unmet_need
-from .controls import COMPILE_MODES, CONTROLS, GraphedLoop, compiled, control_unavailable
+from .controls import COMPILE_MODES, CONTROLS, OPTIMIZER_CONTROLS, GraphedLoop, compiled, control_unavailable
 from .correctness import (
     Check,
     check_outputs,
@@ -219,13 +219,14 @@ def _measure_point(
     weights: List[Any] = []  # training modes: per draw, what the loss weights each output by
     outcomes: List[modes.Outcome] = []  # training modes: per draw, what the N models' training call did
 
-    def loop_side(compile_mode: str = "none") -> Side:
-        """N separate calls to time. In the training modes each loop has models of its own, as the
-        models were built: its optimizer steps them, and a backward-mode forward recorded on them
-        must not see another side's check restore their running statistics."""
+    def loop_side(compile_mode: str = "none", optimizer: Optional[str] = None) -> Side:
+        """N separate calls to time (train_step: stepped by N default optimizers, or by one
+        `optimizer` over all N models). In the training modes each loop has models of its own, as
+        the models were built: its optimizer steps them, and a backward-mode forward recorded on
+        them must not see another side's check restore their running statistics."""
         models = [copy.deepcopy(m) for m in modules] if training else modules
         loop = partial(_separate_calls, models)
-        return Side(loop if compile_mode == "none" else compiled(loop, compile_mode), list, list, models)
+        return Side(loop if compile_mode == "none" else compiled(loop, compile_mode), list, list, models, optimizer)
 
     def timed_of(side: Side) -> Callable[[], object]:
         return modes.timed_call(settings.mode, side, _clones(draws[0]), weights[0] if weights else [])
@@ -336,7 +337,9 @@ def _measure_point(
     for control in CONTROLS if settings.controls else ():
         if control_unavailable(control, device, settings.compile, settings.timing.cuda_graph, job.random, settings.mode):
             continue
-        if control == "loop_compiled":
+        if control in OPTIMIZER_CONTROLS:  # the loop as the baseline runs it, compiled or not
+            call = checked(control, loop_side(settings.compile, OPTIMIZER_CONTROLS[control]))
+        elif control == "loop_compiled":
             call = checked(control, loop_side("default"))
         else:
             call = checked(control, _graphed_side(separate_calls, draws[0]))

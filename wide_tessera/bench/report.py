@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
 
-from .controls import CONTROLS
+from .controls import CONTROLS, legend
 from .job import params_text
 from .roofline import roofline
 from .stats import MIN_EFFECT
@@ -150,7 +150,7 @@ def controls_run(result: "BenchmarkResult") -> List[str]:
 
 def _fuse_or_capture_line(g: "GroupResult") -> str:
     f = g.fuse_or_capture
-    answer = {"faster": "fuse", "slower": "capture", "same": "either (no significant difference)"}[f.verdict]
+    answer = {"faster": "fuse", "slower": f"{f.control}, no fusion", "same": "either (no significant difference)"}[f.verdict]
     return (
         f"  {params_text(g.params)}: at N={f.n} {f.strategy} is {f.speedup:.2f}x "
         f"[{f.ci[0]:.2f},{f.ci[1]:.2f}] the speed of {f.control}: {answer}"
@@ -257,12 +257,11 @@ def format_summary(result: "BenchmarkResult") -> str:
         f"n.s.: no significant difference from baseline; a win needs the whole CI above {1 + MIN_EFFECT:.2f}; "
         "loop: the strategy ran a per-model loop"
         + (
-            "; controls make the loop cheaper without fusing (loop_graph: the N calls in one CUDA graph, "
-            "loop_compiled: the N calls compiled) and never win"
+            f"; controls make the loop cheaper without fusing ({legend(controls_run(result))}) and never win"
             if len(shown) > len(result.strategies)
             else ""
         ),
-        *(["fuse, or just capture the loop? (best strategy against the fastest control):"] if captures else []),
+        *(["fuse, or just make the loop cheaper? (best strategy against the fastest control):"] if captures else []),
         *(_fuse_or_capture_line(g) for g in captures),
         *(
             [f"roofline at the largest N (peaks measured on {result.peaks.device_name}: "
