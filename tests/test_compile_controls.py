@@ -106,6 +106,15 @@ def test_optimizer_controls_step_all_n_models_together_in_train_step_only(mode, 
         assert "loop_fused: the N calls, all N models stepped by one fused optimizer" in r.summary()
 
 
+def test_controls_are_timed_in_an_isolated_worker_too(fast_timing):
+    """The worker names each function it times by its index among those a point may time
+    (a control missing there failed every control with a KeyError under --isolate)."""
+    r = run(WideLinear.benchmark_job("ci", n_values=[2]), timing=fast_timing, verbose=False, controls=True, mode="train_step", confirm="none", isolate=True)
+    p = r.points[0]
+    assert not {k: f for k, f in p.failures.items() if f.kind != "skipped"}, p.failures
+    assert {"loop_compiled", "loop_foreach", "loop_fused"} <= set(p.timings)
+
+
 def test_an_optimizer_control_that_steps_wrong_is_caught(monkeypatch, fast_timing):
     def fused_steps_twice_as_far(params, **implementation):
         return torch.optim.SGD(params, lr=0.02 if implementation.get("fused") else 0.01, momentum=0.9, **implementation)

@@ -30,6 +30,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
 from ..errors import WideTesseraError
 from .analysis import failed_point
+from .controls import CONTROLS
 from .job import BenchmarkJob
 from .point import RunSettings, iter_points
 from .schema import Failure, PointResult
@@ -233,7 +234,8 @@ class _Worker:
 
 
 def _functions(job: BenchmarkJob) -> List[str]:
-    return ["baseline", *job.strategies]
+    """Every function a point may time: the controls too, or the worker fails them by name."""
+    return ["baseline", *job.strategies, *CONTROLS]
 
 
 def _die_with(parent: int) -> None:
