@@ -161,6 +161,29 @@ def test_a_state_that_differs_from_the_models_fails_the_check(field, key, what):
     assert not check.correct and check.error.startswith(what), check.error
 
 
+class FrozenFirstLayer(nn.Module):
+    def __init__(self, d: int = 8):
+        super().__init__()
+        self.fc, self.out = nn.Linear(d, d), nn.Linear(d, 4)
+        self.fc.weight.requires_grad_(False)
+
+    def forward(self, x):
+        return self.out(torch.relu(self.fc(x)))
+
+
+def test_a_layer_frozen_in_the_models_stays_frozen_when_fused(fast_timing):
+    r = benchmark_custom(FrozenFirstLayer, (4, 8), [3], mode="train_step", verbose=False, timing=fast_timing, confirm="none")
+    assert r.all_correct, {s: c.error for s, c in r.points[0].checks.items()}  # surgery trained the frozen weight before
+    linears = [nn.Linear(4, 4) for _ in range(3)]
+    for m in linears:
+        m.weight.requires_grad_(False)
+    wide = WideLinear.from_modules(linears, "bmm")
+    assert (wide.weight.requires_grad, wide.bias.requires_grad) == (False, True)
+    linears[0].weight.requires_grad_(True)
+    with pytest.raises(WideTesseraError, match="'weight' is frozen in some of the models and not in others"):
+        WideLinear.from_modules(linears, "bmm")
+
+
 def test_dropout_is_checked_with_the_same_draws(fast_timing):
     """Each model's call and the wide call start from one generator state (randomness 'same')."""
     r = benchmark_custom(

@@ -252,12 +252,26 @@ def _with_auto_strategy(from_modules: Callable[..., nn.Module]) -> Callable[...,
     @wraps(from_modules)
     def from_modules_or_auto(cls: type, modules: Sequence[nn.Module], strategy: Optional[str] = None, *args: Any, **kwargs: Any) -> nn.Module:
         if strategy != "auto":
-            return from_modules(cls, modules, strategy, *args, **kwargs)
+            return _frozen_as_in(modules, from_modules(cls, modules, strategy, *args, **kwargs))
         from ..fusing import fuse  # fuse builds on the ops
 
         return fuse(modules, op=cls, **kwargs)
 
     return from_modules_or_auto
+
+
+def _frozen_as_in(modules: Sequence[nn.Module], wide: nn.Module) -> nn.Module:
+    """`wide` with each parameter that the N models have under the same name frozen where
+    they froze it (requires_grad False): fused for training, a frozen layer must stay frozen.
+    One frozen in some models only cannot be one wide tensor half trained."""
+    own = [dict(m.named_parameters()) for m in modules]
+    for name, p in wide.named_parameters():
+        flags = {ps[name].requires_grad for ps in own if name in ps}
+        if len(flags) > 1:
+            raise WideTesseraError(f"parameter {name!r} is frozen in some of the models and not in others: freeze it in all or none")
+        if flags == {False}:
+            p.requires_grad_(False)
+    return wide
 
 
 def fusing_ops() -> Dict[type, type]:
