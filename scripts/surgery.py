@@ -84,7 +84,7 @@ def against_widecompiler(args: argparse.Namespace, n_values: List[int]) -> None:
     """surgery against WideCompiler's traced model on the same N models, one interleaved run per N."""
     sys.path.insert(0, args.widecompiler)
     wide_compiler = importlib.import_module("wide_compiler")
-    rows = []
+    rows, tol = [], tolerance(torch.float32, "cpu")
     for n in n_values:
         torch.manual_seed(0)
         models = [MLP(args.d, args.hidden) for _ in range(n)]
@@ -95,8 +95,8 @@ def against_widecompiler(args: argparse.Namespace, n_values: List[int]) -> None:
             theirs = wide_compiler.compile(models, inputs[0][:1], compile_model=False, debug=False)
             x_ours, x_theirs = ours.pack(inputs), wide_compiler.pack(inputs)
             checks = {
-                "surgery": check_outputs(ours.unpack(ours(x_ours)), expected, tolerance(torch.float32, "cpu")),
-                "widecompiler": check_outputs(wide_compiler.unpack(theirs(x_theirs), n), expected, tolerance(torch.float32, "cpu")),
+                "surgery": check_outputs(ours.unpack(ours(x_ours)), expected, tol),
+                "widecompiler": check_outputs(wide_compiler.unpack(theirs(x_theirs), n), expected, tol),
             }
             stats = measure_paired({"surgery": lambda: ours(x_ours), "widecompiler": lambda: theirs(x_theirs)}).stats
         lo, hi = speedup_ci(stats["widecompiler"].samples_ms, stats["surgery"].samples_ms)

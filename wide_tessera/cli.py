@@ -20,6 +20,7 @@ import torch
 
 from .api import build_custom_job, build_job, resolve_device
 from .bench import markdown, tidy
+from .bench.analysis import group_key
 from .bench.capabilities import unmet_need
 from .bench.collectives import COLLECTIVES, CollectivesRun, is_collectives_file, load_collectives, sizes
 from .bench.collectives import rows as collective_rows
@@ -39,7 +40,7 @@ from .bench.resume import check_resumable, point_order, points_left
 from .bench.runner import RunInterrupted, RunSettings, check_runnable, run_job
 from .bench.schema import BenchmarkResult, load_results, save_results
 from .bench.shards import (
-    Shard, assign, group_key, joined, leftover_shards, mark, rank_device, rank_threads, remove_shards, shard_path, with_shards,
+    Shard, assign, joined, leftover_shards, mark, rank_device, rank_threads, remove_shards, shard_path, with_shards,
 )  # fmt: skip
 from .bench.stages import StageTimeouts
 from .bench.timing import TimingConfig

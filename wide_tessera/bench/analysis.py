@@ -59,6 +59,7 @@ __all__ = [
     "MIN_EFFECT",
     "IMPLAUSIBLE_SPEEDUP",
     "measured_point",
+    "group_key",
     "parameter_groups",
     "failed_point",
     "confirmed",
@@ -254,13 +255,18 @@ def confirmed(first: PointResult, second: PointResult) -> PointResult:
     return dataclasses.replace(first, confirmation=confirmation, winner="unstable", best_speedup=None)
 
 
+def group_key(params: Dict[str, Any]) -> str:
+    """A parameter group's identity: its parameters, every one but N."""
+    return json.dumps(params, sort_keys=True)
+
+
 def parameter_groups(points: Sequence[PointResult]) -> Iterator[List[PointResult]]:
     """Points sharing every parameter but N, in N order; skipped points say nothing about crossovers."""
     groups: Dict[str, List[PointResult]] = {}
     for p in points:
         if "point" in p.failures and p.failures["point"].kind == "skipped":
             continue
-        groups.setdefault(json.dumps(p.params, sort_keys=True), []).append(p)
+        groups.setdefault(group_key(p.params), []).append(p)
     for ps in groups.values():
         yield sorted(ps, key=lambda p: p.n)
 

@@ -81,9 +81,9 @@ class Side:
 
     def optimizers(self) -> List[torch.optim.Optimizer]:
         """What steps the side's parameters in train_step (none for a module with nothing to train)."""
-        if self.optimizer is None:
-            return [OPTIMIZER(_trained(m)) for m in self.modules if _trained(m)]
-        return [OPTIMIZER(self.parameters(), **{self.optimizer: True})] if self.parameters() else []
+        groups = [_trained(m) for m in self.modules] if self.optimizer is None else [self.parameters()]
+        implementation = {} if self.optimizer is None else {self.optimizer: True}
+        return [OPTIMIZER(params, **implementation) for params in groups if params]
 
 
 def _trained(m: nn.Module) -> List[torch.Tensor]:

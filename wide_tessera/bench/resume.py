@@ -8,10 +8,10 @@ one label, so a file measured differently is refused instead.
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import WideTesseraError
+from .analysis import group_key
 from .environment import Environment
 from .job import SweepParams
 from .point import point_key, point_keys
@@ -76,7 +76,7 @@ def point_order(sweep: SweepParams, earlier: Sequence[PointResult]) -> Dict[str,
     groups: Dict[str, int] = {}
     rank: Dict[str, Tuple[int, int]] = {}
     for n, params in [*((p.n, p.params) for p in earlier), *sweep.points()]:
-        group = groups.setdefault(json.dumps(params, sort_keys=True), len(groups))
+        group = groups.setdefault(group_key(params), len(groups))
         rank[point_key(n, params)] = (group, n)
     return {key: i for i, key in enumerate(sorted(rank, key=rank.__getitem__))}
 

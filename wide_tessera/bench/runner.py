@@ -119,13 +119,13 @@ def run_job(
     try:
         for point in _points(job, settings, skip=set(points) | (every - sweep)):
             measured(point_key(point.n, point.params), point, f"{len(points) + 1}/{len(order)} {_progress(point)}")
+        # A control never decides a verdict, so the second pass leaves the controls out
+        # (a gemm+gru quick run: 128 s with them, 119 s without).
+        again = dataclasses.replace(settings, controls=False)
         for _ in range(_CONFIRM_ROUNDS):
             todo = point_keys(analysis.points_to_confirm(ordered(), settings.confirm))
             todo &= sweep  # a point of an earlier run outside this sweep cannot be rebuilt from it
             progress.more(len(todo))
-            # A control never decides a verdict, so the second pass leaves the controls out
-            # (a gemm+gru quick run: 128 s with them, 119 s without).
-            again = dataclasses.replace(settings, controls=False)
             for i, second in enumerate(_points(job, again, skip=every - todo), start=1):
                 key = point_key(second.n, second.params)
                 point = analysis.confirmed(points[key], second)

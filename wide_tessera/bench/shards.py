@@ -12,7 +12,6 @@ A rank that dies leaves its shard file; `--resume` reads the shards and measures
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import socket
 from dataclasses import dataclass
@@ -99,10 +98,6 @@ class Shard:
         dist.destroy_process_group()
 
 
-def group_key(params: Dict[str, Any]) -> str:
-    return json.dumps(params, sort_keys=True)
-
-
 def assign(jobs: Sequence[BenchmarkJob], ranks: int, skip: Dict[str, Set[str]]) -> Dict[Tuple[str, str], int]:
     """(op, parameter group) -> rank: each group, whole, to the rank with the fewest points to
     measure so far (the same answer on every rank). `skip`: op -> point keys already measured."""
@@ -112,7 +107,8 @@ def assign(jobs: Sequence[BenchmarkJob], ranks: int, skip: Dict[str, Set[str]]) 
         groups: Dict[str, int] = {}
         for n, params in job.sweep.points():
             todo = point_key(n, params) not in skip.get(job.op, set())
-            groups[group_key(params)] = groups.get(group_key(params), 0) + todo
+            key = analysis.group_key(params)
+            groups[key] = groups.get(key, 0) + todo
         for key, points in groups.items():
             rank = min(range(ranks), key=lambda r: load[r])
             owner[(job.op, key)] = rank
