@@ -80,7 +80,7 @@ class WideOp:
             model_factory=cls.bench_model,
             input_factory=cls.bench_inputs,
             # the outside strategies travel with the job: an isolated worker has not imported them
-            wide_factory=partial(_wide_module, cls, {s: o.build for s, o in outside.items()}),
+            wide_factory=partial(_wide_module, cls, _outside_builds(cls)),
             strategy_needs=cls.strategy_needs(),
             work_factory=cls.work,
         )
@@ -281,7 +281,12 @@ def fusing_ops() -> Dict[type, type]:
 
 def wide_module(cls: type, modules: Sequence[nn.Module], strategy: str) -> nn.Module:
     """The wide module of `strategy` of op class `cls`, an outside strategy's included."""
-    return _wide_module(cls, {s: o.build for s, o in outside_strategies(cls).items()}, modules, strategy)
+    return _wide_module(cls, _outside_builds(cls), modules, strategy)
+
+
+def _outside_builds(cls: type) -> Dict[str, Callable[[nn.Module], Callable[..., Any]]]:
+    """Each outside strategy's build, by name: what a job carries to workers that have not imported them."""
+    return {s: o.build for s, o in outside_strategies(cls).items()}
 
 
 def _wide_module(
