@@ -92,6 +92,39 @@ def test_unavailable_reasons(monkeypatch):
     assert triton_unavailable_reason("cuda") == "needs triton (pip install triton)"
 
 
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: grouped_linear(torch.randn(2, 4, 8), torch.randn(2, 3, 8)),
+        lambda: ragged_linear(torch.randn(4, 8), torch.randn(2, 3, 8), torch.tensor([1, 3])),
+        lambda: flash_attention(*(torch.randn(1, 1, 4, 16) for _ in range(3))),
+    ],
+)
+def test_a_kernel_that_cannot_run_here_says_why_before_launching(monkeypatch, call):
+    monkeypatch.setattr(kernels, "INTERPRETED", False)
+    with pytest.raises(RuntimeError, match=r"^the Triton kernels cannot run on cpu: needs a CUDA device.*TRITON_INTERPRET=1"):
+        call()
+
+
+@pytest.mark.parametrize(
+    "triton_version, numpy_version, broken",
+    [("3.6.0", "2.4.6", True), ("3.6.0", "2.3.5", False), ("3.7.0", "2.5.5", False), ("3.9.0", "2.4.6", False)],
+)
+def test_an_interpreter_that_fails_beside_this_numpy_is_a_reason_not_a_crash(
+    monkeypatch, triton_version, numpy_version, broken
+):
+    import numpy
+    import triton
+
+    monkeypatch.setattr(kernels, "INTERPRETED", True)
+    monkeypatch.setattr(triton, "__version__", triton_version)
+    monkeypatch.setattr(numpy, "__version__", numpy_version)
+    reason = triton_unavailable_reason("cpu")
+    assert (reason is not None) == broken
+    if broken:
+        assert f"Triton {triton_version}" in reason and f"numpy {numpy_version}" in reason and "triton>=3.7" in reason
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device; this machine has none")
 def test_kernels_at_gpu_sizes():

@@ -13,12 +13,14 @@ import os
 from typing import Any, Dict, Optional
 
 import torch
+from torch.torch_version import TorchVersion
 
 __all__ = [
     "grouped_linear",
     "ragged_linear",
     "flash_attention",
     "triton_unavailable_reason",
+    "require_triton",
     "autotuned_kernels",
     "INTERPRETED",
 ]
@@ -36,8 +38,38 @@ def triton_unavailable_reason(device: Any) -> Optional[str]:
     if kind == "cuda":
         return None
     if kind == "cpu" and INTERPRETED:
-        return None
+        return _interpreter_problem()
     return f"needs a CUDA device; on {kind} Triton runs only under TRITON_INTERPRET=1, for correctness, not timing"
+
+
+def require_triton(device: Any) -> None:
+    """One clear error where the kernels cannot run on `device`, before triton fails deep inside.
+
+    Without it a CPU tensor outside the interpreter, or triton 3.6's interpreter beside numpy
+    2.4, failed with a page of interpreter traceback ending in a numpy TypeError.
+    """
+    reason = triton_unavailable_reason(device)
+    if reason is not None:
+        raise RuntimeError(f"the Triton kernels cannot run on {torch.device(device)}: {reason}")
+
+
+def _interpreter_problem() -> Optional[str]:
+    """Why this triton's interpreter cannot run the kernels beside this numpy, or None.
+
+    Before 3.7 the interpreter turns a loop bound known only at run time (`range(0, K, BK)`)
+    into an int from a 1-element array, which numpy 2.4 refuses: every kernel here failed so
+    under triton 3.6 (torch 2.11's) with numpy 2.4.6 and 2.5.5, and passed with numpy 2.3.5
+    (triton-lang/triton#9171, fixed in 3.7.0).
+    """
+    import numpy
+    import triton
+
+    if TorchVersion(triton.__version__) < (3, 7) and TorchVersion(numpy.__version__) >= (2, 4):
+        return (
+            f"Triton {triton.__version__}'s interpreter cannot run with numpy {numpy.__version__} "
+            "(triton-lang/triton#9171): install triton>=3.7 or numpy<2.4"
+        )
+    return None
 
 
 def autotuned_kernels() -> Dict[str, Any]:

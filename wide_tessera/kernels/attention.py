@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import INTERPRETED
+from . import INTERPRETED, require_triton
 
 __all__ = ["flash_attention", "ATTENTION", "HEAD_DIMS"]
 
@@ -109,6 +109,7 @@ def flash_attention(
     z, h, length, d = q.shape
     if d not in HEAD_DIMS:
         raise ValueError(f"head dim D={d} is not supported; valid: {', '.join(map(str, HEAD_DIMS))}")
+    require_triton(q.device)
     o = torch.empty_like(q)
     precision = None
     if q.dtype == torch.float32:

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import INTERPRETED
+from . import INTERPRETED, require_triton
 
 # See _tile_dot: the interpreter cannot multiply bfloat16.
 WIDEN = tl.constexpr(INTERPRETED)
@@ -149,6 +149,7 @@ def _check(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], 
         raise ValueError(f"x is on {x.device} but weight on {weight.device}")
     if bias is not None and (tuple(bias.shape) != tuple(weight.shape[:2]) or bias.dtype != x.dtype):
         raise ValueError(f"bias must be [N, out] = {tuple(weight.shape[:2])} in {x.dtype}, got {tuple(bias.shape)}")
+    require_triton(x.device)
 
 
 def grouped_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
