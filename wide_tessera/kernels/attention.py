@@ -36,6 +36,39 @@ def _configs() -> List[triton.Config]:
     ]
 
 
+@triton.jit
+def _attend(
+    acc, total, best, q_tile, k_base, v_base, rows, cols, dims, lo, hi, L, qk_scale, skl, skd, svl, svd,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr, BN: tl.constexpr,
+):  # fmt: skip
+    """The online softmax over key blocks [lo, hi). Only MASKED blocks pay for a mask: those
+    that reach past L or, when CAUSAL, cross the diagonal; every key of the others is seen
+    by every row. Scores stay unscaled until exp2's argument, one fused multiply-add each."""
+    for start in range(lo, hi, BN):
+        c = start + cols
+        if MASKED:
+            k_tile = tl.load(k_base + c[None, :] * skl + dims[:, None] * skd, mask=c[None, :] < L, other=0.0)
+            v_tile = tl.load(v_base + c[:, None] * svl + dims[None, :] * svd, mask=c[:, None] < L, other=0.0)
+        else:
+            k_tile = tl.load(k_base + c[None, :] * skl + dims[:, None] * skd)
+            v_tile = tl.load(v_base + c[:, None] * svl + dims[None, :] * svd)
+        if WIDEN:
+            k_tile, v_tile = k_tile.to(tl.float32), v_tile.to(tl.float32)
+        s = tl.dot(q_tile, k_tile, input_precision=PRECISION)
+        if MASKED:
+            keep = c[None, :] < L
+            if CAUSAL:
+                keep = keep & (rows[:, None] >= c[None, :])
+            s = tl.where(keep, s, float("-inf"))
+        new_best = tl.maximum(best, tl.max(s, 1) * qk_scale)  # scale > 0: the max commutes with it
+        p = tl.exp2(s * qk_scale - new_best[:, None])
+        correction = tl.exp2(best - new_best)
+        total = total * correction + tl.sum(p, 1)
+        acc = acc * correction[:, None] + tl.dot(p.to(v_tile.dtype), v_tile, input_precision=PRECISION)
+        best = new_best
+    return acc, total, best
+
+
 @triton.autotune(configs=_configs(), key=["L", "D", "CAUSAL"])
 @triton.jit
 def _attention_kernel(
@@ -43,6 +76,7 @@ def _attention_kernel(
     sqz, sqh, sql, sqd, skz, skh, skl, skd, svz, svh, svl, svd, soz, soh, sol, sod,
     D: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
 ):  # fmt: skip
+    tl.static_assert(BM % BN == 0)  # a row block's diagonal is whole key blocks
     pid_m, zh = tl.program_id(0), tl.program_id(1)
     z, h = zh // H, zh % H
     rows = pid_m * BM + tl.arange(0, BM)
@@ -58,26 +92,18 @@ def _attention_kernel(
     acc = tl.zeros((BM, D), dtype=tl.float32)
     qk_scale = scale * 1.4426950408889634  # exp2 instead of exp
     if CAUSAL:
-        end = tl.minimum((pid_m + 1) * BM, L)  # key blocks past the last query row are all masked
+        # keys before this row block are seen by all its rows; keys after its last row by none
+        clear, end = pid_m * BM, tl.minimum((pid_m + 1) * BM, L)
     else:
-        end = L
-    for start in range(0, end, BN):
-        c = start + cols
-        k_tile = tl.load(k_base + c[None, :] * skl + dims[:, None] * skd, mask=c[None, :] < L, other=0.0)
-        v_tile = tl.load(v_base + c[:, None] * svl + dims[None, :] * svd, mask=c[:, None] < L, other=0.0)
-        if WIDEN:
-            k_tile, v_tile = k_tile.to(tl.float32), v_tile.to(tl.float32)
-        s = tl.dot(q_tile, k_tile, input_precision=PRECISION) * qk_scale
-        keep = c[None, :] < L
-        if CAUSAL:
-            keep = keep & (rows[:, None] >= c[None, :])
-        s = tl.where(keep, s, float("-inf"))
-        new_best = tl.maximum(best, tl.max(s, 1))
-        p = tl.exp2(s - new_best[:, None])
-        correction = tl.exp2(best - new_best)
-        total = total * correction + tl.sum(p, 1)
-        acc = acc * correction[:, None] + tl.dot(p.to(v_tile.dtype), v_tile, input_precision=PRECISION)
-        best = new_best
+        clear, end = (L // BN) * BN, L
+    args = (k_base, v_base, rows, cols, dims)
+    strides = (skl, skd, svl, svd)
+    acc, total, best = _attend(
+        acc, total, best, q_tile, *args, 0, clear, L, qk_scale, *strides, False, CAUSAL, PRECISION, BN
+    )
+    acc, total, best = _attend(
+        acc, total, best, q_tile, *args, clear, end, L, qk_scale, *strides, True, CAUSAL, PRECISION, BN
+    )
     acc = acc / total[:, None]
     out = o + z * soz + h * soh + rows[:, None] * sol + dims[None, :] * sod
     tl.store(out, acc.to(o.dtype.element_ty), mask=rows[:, None] < L)
