@@ -29,10 +29,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--capability", default="90", help="compute capabilities, comma-separated: 90 (Hopper), 80 (Ampere)")
     args = parser.parse_args()
-    capabilities = [int(c) for c in args.capability.split(",")]
-    unknown = [c for c in capabilities if c not in SHARED_LIMIT]
+    capabilities = args.capability.split(",")
+    unknown = [c for c in capabilities if not c.isdigit() or int(c) not in SHARED_LIMIT]
     if unknown:
-        sys.exit(f"--capability {unknown[0]} is not known here; valid: {', '.join(map(str, SHARED_LIMIT))}")
+        sys.exit(f"--capability {unknown[0]!r} is not known here; valid: {', '.join(map(str, SHARED_LIMIT))}")
+    capabilities = [int(c) for c in capabilities]
     rows, bad = [], 0
     for capability in capabilities:
         for name, (kernel, launch) in large_launches().items():
