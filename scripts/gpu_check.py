@@ -103,7 +103,11 @@ def kernel_cases() -> List[Tuple[str, str, Dict[str, Callable[[], object]], floa
         (
             f"grouped GEMM N={n} {tokens} tokens {d}x{d}, uniform",
             "bfloat16",
-            {"bmm": lambda: torch.baddbmm(b.unsqueeze(1), x, wt), "triton": lambda: grouped_linear(x, w, b)},
+            {
+                "bmm": lambda: torch.baddbmm(b.unsqueeze(1), x, wt),
+                "triton": lambda: grouped_linear(x, w, b),  # TMA on Hopper and later
+                "triton, pointer loads": lambda: grouped_linear(x, w, b, tma=False),
+            },
             2.0 * n * tokens * d * d,
             2.0 * (x.numel() + w.numel() + b.numel() + x.numel()),
             "bmm",

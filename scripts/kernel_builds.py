@@ -2,7 +2,7 @@
 
 For each kernel (at scripts/gpu_check.py's large bfloat16 sizes) and each target, one row
 per config: registers per thread, spilled bytes, shared memory, and the tensor-core
-instruction in the PTX. Exit status 1 if a config does not build, spills, or needs more
+and copy instructions in the PTX. Exit status 1 if a config does not build, spills, or needs more
 shared memory than the target has. Nothing is run or timed; for what a config costs, see
 gpu_check.py on a GPU.
 
@@ -36,20 +36,20 @@ def main() -> None:
     capabilities = [int(c) for c in capabilities]
     rows, bad = [], 0
     for capability in capabilities:
-        for name, (kernel, launch) in large_launches().items():
+        for name, (kernel, launch) in large_launches(capability).items():
             for b in build(kernel, launch, capability, name):
                 config = " ".join(f"{k}={v}" for k, v in b.config.items())
                 if b.error:
                     bad += 1
-                    rows.append([f"sm_{capability}", name, config, "-", "-", "-", "-", f"FAILED: {b.error}"])
+                    rows.append([f"sm_{capability}", name, config, "-", "-", "-", "-", "-", f"FAILED: {b.error}"])
                     continue
                 f = b.facts
                 problems = (["spills"] if f.spills else []) + (["shared memory"] if f.shared_bytes > SHARED_LIMIT[capability] else [])
                 bad += bool(problems)
                 rows.append(
-                    [f"sm_{capability}", name, config, str(f.registers), str(f.spills), str(f.shared_bytes), b.tensor_cores, ", ".join(problems) or "ok"]
+                    [f"sm_{capability}", name, config, str(f.registers), str(f.spills), str(f.shared_bytes), b.tensor_cores, b.copies, ", ".join(problems) or "ok"]
                 )
-    print(format_table(["target", "kernel", "config", "registers", "spilled B", "shared B", "tensor cores", "verdict"], rows))
+    print(format_table(["target", "kernel", "config", "registers", "spilled B", "shared B", "tensor cores", "copies", "verdict"], rows))
     sys.exit(1 if bad else 0)
 
 

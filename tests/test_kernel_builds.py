@@ -38,7 +38,7 @@ def test_every_config_of_every_kernel_builds_for_hopper_without_spilling():
         builds = [b for name, (k, args) in large_launches().items() for b in build(k, args, 90, name)]
         """
     )
-    assert {b["kernel"] for b in builds} == {"grouped_linear", "ragged_linear", "flash_attention"}
+    assert {b["kernel"] for b in builds} == {"grouped_linear", "grouped_linear_tma", "ragged_linear", "flash_attention"}
     for b in builds:
         where = f"{b['kernel']} {b['config']}"
         assert b["error"] is None, where
@@ -46,6 +46,19 @@ def test_every_config_of_every_kernel_builds_for_hopper_without_spilling():
         assert 0 < b["facts"]["shared_bytes"] <= H100_SHARED_BYTES, where
         # tiles of 64 rows and more are what Hopper's warp-group MMA is for
         assert b["tensor_cores"] == ("wgmma" if b["config"]["BM"] >= 64 else "mma"), where
+        # tiles come by the copy engine where a kernel has descriptors, else by asynchronous copies
+        assert b["copies"] == ("tma" if b["kernel"].endswith("_tma") else "cp.async"), where
+
+
+def test_an_ampere_build_has_no_tma_kernel():
+    builds = builds_in_child(
+        """
+        from wide_tessera.kernels.builds import build, large_launches
+        builds = [b for name, (k, args) in large_launches(80).items() for b in build(k, args, 80, name)[:1]]
+        """
+    )
+    assert {b["kernel"] for b in builds} == {"grouped_linear", "ragged_linear", "flash_attention"}
+    assert all(b["error"] is None and b["copies"] == "cp.async" for b in builds)
 
 
 def test_the_build_is_specialized_as_a_launch_is():

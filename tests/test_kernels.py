@@ -35,6 +35,21 @@ def test_grouped_linear_is_n_separate_linears(shape, dtype, with_bias):
     assert rel_error(out, ref) < TOL[dtype]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", [(1, 1, 8, 8), (3, 37, 24, 40), (5, 20, 48, 8)])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_the_tma_kernel_is_n_separate_linears(shape, dtype, with_bias):
+    """Row, column and K tails inside every group (the copy engine's zero fill and clipping
+    stand in for masks), and more tiles than programs (the persistent loop crosses groups)."""
+    n, m, k, o = shape
+    x, w = torch.randn(n, m, k, device=DEVICE), torch.randn(n, o, k, device=DEVICE)
+    b = torch.randn(n, o, device=DEVICE) if with_bias else None
+    ref = torch.stack([F.linear(x[i], w[i], None if b is None else b[i]) for i in range(n)])
+    out = grouped_linear(x.to(dtype), w.to(dtype), None if b is None else b.to(dtype), tma=True)
+    assert out.shape == (n, m, o) and out.dtype == dtype
+    assert rel_error(out, ref) < TOL[dtype]
+
+
 @pytest.mark.parametrize(
     "sizes",
     [[16, 16, 16], [40, 3, 17, 1], [0, 40, 3, 0, 17], [0, 0, 5], [23, 0], [0, 0, 0, 0], [1]],
@@ -73,6 +88,9 @@ def test_flash_attention_is_sdpa(length, dim, causal, dtype):
         (lambda: grouped_linear(torch.randn(2, 3, 4), torch.randn(2, 5, 6)), r"weight must be \[N, out, 4\]"),
         (lambda: grouped_linear(torch.randn(2, 3, 4).double(), torch.randn(2, 5, 4).double()), "share a dtype"),
         (lambda: grouped_linear(torch.randn(2, 3, 4), torch.randn(2, 5, 4), torch.randn(5)), r"bias must be \[N, out\]"),
+        (lambda: grouped_linear(torch.randn(2, 3, 4), torch.randn(2, 5, 4), tma="yes"), "tma must be None .*, True or False, got 'yes'"),
+        (lambda: grouped_linear(torch.randn(2, 3, 5), torch.randn(2, 8, 5), tma=True), r"\(2, 3, 5\) in torch.float32 has rows of 20"),
+        (lambda: grouped_linear(torch.randn(2, 8, 3).transpose(1, 2), torch.randn(2, 8, 8), tma=True), r"contiguous.*\(2, 3, 8\) has strides \(24, 1, 3\)"),
         (lambda: ragged_linear(torch.randn(6, 4), torch.randn(2, 5, 4), torch.tensor([6])), "2 counts"),
         (lambda: ragged_linear(torch.randn(6, 4), torch.randn(2, 5, 4), torch.tensor([3.0, 3.0])), "int32 or int64"),
         (lambda: flash_attention(*(torch.randn(1, 1, 8, 24) for _ in range(3))), "D=24 is not supported; valid: 16"),
@@ -130,7 +148,8 @@ def test_an_interpreter_that_fails_beside_this_numpy_is_a_reason_not_a_crash(
 def test_kernels_at_gpu_sizes():
     x, w, b = torch.randn(8, 512, 1024, device="cuda"), torch.randn(8, 1024, 1024, device="cuda") / 32, torch.randn(8, 1024, device="cuda")
     ref = torch.baddbmm(b.unsqueeze(1), x, w.transpose(1, 2))
-    assert rel_error(grouped_linear(x.bfloat16(), w.bfloat16(), b.bfloat16()), ref) < TOL[torch.bfloat16]
+    for tma in (None, False):  # None: the TMA kernel on Hopper and later
+        assert rel_error(grouped_linear(x.bfloat16(), w.bfloat16(), b.bfloat16(), tma=tma), ref) < TOL[torch.bfloat16]
     sizes = [2000, 500, 0, 37, 1, 1500, 0, 9]
     flat = torch.randn(sum(sizes), 1024, device="cuda")
     ref = torch.cat([F.linear(g, w[i], b[i]) for i, g in enumerate(flat.split(sizes))])

@@ -75,9 +75,9 @@ def _interpreter_problem() -> Optional[str]:
 def autotuned_kernels() -> Dict[str, Any]:
     """The autotuned Triton kernels behind each function, by function name (imports triton)."""
     from .attention import ATTENTION
-    from .grouped_gemm import GROUPED, RAGGED
+    from .grouped_gemm import GROUPED, GROUPED_TMA, RAGGED
 
-    return {"grouped_linear": GROUPED, "ragged_linear": RAGGED, "flash_attention": ATTENTION}
+    return {"grouped_linear": GROUPED, "grouped_linear_tma": GROUPED_TMA, "ragged_linear": RAGGED, "flash_attention": ATTENTION}
 
 
 # Loaded on first use (PEP 562), so that importing this package never imports triton.

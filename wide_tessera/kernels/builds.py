@@ -44,14 +44,18 @@ class Build:
     facts: Optional[KernelFacts]
     # the tensor-core instruction in its PTX: "wgmma" (Hopper), "mma" (Ampere and later), "none"
     tensor_cores: Optional[str]
+    # how tiles reach shared memory: "tma" (Hopper's copy engine), "cp.async" (asynchronous
+    # copies, Ampere and later), "none" (through registers: no software pipelining)
+    copies: Optional[str]
     error: Optional[str]
 
 
-def large_launches() -> Dict[str, Tuple[Any, Dict[str, Any]]]:
-    """Each kernel with the arguments of one large bfloat16 launch (scripts/gpu_check.py's
-    sizes): integers as values, pointers as their element type."""
+def large_launches(capability: int = 90) -> Dict[str, Tuple[Any, Dict[str, Any]]]:
+    """Each kernel a GPU of `capability` launches, with the arguments of one large bfloat16
+    launch (scripts/gpu_check.py's sizes): integers as values, pointers as their element
+    type, TMA descriptors as functions of the config (their block is its tile)."""
     from .attention import ATTENTION
-    from .grouped_gemm import GROUPED, RAGGED
+    from .grouped_gemm import GROUPED, GROUPED_TMA, RAGGED
 
     n, rows, d = 8, 4096, 4096
     pointers = {name: "*bf16" for name in ("x", "w", "bias", "y")}
@@ -64,11 +68,20 @@ def large_launches() -> Dict[str, Tuple[Any, Dict[str, Any]]]:
     attention = {name: "*bf16" for name in ("q", "k", "v", "o")}
     attention.update({f"s{t}{axis}": s for t in "qkvo" for axis, s in strides.items()})
     attention.update(H=h, L=length, scale=dim**-0.5, D=dim, CAUSAL=True, PRECISION=None)
-    return {
+    launches = {
         "grouped_linear": (GROUPED, grouped),
         "ragged_linear": (RAGGED, ragged),
         "flash_attention": (ATTENTION, attention),
     }
+    if capability >= 90:  # the copy engine (TMA) is Hopper's
+        descriptors = dict(
+            x=lambda v: f"tensordesc<bf16[1, {v['BM']}, {v['BK']}]>",
+            w=lambda v: f"tensordesc<bf16[1, {v['BO']}, {v['BK']}]>",
+            y=lambda v: f"tensordesc<bf16[1, {v['BM']}, {v['BO']}]>",
+        )
+        tma = dict(descriptors, bias="*bf16", M=rows, O=d, K=d, N=n, sbn=d, PROGRAMS=132, HAS_BIAS=True, PRECISION=None)
+        launches["grouped_linear_tma"] = (GROUPED_TMA, tma)  # H100 SXM: 132 SMs, a program each
+    return launches
 
 
 def build(kernel: Any, args: Dict[str, Any], capability: int = 90, name: Optional[str] = None) -> List[Build]:
@@ -79,7 +92,7 @@ def build(kernel: Any, args: Dict[str, Any], capability: int = 90, name: Optiona
     builds = []
     for config in configs:
         values = {**args, **config.kwargs}
-        for arg, rule in heuristics.items():
+        for arg, rule in [*heuristics.items(), *((a, v) for a, v in args.items() if callable(v))]:
             values[arg] = rule(values)
         described = {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
         try:
@@ -89,7 +102,7 @@ def build(kernel: Any, args: Dict[str, Any], capability: int = 90, name: Optiona
                 options={"num_warps": config.num_warps, "num_stages": config.num_stages},
             )
         except Exception as e:  # a failed build is the finding, reported with its config
-            builds.append(Build(name, described, None, None, f"{type(e).__name__}: {e}".splitlines()[0]))
+            builds.append(Build(name, described, None, None, None, f"{type(e).__name__}: {e}".splitlines()[0]))
             continue
         ptx = compiled.asm["ptx"]
         registers, spills = _ptxas_usage(ptx, capability)
@@ -97,7 +110,8 @@ def build(kernel: Any, args: Dict[str, Any], capability: int = 90, name: Optiona
             compiled.metadata.name, registers, spills, compiled.metadata.shared, config.num_warps, config.num_stages
         )
         cores = "wgmma" if "wgmma.mma_async" in ptx else "mma" if "mma.sync" in ptx else "none"
-        builds.append(Build(name, described, facts, cores, None))
+        copies = "tma" if "cp.async.bulk.tensor" in ptx else "cp.async" if "cp.async" in ptx else "none"
+        builds.append(Build(name, described, facts, cores, copies, None))
     return builds
 
 
@@ -123,6 +137,8 @@ def _source(jit: Any, values: Dict[str, Any]) -> ASTSource:
         value = values[arg]
         if param.is_constexpr or value == 1 and isinstance(value, int) and not isinstance(value, bool):
             signature[arg], constants[arg] = "constexpr", value
+        elif isinstance(value, str) and value.startswith("tensordesc"):
+            signature[arg] = value
         elif isinstance(value, str):  # a pointer, aligned as torch's allocations are
             signature[arg], attrs[(i,)] = value, [["tt.divisibility", 16]]
         elif isinstance(value, float):

@@ -6,30 +6,39 @@
 Weights are in nn.Linear's layout (out x in), so a wide module's stacked weights go in as
 they are. Accumulation is in float32; float32 inputs use TF32 only where the user's torch
 allows it (torch.backends.cuda.matmul.allow_tf32), else full precision.
+
+On Hopper and later, grouped_linear moves its tiles with the tensor memory accelerator (TMA)
+in a persistent kernel where the tensors' layout allows it (`tma=None`); elsewhere, and
+with `tma=False`, it loads through pointers. The pointer kernel reached 0.81x of bmm on an
+H100 (README, "Measured on a GPU"); Triton's own H100 runs put TMA 13% above pointer loads
+in a persistent fp16 matmul (triton-lang/triton#5461), and PyTorch dropped the non-TMA
+variant of its Triton grouped GEMM as slower on H100 (pytorch/pytorch#164474). The TMA
+kernel has not been timed here yet: scripts/gpu_check.py times both.
 """
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from . import INTERPRETED, require_triton
 
 # See _tile_dot: the interpreter cannot multiply bfloat16.
 WIDEN = tl.constexpr(INTERPRETED)
 
-__all__ = ["grouped_linear", "ragged_linear", "GROUPED", "RAGGED"]
+__all__ = ["grouped_linear", "ragged_linear", "GROUPED", "GROUPED_TMA", "RAGGED"]
 
 
-def _configs() -> List[triton.Config]:
+def _configs(pre_hook: Optional[Callable[[dict], None]] = None) -> List[triton.Config]:
     # The interpreter runs every config it is given, in numpy: one small one.
     if INTERPRETED:
-        return [triton.Config({"BM": 16, "BO": 16, "BK": 16}, num_warps=4, num_stages=1)]
+        return [triton.Config({"BM": 16, "BO": 16, "BK": 16}, num_warps=4, num_stages=1, pre_hook=pre_hook)]
     return [
-        triton.Config({"BM": bm, "BO": bo, "BK": bk}, num_warps=w, num_stages=s)
+        triton.Config({"BM": bm, "BO": bo, "BK": bk}, num_warps=w, num_stages=s, pre_hook=pre_hook)
         for bm, bo, bk, w, s in [
             (128, 256, 64, 8, 3),
             (128, 128, 64, 8, 4),
@@ -84,6 +93,51 @@ def _grouped_kernel(
     tl.store(out, acc.to(y.dtype.element_ty), mask=(rm < M)[:, None] & (ro < O)[None, :])
 
 
+def _tile_blocks(nargs: dict) -> None:
+    """Give the descriptors the chosen config's tile (the autotuner calls this before each launch)."""
+    bm, bo, bk = nargs["BM"], nargs["BO"], nargs["BK"]
+    nargs["x"].block_shape, nargs["w"].block_shape, nargs["y"].block_shape = [1, bm, bk], [1, bo, bk], [1, bm, bo]
+
+
+@triton.jit
+def _tile_origin(tile, per_group, tiles_o, BM: tl.constexpr, BO: tl.constexpr):
+    """Tile number -> (group, first row, first column); tiles go group after group."""
+    local = tile % per_group
+    return tile // per_group, (local // tiles_o) * BM, (local % tiles_o) * BO
+
+
+@triton.autotune(configs=_configs(_tile_blocks), key=["M", "O", "K", "N"])
+@triton.jit
+def _grouped_tma_kernel(
+    x, w, bias, y, M, O, K, N, sbn,
+    PROGRAMS: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
+    BM: tl.constexpr, BO: tl.constexpr, BK: tl.constexpr,
+):  # fmt: skip
+    # x, w, y are TMA descriptors over [N, M, K], [N, O, K], [N, M, O]: the copy engine zero-fills
+    # reads past each group's edges and clips writes to them, so no tile needs a mask. PROGRAMS
+    # programs (one per SM) walk all groups' tiles, so one tile's loads overlap the last one's
+    # store; the store's tile is counted apart (out), as Triton's persistent matmul tutorial
+    # does, since the pipeliner cannot carry one value from the loads to the epilogue.
+    tiles_o = tl.cdiv(O, BO)
+    per_group = tl.cdiv(M, BM) * tiles_o
+    out = tl.program_id(0) - PROGRAMS
+    for tile in tl.range(tl.program_id(0), per_group * N, PROGRAMS, flatten=True):
+        g, m0, o0 = _tile_origin(tile, per_group, tiles_o, BM, BO)
+        acc = tl.zeros((BM, BO), dtype=tl.float32)
+        for k0 in range(0, K, BK):
+            a = x.load([g, m0, k0]).reshape(BM, BK)
+            b = w.load([g, o0, k0]).reshape(BO, BK)
+            if WIDEN:
+                a, b = a.to(tl.float32), b.to(tl.float32)
+            acc = tl.dot(a, b.T, acc, input_precision=PRECISION)
+        out += PROGRAMS
+        g, m0, o0 = _tile_origin(out, per_group, tiles_o, BM, BO)
+        if HAS_BIAS:
+            ro = o0 + tl.arange(0, BO)
+            acc += tl.load(bias + g * sbn + ro, mask=ro < O, other=0.0).to(tl.float32)[None, :]
+        y.store([g, m0, o0], acc.to(y.dtype).reshape(1, BM, BO))
+
+
 # Not keyed on T: the token count changes with every routing, and tuning again for each
 # would cost more than it saves (one H100 moe_experts ci sweep spent most of its 112 s so).
 @triton.autotune(configs=_configs(), key=["O", "K", "N"])
@@ -127,7 +181,7 @@ def _ragged_kernel(
 
 
 # The autotuned kernels, for whoever wants their chosen configs (wide_tessera.bench.triton_analysis).
-GROUPED, RAGGED = _grouped_kernel, _ragged_kernel
+GROUPED, GROUPED_TMA, RAGGED = _grouped_kernel, _grouped_tma_kernel, _ragged_kernel
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -152,31 +206,71 @@ def _check(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], 
     require_triton(x.device)
 
 
-def grouped_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+def grouped_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, tma: Optional[bool] = None
+) -> torch.Tensor:
     """y[i] = x[i] @ weight[i].T + bias[i] for every group i, in one launch.
 
-    x [N, M, K], weight [N, O, K], bias [N, O] or None -> y [N, M, O] in x's dtype.
+    x [N, M, K], weight [N, O, K], bias [N, O] or None -> y [N, M, O] in x's dtype. `tma`:
+    None uses the TMA kernel where it can run (see the module's docstring), True insists on
+    it, False never uses it.
 
     >>> y = grouped_linear(torch.randn(8, 128, 256, device="cuda"), wide.weight, wide.bias)
     """
     _check(x, weight, bias, 3)
     if weight.shape[0] != x.shape[0]:
         raise ValueError(f"x has {x.shape[0]} groups but weight {weight.shape[0]}")
-    n, m, k = x.shape
-    o = weight.shape[1]
-    y = torch.empty(n, m, o, device=x.device, dtype=x.dtype)
-    # The kernel walks a bias row with unit stride (x and weight go by their strides)
+    if tma not in (None, True, False):
+        raise ValueError(f"tma must be None (where it can run), True or False, got {tma!r}")
+    y = torch.empty(*x.shape[:2], weight.shape[1], device=x.device, dtype=x.dtype)
+    # The kernels walk a bias row with unit stride (x and weight go by their strides)
     b = bias.contiguous() if bias is not None else y  # any pointer; HAS_BIAS=False never reads it
+    unfit = _tma_unfit(x, weight, y)
+    if tma and unfit:
+        raise ValueError(f"tma=True, but {unfit}")
+    launch = _launch_tma if tma or tma is None and x.is_cuda and not unfit else _launch_pointers
+    launch(x, weight, b, y, HAS_BIAS=bias is not None, PRECISION=_precision(x.dtype))
+    return y
+
+
+def _launch_pointers(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, y: torch.Tensor, **constants) -> None:
+    n, m, k = x.shape
+    o = w.shape[1]
 
     def grid(meta: dict) -> tuple:
         return (triton.cdiv(m, meta["BM"]) * triton.cdiv(o, meta["BO"]), n)
 
-    _grouped_kernel[grid](
-        x, weight, b, y, m, o, k,
-        *x.stride(), *weight.stride(), b.stride(0), *y.stride(),
-        HAS_BIAS=bias is not None, PRECISION=_precision(x.dtype),
-    )  # fmt: skip
-    return y
+    _grouped_kernel[grid](x, w, b, y, m, o, k, *x.stride(), *w.stride(), b.stride(0), *y.stride(), **constants)
+
+
+def _launch_tma(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, y: torch.Tensor, **constants) -> None:
+    n, m, k = x.shape
+    o = w.shape[1]
+    # One program per SM; under the interpreter two, fewer than the tiles, so tests walk the loop.
+    programs = 2 if INTERPRETED else torch.cuda.get_device_properties(x.device).multi_processor_count
+
+    def grid(meta: dict) -> tuple:
+        return (min(programs, n * triton.cdiv(m, meta["BM"]) * triton.cdiv(o, meta["BO"])),)
+
+    # block shapes are placeholders until _tile_blocks gives them the chosen config's tile
+    x_d, w_d, y_d = (TensorDescriptor.from_tensor(t, [1, 16, 16]) for t in (x, w, y))
+    _grouped_tma_kernel[grid](x_d, w_d, b, y_d, m, o, k, n, b.stride(0), PROGRAMS=programs, **constants)
+
+
+def _tma_unfit(*tensors: torch.Tensor) -> Optional[str]:
+    """Why the TMA kernel cannot take these tensors, or None. The copy engine is Hopper's, and
+    it needs a dense last dimension, rows of a multiple of 16 bytes and a 16-byte aligned start."""
+    if tensors[0].is_cuda and torch.cuda.get_device_capability(tensors[0].device)[0] < 9:
+        return f"TMA needs compute capability 9.0 (Hopper) or later; {torch.cuda.get_device_name(tensors[0].device)} has {torch.cuda.get_device_capability(tensors[0].device)}"
+    for t in tensors:
+        shape = tuple(t.shape)
+        if not t.is_contiguous():
+            return f"TMA needs contiguous tensors; one of shape {shape} has strides {t.stride()}"
+        if t.shape[-1] * t.element_size() % 16:
+            return f"TMA needs rows of a multiple of 16 bytes; {shape} in {t.dtype} has rows of {t.shape[-1] * t.element_size()}"
+        if t.data_ptr() % 16:
+            return f"TMA needs a 16-byte aligned start; a tensor of shape {shape} starts at {t.data_ptr():#x}"
+    return None
 
 
 def ragged_linear(
