@@ -147,7 +147,8 @@ def kernel_cases() -> List[Tuple[str, str, Dict[str, Callable[[], object]], floa
                 "bfloat16",
                 {
                     "sdpa": lambda q=q, k=k, v=v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
-                    "triton": lambda q=q, k=k, v=v: flash_attention(q, k, v, causal=True),
+                    "triton": lambda q=q, k=k, v=v: flash_attention(q, k, v, causal=True),  # TMA on Hopper
+                    "triton, pointer loads": lambda q=q, k=k, v=v: flash_attention(q, k, v, causal=True, tma=False),
                 },
                 4.0 * z * h * length * length * hd / 2,
                 2.0 * 4 * q.numel(),

@@ -21,6 +21,7 @@ __all__ = [
     "flash_attention",
     "triton_unavailable_reason",
     "require_triton",
+    "wants_tma",
     "autotuned_kernels",
     "INTERPRETED",
 ]
@@ -53,6 +54,34 @@ def require_triton(device: Any) -> None:
         raise RuntimeError(f"the Triton kernels cannot run on {torch.device(device)}: {reason}")
 
 
+def wants_tma(tma: Optional[bool], *tensors: torch.Tensor) -> bool:
+    """Whether a kernel with a TMA variant uses it on `tensors`: `tma` None where it can run
+    (a CUDA device of capability 9.0 or later, tensors it can take), True always (one
+    ValueError naming why where it cannot), False never."""
+    if tma not in (None, True, False):
+        raise ValueError(f"tma must be None (where it can run), True or False, got {tma!r}")
+    unfit = _tma_unfit(*tensors)
+    if tma and unfit:
+        raise ValueError(f"tma=True, but {unfit}")
+    return bool(tma) or tma is None and tensors[0].is_cuda and unfit is None
+
+
+def _tma_unfit(*tensors: torch.Tensor) -> Optional[str]:
+    """Why the TMA kernel cannot take these tensors, or None. The copy engine is Hopper's, and
+    it needs a dense last dimension, rows of a multiple of 16 bytes and a 16-byte aligned start."""
+    if tensors[0].is_cuda and torch.cuda.get_device_capability(tensors[0].device)[0] < 9:
+        return f"TMA needs compute capability 9.0 (Hopper) or later; {torch.cuda.get_device_name(tensors[0].device)} has {torch.cuda.get_device_capability(tensors[0].device)}"
+    for t in tensors:
+        shape = tuple(t.shape)
+        if not t.is_contiguous():
+            return f"TMA needs contiguous tensors; one of shape {shape} has strides {t.stride()}"
+        if t.shape[-1] * t.element_size() % 16:
+            return f"TMA needs rows of a multiple of 16 bytes; {shape} in {t.dtype} has rows of {t.shape[-1] * t.element_size()}"
+        if t.data_ptr() % 16:
+            return f"TMA needs a 16-byte aligned start; a tensor of shape {shape} starts at {t.data_ptr():#x}"
+    return None
+
+
 def _interpreter_problem() -> Optional[str]:
     """Why this triton's interpreter cannot run the kernels beside this numpy, or None.
 
@@ -74,10 +103,16 @@ def _interpreter_problem() -> Optional[str]:
 
 def autotuned_kernels() -> Dict[str, Any]:
     """The autotuned Triton kernels behind each function, by function name (imports triton)."""
-    from .attention import ATTENTION
+    from .attention import ATTENTION, ATTENTION_TMA
     from .grouped_gemm import GROUPED, GROUPED_TMA, RAGGED
 
-    return {"grouped_linear": GROUPED, "grouped_linear_tma": GROUPED_TMA, "ragged_linear": RAGGED, "flash_attention": ATTENTION}
+    return {
+        "grouped_linear": GROUPED,
+        "grouped_linear_tma": GROUPED_TMA,
+        "ragged_linear": RAGGED,
+        "flash_attention": ATTENTION,
+        "flash_attention_tma": ATTENTION_TMA,
+    }
 
 
 # Loaded on first use (PEP 562), so that importing this package never imports triton.

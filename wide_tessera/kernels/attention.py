@@ -11,15 +11,16 @@ default, and `causal` masks keys after each query (top-left aligned, L_q == L_k)
 from __future__ import annotations
 
 import math
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
-from . import INTERPRETED, require_triton
+from . import INTERPRETED, require_triton, wants_tma
 
-__all__ = ["flash_attention", "ATTENTION", "HEAD_DIMS"]
+__all__ = ["flash_attention", "ATTENTION", "ATTENTION_TMA", "HEAD_DIMS"]
 
 HEAD_DIMS = (16, 32, 64, 128)
 # The interpreter cannot multiply bfloat16 (see grouped_gemm._tile_dot): widen there.
@@ -27,31 +28,44 @@ WIDEN = tl.constexpr(INTERPRETED)
 _LOG2E = 1.4426950408889634
 
 
-def _configs() -> List[triton.Config]:
+def _configs(pre_hook: Optional[Callable[[dict], None]] = None) -> List[triton.Config]:
     if INTERPRETED:
-        return [triton.Config({"BM": 16, "BN": 16}, num_warps=4, num_stages=1)]
+        return [triton.Config({"BM": 16, "BN": 16}, num_warps=4, num_stages=1, pre_hook=pre_hook)]
     return [
-        triton.Config({"BM": bm, "BN": bn}, num_warps=w, num_stages=s)
+        triton.Config({"BM": bm, "BN": bn}, num_warps=w, num_stages=s, pre_hook=pre_hook)
         for bm, bn, w, s in [(128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 4), (64, 64, 4, 3), (64, 32, 4, 4)]
     ]
 
 
+def _tile_blocks(nargs: dict) -> None:
+    """Give the descriptors the chosen config's tiles (the autotuner calls this before each launch)."""
+    d = nargs["D"]
+    nargs["q"].block_shape = nargs["o"].block_shape = [1, nargs["BM"], d]
+    nargs["k"].block_shape = nargs["v"].block_shape = [1, nargs["BN"], d]
+
+
 @triton.jit
 def _attend(
-    acc, total, best, q_tile, k_base, v_base, rows, cols, dims, lo, hi, L, qk_scale, skl, skd, svl, svd,
-    MASKED: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr, BN: tl.constexpr,
+    acc, total, best, q_tile, k, v, zh, rows, cols, dims, lo, hi, L, qk_scale, skl, skd, svl, svd,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr,
+    BN: tl.constexpr, D: tl.constexpr,
 ):  # fmt: skip
     """The online softmax over key blocks [lo, hi). Only MASKED blocks pay for a mask: those
     that reach past L or, when CAUSAL, cross the diagonal; every key of the others is seen
-    by every row. Scores stay unscaled until exp2's argument, one fused multiply-add each."""
+    by every row. Scores stay unscaled until exp2's argument, one fused multiply-add each.
+    With TMA, k and v are descriptors over [Z*H, L, D], which read zeros past L; else
+    pointers to this head's keys and values."""
     for start in range(lo, hi, BN):
         c = start + cols
-        if MASKED:
-            k_tile = tl.load(k_base + c[None, :] * skl + dims[:, None] * skd, mask=c[None, :] < L, other=0.0)
-            v_tile = tl.load(v_base + c[:, None] * svl + dims[None, :] * svd, mask=c[:, None] < L, other=0.0)
+        if TMA:
+            k_tile = k.load([zh, start, 0]).reshape(BN, D).T
+            v_tile = v.load([zh, start, 0]).reshape(BN, D)
+        elif MASKED:
+            k_tile = tl.load(k + c[None, :] * skl + dims[:, None] * skd, mask=c[None, :] < L, other=0.0)
+            v_tile = tl.load(v + c[:, None] * svl + dims[None, :] * svd, mask=c[:, None] < L, other=0.0)
         else:
-            k_tile = tl.load(k_base + c[None, :] * skl + dims[:, None] * skd)
-            v_tile = tl.load(v_base + c[:, None] * svl + dims[None, :] * svd)
+            k_tile = tl.load(k + c[None, :] * skl + dims[:, None] * skd)
+            v_tile = tl.load(v + c[:, None] * svl + dims[None, :] * svd)
         if WIDEN:
             k_tile, v_tile = k_tile.to(tl.float32), v_tile.to(tl.float32)
         s = tl.dot(q_tile, k_tile, input_precision=PRECISION)
@@ -69,24 +83,30 @@ def _attend(
     return acc, total, best
 
 
-@triton.autotune(configs=_configs(), key=["L", "D", "CAUSAL"])
 @triton.jit
-def _attention_kernel(
+def _attention(
     q, k, v, o, H, L, scale,
     sqz, sqh, sql, sqd, skz, skh, skl, skd, svz, svh, svl, svd, soz, soh, sol, sod,
-    D: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+    D: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr,
 ):  # fmt: skip
+    # q, k, v, o: pointers by their strides, or (TMA) descriptors over [Z*H, L, D]
     tl.static_assert(BM % BN == 0)  # a row block's diagonal is whole key blocks
     pid_m, zh = tl.program_id(0), tl.program_id(1)
+    if CAUSAL:  # the longest row blocks (the last) first, so the last wave is of short ones
+        pid_m = tl.num_programs(0) - 1 - pid_m
     z, h = zh // H, zh % H
     rows = pid_m * BM + tl.arange(0, BM)
     cols = tl.arange(0, BN)
     dims = tl.arange(0, D)
-    q_tile = tl.load(q + z * sqz + h * sqh + rows[:, None] * sql + dims[None, :] * sqd, mask=rows[:, None] < L, other=0.0)
+    if TMA:
+        q_tile = q.load([zh, pid_m * BM, 0]).reshape(BM, D)
+        k_at, v_at = k, v
+    else:
+        q_tile = tl.load(q + z * sqz + h * sqh + rows[:, None] * sql + dims[None, :] * sqd, mask=rows[:, None] < L, other=0.0)
+        k_at, v_at = k + z * skz + h * skh, v + z * svz + h * svh
     if WIDEN:
         q_tile = q_tile.to(tl.float32)
-    k_base = k + z * skz + h * skh
-    v_base = v + z * svz + h * svh
     best = tl.full((BM,), float("-inf"), dtype=tl.float32)  # running row maximum (log2 units)
     total = tl.zeros((BM,), dtype=tl.float32)  # running softmax denominator
     acc = tl.zeros((BM, D), dtype=tl.float32)
@@ -96,30 +116,45 @@ def _attention_kernel(
         clear, end = pid_m * BM, tl.minimum((pid_m + 1) * BM, L)
     else:
         clear, end = (L // BN) * BN, L
-    args = (k_base, v_base, rows, cols, dims)
+    args = (k_at, v_at, zh, rows, cols, dims)
     strides = (skl, skd, svl, svd)
     acc, total, best = _attend(
-        acc, total, best, q_tile, *args, 0, clear, L, qk_scale, *strides, False, CAUSAL, PRECISION, BN
+        acc, total, best, q_tile, *args, 0, clear, L, qk_scale, *strides, False, CAUSAL, PRECISION, TMA, BN, D
     )
     acc, total, best = _attend(
-        acc, total, best, q_tile, *args, clear, end, L, qk_scale, *strides, True, CAUSAL, PRECISION, BN
+        acc, total, best, q_tile, *args, clear, end, L, qk_scale, *strides, True, CAUSAL, PRECISION, TMA, BN, D
     )
     acc = acc / total[:, None]
-    out = o + z * soz + h * soh + rows[:, None] * sol + dims[None, :] * sod
-    tl.store(out, acc.to(o.dtype.element_ty), mask=rows[:, None] < L)
+    if TMA:
+        o.store([zh, pid_m * BM, 0], acc.to(o.dtype).reshape(1, BM, D))  # rows past L are clipped
+    else:
+        out = o + z * soz + h * soh + rows[:, None] * sol + dims[None, :] * sod
+        tl.store(out, acc.to(o.dtype.element_ty), mask=rows[:, None] < L)
 
 
-# The autotuned kernel, for whoever wants its chosen config (wide_tessera.bench.triton_analysis).
-ATTENTION = _attention_kernel
+# One kernel, tuned apart for pointers and for descriptors: only the descriptors' configs
+# carry a pre-hook, which torch.compile cannot trace (pytorch/pytorch#139059).
+_attention_kernel = triton.autotune(configs=_configs(), key=["L", "D", "CAUSAL"])(_attention)
+_attention_tma_kernel = triton.autotune(configs=_configs(_tile_blocks), key=["L", "D", "CAUSAL"])(_attention)
+
+# The autotuned kernels, for whoever wants their chosen configs (wide_tessera.bench.triton_analysis).
+ATTENTION, ATTENTION_TMA = _attention_kernel, _attention_tma_kernel
 
 
 def flash_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, scale: Optional[float] = None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool = False,
+    scale: Optional[float] = None,
+    tma: Optional[bool] = None,
 ) -> torch.Tensor:
     """softmax(q k^T * scale [causal mask]) v for q, k, v [Z, H, L, D]; returns [Z, H, L, D].
 
     D must be one of 16, 32, 64, 128; dtypes float16, bfloat16, float32 (float32 uses TF32
-    only where torch.backends.cuda.matmul.allow_tf32 allows it).
+    only where torch.backends.cuda.matmul.allow_tf32 allows it). `tma`: None moves tiles
+    with Hopper's tensor memory accelerator where it can (contiguous q, k, v on a GPU of
+    capability 9.0 or later), True insists, False loads through pointers.
 
     >>> o = flash_attention(q, k, v, causal=True)  # q = wide q folded to [N * B, H, L, D]
     """
@@ -136,7 +171,7 @@ def flash_attention(
     if d not in HEAD_DIMS:
         raise ValueError(f"head dim D={d} is not supported; valid: {', '.join(map(str, HEAD_DIMS))}")
     require_triton(q.device)
-    o = torch.empty_like(q)
+    o = torch.empty_like(q, memory_format=torch.contiguous_format)
     precision = None
     if q.dtype == torch.float32:
         precision = "tf32" if torch.backends.cuda.matmul.allow_tf32 and not INTERPRETED else "ieee"
@@ -144,9 +179,13 @@ def flash_attention(
     def grid(meta: dict) -> tuple:
         return (triton.cdiv(length, meta["BM"]), z * h)
 
-    _attention_kernel[grid](
-        q, k, v, o, h, length, 1.0 / math.sqrt(d) if scale is None else scale,
-        *q.stride(), *k.stride(), *v.stride(), *o.stride(),
-        D=d, CAUSAL=bool(causal), PRECISION=precision,
-    )  # fmt: skip
+    strides = (*q.stride(), *k.stride(), *v.stride(), *o.stride())
+    constants = dict(D=d, CAUSAL=bool(causal), PRECISION=precision)
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    if wants_tma(tma, q, k, v):
+        # block shapes are placeholders until _tile_blocks gives them the chosen config's tiles
+        descriptors = [TensorDescriptor.from_tensor(t.view(z * h, length, d), [1, 16, d]) for t in (q, k, v, o)]
+        _attention_tma_kernel[grid](*descriptors, h, length, scale, *strides, TMA=True, **constants)
+    else:
+        _attention_kernel[grid](q, k, v, o, h, length, scale, *strides, TMA=False, **constants)
     return o

@@ -54,7 +54,7 @@ def large_launches(capability: int = 90) -> Dict[str, Tuple[Any, Dict[str, Any]]
     """Each kernel a GPU of `capability` launches, with the arguments of one large bfloat16
     launch (scripts/gpu_check.py's sizes): integers as values, pointers as their element
     type, TMA descriptors as functions of the config (their block is its tile)."""
-    from .attention import ATTENTION
+    from .attention import ATTENTION, ATTENTION_TMA
     from .grouped_gemm import GROUPED, GROUPED_TMA, RAGGED
 
     n, rows, d = 8, 4096, 4096
@@ -67,7 +67,7 @@ def large_launches(capability: int = 90) -> Dict[str, Tuple[Any, Dict[str, Any]]
     strides = dict(z=h * length * dim, h=length * dim, l=dim, d=1)
     attention = {name: "*bf16" for name in ("q", "k", "v", "o")}
     attention.update({f"s{t}{axis}": s for t in "qkvo" for axis, s in strides.items()})
-    attention.update(H=h, L=length, scale=dim**-0.5, D=dim, CAUSAL=True, PRECISION=None)
+    attention.update(H=h, L=length, scale=dim**-0.5, D=dim, CAUSAL=True, PRECISION=None, TMA=False)
     launches = {
         "grouped_linear": (GROUPED, grouped),
         "ragged_linear": (RAGGED, ragged),
@@ -81,6 +81,10 @@ def large_launches(capability: int = 90) -> Dict[str, Tuple[Any, Dict[str, Any]]
         )
         tma = dict(descriptors, bias="*bf16", M=rows, O=d, K=d, N=n, sbn=d, PROGRAMS=132, HAS_BIAS=True, PRECISION=None)
         launches["grouped_linear_tma"] = (GROUPED_TMA, tma)  # H100 SXM: 132 SMs, a program each
+        rows_block = lambda v: f"tensordesc<bf16[1, {v['BM']}, {dim}]>"  # noqa: E731
+        keys_block = lambda v: f"tensordesc<bf16[1, {v['BN']}, {dim}]>"  # noqa: E731
+        attention_tma = dict(attention, q=rows_block, o=rows_block, k=keys_block, v=keys_block, TMA=True)
+        launches["flash_attention_tma"] = (ATTENTION_TMA, attention_tma)
     return launches
 
 

@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from . import INTERPRETED, require_triton
+from . import INTERPRETED, require_triton, wants_tma
 
 # See _tile_dot: the interpreter cannot multiply bfloat16.
 WIDEN = tl.constexpr(INTERPRETED)
@@ -220,15 +220,10 @@ def grouped_linear(
     _check(x, weight, bias, 3)
     if weight.shape[0] != x.shape[0]:
         raise ValueError(f"x has {x.shape[0]} groups but weight {weight.shape[0]}")
-    if tma not in (None, True, False):
-        raise ValueError(f"tma must be None (where it can run), True or False, got {tma!r}")
     y = torch.empty(*x.shape[:2], weight.shape[1], device=x.device, dtype=x.dtype)
     # The kernels walk a bias row with unit stride (x and weight go by their strides)
     b = bias.contiguous() if bias is not None else y  # any pointer; HAS_BIAS=False never reads it
-    unfit = _tma_unfit(x, weight, y)
-    if tma and unfit:
-        raise ValueError(f"tma=True, but {unfit}")
-    launch = _launch_tma if tma or tma is None and x.is_cuda and not unfit else _launch_pointers
+    launch = _launch_tma if wants_tma(tma, x, weight, y) else _launch_pointers
     launch(x, weight, b, y, HAS_BIAS=bias is not None, PRECISION=_precision(x.dtype))
     return y
 
@@ -255,22 +250,6 @@ def _launch_tma(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, y: torch.Tens
     # block shapes are placeholders until _tile_blocks gives them the chosen config's tile
     x_d, w_d, y_d = (TensorDescriptor.from_tensor(t, [1, 16, 16]) for t in (x, w, y))
     _grouped_tma_kernel[grid](x_d, w_d, b, y_d, m, o, k, n, b.stride(0), PROGRAMS=programs, **constants)
-
-
-def _tma_unfit(*tensors: torch.Tensor) -> Optional[str]:
-    """Why the TMA kernel cannot take these tensors, or None. The copy engine is Hopper's, and
-    it needs a dense last dimension, rows of a multiple of 16 bytes and a 16-byte aligned start."""
-    if tensors[0].is_cuda and torch.cuda.get_device_capability(tensors[0].device)[0] < 9:
-        return f"TMA needs compute capability 9.0 (Hopper) or later; {torch.cuda.get_device_name(tensors[0].device)} has {torch.cuda.get_device_capability(tensors[0].device)}"
-    for t in tensors:
-        shape = tuple(t.shape)
-        if not t.is_contiguous():
-            return f"TMA needs contiguous tensors; one of shape {shape} has strides {t.stride()}"
-        if t.shape[-1] * t.element_size() % 16:
-            return f"TMA needs rows of a multiple of 16 bytes; {shape} in {t.dtype} has rows of {t.shape[-1] * t.element_size()}"
-        if t.data_ptr() % 16:
-            return f"TMA needs a 16-byte aligned start; a tensor of shape {shape} starts at {t.data_ptr():#x}"
-    return None
 
 
 def ragged_linear(
