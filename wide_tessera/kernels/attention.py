@@ -171,7 +171,7 @@ def flash_attention(
     if d not in HEAD_DIMS:
         raise ValueError(f"head dim D={d} is not supported; valid: {', '.join(map(str, HEAD_DIMS))}")
     require_triton(q.device)
-    o = torch.empty_like(q, memory_format=torch.contiguous_format)
+    o = torch.empty_like(q)  # q's layout: contiguous where TMA is used, as q is
     precision = None
     if q.dtype == torch.float32:
         precision = "tf32" if torch.backends.cuda.matmul.allow_tf32 and not INTERPRETED else "ieee"
