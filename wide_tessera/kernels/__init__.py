@@ -60,17 +60,21 @@ def wants_tma(tma: Optional[bool], *tensors: torch.Tensor) -> bool:
     ValueError naming why where it cannot), False never."""
     if tma not in (None, True, False):
         raise ValueError(f"tma must be None (where it can run), True or False, got {tma!r}")
+    if tma is False:  # nothing to ask of the device or the tensors on every call
+        return False
     unfit = _tma_unfit(*tensors)
     if tma and unfit:
         raise ValueError(f"tma=True, but {unfit}")
-    return bool(tma) or tma is None and tensors[0].is_cuda and unfit is None
+    return tma is True or tensors[0].is_cuda and unfit is None
 
 
 def _tma_unfit(*tensors: torch.Tensor) -> Optional[str]:
     """Why the TMA kernel cannot take these tensors, or None. The copy engine is Hopper's, and
     it needs a dense last dimension, rows of a multiple of 16 bytes and a 16-byte aligned start."""
-    if tensors[0].is_cuda and torch.cuda.get_device_capability(tensors[0].device)[0] < 9:
-        return f"TMA needs compute capability 9.0 (Hopper) or later; {torch.cuda.get_device_name(tensors[0].device)} has {torch.cuda.get_device_capability(tensors[0].device)}"
+    device = tensors[0].device
+    capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+    if capability is not None and capability[0] < 9:
+        return f"TMA needs compute capability 9.0 (Hopper) or later; {torch.cuda.get_device_name(device)} has {capability}"
     for t in tensors:
         shape = tuple(t.shape)
         if not t.is_contiguous():

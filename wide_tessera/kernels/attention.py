@@ -25,7 +25,6 @@ __all__ = ["flash_attention", "ATTENTION", "ATTENTION_TMA", "HEAD_DIMS"]
 HEAD_DIMS = (16, 32, 64, 128)
 # The interpreter cannot multiply bfloat16 (see grouped_gemm._tile_dot): widen there.
 WIDEN = tl.constexpr(INTERPRETED)
-_LOG2E = 1.4426950408889634
 
 
 def _configs(pre_hook: Optional[Callable[[dict], None]] = None) -> List[triton.Config]:

@@ -79,7 +79,7 @@ def large_launches(capability: int = 90) -> Dict[str, Tuple[Any, Dict[str, Any]]
             w=lambda v: f"tensordesc<bf16[1, {v['BO']}, {v['BK']}]>",
             y=lambda v: f"tensordesc<bf16[1, {v['BM']}, {v['BO']}]>",
         )
-        tma = dict(descriptors, bias="*bf16", M=rows, O=d, K=d, N=n, sbn=d, PROGRAMS=132, HAS_BIAS=True, PRECISION=None)
+        tma = dict(descriptors, bias="*bf16", M=rows, N=n, PROGRAMS=132, **common)  # common's strides go unread: the descriptors carry them
         launches["grouped_linear_tma"] = (GROUPED_TMA, tma)  # H100 SXM: 132 SMs, a program each
         rows_block = lambda v: f"tensordesc<bf16[1, {v['BM']}, {dim}]>"  # noqa: E731
         keys_block = lambda v: f"tensordesc<bf16[1, {v['BN']}, {dim}]>"  # noqa: E731
