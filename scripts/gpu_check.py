@@ -4,7 +4,7 @@
 
 1. the Triton kernels against torch at large sizes: median, paired speedup CI, TFLOP/s,
    percentage of the roofline bound (peaks calibrated on this device), kernels launched
-   per call and energy per call from NVML's energy counter;
+   per call, and energy per call and power from NVML's energy counter (bench.energy);
 2. the GPU tests (pytest -m gpu);
 3. the timer fidelity against triton's do_bench (scripts/timer_fidelity.py);
 4. `benchmark --all --preset P --device cuda` plain, with --cuda-graph and with
@@ -66,26 +66,6 @@ def sweep_rows(path: Path, mode: str) -> List[List[str]]:
             ]
         )
     return rows
-
-
-def energy_per_call_j(fn: Callable[[], object], seconds: float = 1.0) -> float:
-    """Joules per call from NVML's total-energy counter over a loop of at least `seconds`
-    (the counter moves in steps of milliseconds, so a single call cannot be read)."""
-    import pynvml
-
-    pynvml.nvmlInit()
-    uuid = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
-    handle = pynvml.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}")
-    fn()
-    torch.cuda.synchronize()
-    calls, started = 0, time.perf_counter()
-    before = pynvml.nvmlDeviceGetTotalEnergyConsumption(handle)
-    while time.perf_counter() - started < seconds:
-        for _ in range(10):
-            fn()
-        calls += 10
-        torch.cuda.synchronize()
-    return (pynvml.nvmlDeviceGetTotalEnergyConsumption(handle) - before) / 1e3 / calls
 
 
 def kernel_cases() -> List[Tuple[str, str, Dict[str, Callable[[], object]], float, float, str]]:
@@ -160,6 +140,7 @@ def kernel_cases() -> List[Tuple[str, str, Dict[str, Callable[[], object]], floa
 
 def kernel_rows() -> List[List[str]]:
     from wide_tessera.bench.analysis import speedup_ci
+    from wide_tessera.bench.energy import EnergyUnavailable, measure_energy
     from wide_tessera.bench.launches import count_launches
     from wide_tessera.bench.roofline import Work, load_or_calibrate, roofline
     from wide_tessera.bench.timing import TimingConfig, measure_paired
@@ -174,6 +155,11 @@ def kernel_rows() -> List[List[str]]:
             rows.append([name, "ERROR", f"{type(e).__name__}: {str(e)[:120]}", "", "", "", "", ""])
             continue
         base = timed.stats[reference]
+        try:  # windows of 0.5 s, half the runner's, to keep the table within its step's time limit
+            energy = measure_energy(sides, {s: st.median_ms for s, st in timed.stats.items()}, "cuda", window_s=0.5)
+        except EnergyUnavailable as e:
+            print(f"{name}: no energy measured ({e})", flush=True)
+            energy = {}
         for side, st in timed.stats.items():
             low, high = speedup_ci(base.samples_ms, st.samples_ms)
             roof = roofline(Work(flops, min_bytes), st.median_ms, peaks, dtype)
@@ -186,7 +172,7 @@ def kernel_rows() -> List[List[str]]:
                     f"{roof.tflops:.0f}",
                     f"{roof.percent_of_bound:.0f}% ({roof.bound})",
                     f"{count_launches(sides[side], 'cuda'):g}",
-                    f"{energy_per_call_j(sides[side]) * 1e3:.1f}",
+                    f"{energy[side].mj_per_call:.4g} ({energy[side].watts:.0f} W)" if side in energy else "-",
                 ]
             )
         torch.cuda.empty_cache()
@@ -204,7 +190,7 @@ def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("gpu_check: no CUDA device here; this script is for a machine with one")
     if args.kernels_only:
-        header = ["case", "side", "median ms", "speedup", "TFLOP/s", "of roofline bound", "launches/call", "mJ/call"]
+        header = ["case", "side", "median ms", "speedup", "TFLOP/s", "of roofline bound", "launches/call", "mJ/call (W)"]
         print(format_table(header, kernel_rows()))
         return
     out = Path(args.out)

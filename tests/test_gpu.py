@@ -42,3 +42,20 @@ def test_paired_cuda_timing_and_graph_mode_are_recorded():
     graphed = benchmark("gemm", preset="ci", device="cuda", verbose=False, timing=TimingConfig(cuda_graph=True))
     assert (plain.timer, graphed.timer) == ("cuda_event", "cuda_graph_event")
     assert graphed.timing.cuda_graph and plain.all_correct and graphed.all_correct
+
+
+def test_energy_per_call_on_the_gpu(monkeypatch):
+    """NVML's counter on a real board: every timed callable gets an energy per call and a power
+    between the board's idle draw and its limit (an H100 SXM: about 70 to 700 W)."""
+    from wide_tessera.bench import energy
+
+    why = energy.energy_unavailable("cuda")
+    if why is not None:
+        pytest.skip(why)
+    monkeypatch.setattr(energy, "ROUNDS", 2)
+    r = benchmark("gemm", preset="ci", device="cuda", verbose=False, n_values=[16], energy=True)
+    p = r.points[0]
+    assert set(p.energy) == set(p.timings), p.flags
+    for name, e in p.energy.items():
+        assert 10 < e.watts < 1500 and e.mj_per_call > 0, (name, e)
+    assert "mJ/call (W)" in r.summary()

@@ -259,19 +259,22 @@ def test_a_confirmation_pass_that_flips_the_verdict_makes_the_point_unstable():
 class FakeNvml:
     """The few NVML calls the health monitor makes, with readings a test sets."""
 
-    NVML_CLOCK_SM, NVML_TEMPERATURE_GPU = 1, 0
+    NVML_CLOCK_SM, NVML_CLOCK_MEM, NVML_TEMPERATURE_GPU = 1, 2, 0
 
     def __init__(self, reasons=0, clock=1980, others=0):
         self.reasons, self.clock, self.others = reasons, clock, others
 
     def nvmlDeviceGetMaxClockInfo(self, handle, kind):
-        return 1980
+        return 1980 if kind == self.NVML_CLOCK_SM else 2619
 
     def nvmlDeviceGetCurrentClocksEventReasons(self, handle):
         return self.reasons
 
     def nvmlDeviceGetClockInfo(self, handle, kind):
-        return self.clock
+        return self.clock if kind == self.NVML_CLOCK_SM else 2619
+
+    def nvmlDeviceGetPowerUsage(self, handle):
+        return 412_500  # milliwatts
 
     def nvmlDeviceGetTemperature(self, handle, kind):
         return 71
@@ -303,6 +306,7 @@ def test_gpu_throttling_and_other_processes_are_seen_through_nvml(nvml, problem)
         disturbed += monitor.round_disturbed()
     health = monitor.finish(10 - disturbed, disturbed)
     assert health.gpu_max_temperature_c == 71.0
+    assert health.gpu_max_power_w == 412.5 and health.gpu_min_memory_clock_ratio == 1.0
     if problem is None:
         assert disturbed == 0 or not health.gpu_slowdowns
     else:

@@ -106,6 +106,7 @@ def benchmark(
     controls: Optional[bool] = None,
     roofline: bool = False,
     mode: str = "inference",
+    energy: bool = False,
     **overrides: Any,
 ) -> BenchmarkResult:
     """Benchmark a registered op: N separate calls against each wide strategy, over the preset's sweep.
@@ -128,12 +129,15 @@ def benchmark(
     'inference' (under no_grad), 'forward' (autograd recording), 'backward' (the backward pass
     alone), 'forward_backward', or 'train_step' (forward, backward, an SGD step); the training
     modes also check every model's gradients, buffers and updated parameters (see bench.modes).
+    `energy` (CUDA, with NVML) also measures each callable's energy per call and power at every
+    point, in windows of its own after the timings (see bench.energy: about 3 s per callable).
     """
     _check_settings(seed, timing, timeouts, memory_budget, mode)
     device = resolve_device(device)
     job = build_job(name, preset, device, overrides, verbose)
     return run(
-        job, device, verbose, seed, timing, timeouts, memory_budget, isolate, confirm, compile, controls, roofline, mode
+        job, device, verbose, seed, timing, timeouts, memory_budget, isolate, confirm, compile, controls, roofline, mode,
+        energy,
     )
 
 
@@ -159,6 +163,7 @@ def benchmark_custom(
     randomness: str = "error",
     train: bool = False,
     mode: str = "inference",
+    energy: bool = False,
     **model_kwargs: Any,
 ) -> BenchmarkResult:
     """Benchmark N copies of `model_class(**model_kwargs)` made wide two ways: `vmap` (torch.func over
@@ -192,7 +197,8 @@ def benchmark_custom(
         train=train or mode in TRAINING_MODES,
     )
     return run(
-        job, device, verbose, seed, timing, timeouts, memory_budget, isolate, confirm, compile, controls, mode=mode
+        job, device, verbose, seed, timing, timeouts, memory_budget, isolate, confirm, compile, controls, mode=mode,
+        energy=energy,
     )
 
 

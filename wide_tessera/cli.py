@@ -166,6 +166,7 @@ def _run_settings(
     roofline: bool = False,
     mode: str = "inference",
     preset: Optional[str] = None,
+    energy: bool = False,
 ) -> RunSettings:
     """The run's settings from the options, each checked; an error names the option, not the field."""
     resolved = resolve_device(device)
@@ -191,6 +192,7 @@ def _run_settings(
             roofline=roofline,
             mode=mode,
             preset=preset,
+            energy=energy,
         )
     except WideTesseraError as e:
         field, sep, rest = str(e).partition("=")
@@ -355,6 +357,12 @@ _RUN_OPTIONS = _options(
         "--roofline",
         is_flag=True,
         help="Measure the device's peaks (cached) and show timings against the roofline bound.",
+    ),
+    click.option(
+        "--energy",
+        is_flag=True,
+        help="Also measure each callable's energy per call and power from NVML's counter (CUDA): "
+        "3 windows of at least 1 s each, per callable and point.",
     ),
     click.option(
         "--dump-ir",
@@ -542,6 +550,7 @@ def tune(names: Tuple[str, ...], preset: str, table: Optional[str], results: Opt
         confirm="all",
         controls=False,
         roofline=False,
+        energy=False,
         dump_ir=None,
         strict=False,
         save_dispatch=table,
@@ -610,6 +619,7 @@ def _measure(
     compile_mode: str,
     controls: Optional[bool],
     roofline: bool,
+    energy: bool,
     dump_ir: Optional[str],
     strict: bool,
     quiet: bool,
@@ -639,6 +649,7 @@ def _measure(
                 roofline,
                 mode,
                 preset,
+                energy,
             )
             shard = Shard.from_environment()
             if shard is not None:  # under torchrun: this rank's device, threads and share of the points

@@ -25,7 +25,7 @@ import os
 import resource
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, NamedTuple, Optional
 
 import psutil
 import torch
@@ -74,6 +74,11 @@ class Health:
     gpu_other_processes: Optional[int] = None
     gpu_min_clock_ratio: Optional[float] = None
     gpu_max_temperature_c: Optional[float] = None
+    # Recorded, not judged: no measurement here has yet tied a verdict to them.
+    gpu_min_memory_clock_ratio: Optional[float] = None
+    # NVML's power reading is an average over about a second (Ampere and later), so this is
+    # the highest such average seen, not a peak.
+    gpu_max_power_w: Optional[float] = None
     problems: List[str] = field(default_factory=list)
 
     @property
@@ -121,6 +126,8 @@ class HealthMonitor:
         self.slowdowns: List[str] = []
         self.min_clock_ratio: Optional[float] = None
         self.max_temperature: Optional[float] = None
+        self.min_memory_clock_ratio: Optional[float] = None
+        self.max_power: Optional[float] = None
 
     def round_started(self) -> None:
         self._switches = resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw
@@ -135,13 +142,15 @@ class HealthMonitor:
         else:
             disturbed = waited - self._waited > MAX_WAIT_FRACTION * (time.perf_counter() - self._round_started)
         if self.gpu is not None:
-            slowdowns, clock_ratio, temperature = self.gpu.read()
-            self.slowdowns += [s for s in slowdowns if s not in self.slowdowns]
-            self.min_clock_ratio = clock_ratio if self.min_clock_ratio is None else min(clock_ratio, self.min_clock_ratio)
-            self.max_temperature = max(temperature, self.max_temperature or temperature)
+            now = self.gpu.read()
+            self.slowdowns += [s for s in now.slowdowns if s not in self.slowdowns]
+            self.min_clock_ratio = _extreme(min, self.min_clock_ratio, now.sm_clock_ratio)
+            self.min_memory_clock_ratio = _extreme(min, self.min_memory_clock_ratio, now.memory_clock_ratio)
+            self.max_temperature = _extreme(max, self.max_temperature, now.temperature_c)
+            self.max_power = _extreme(max, self.max_power, now.power_w)
             # On a GPU the CPU only launches: a preempted launcher shows in the sample as
             # launch overhead, so it counts, and so does a slowed-down device.
-            disturbed = disturbed or bool(slowdowns) or clock_ratio < _MIN_CLOCK_RATIO
+            disturbed = disturbed or bool(now.slowdowns) or now.sm_clock_ratio < _MIN_CLOCK_RATIO
         return disturbed
 
     def finish(self, rounds: int, disturbed_rounds: int, min_rounds: int = 1) -> Health:
@@ -184,8 +193,17 @@ class HealthMonitor:
             gpu_other_processes=gpu_others,
             gpu_min_clock_ratio=self.min_clock_ratio,
             gpu_max_temperature_c=self.max_temperature,
+            gpu_min_memory_clock_ratio=self.min_memory_clock_ratio,
+            gpu_max_power_w=self.max_power,
             problems=problems,
         )
+
+
+def _extreme(pick: Callable[[float, float], float], seen: Optional[float], now: Optional[float]) -> Optional[float]:
+    """pick(seen, now), skipping either where it is None (nothing seen yet, or no reading)."""
+    if seen is None or now is None:
+        return now if seen is None else seen
+    return pick(seen, now)
 
 
 def _run_queue_wait_s() -> Optional[float]:
@@ -231,12 +249,23 @@ def _own_cpu_s() -> float:
     return t.user + t.system + t.children_user + t.children_system + live
 
 
+class GpuReading(NamedTuple):
+    """One look at the GPU (Nvml.read): clocks as fractions of their maximum."""
+
+    slowdowns: List[str]
+    sm_clock_ratio: float
+    memory_clock_ratio: float
+    temperature_c: float
+    power_w: Optional[float]
+
+
 class Nvml:
     """The few NVML readings the monitor needs, for one device; None where NVML is absent."""
 
     def __init__(self, nvml: Any, handle: Any):
         self.nvml, self.handle = nvml, handle
         self.max_sm_clock = nvml.nvmlDeviceGetMaxClockInfo(handle, nvml.NVML_CLOCK_SM)
+        self.max_memory_clock = nvml.nvmlDeviceGetMaxClockInfo(handle, nvml.NVML_CLOCK_MEM)
 
     @classmethod
     def open(cls, device: str) -> Optional["Nvml"]:
@@ -255,16 +284,30 @@ class Nvml:
         except Exception:  # no driver, no permission, an old torch without uuid
             return None
 
-    def read(self) -> "tuple[List[str], float, float]":
+    def read(self) -> GpuReading:
+        n = self.nvml
         # Renamed "event reasons" in newer NVML; the bits are the same.
-        get_reasons = getattr(self.nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
-            self.nvml, "nvmlDeviceGetCurrentClocksThrottleReasons"
+        get_reasons = getattr(n, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
+            n, "nvmlDeviceGetCurrentClocksThrottleReasons"
         )
         reasons = get_reasons(self.handle)
-        clock = self.nvml.nvmlDeviceGetClockInfo(self.handle, self.nvml.NVML_CLOCK_SM)
-        temperature = self.nvml.nvmlDeviceGetTemperature(self.handle, self.nvml.NVML_TEMPERATURE_GPU)
-        slowdowns = [name for bit, name in _GPU_SLOWDOWNS.items() if reasons & bit]
-        return slowdowns, clock / self.max_sm_clock if self.max_sm_clock else 1.0, float(temperature)
+        sm_clock = n.nvmlDeviceGetClockInfo(self.handle, n.NVML_CLOCK_SM)
+        memory_clock = n.nvmlDeviceGetClockInfo(self.handle, n.NVML_CLOCK_MEM)
+        try:
+            power_w: Optional[float] = n.nvmlDeviceGetPowerUsage(self.handle) / 1e3  # milliwatts
+        except Exception:  # noqa: BLE001  not every board reports it
+            power_w = None
+        return GpuReading(
+            [name for bit, name in _GPU_SLOWDOWNS.items() if reasons & bit],
+            sm_clock / self.max_sm_clock if self.max_sm_clock else 1.0,
+            memory_clock / self.max_memory_clock if self.max_memory_clock else 1.0,
+            float(n.nvmlDeviceGetTemperature(self.handle, n.NVML_TEMPERATURE_GPU)),
+            power_w,
+        )
+
+    def energy_mj(self) -> float:
+        """The board's energy since the driver loaded, in mJ (Volta and later; bench.energy reads it)."""
+        return float(self.nvml.nvmlDeviceGetTotalEnergyConsumption(self.handle))
 
     def facts(self) -> Dict[str, Any]:
         """What the run manifest records of the GPU: driver, clocks now and at most."""
@@ -274,7 +317,7 @@ class Nvml:
             "sm_clock_mhz": n.nvmlDeviceGetClockInfo(self.handle, n.NVML_CLOCK_SM),
             "max_sm_clock_mhz": self.max_sm_clock,
             "memory_clock_mhz": n.nvmlDeviceGetClockInfo(self.handle, n.NVML_CLOCK_MEM),
-            "max_memory_clock_mhz": n.nvmlDeviceGetMaxClockInfo(self.handle, n.NVML_CLOCK_MEM),
+            "max_memory_clock_mhz": self.max_memory_clock,
         }
 
     def other_processes(self) -> int:

@@ -33,6 +33,7 @@ from .correctness import (
     shares_memory,
     tolerance,
 )
+from .energy import measure_energy
 from .job import DTYPES, BenchmarkJob
 from .launches import count_launches
 from .memory import peak_memory
@@ -94,6 +95,7 @@ class RunSettings:
     roofline: measure the device's peaks (once, cached) and report each timing against them.
     mode: what one timed call does (see `modes`): 'inference' (no autograd), 'forward',
         'backward', 'forward_backward' or 'train_step'.
+    energy: after timing, measure each callable's energy per call (bench.energy; CUDA with NVML).
     """
 
     device: str = "cpu"
@@ -108,6 +110,7 @@ class RunSettings:
     roofline: bool = False
     mode: str = "inference"
     preset: Optional[str] = None
+    energy: bool = False
 
     def __post_init__(self) -> None:
         check_mode(self.mode)
@@ -119,6 +122,7 @@ class RunSettings:
             object.__setattr__(self, "confirm", preset_run(self.preset).confirm)
         check_bool("controls", self.controls)
         check_bool("roofline", self.roofline)
+        check_bool("energy", self.energy)
         if self.compile not in COMPILE_MODES:
             raise WideTesseraError(f"compile={self.compile!r}: valid are {', '.join(COMPILE_MODES)}")
         check_seed(self.seed)
@@ -353,6 +357,15 @@ def _measure_point(
             launches[name] = count_launches(timed[name], device)
     point = analysis.measured_point(n, params, timings, checks, settings.seed, peaks, failures, first_call_s)
     point.launches, point.work = launches, job.work_factory(n, **params)
+    if settings.energy and timings is not None:
+        medians = {name: st.median_ms for name, st in timings.stats.items()}
+        try:
+            with stage("measure"):
+                point.energy = measure_energy(
+                    {name: timed[name] for name in medians}, medians, device, settings.timing.cuda_graph, on_function
+                )
+        except Exception as e:  # noqa: BLE001  the timings stand without it; say why it is missing
+            point.flags.append(f"no energy measured: {type(e).__name__}: {e}")
     return point
 
 

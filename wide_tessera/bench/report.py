@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .controls import CONTROLS, legend
 from .job import params_text
@@ -62,13 +62,9 @@ def _baseline_cell(point: "PointResult") -> str:
     return f"{point.timings['baseline']:.4g}"
 
 
-def _memory_cell(point: "PointResult", strategies: Sequence[str]) -> str:
-    peaks = point.peak_memory_bytes
-    return "/".join(f"{peaks[s] / 2**20:.3g}" if s in peaks else "-" for s in ("baseline", *strategies))
-
-
-def _launches_cell(point: "PointResult", names: Sequence[str]) -> str:
-    return "/".join(f"{point.launches[s]:g}" if s in point.launches else "-" for s in ("baseline", *names))
+def _per_callable_cell(values: Dict[str, Any], names: Sequence[str], text: Callable[[Any], str]) -> str:
+    """One figure per callable, the baseline's first: 'baseline/strategy/...', '-' where it has none."""
+    return "/".join(text(values[s]) if s in values else "-" for s in ("baseline", *names))
 
 
 def _roofline_line(result: "BenchmarkResult", point: "PointResult", names: Sequence[str]) -> str:
@@ -95,6 +91,12 @@ def winner_cell(point: "PointResult") -> str:
     if point.disturbed:
         return "DISTURBED"
     return point.winner + (" (confirmed)" if point.confirmation is not None else "")
+
+
+ENERGY_LEGEND = (
+    "mJ/call (W): energy per call from NVML's counter, the median of each callable's windows of its own "
+    "(bench.energy), and its mean power in watts"
+)
 
 
 # How the digest orders the worst cases: verdicts in doubt before noisy timings.
@@ -222,6 +224,7 @@ def format_summary(result: "BenchmarkResult") -> str:
     env = result.environment
     axes: List[str] = list(result.points[0].params) if result.points else []
     shown = [*result.strategies, *controls_run(result)]
+    energy = any(p.energy for p in result.points)
     header = [
         "N",
         *axes,
@@ -230,6 +233,7 @@ def format_summary(result: "BenchmarkResult") -> str:
         "winner",
         "peak MiB (baseline/" + "/".join(shown) + ")",
         "launches/call",
+        *(["mJ/call (W)"] if energy else []),
     ]
     rows = [
         [
@@ -238,8 +242,9 @@ def format_summary(result: "BenchmarkResult") -> str:
             _baseline_cell(p),
             *(_cell(p, s) for s in shown),
             winner_cell(p),
-            _memory_cell(p, shown),
-            _launches_cell(p, shown),
+            _per_callable_cell(p.peak_memory_bytes, shown, lambda b: f"{b / 2**20:.3g}"),
+            _per_callable_cell(p.launches, shown, lambda k: f"{k:g}"),
+            *([_per_callable_cell(p.energy, shown, lambda e: f"{e.mj_per_call:.3g} ({e.watts:.0f})")] if energy else []),
         ]
         for p in result.points
     ]
@@ -261,6 +266,7 @@ def format_summary(result: "BenchmarkResult") -> str:
             if len(shown) > len(result.strategies)
             else ""
         ),
+        *([ENERGY_LEGEND] if energy else []),
         *(["fuse, or just make the loop cheaper? (best strategy against the fastest control):"] if captures else []),
         *(_fuse_or_capture_line(g) for g in captures),
         *(

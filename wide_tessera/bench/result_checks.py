@@ -128,6 +128,12 @@ def _check_point(p: "PointResult", strategies: Collection[str], where: str) -> N
     _keys(f"{where}.peak_memory_bytes", p.peak_memory_bytes, timed)
     for s, b in p.peak_memory_bytes.items():
         _non_negative(f"{where}.peak_memory_bytes[{s!r}]", b)
+    _keys(f"{where}.energy", p.energy, timed)
+    for s, e in p.energy.items():
+        at = f"{where}.energy[{s!r}]"
+        _need(0 < e.low_mj <= e.mj_per_call <= e.high_mj, at, f"{e.low_mj} <= {e.mj_per_call} <= {e.high_mj} does not hold")
+        _positive(f"{at}.watts", e.watts)
+        _positive_int(f"{at}.windows", e.windows)
     # The summary shows either the baseline's time or why the point has none.
     _need(POINT in p.failures or BASELINE in p.timings, where, "has neither a baseline timing nor a point failure")
     best = p.best_strategy

@@ -15,6 +15,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Set
 from ..errors import WideTesseraError
 from . import analysis
 from .controls import BACKWARD_NOT_COMPILED
+from .energy import energy_unavailable
 from .environment import capture_environment
 from .isolation import check_picklable, iter_points_isolated
 from .job import BenchmarkJob, params_text
@@ -57,11 +58,12 @@ def run(
     controls: Optional[bool] = None,
     roofline: bool = False,
     mode: str = "inference",
+    energy: bool = False,
 ) -> BenchmarkResult:
     """Run every point of `job` on `device` (in worker processes with `isolate`), confirm, analyse."""
     settings = RunSettings(
         device, seed, timing, timeouts or StageTimeouts(), memory_budget, isolate, confirm, compile, controls, roofline, mode,
-        preset=job.preset,
+        preset=job.preset, energy=energy,
     )
     check_runnable(job, settings)
     progress = Progress(job.sweep.n_points(), enabled=verbose)
@@ -120,8 +122,9 @@ def run_job(
         for point in _points(job, settings, skip=set(points) | (every - sweep)):
             measured(point_key(point.n, point.params), point, f"{len(points) + 1}/{len(order)} {_progress(point)}")
         # A control never decides a verdict, so the second pass leaves the controls out
-        # (a gemm+gru quick run: 128 s with them, 119 s without).
-        again = dataclasses.replace(settings, controls=False)
+        # (a gemm+gru quick run: 128 s with them, 119 s without), and the energy, which the
+        # first pass measured and no verdict reads.
+        again = dataclasses.replace(settings, controls=False, energy=False)
         for _ in range(_CONFIRM_ROUNDS):
             todo = point_keys(analysis.points_to_confirm(ordered(), settings.confirm))
             todo &= sweep  # a point of an earlier run outside this sweep cannot be rebuilt from it
@@ -148,6 +151,10 @@ def check_runnable(job: BenchmarkJob, settings: RunSettings) -> None:
         raise WideTesseraError(f"--compile {settings.compile} with --mode backward: {BACKWARD_NOT_COMPILED}")
     if settings.isolate:
         check_picklable(job)
+    if settings.energy:
+        why = energy_unavailable(settings.device)
+        if why is not None:
+            raise WideTesseraError(f"energy=True (--energy) cannot be measured: {why}")
 
 
 def _points(job: BenchmarkJob, settings: RunSettings, skip: Set[str]) -> Iterator[PointResult]:

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 from ..errors import WideTesseraError
 from .job import params_text
 from .correctness import Check
+from .energy import Energy
 from .environment import Environment
 from .files import not_a_regular_file, write_atomic
 from .health import Health, RunHealth
@@ -41,8 +42,10 @@ __all__ = [
 
 # 3: health, confirmation, reliability, the stored winner, per-model errors, significant-only best speedups.
 # 4: run manifests. A version-3 file reads as a result without manifests.
-SCHEMA_VERSION = 5
-READABLE_VERSIONS = (3, 4, 5)
+# 5: the mode (inference or a training mode).
+# 6: energy per call (--energy). A version-5 file reads as points without it.
+SCHEMA_VERSION = 6
+READABLE_VERSIONS = (3, 4, 5, 6)
 
 
 @dataclass_json
@@ -122,6 +125,8 @@ class PointResult:
     launches: callable -> device kernels launched per call (CUDA) or top-level ATen operators
         dispatched per call (CPU), from the profiler (bench.launches)
     work: what one call of the N models must do (flops, fewest bytes), where the op declares it
+    energy: callable -> its energy per call and power from NVML's counter (bench.energy), where
+        the run was asked for it
     where: the rank, host and device that measured it, in a sharded run (torchrun); None otherwise
     """
 
@@ -145,6 +150,7 @@ class PointResult:
     first_call_s: Dict[str, float] = field(default_factory=dict)
     launches: Dict[str, float] = field(default_factory=dict)
     work: Optional[Work] = None
+    energy: Dict[str, Energy] = field(default_factory=dict)
     where: Optional[Where] = None
 
     @property

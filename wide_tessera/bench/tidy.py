@@ -50,6 +50,8 @@ COLUMNS = (
     "max_abs_error",
     "peak_memory_bytes",
     "launches",
+    "energy_mj",
+    "power_w",
     "first_call_s",
     "winner",
     "status",
@@ -83,6 +85,7 @@ def _row(result: "BenchmarkResult", point: "PointResult", strategy: str) -> Dict
     env = result.environment
     stats = point.stats.get(strategy)
     check = point.checks.get(strategy)
+    energy = point.energy.get(strategy)
     failure = point.failures.get(strategy) or point.failures.get("point")
     ci = point.speedup_ci.get(strategy, [None, None])
     row: Dict[str, Any] = {
@@ -117,6 +120,8 @@ def _row(result: "BenchmarkResult", point: "PointResult", strategy: str) -> Dict
         max_abs_error=max(check.per_model_abs_error) if check and check.per_model_abs_error else None,
         peak_memory_bytes=point.peak_memory_bytes.get(strategy),
         launches=point.launches.get(strategy),
+        energy_mj=energy.mj_per_call if energy else None,
+        power_w=energy.watts if energy else None,
         first_call_s=point.first_call_s.get(strategy),
         winner=point.winner if point.timings else None,
         status=point_status(point),
