@@ -59,3 +59,21 @@ def test_energy_per_call_on_the_gpu(monkeypatch):
     for name, e in p.energy.items():
         assert 10 < e.watts < 1500 and e.mj_per_call > 0, (name, e)
     assert "mJ/call (W)" in r.summary()
+
+
+def test_compile_clock_times_a_real_compilation():
+    import triton
+    import triton.language as tl
+
+    from wide_tessera.bench.triton_analysis import CompileClock, compiled_kernels
+
+    @triton.jit
+    def add_one(x, BLOCK: tl.constexpr):  # a JIT function of its own: it compiles here, whatever ran before
+        offsets = tl.arange(0, BLOCK)
+        tl.store(x + offsets, tl.load(x + offsets) + 1)
+
+    x = torch.zeros(16, device="cuda")
+    with CompileClock() as clock:
+        add_one[(1,)](x, BLOCK=16)
+    ((key, _),) = compiled_kernels(add_one)
+    assert x.sum().item() == 16 and clock.of(add_one, key) > 0

@@ -1,6 +1,7 @@
 """Launch counts and the roofline: the numbers that say why a fused call is faster and how far from the limit."""
 
 import json
+import time
 
 import pytest
 import torch
@@ -120,25 +121,49 @@ class _Autotuner:
         self.fn = _Jit()
         self.cache = {(4096, 4096): self.fast}
         self.configs_timings = {self.fast: [1.5, 1.4, 1.6], self.slow: [2.5, 2.4, 2.6]}
+        self.bench_time = 0.75
 
 
 def test_triton_facts_from_triton_objects(tmp_path):
     from wide_tessera.bench.triton_analysis import autotune_facts, compiled_kernels, dump_ir, kernel_facts
 
     tuner = _Autotuner()
-    (compiled,) = compiled_kernels(tuner)
-    assert kernel_facts(compiled) == kernel_facts(_Compiled())
+    ((key, compiled),) = compiled_kernels(tuner)
+    assert key == "key" and kernel_facts(compiled) == kernel_facts(_Compiled())
     facts = kernel_facts(compiled)
     assert (facts.registers, facts.spills, facts.shared_bytes, facts.num_warps) == (168, 0, 98304, 8)
     (tuning,) = autotune_facts(tuner, "grouped_linear")
     assert tuning.chosen == {"BM": 128, "num_warps": 8, "num_stages": 3}
-    assert [t["ms"] for t in tuning.tried] == [1.5, 2.5]
+    assert [t["ms"] for t in tuning.tried] == [1.5, 2.5] and tuning.tuning_s == 0.75
     written = dump_ir({"grouped_linear": tuner}, tmp_path)
     assert sorted(p.name for p in written) == sorted(
         [f"grouped_linear.0.{s}" for s in ("ttir", "ttgir", "llir", "ptx")] + ["facts.json"]
     )
     assert (tmp_path / "grouped_linear.0.ptx").read_text() == ".version 8.7"
     assert json.loads((tmp_path / "facts.json").read_text())[0]["registers"] == 168
+
+
+def test_compile_time_is_clocked_between_tritons_hooks_and_written_with_the_facts(tmp_path, monkeypatch):
+    """Triton calls jit_cache_hook just before compiling and jit_post_compile_hook just after,
+    with the key it caches the kernel under; here the hooks are called as triton calls them."""
+    knobs = pytest.importorskip("triton").knobs
+    from types import SimpleNamespace
+
+    from wide_tessera.bench.triton_analysis import CompileClock, dump_ir
+
+    theirs = []
+    monkeypatch.setattr(knobs.runtime, "jit_cache_hook", lambda **hook: theirs.append(hook["key"]))
+    tuner = _Autotuner()
+    hook = dict(key="key", repr="k[...]", fn=SimpleNamespace(jit_function=tuner.fn), compile={}, is_manual_warmup=False, already_compiled=False)
+    with CompileClock() as clock:
+        assert not knobs.runtime.jit_cache_hook(**hook)  # a true answer would skip the compilation
+        time.sleep(0.05)
+        knobs.runtime.jit_post_compile_hook(**hook)
+    assert theirs == ["key"] and knobs.runtime.jit_post_compile_hook is None  # theirs still called, both restored
+    assert 0.05 <= clock.of(tuner.fn, "key") < 5 and clock.of(tuner.fn, "other") is None
+    dump_ir({"grouped_linear": tuner}, tmp_path, clock)
+    facts = json.loads((tmp_path / "facts.json").read_text())
+    assert facts[0]["compile_s"] == clock.of(tuner.fn, "key") and facts[1]["autotune"]["tuning_s"] == 0.75
 
 
 def test_dump_ir_under_the_interpreter_says_what_it_wrote(tmp_path):

@@ -44,7 +44,7 @@ from .bench.shards import (
 )  # fmt: skip
 from .bench.stages import StageTimeouts
 from .bench.timing import TimingConfig
-from .bench.triton_analysis import dump_ir as write_ir
+from .bench.triton_analysis import CompileClock, dump_ir as write_ir
 from .checks import check_number, check_seed
 from .errors import WideTesseraError, unknown
 from .distributed import run_collectives, summary
@@ -672,6 +672,8 @@ def _measure(
         except WideTesseraError as e:
             raise click.UsageError(str(e)) from None
         kept = [r for op, r in previous.items() if op not in {job.op for job in jobs}]  # other ops in the file
+        # --dump-ir: clock every Triton compilation of the run (nothing without triton)
+        clock = held.enter_context(CompileClock()) if dump_ir and triton_unavailable_reason("cuda") is None else None
 
         if shard is None:
             todo = sum(points_left(job.sweep, previous.get(job.op)) for job in jobs)
@@ -693,7 +695,7 @@ def _measure(
             results, errors = gathered
             for result in results:
                 _finished(result, save_dispatch, progress)
-        code = _report(results, kept, output, dump_ir, strict, errors)
+        code = _report(results, kept, output, dump_ir, strict, errors, clock)
         if shard is not None:
             shard.broadcast(code)
         if code:
@@ -713,12 +715,13 @@ def _report(
     dump_ir: Optional[str],
     strict: bool,
     errors: List[str],
+    clock: Optional[CompileClock],
 ) -> int:
     """Write the IR, list what failed, and say how the run ends: its exit status."""
     if output:
         click.echo(f"wrote {len(kept) + len(results)} result(s) to {output}", err=True)
     if dump_ir:
-        _dump_ir(Path(dump_ir))
+        _dump_ir(Path(dump_ir), clock)
     failures = [*errors, *(f"{r.op}: {f}" for r in results for f in r.failures)]
     if failures:
         click.echo(f"{len(failures)} failure(s):\n  " + "\n  ".join(failures), err=True)
@@ -807,11 +810,11 @@ def _save_dispatch(path: str, result: BenchmarkResult, progress: Progress) -> No
     progress.echo(f"dispatch table {path}: {result.op}: {count}, fuse from N = {', '.join(fused)}{note}\n")
 
 
-def _dump_ir(directory: Path) -> None:
+def _dump_ir(directory: Path, clock: Optional[CompileClock]) -> None:
     if triton_unavailable_reason("cuda") is not None:  # no triton at all
         click.echo(f"--dump-ir: nothing written: the Triton kernels {triton_unavailable_reason('cuda')}", err=True)
         return
-    written = write_ir(autotuned_kernels(), directory)
+    written = write_ir(autotuned_kernels(), directory, clock)
     click.echo(f"--dump-ir: wrote {len(written)} file(s) to {directory}", err=True)
 
 
