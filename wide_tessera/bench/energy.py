@@ -31,7 +31,7 @@ import torch
 from dataclasses_json import dataclass_json
 
 from .health import Nvml
-from .timing import capture_graph
+from .timing import capture_graph, rotated
 
 __all__ = ["Energy", "EnergyUnavailable", "measure_energy", "open_meter", "energy_unavailable"]
 
@@ -114,7 +114,7 @@ def measure_energy(
         batches[name] = _batch(fn, calls, sync)
     windows: Dict[str, list] = {name: [] for name in names}
     for r in range(rounds):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
+        for name in rotated(names, r):
             if on_function is not None:
                 on_function(name)
             windows[name].append(_window(batches[name], meter, window_s))

@@ -149,7 +149,7 @@ def measure_paired(
                 started = time.perf_counter()
                 budget = config.budget_s * len(fns)
                 for r in itertools.count():
-                    order = names[r % len(names) :] + names[: r % len(names)]
+                    order = rotated(names, r)
                     monitor.round_started()
                     taken = {}
                     for current in order:
@@ -175,6 +175,11 @@ def measure_paired(
         for name, s in samples.items()
     }
     return PairedTimings(stats, health)
+
+
+def rotated(names: List[str], r: int) -> List[str]:
+    """Round r's order: `names` starting with name r mod k (see measure_paired)."""
+    return names[r % len(names) :] + names[: r % len(names)]
 
 
 def _enough(

@@ -57,7 +57,7 @@ class CompileClock:
     `jit_post_compile_hook` just after, with the key it then caches the kernel under (triton
     3.6 and 3.9 alike). A specialization found in Triton's on-disk cache passes through both
     as well: its time is the cache load, which is what this process paid. Hooks already set
-    are called as before. `with CompileClock() as clock:` around the run; `seconds[(jit, key)]`.
+    are called as before. `with CompileClock() as clock:` around the run; `clock.of(jit, key)`.
     """
 
     def __init__(self) -> None:
@@ -78,17 +78,22 @@ class CompileClock:
         knobs.runtime.jit_cache_hook, knobs.runtime.jit_post_compile_hook = self._previous
 
     def _before(self, **hook: Any) -> Any:
-        self._started[(id(hook["fn"].jit_function), hook["key"])] = time.perf_counter()
+        self._started[_specialization(hook["fn"].jit_function, hook["key"])] = time.perf_counter()
         return self._previous[0](**hook) if self._previous[0] else None  # True would skip the compilation
 
     def _after(self, **hook: Any) -> Any:
-        at = (id(hook["fn"].jit_function), hook["key"])
+        at = _specialization(hook["fn"].jit_function, hook["key"])
         if at in self._started:
             self.seconds[at] = time.perf_counter() - self._started.pop(at)
         return self._previous[1](**hook) if self._previous[1] else None
 
     def of(self, jit: Any, key: Any) -> Optional[float]:
-        return self.seconds.get((id(jit), key))
+        return self.seconds.get(_specialization(jit, key))
+
+
+def _specialization(jit: Any, key: Any) -> Tuple[int, Any]:
+    """A compiled specialization's identity: its JIT function and the key triton caches it under."""
+    return id(jit), key
 
 
 def _jit_of(kernel: Any) -> Any:
