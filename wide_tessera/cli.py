@@ -368,7 +368,7 @@ _RUN_OPTIONS = _options(
         "--dump-ir",
         default=None,
         metavar="DIR",
-        help="After the run, write each Triton kernel's TTIR, TTGIR, LLIR, PTX and facts (registers, autotuning) to DIR.",
+        help="After the run, write each Triton kernel's TTIR, TTGIR, LLIR, PTX and facts (compile times, registers, autotuning) to DIR.",
     ),
     click.option("--strict", is_flag=True, help="Exit 3 when a result is UNRELIABLE (busy machine, unstable points...)."),
     _QUIET,
