@@ -70,17 +70,24 @@ def wants_tma(tma: Optional[bool], *tensors: torch.Tensor) -> bool:
 
 def _tma_unfit(*tensors: torch.Tensor) -> Optional[str]:
     """Why the TMA kernel cannot take these tensors, or None. The copy engine is Hopper's, and
-    it needs a dense last dimension, rows of a multiple of 16 bytes and a 16-byte aligned start."""
+    it reads any strided layout whose last dimension is dense, whose other strides are
+    multiples of 16 bytes and whose start is 16-byte aligned: the q, k, v views of a fused
+    projection qualify as they lie, so they are not copied to be contiguous."""
     device = tensors[0].device
     capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
     if capability is not None and capability[0] < 9:
         return f"TMA needs compute capability 9.0 (Hopper) or later; {torch.cuda.get_device_name(device)} has {capability}"
     for t in tensors:
-        shape = tuple(t.shape)
-        if not t.is_contiguous():
-            return f"TMA needs contiguous tensors; one of shape {shape} has strides {t.stride()}"
-        if t.shape[-1] * t.element_size() % 16:
-            return f"TMA needs rows of a multiple of 16 bytes; {shape} in {t.dtype} has rows of {t.shape[-1] * t.element_size()}"
+        shape, strides = tuple(t.shape), t.stride()
+        if 0 in shape:
+            return f"TMA needs non-empty tensors; one has shape {shape}"
+        if strides[-1] != 1:
+            return f"TMA needs a dense last dimension (stride 1); one of shape {shape} has strides {strides}"
+        if any(s <= 0 or s * t.element_size() % 16 for s in strides[:-1]):
+            return (
+                f"TMA needs strides of a positive multiple of 16 bytes (but the last); "
+                f"{shape} in {t.dtype} has strides {strides} ({t.element_size()} bytes each)"
+            )
         if t.data_ptr() % 16:
             return f"TMA needs a 16-byte aligned start; a tensor of shape {shape} starts at {t.data_ptr():#x}"
     return None

@@ -39,26 +39,26 @@ def _configs(pre_hook: Optional[Callable[[dict], None]] = None) -> List[triton.C
 def _tile_blocks(nargs: dict) -> None:
     """Give the descriptors the chosen config's tiles (the autotuner calls this before each launch)."""
     d = nargs["D"]
-    nargs["q"].block_shape = nargs["o"].block_shape = [1, nargs["BM"], d]
-    nargs["k"].block_shape = nargs["v"].block_shape = [1, nargs["BN"], d]
+    nargs["q"].block_shape = nargs["o"].block_shape = [1, 1, nargs["BM"], d]
+    nargs["k"].block_shape = nargs["v"].block_shape = [1, 1, nargs["BN"], d]
 
 
 @triton.jit
 def _attend(
-    acc, total, best, q_tile, k, v, zh, rows, cols, dims, lo, hi, L, qk_scale, skl, skd, svl, svd,
+    acc, total, best, q_tile, k, v, z, h, rows, cols, dims, lo, hi, L, qk_scale, skl, skd, svl, svd,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr,
     BN: tl.constexpr, D: tl.constexpr,
 ):  # fmt: skip
     """The online softmax over key blocks [lo, hi). Only MASKED blocks pay for a mask: those
     that reach past L or, when CAUSAL, cross the diagonal; every key of the others is seen
     by every row. Scores stay unscaled until exp2's argument, one fused multiply-add each.
-    With TMA, k and v are descriptors over [Z*H, L, D], which read zeros past L; else
+    With TMA, k and v are descriptors over [Z, H, L, D], which read zeros past L; else
     pointers to this head's keys and values."""
     for start in range(lo, hi, BN):
         c = start + cols
         if TMA:
-            k_tile = k.load([zh, start, 0]).reshape(BN, D).T
-            v_tile = v.load([zh, start, 0]).reshape(BN, D)
+            k_tile = k.load([z, h, start, 0]).reshape(BN, D).T
+            v_tile = v.load([z, h, start, 0]).reshape(BN, D)
         elif MASKED:
             k_tile = tl.load(k + c[None, :] * skl + dims[:, None] * skd, mask=c[None, :] < L, other=0.0)
             v_tile = tl.load(v + c[:, None] * svl + dims[None, :] * svd, mask=c[:, None] < L, other=0.0)
@@ -89,7 +89,7 @@ def _attention(
     D: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr,
 ):  # fmt: skip
-    # q, k, v, o: pointers by their strides, or (TMA) descriptors over [Z*H, L, D]
+    # q, k, v, o: pointers by their strides, or (TMA) descriptors over [Z, H, L, D] by theirs
     tl.static_assert(BM % BN == 0)  # a row block's diagonal is whole key blocks
     pid_m, zh = tl.program_id(0), tl.program_id(1)
     if CAUSAL:  # the longest row blocks (the last) first, so the last wave is of short ones
@@ -99,7 +99,7 @@ def _attention(
     cols = tl.arange(0, BN)
     dims = tl.arange(0, D)
     if TMA:
-        q_tile = q.load([zh, pid_m * BM, 0]).reshape(BM, D)
+        q_tile = q.load([z, h, pid_m * BM, 0]).reshape(BM, D)
         k_at, v_at = k, v
     else:
         q_tile = tl.load(q + z * sqz + h * sqh + rows[:, None] * sql + dims[None, :] * sqd, mask=rows[:, None] < L, other=0.0)
@@ -115,7 +115,7 @@ def _attention(
         clear, end = pid_m * BM, tl.minimum((pid_m + 1) * BM, L)
     else:
         clear, end = (L // BN) * BN, L
-    args = (k_at, v_at, zh, rows, cols, dims)
+    args = (k_at, v_at, z, h, rows, cols, dims)
     strides = (skl, skd, svl, svd)
     acc, total, best = _attend(
         acc, total, best, q_tile, *args, 0, clear, L, qk_scale, *strides, False, CAUSAL, PRECISION, TMA, BN, D
@@ -125,7 +125,7 @@ def _attention(
     )
     acc = acc / total[:, None]
     if TMA:
-        o.store([zh, pid_m * BM, 0], acc.to(o.dtype).reshape(1, BM, D))  # rows past L are clipped
+        o.store([z, h, pid_m * BM, 0], acc.to(o.dtype).reshape(1, 1, BM, D))  # rows past L are clipped
     else:
         out = o + z * soz + h * soh + rows[:, None] * sol + dims[None, :] * sod
         tl.store(out, acc.to(o.dtype.element_ty), mask=rows[:, None] < L)
@@ -152,8 +152,9 @@ def flash_attention(
 
     D must be one of 16, 32, 64, 128; dtypes float16, bfloat16, float32 (float32 uses TF32
     only where torch.backends.cuda.matmul.allow_tf32 allows it). `tma`: None moves tiles
-    with Hopper's tensor memory accelerator where it can (contiguous q, k, v on a GPU of
-    capability 9.0 or later), True insists, False loads through pointers.
+    with Hopper's tensor memory accelerator where it can (on a GPU of capability 9.0 or
+    later, q, k, v with a dense last dimension and 16-byte strides, as the views of a fused
+    q/k/v projection have), True insists, False loads through pointers.
 
     >>> o = flash_attention(q, k, v, causal=True)  # q = wide q folded to [N * B, H, L, D]
     """
@@ -170,7 +171,7 @@ def flash_attention(
     if d not in HEAD_DIMS:
         raise ValueError(f"head dim D={d} is not supported; valid: {', '.join(map(str, HEAD_DIMS))}")
     require_triton(q.device)
-    o = torch.empty_like(q)  # q's layout: contiguous where TMA is used, as q is
+    o = torch.empty_like(q)  # q's layout where q is dense, else contiguous
     precision = None
     if q.dtype == torch.float32:
         precision = "tf32" if torch.backends.cuda.matmul.allow_tf32 and not INTERPRETED else "ieee"
@@ -183,7 +184,7 @@ def flash_attention(
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     if wants_tma(tma, q, k, v):
         # block shapes are placeholders until _tile_blocks gives them the chosen config's tiles
-        descriptors = [TensorDescriptor.from_tensor(t.view(z * h, length, d), [1, 16, d]) for t in (q, k, v, o)]
+        descriptors = [TensorDescriptor.from_tensor(t, [1, 1, 16, d]) for t in (q, k, v, o)]
         _attention_tma_kernel[grid](*descriptors, h, length, scale, *strides, TMA=True, **constants)
     else:
         _attention_kernel[grid](q, k, v, o, h, length, scale, *strides, TMA=False, **constants)

@@ -81,8 +81,8 @@ def large_launches(capability: int = 90) -> Dict[str, Tuple[Any, Dict[str, Any]]
         )
         tma = dict(descriptors, bias="*bf16", M=rows, N=n, PROGRAMS=132, **common)  # common's strides go unread: the descriptors carry them
         launches["grouped_linear_tma"] = (GROUPED_TMA, tma)  # H100 SXM: 132 SMs, a program each
-        rows_block = lambda v: f"tensordesc<bf16[1, {v['BM']}, {dim}]>"  # noqa: E731
-        keys_block = lambda v: f"tensordesc<bf16[1, {v['BN']}, {dim}]>"  # noqa: E731
+        rows_block = lambda v: f"tensordesc<bf16[1, 1, {v['BM']}, {dim}]>"  # noqa: E731
+        keys_block = lambda v: f"tensordesc<bf16[1, 1, {v['BN']}, {dim}]>"  # noqa: E731
         attention_tma = dict(attention, q=rows_block, o=rows_block, k=keys_block, v=keys_block, TMA=True)
         launches["flash_attention_tma"] = (ATTENTION_TMA, attention_tma)
     return launches
