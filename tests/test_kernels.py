@@ -127,6 +127,13 @@ def test_bad_inputs_get_one_line_naming_the_value(call, match):
         call()
 
 
+def test_each_autotuned_kernel_keeps_its_own_compilations():
+    """--dump-ir lists a name's compilations from the JIT function under it: when both flash
+    attention names wrapped one JIT function, it wrote every specialization under both."""
+    jits = [kernel.fn for kernel in kernels.autotuned_kernels().values()]
+    assert len({id(jit) for jit in jits}) == len(jits)
+
+
 def test_unavailable_reasons(monkeypatch):
     monkeypatch.setattr(kernels, "INTERPRETED", False)
     assert "TRITON_INTERPRET=1" in triton_unavailable_reason("cpu")

@@ -82,7 +82,6 @@ def _attend(
     return acc, total, best
 
 
-@triton.jit
 def _attention(
     q, k, v, o, H, L, scale,
     sqz, sqh, sql, sqd, skz, skh, skl, skd, svz, svh, svl, svd, soz, soh, sol, sod,
@@ -131,10 +130,12 @@ def _attention(
         tl.store(out, acc.to(o.dtype.element_ty), mask=rows[:, None] < L)
 
 
-# One kernel, tuned apart for pointers and for descriptors: only the descriptors' configs
-# carry a pre-hook, which torch.compile cannot trace (pytorch/pytorch#139059).
-_attention_kernel = triton.autotune(configs=_configs(), key=["L", "D", "CAUSAL"])(_attention)
-_attention_tma_kernel = triton.autotune(configs=_configs(_tile_blocks), key=["L", "D", "CAUSAL"])(_attention)
+# One source, two JIT functions tuned apart for pointers and for descriptors: only the
+# descriptors' configs carry a pre-hook, which torch.compile cannot trace (pytorch/pytorch#139059),
+# and each keeps its own compiled specializations (one JIT function under both autotuners
+# listed every specialization under both names, so --dump-ir wrote each twice).
+_attention_kernel = triton.autotune(configs=_configs(), key=["L", "D", "CAUSAL"])(triton.jit(_attention))
+_attention_tma_kernel = triton.autotune(configs=_configs(_tile_blocks), key=["L", "D", "CAUSAL"])(triton.jit(_attention))
 
 # The autotuned kernels, for whoever wants their chosen configs (wide_tessera.bench.triton_analysis).
 ATTENTION, ATTENTION_TMA = _attention_kernel, _attention_tma_kernel
