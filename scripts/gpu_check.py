@@ -118,12 +118,17 @@ def kernel_cases() -> List[Tuple[str, str, Dict[str, Callable[[], object]], floa
                 "padded",
             )
         )
-    for length in (2048, 4096):
+    # contiguous q, k, v; then, as the flash_attention op lays them, strided views of one
+    # [Z, L, 3, H, D] projection, which both sides read where they lie
+    for length, views in ((2048, False), (4096, False), (2048, True)):
         z, h, hd = 4 * 4, 16, 64  # N=4 models, batch 4, folded into Z
-        q, k, v = (torch.randn(z, h, length, hd, device=dev, dtype=bf16) for _ in range(3))
+        if views:
+            q, k, v = torch.randn(z, length, 3, h, hd, device=dev, dtype=bf16).permute(2, 0, 3, 1, 4)
+        else:
+            q, k, v = (torch.randn(z, h, length, hd, device=dev, dtype=bf16) for _ in range(3))
         cases.append(
             (
-                f"flash attention Z=16 (N=4 x B=4) H={h} L={length} D={hd} causal",
+                f"flash attention Z=16 (N=4 x B=4) H={h} L={length} D={hd} causal{', projection views' if views else ''}",
                 "bfloat16",
                 {
                     "sdpa": lambda q=q, k=k, v=v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
