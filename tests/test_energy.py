@@ -115,3 +115,23 @@ def test_a_damaged_energy_record_is_refused_on_load(monkeypatch, fast_timing, tm
     path.write_text(text)
     with pytest.raises(wt.WideTesseraError, match=r"energy\['baseline'\]"):
         load_results(path)
+
+
+@pytest.mark.parametrize("first,then", [(True, False), (False, True)], ids=["drops-energy", "adds-energy"])
+def test_resume_refuses_to_mix_points_with_and_without_energy(monkeypatch, tmp_path, first, then):
+    from click.testing import CliRunner
+
+    from wide_tessera.cli import cli
+
+    monkeypatch.setattr(energy, "open_meter", lambda device: (Board(), ""))
+    monkeypatch.setattr(energy, "WINDOW_S", 0.05)
+    monkeypatch.setattr(energy, "ROUNDS", 1)
+    out = tmp_path / "r.json"
+    args = ["benchmark", "gemm", "--preset", "ci", "--device", "cpu", "--budget", "0.001", "--quiet", "-o", str(out)]
+    r = CliRunner().invoke(cli, [*args, "--n-values", "1", *(["--energy"] if first else [])])
+    assert r.exit_code == 0, r.output
+    before = out.read_text()
+    r = CliRunner().invoke(cli, [*args, "--n-values", "2", "--resume", *(["--energy"] if then else [])])
+    was, now = ("--energy", "no --energy") if first else ("no --energy", "--energy")
+    assert r.exit_code == 2 and f"has gemm measured with {was}; this run asks for {now}" in r.output, r.output
+    assert out.read_text() == before

@@ -136,7 +136,9 @@ def _previous_results(path: str, preset: str, settings: RunSettings, sharded: bo
     if sharded:  # ranks run on cuda:0, cuda:1, ...; the file says cuda
         environment = dataclasses.replace(environment, device=environment.device.split(":")[0])
     for r in previous.values():
-        check_resumable(r, path, preset, settings.seed, settings.timing, environment, settings.compile, settings.mode)
+        check_resumable(
+            r, path, preset, settings.seed, settings.timing, environment, settings.compile, settings.mode, settings.energy
+        )
     return previous
 
 

@@ -22,13 +22,14 @@ __all__ = ["check_resumable", "point_order", "points_left"]
 
 
 def _measured_with(
-    preset: str, seed: int, timing: TimingConfig, env: Environment, compile_mode: str, mode: str
+    preset: str, seed: int, timing: TimingConfig, env: Environment, compile_mode: str, mode: str, energy: bool
 ) -> List[Tuple[str, Any]]:
-    """Everything that changes what a measurement means, by name."""
+    """Everything that changes what a measurement means or holds, by name."""
     return [
         ("preset", preset),
         ("mode", mode),
         ("compile mode", compile_mode),
+        ("energy", energy),
         ("device", env.device),
         ("seed", seed),
         ("threads", env.threads),
@@ -42,6 +43,8 @@ def _show(name: str, value: Any, other: Any) -> str:
     if isinstance(value, TimingConfig):  # only the settings that differ, not all seven
         fields = [f.name for f in dataclasses.fields(value) if getattr(value, f.name) != getattr(other, f.name)]
         return "timing " + ", ".join(f"{f}={getattr(value, f)}" for f in fields)
+    if name == "energy":
+        return "--energy" if value else "no --energy"
     return f"{name} {value}"
 
 
@@ -54,10 +57,18 @@ def check_resumable(
     env: Environment,
     compile_mode: str = "none",
     mode: str = "inference",
+    energy: bool = False,
 ) -> None:
-    """Raise WideTesseraError naming the first setting of `previous` that differs from this run's."""
-    was = _measured_with(previous.preset, previous.seed, previous.timing, previous.environment, previous.compile, previous.mode)
-    now = _measured_with(preset, seed, timing, env, compile_mode, mode)
+    """Raise WideTesseraError naming the first setting of `previous` that differs from this run's.
+
+    Whether `previous` measured energy is read from its points (a file holds no flag for it):
+    resumed the other way, half a table would have an energy column and half none.
+    """
+    had_energy = any(p.energy for p in previous.points) if previous.points else energy
+    was = _measured_with(
+        previous.preset, previous.seed, previous.timing, previous.environment, previous.compile, previous.mode, had_energy
+    )
+    now = _measured_with(preset, seed, timing, env, compile_mode, mode, energy)
     for (name, old), (_, new) in zip(was, now):
         if old != new:
             raise WideTesseraError(
