@@ -205,6 +205,8 @@ def test_noise_is_same_and_passes_the_gate(tmp_path):
     base, new = _pair(tmp_path, scale=1.01)
     out = invoke("compare", base, new, "--fail-on-regression", "5")
     assert out.exit_code == 0 and out.output.startswith("NO REGRESSION")
+    # a 'same' whose interval excludes no change needs the rule beside it
+    assert "NOTE: faster or slower only where the whole interval lies beyond a 5% margin" in out.output
     assert invoke("compare", base, new).exit_code == 0  # without the flag, never 1
 
 

@@ -40,7 +40,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from .analysis import speedup_ci, verdict
+from .analysis import MIN_EFFECT, speedup_ci, verdict
 from .job import params_text
 from .schema import BenchmarkResult, PointResult
 
@@ -340,7 +340,11 @@ def render(comparison: Comparison, as_markdown: bool = False, fail_percent: Opti
         "that slowed everything alike (torch, the device) does too: rerun both runs to tell them apart"
         for op, (median, moved, points, speedup) in shifted.items()
     ]
-    notes = [noise, *shifts, *(f"the runs differ: {d}" for d in comparison.differences), *comparison.unmatched]
+    margin = (
+        f"faster or slower only where the whole interval lies beyond a {100 * MIN_EFFECT:.0f}% margin "
+        f"(under {100 * (1 / (1 + MIN_EFFECT) - 1):+.1f}% or over {100 * MIN_EFFECT:+.0f}%), else same"
+    )
+    notes = [margin, noise, *shifts, *(f"the runs differ: {d}" for d in comparison.differences), *comparison.unmatched]
     if as_markdown:
         parts = [f"**{head}**", md_table(header, rows), md_table(cross_header, cross_rows), thresholds]
         parts += [f"- {n}" for n in notes]
