@@ -224,7 +224,7 @@ def format_summary(result: "BenchmarkResult") -> str:
     env = result.environment
     axes: List[str] = list(result.points[0].params) if result.points else []
     shown = [*result.strategies, *controls_run(result)]
-    energy = any(p.energy for p in result.points)
+    energy = result.measured_energy
     header = [
         "N",
         *axes,

@@ -61,10 +61,10 @@ def check_resumable(
 ) -> None:
     """Raise WideTesseraError naming the first setting of `previous` that differs from this run's.
 
-    Whether `previous` measured energy is read from its points (a file holds no flag for it):
-    resumed the other way, half a table would have an energy column and half none.
+    Energy counts as a setting: resumed the other way, half a table would have an energy
+    column and half none. A file with no points yet cannot say, so it never conflicts.
     """
-    had_energy = any(p.energy for p in previous.points) if previous.points else energy
+    had_energy = previous.measured_energy if previous.points else energy
     was = _measured_with(
         previous.preset, previous.seed, previous.timing, previous.environment, previous.compile, previous.mode, had_energy
     )

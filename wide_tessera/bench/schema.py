@@ -290,6 +290,11 @@ class BenchmarkResult:
     def all_correct(self) -> bool:
         return not self.failures
 
+    @property
+    def measured_energy(self) -> bool:
+        """Whether the run was asked for energy (--energy): a file holds no flag for it, its points do."""
+        return any(p.energy for p in self.points)
+
     def summary(self) -> str:
         return format_summary(self)
 
