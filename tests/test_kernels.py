@@ -134,6 +134,22 @@ def test_each_autotuned_kernel_keeps_its_own_compilations():
     assert len({id(jit) for jit in jits}) == len(jits)
 
 
+def test_float32_uses_tf32_only_where_torch_allows_it(monkeypatch):
+    # set and restored by hand: torch 2.11's cuBLAS settings object refuses monkeypatch's undo
+    matmul, allowed_before = torch.backends.cuda.matmul, torch.backends.cuda.matmul.allow_tf32
+    try:
+        monkeypatch.setattr(kernels, "INTERPRETED", False)
+        for allowed, expected in ((True, "tf32"), (False, "ieee")):
+            matmul.allow_tf32 = allowed
+            assert kernels.dot_precision(torch.float32) == expected
+            assert kernels.dot_precision(torch.bfloat16) is None and kernels.dot_precision(torch.float16) is None
+        monkeypatch.setattr(kernels, "INTERPRETED", True)  # numpy has no TF32
+        matmul.allow_tf32 = True
+        assert kernels.dot_precision(torch.float32) == "ieee"
+    finally:
+        matmul.allow_tf32 = allowed_before
+
+
 def test_unavailable_reasons(monkeypatch):
     monkeypatch.setattr(kernels, "INTERPRETED", False)
     assert "TRITON_INTERPRET=1" in triton_unavailable_reason("cpu")

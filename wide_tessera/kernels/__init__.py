@@ -22,6 +22,7 @@ __all__ = [
     "triton_unavailable_reason",
     "require_triton",
     "wants_tma",
+    "dot_precision",
     "autotuned_kernels",
     "INTERPRETED",
 ]
@@ -52,6 +53,15 @@ def require_triton(device: Any) -> None:
     reason = triton_unavailable_reason(device)
     if reason is not None:
         raise RuntimeError(f"the Triton kernels cannot run on {torch.device(device)}: {reason}")
+
+
+def dot_precision(dtype: torch.dtype) -> Optional[str]:
+    """The kernels' tl.dot input_precision for `dtype`: None for half types (they have one),
+    for float32 TF32 only where the user's torch allows it (torch.backends.cuda.matmul.allow_tf32),
+    else full precision; the interpreter's numpy has no TF32."""
+    if dtype != torch.float32:
+        return None
+    return "tf32" if torch.backends.cuda.matmul.allow_tf32 and not INTERPRETED else "ieee"
 
 
 def wants_tma(tma: Optional[bool], *tensors: torch.Tensor) -> bool:

@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from . import INTERPRETED, require_triton, wants_tma
+from . import INTERPRETED, dot_precision, require_triton, wants_tma
 
 __all__ = ["flash_attention", "ATTENTION", "ATTENTION_TMA", "HEAD_DIMS"]
 
@@ -173,15 +173,12 @@ def flash_attention(
         raise ValueError(f"head dim D={d} is not supported; valid: {', '.join(map(str, HEAD_DIMS))}")
     require_triton(q.device)
     o = torch.empty_like(q)  # q's layout where q is dense, else contiguous
-    precision = None
-    if q.dtype == torch.float32:
-        precision = "tf32" if torch.backends.cuda.matmul.allow_tf32 and not INTERPRETED else "ieee"
 
     def grid(meta: dict) -> tuple:
         return (triton.cdiv(length, meta["BM"]), z * h)
 
     strides = (*q.stride(), *k.stride(), *v.stride(), *o.stride())
-    constants = dict(D=d, CAUSAL=bool(causal), PRECISION=precision)
+    constants = dict(D=d, CAUSAL=bool(causal), PRECISION=dot_precision(q.dtype))
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     if wants_tma(tma, q, k, v):
         # block shapes are placeholders until _tile_blocks gives them the chosen config's tiles

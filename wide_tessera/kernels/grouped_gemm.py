@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from . import INTERPRETED, require_triton, wants_tma
+from . import INTERPRETED, dot_precision, require_triton, wants_tma
 
 # See _tile_dot: the interpreter cannot multiply bfloat16.
 WIDEN = tl.constexpr(INTERPRETED)
@@ -186,12 +186,6 @@ GROUPED, GROUPED_TMA, RAGGED = _grouped_kernel, _grouped_tma_kernel, _ragged_ker
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
-def _precision(dtype: torch.dtype) -> Optional[str]:
-    if dtype != torch.float32:
-        return None  # half types have one precision
-    return "tf32" if torch.backends.cuda.matmul.allow_tf32 and not INTERPRETED else "ieee"
-
-
 def _check(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], x_dims: int) -> None:
     if not isinstance(x, torch.Tensor) or x.dim() != x_dims:
         raise ValueError(f"x must be a {x_dims}-d tensor, got {getattr(x, 'shape', type(x).__name__)}")
@@ -224,7 +218,7 @@ def grouped_linear(
     # The kernels walk a bias row with unit stride (x and weight go by their strides)
     b = bias.contiguous() if bias is not None else y  # any pointer; HAS_BIAS=False never reads it
     launch = _launch_tma if wants_tma(tma, x, weight, y) else _launch_pointers
-    launch(x, weight, b, y, HAS_BIAS=bias is not None, PRECISION=_precision(x.dtype))
+    launch(x, weight, b, y, HAS_BIAS=bias is not None, PRECISION=dot_precision(x.dtype))
     return y
 
 
@@ -279,6 +273,6 @@ def ragged_linear(
     _ragged_kernel[grid](
         x, weight, b, group_sizes, y, t, o, k, n,
         *x.stride(), *weight.stride(), b.stride(0), *y.stride(),
-        HAS_BIAS=bias is not None, PRECISION=_precision(x.dtype),
+        HAS_BIAS=bias is not None, PRECISION=dot_precision(x.dtype),
     )  # fmt: skip
     return y
