@@ -20,8 +20,8 @@ import torch
 from torch import nn
 
 import wide_tessera as wt
-from wide_tessera.bench.analysis import speedup_ci
-from wide_tessera.bench.timing import TimingConfig, measure_paired
+from wide_tessera.results.analysis import speedup_ci
+from wide_tessera.measurement.timing import TimingConfig, measure_paired
 
 D_MODEL, HIDDEN, TOKENS = 128, 256, 1024  # one batch of 1024 tokens, split among the experts
 N_VALUES = (4, 16, 64)

@@ -4,7 +4,7 @@
 
 1. the Triton kernels against torch at large sizes: median, paired speedup CI, TFLOP/s,
    percentage of the roofline bound (peaks calibrated on this device), kernels launched
-   per call, and energy per call and power from NVML's energy counter (bench.energy);
+   per call, and energy per call and power from NVML's energy counter (measurement.energy);
 2. the GPU tests (pytest -m gpu);
 3. the timer fidelity against triton's do_bench (scripts/timer_fidelity.py);
 4. `benchmark --all --preset P --device cuda` plain, with --cuda-graph and with
@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from wide_tessera import load_results  # noqa: E402
-from wide_tessera.bench.report import format_table  # noqa: E402
+from wide_tessera.reports.text import format_table  # noqa: E402
 
 
 def step(title: str, argv: List[str], log: Path, timeout_s: float) -> List[str]:
@@ -144,11 +144,11 @@ def kernel_cases() -> List[Tuple[str, str, Dict[str, Callable[[], object]], floa
 
 
 def kernel_rows() -> List[List[str]]:
-    from wide_tessera.bench.analysis import speedup_ci
-    from wide_tessera.bench.energy import EnergyUnavailable, measure_energy
-    from wide_tessera.bench.launches import count_launches
-    from wide_tessera.bench.roofline import Work, load_or_calibrate, roofline
-    from wide_tessera.bench.timing import TimingConfig, measure_paired
+    from wide_tessera.results.analysis import speedup_ci
+    from wide_tessera.measurement.energy import EnergyUnavailable, measure_energy
+    from wide_tessera.measurement.launches import count_launches
+    from wide_tessera.measurement.roofline import Work, load_or_calibrate, roofline
+    from wide_tessera.measurement.timing import TimingConfig, measure_paired
 
     peaks = load_or_calibrate("cuda")
     print("peaks:", {k: round(v) for k, v in peaks.tflops.items()}, f"TFLOP/s, copy {peaks.copy_gbps:.0f} GB/s", flush=True)

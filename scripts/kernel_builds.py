@@ -18,7 +18,7 @@ import sys
 if os.environ.get("TRITON_INTERPRET") == "1":
     sys.exit("kernel_builds.py builds the kernels: run it without TRITON_INTERPRET=1")
 
-from wide_tessera.bench.report import format_table  # noqa: E402
+from wide_tessera.reports.text import format_table  # noqa: E402
 from wide_tessera.kernels.builds import build, large_launches  # noqa: E402
 
 # Shared memory one block may use (the opt-in maximum): H100 and A100.

@@ -14,8 +14,8 @@ import argparse
 import torch
 
 from wide_tessera import TimingConfig, benchmark
-from wide_tessera.bench.modes import MODES
-from wide_tessera.bench.report import format_table
+from wide_tessera.measurement.modes import MODES
+from wide_tessera.reports.text import format_table
 
 
 def main() -> None:

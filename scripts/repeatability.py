@@ -24,8 +24,8 @@ from typing import Iterator, List
 import torch
 
 from wide_tessera import TimingConfig, benchmark
-from wide_tessera.bench.registry import op_names
-from wide_tessera.bench.report import format_table
+from wide_tessera.ops.registry import op_names
+from wide_tessera.reports.text import format_table
 
 
 @contextmanager

@@ -27,11 +27,11 @@ import torch
 from torch import nn
 
 from wide_tessera import benchmark_custom
-from wide_tessera.bench.analysis import speedup_ci
-from wide_tessera.bench.correctness import check_outputs, tolerance
-from wide_tessera.bench.report import format_table
-from wide_tessera.bench.timing import measure_paired
-from wide_tessera.ops.surgery import WideSurgery
+from wide_tessera.results.analysis import speedup_ci
+from wide_tessera.core.correctness import check_outputs, tolerance
+from wide_tessera.reports.text import format_table
+from wide_tessera.measurement.timing import measure_paired
+from wide_tessera.widen.surgery import WideSurgery
 
 
 class MLP(nn.Module):

@@ -23,8 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils import benchmark as torch_benchmark
 
-from wide_tessera.bench.timing import measure_paired
-from wide_tessera.bench.report import format_table
+from wide_tessera.measurement.timing import measure_paired
+from wide_tessera.reports.text import format_table
 
 
 def workloads(device: str) -> List[Tuple[str, Callable[[], object]]]:

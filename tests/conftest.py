@@ -24,7 +24,7 @@ def _seeded():
 def _no_controls(monkeypatch):
     """Controls compile a loop at every point (about 0.3 s each on the CPU): the tests of
     controls ask for them; elsewhere a run leaves them out unless told."""
-    from wide_tessera.bench import point
+    from wide_tessera.sweep import point
 
     monkeypatch.setattr(point, "default_controls", lambda preset=None: False)
 
@@ -33,7 +33,7 @@ def _no_controls(monkeypatch):
 def _registry_restored():
     """Ops and strategies a test registers (directly, by --import, from a README example)
     leave with the test; those of test modules, registered when imported, stay."""
-    from wide_tessera.bench import registry
+    from wide_tessera.ops import registry
 
     ops, outside = dict(registry.REGISTRY), {k: dict(v) for k, v in registry._OUTSIDE.items()}
     yield

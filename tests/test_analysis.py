@@ -3,11 +3,11 @@
 import numpy as np
 
 from wide_tessera import TimingConfig, TimingStats
-from wide_tessera.bench import analysis
-from wide_tessera.bench.correctness import Check
-from wide_tessera.bench.environment import capture_environment
-from wide_tessera.bench.health import Health
-from wide_tessera.bench.timing import PairedTimings
+from wide_tessera.results import analysis
+from wide_tessera.core.correctness import Check
+from wide_tessera.core.environment import capture_environment
+from wide_tessera.measurement.health import Health
+from wide_tessera.measurement.timing import PairedTimings
 
 
 def samples(median_ms, spread=0.002, k=11):

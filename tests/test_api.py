@@ -8,8 +8,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from wide_tessera import BenchmarkResult, WideTesseraError, benchmark, benchmark_custom, load_results
-from wide_tessera.bench import point
-from wide_tessera.bench.schema import SCHEMA_VERSION, save_results
+from wide_tessera.sweep import point
+from wide_tessera.results.schema import SCHEMA_VERSION, save_results
 
 
 @pytest.fixture(autouse=True)

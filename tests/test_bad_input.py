@@ -12,25 +12,8 @@ import torch
 from click.testing import CliRunner
 from torch import nn
 
-from wide_tessera import (
-    BenchmarkResult,
-    StageTimeouts,
-    SweepParams,
-    TimingConfig,
-    WideConv1d,
-    WideFunctional,
-    WideLinear,
-    WideOp,
-    WideTesseraError,
-    benchmark,
-    benchmark_custom,
-    load_results,
-    measure,
-    register,
-    run,
-    save_results,
-)
-from wide_tessera.bench.registry import REGISTRY
+from wide_tessera import BenchmarkResult, StageTimeouts, SweepParams, TimingConfig, WideConv1d, WideFunctional, WideLinear, WideOp, WideTesseraError, benchmark, benchmark_custom, load_results, measure, register, run, save_results
+from wide_tessera.ops.registry import REGISTRY
 from wide_tessera.cli import cli
 
 from .test_api import Expert

@@ -11,11 +11,11 @@ import torch
 import torch.distributed as dist
 from click.testing import CliRunner
 
-from wide_tessera.bench import collectives
-from wide_tessera.bench.collectives import COLLECTIVES, algbw_gbps, busbw_factor, expected, run_case, sizes
-from wide_tessera.bench.timing import TimingConfig
+from wide_tessera.collectives import cases as collectives
+from wide_tessera.collectives.cases import COLLECTIVES, algbw_gbps, busbw_factor, expected, run_case, sizes
+from wide_tessera.measurement.timing import TimingConfig
 from wide_tessera.cli import cli
-from wide_tessera.bench.collectives import CollectivesRun
+from wide_tessera.collectives.cases import CollectivesRun
 
 
 def test_bandwidths_follow_nccl_tests():

@@ -7,9 +7,10 @@ import torch
 from click.testing import CliRunner
 
 from wide_tessera import WideLinear, run
-from wide_tessera.bench import analysis, modes
-from wide_tessera.bench.capabilities import Needs, unmet_need
-from wide_tessera.bench.job import SweepParams
+from wide_tessera.results import analysis
+from wide_tessera.measurement import modes
+from wide_tessera.core.capabilities import Needs, unmet_need
+from wide_tessera.core.job import SweepParams
 from wide_tessera.cli import cli
 
 
@@ -128,10 +129,10 @@ def test_an_optimizer_control_that_steps_wrong_is_caught(monkeypatch, fast_timin
 
 
 def test_a_control_faster_than_every_strategy_still_never_wins():
-    from wide_tessera.bench.correctness import Check
-    from wide_tessera.bench.health import Health
-    from wide_tessera.bench.stats import TimingStats
-    from wide_tessera.bench.timing import PairedTimings
+    from wide_tessera.core.correctness import Check
+    from wide_tessera.measurement.health import Health
+    from wide_tessera.core.stats import TimingStats
+    from wide_tessera.measurement.timing import PairedTimings
 
     def stats(ms):
         return TimingStats.from_samples([ms * (1 + 0.001 * i) for i in range(20)], "cpu_perf_counter")
@@ -169,7 +170,7 @@ def test_unmet_need_names_each_missing_capability(monkeypatch):
 
 
 def test_needs_must_be_needs():
-    from wide_tessera.errors import WideTesseraError
+    from wide_tessera.core.errors import WideTesseraError
 
     class Bad(GatedLinear):
         STRATEGY_NEEDS = {"on_cuda": "cuda please"}

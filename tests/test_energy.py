@@ -1,4 +1,4 @@
-"""Energy per call (bench.energy): each callable is charged its own energy, not the average of all.
+"""Energy per call (measurement.energy): each callable is charged its own energy, not the average of all.
 
 No GPU here, so the counter is a simulated board: it steps every `step_s` by the energy drawn
 since its last step, as NVML's does (about every 100 ms on real boards), and its draw depends
@@ -11,9 +11,10 @@ import time
 import pytest
 
 import wide_tessera as wt
-from wide_tessera.bench import energy
-from wide_tessera.bench.energy import EnergyUnavailable, measure_energy
-from wide_tessera.bench.schema import load_results, save_results
+from wide_tessera.reports import tidy
+from wide_tessera.measurement import energy
+from wide_tessera.measurement.energy import EnergyUnavailable, measure_energy
+from wide_tessera.results.schema import load_results, save_results
 
 
 class Board:
@@ -96,7 +97,7 @@ def test_a_run_with_energy_records_it_per_callable_and_keeps_it_in_its_files(mon
     save_results([r], path)
     again = load_results(path)[0]
     assert again.points[0].energy == r.points[0].energy
-    assert {"energy_mj", "power_w"} <= set(wt.bench.tidy.rows([again])[0])
+    assert {"energy_mj", "power_w"} <= set(tidy.rows([again])[0])
 
 
 def test_a_run_without_energy_shows_no_energy_column(fast_timing):

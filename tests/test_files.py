@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from wide_tessera import load_results, save_results
-from wide_tessera.bench.files import lock_path, results_lock
+from wide_tessera.core.files import lock_path, results_lock
 from wide_tessera import cli as cli_module
 from wide_tessera.cli import cli
 
@@ -102,7 +102,7 @@ def test_a_second_run_on_a_locked_file_exits_2_naming_the_holder(tmp_path):
         [
             sys.executable,
             "-c",
-            "import sys, time\nfrom wide_tessera.bench.files import results_lock\n"
+            "import sys, time\nfrom wide_tessera.core.files import results_lock\n"
             "with results_lock(sys.argv[1]):\n    print('held', flush=True)\n    time.sleep(120)",
             str(out),
         ],

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from wide_tessera import benchmark, measure
-from wide_tessera.bench.timing import cuda_timer_name
+from wide_tessera.measurement.timing import cuda_timer_name
 
 pytestmark = [
     pytest.mark.gpu,
@@ -27,7 +27,7 @@ def test_every_op_is_correct_on_cuda_in_every_preset_dtype(op):
 
 
 def test_cuda_event_timer_when_triton_is_absent(monkeypatch):
-    from wide_tessera.bench import timing
+    from wide_tessera.measurement import timing
 
     monkeypatch.setattr(timing, "cuda_timer_name", lambda: "cuda_event")
     a = torch.randn(1024, 1024, device="cuda")
@@ -47,7 +47,7 @@ def test_paired_cuda_timing_and_graph_mode_are_recorded():
 def test_energy_per_call_on_the_gpu(monkeypatch):
     """NVML's counter on a real board: every timed callable gets an energy per call and a power
     between the board's idle draw and its limit (an H100 SXM: about 70 to 700 W)."""
-    from wide_tessera.bench import energy
+    from wide_tessera.measurement import energy
 
     why = energy.energy_unavailable("cuda")
     if why is not None:
@@ -65,7 +65,7 @@ def test_compile_clock_times_a_real_compilation():
     import triton
     import triton.language as tl
 
-    from wide_tessera.bench.triton_analysis import CompileClock, compiled_kernels
+    from wide_tessera.kernels.facts import CompileClock, compiled_kernels
 
     @triton.jit
     def add_one(x, BLOCK: tl.constexpr):  # a JIT function of its own: it compiles here, whatever ran before

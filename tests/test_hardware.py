@@ -8,10 +8,10 @@ import torch
 import torch.nn.functional as F
 
 import wide_tessera as wt
-from wide_tessera.bench import roofline as rl
-from wide_tessera.bench.launches import count_launches
-from wide_tessera.bench.memory import peak_memory
-from wide_tessera.bench.roofline import Peaks, Work, roofline
+from wide_tessera.measurement import roofline as rl
+from wide_tessera.measurement.launches import count_launches
+from wide_tessera.measurement.memory import peak_memory
+from wide_tessera.measurement.roofline import Peaks, Work, roofline
 from wide_tessera.kernels import grouped_linear
 
 
@@ -125,7 +125,7 @@ class _Autotuner:
 
 
 def test_triton_facts_from_triton_objects(tmp_path):
-    from wide_tessera.bench.triton_analysis import autotune_facts, compiled_kernels, dump_ir, kernel_facts
+    from wide_tessera.kernels.facts import autotune_facts, compiled_kernels, dump_ir, kernel_facts
 
     tuner = _Autotuner()
     ((key, compiled),) = compiled_kernels(tuner)
@@ -149,7 +149,7 @@ def test_compile_time_is_clocked_between_tritons_hooks_and_written_with_the_fact
     knobs = pytest.importorskip("triton").knobs
     from types import SimpleNamespace
 
-    from wide_tessera.bench.triton_analysis import CompileClock, dump_ir
+    from wide_tessera.kernels.facts import CompileClock, dump_ir
 
     theirs = []
     monkeypatch.setattr(knobs.runtime, "jit_cache_hook", lambda **hook: theirs.append(hook["key"]))

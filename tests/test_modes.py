@@ -10,11 +10,12 @@ from click.testing import CliRunner
 from torch import nn
 
 from wide_tessera import WideBatchNorm2d, WideLinear, benchmark, benchmark_custom, run
-from wide_tessera.bench import modes, trees
-from wide_tessera.bench.job import SweepParams
-from wide_tessera.bench.registry import op_names
+from wide_tessera.measurement import modes
+from wide_tessera.core import trees
+from wide_tessera.core.job import SweepParams
+from wide_tessera.ops.registry import op_names
 from wide_tessera.cli import cli
-from wide_tessera.errors import WideTesseraError
+from wide_tessera.core.errors import WideTesseraError
 
 
 class LinearBatchNorm(nn.Module):

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from wide_tessera.bench import point
+from wide_tessera.sweep import point
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
 EXAMPLES = re.findall(r"```python\n(.*?)```", README, flags=re.S)

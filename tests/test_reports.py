@@ -15,14 +15,15 @@ from click.testing import CliRunner
 
 import wide_tessera as wt
 from wide_tessera import TimingStats
-from wide_tessera.bench import analysis, tidy
-from wide_tessera.bench.compare import compare, render
-from wide_tessera.bench.correctness import Check
-from wide_tessera.bench.environment import Environment
-from wide_tessera.bench.health import Health
-from wide_tessera.bench.markdown import headline, result_markdown
-from wide_tessera.bench.manifest import GitState, Manifest, capture_manifest, git_state
-from wide_tessera.bench.timing import PairedTimings, TimingConfig
+from wide_tessera.results import analysis
+from wide_tessera.reports import tidy
+from wide_tessera.reports.compare import compare, render
+from wide_tessera.core.correctness import Check
+from wide_tessera.core.environment import Environment
+from wide_tessera.measurement.health import Health
+from wide_tessera.reports.markdown import headline, result_markdown
+from wide_tessera.results.manifest import GitState, Manifest, capture_manifest, git_state
+from wide_tessera.measurement.timing import PairedTimings, TimingConfig
 from wide_tessera.cli import cli
 
 from .conftest import FAST
@@ -306,7 +307,7 @@ def test_report_without_matplotlib_says_why_it_has_no_plots(tmp_path, monkeypatc
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", no_matplotlib)
-    from wide_tessera.bench.report_page import write_report
+    from wide_tessera.reports.page import write_report
 
     page = write_report([synthetic()], tmp_path).read_text()
     assert "No plots: plots need matplotlib: pip install 'wide_tessera[plot]'" in page and "[![" not in page

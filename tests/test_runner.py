@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from wide_tessera import SweepParams, WideLinear, register, run
-from wide_tessera.bench.registry import REGISTRY
+from wide_tessera.ops.registry import REGISTRY
 
 
 class SometimesWrongLinear(WideLinear):

@@ -12,9 +12,9 @@ import torch
 
 import wide_tessera
 from wide_tessera import TimingConfig, measure
-from wide_tessera.bench.stats import median_ci, median_ci_rel_width
-from wide_tessera.bench import timing
-from wide_tessera.bench.timing import measure_paired
+from wide_tessera.core.stats import median_ci, median_ci_rel_width
+from wide_tessera.measurement import timing
+from wide_tessera.measurement.timing import measure_paired
 
 
 def test_measure_keeps_samples_and_statistics():

@@ -12,10 +12,10 @@ import torch
 from torch import nn
 
 from wide_tessera import SweepParams, TimingConfig, WideOp, benchmark, benchmark_custom, register, run
-from wide_tessera.bench import analysis
-from wide_tessera.bench.correctness import check_outputs
-from wide_tessera.bench.registry import REGISTRY
-from wide_tessera.bench.timing import measure_paired
+from wide_tessera.results import analysis
+from wide_tessera.core.correctness import check_outputs
+from wide_tessera.ops.registry import REGISTRY
+from wide_tessera.measurement.timing import measure_paired
 
 # Long enough samples (2 ms) for a verdict about equal costs to mean something on a CPU.
 TIMING = TimingConfig(warmup_s=0.02, budget_s=0.15, min_samples=10, min_sample_s=2e-3)
@@ -296,7 +296,7 @@ class FakeNvml:
     ],
 )
 def test_gpu_throttling_and_other_processes_are_seen_through_nvml(nvml, problem):
-    from wide_tessera.bench.health import HealthMonitor, Nvml
+    from wide_tessera.measurement.health import HealthMonitor, Nvml
 
     monitor = HealthMonitor("cpu")
     monitor.gpu = Nvml(nvml, handle=None)
@@ -316,7 +316,7 @@ def test_gpu_throttling_and_other_processes_are_seen_through_nvml(nvml, problem)
 def test_cli_strict_exits_3_on_an_unreliable_result_and_show_lists_every_warning(tmp_path, monkeypatch, fast_timing):
     from click.testing import CliRunner
 
-    from wide_tessera.bench import health
+    from wide_tessera.measurement import health
     from wide_tessera.cli import cli
 
     monkeypatch.setattr(health, "BUSY_CORES", -1.0)  # any load at all counts as a busy machine

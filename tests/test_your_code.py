@@ -19,18 +19,10 @@ import torch.nn.functional as F
 from click.testing import CliRunner
 from torch import nn
 
-from wide_tessera import (
-    WideLinear,
-    WideTesseraError,
-    benchmark,
-    benchmark_custom,
-    load_results,
-    register_strategy,
-    run,
-)
+from wide_tessera import WideLinear, WideTesseraError, benchmark, benchmark_custom, load_results, register_strategy, run
 from wide_tessera.cli import cli
-from wide_tessera.ops.custom import custom_job
-from wide_tessera.ops.functional import WideFunctional
+from wide_tessera.widen.custom import custom_job
+from wide_tessera.widen.functional import WideFunctional
 
 REPO = Path(__file__).resolve().parent.parent
 FAST_FLAGS = ["--budget", "0.005", "--target-ci", "0.5", "--no-controls", "--device", "cpu"]
@@ -452,7 +444,7 @@ def test_surgery_swaps_recurrent_layers_and_batch_norms():
 
 
 def test_a_wrong_swap_is_caught(fast_timing, monkeypatch):
-    from wide_tessera.ops import surgery
+    from wide_tessera.widen import surgery
 
     class OffByOne(WideLinear):
         def forward(self, x):

@@ -9,19 +9,19 @@ from typing import Any, Callable, Dict, Optional, Sequence
 import torch
 
 from . import ops  # noqa: F401  (registers the built-in ops)
-from .bench import timing
-from .bench.isolation import call_isolated
-from .bench.job import DTYPES, BenchmarkJob
-from .bench.modes import TRAINING_MODES, check_mode
-from .bench.registry import get_op
-from .bench.runner import run
-from .bench.schema import BenchmarkResult
-from .bench.stages import StageTimeouts
-from .bench.stats import TimingStats
-from .bench.timing import TimingConfig
-from .checks import check_instance, check_number, check_seed
-from .errors import WideTesseraError
-from .ops.custom import custom_job
+from .measurement import timing
+from .sweep.isolation import call_isolated
+from .core.job import DTYPES, BenchmarkJob
+from .measurement.modes import TRAINING_MODES, check_mode
+from .ops.registry import get_op
+from .sweep.runner import run
+from .results.schema import BenchmarkResult
+from .measurement.stages import StageTimeouts
+from .core.stats import TimingStats
+from .measurement.timing import TimingConfig
+from .core.user_input import check_instance, check_number, check_seed
+from .core.errors import WideTesseraError
+from .widen.custom import custom_job
 
 __all__ = ["benchmark", "benchmark_custom", "measure", "resolve_device", "build_job", "build_custom_job"]
 
@@ -118,7 +118,7 @@ def benchmark(
     points whose estimated footprint is larger. `confirm` says which points are measured
     again after the sweep ('deciding', 'all', 'none'); where the passes disagree the
     point is unstable and never counts as a win. Where `timing`, `confirm` and `controls` are
-    not given, the preset's settings apply (bench.point.PRESET_RUNS): `ci`, a smoke run,
+    not given, the preset's settings apply (sweep.point.PRESET_RUNS): `ci`, a smoke run,
     samples 0.1 s per function, confirms nothing and times no controls; `quick` samples 0.25 s;
     other runs 0.5 s, confirm the deciding points and time the controls. `compile` applies torch.compile in that mode
     ('default', 'reduce-overhead', 'max-autotune'; 'none' for eager) to the baseline and every
@@ -128,9 +128,9 @@ def benchmark(
     each timing as a percentage of its roofline bound. `mode` says what one timed call does:
     'inference' (under no_grad), 'forward' (autograd recording), 'backward' (the backward pass
     alone), 'forward_backward', or 'train_step' (forward, backward, an SGD step); the training
-    modes also check every model's gradients, buffers and updated parameters (see bench.modes).
+    modes also check every model's gradients, buffers and updated parameters (see measurement.modes).
     `energy` (CUDA, with NVML) also measures each callable's energy per call and power at every
-    point, in windows of its own after the timings (see bench.energy: about 3 s per callable).
+    point, in windows of its own after the timings (see measurement.energy: about 3 s per callable).
     """
     _check_settings(seed, timing, timeouts, memory_budget, mode)
     device = resolve_device(device)
@@ -225,7 +225,7 @@ def build_custom_job(
 
 
 def measure(fn: Callable[[], object], device: str = "cpu", config: Optional[TimingConfig] = None) -> TimingStats:
-    """Time `fn()` on `device` (see `wide_tessera.bench.timing.measure`), after checking the arguments."""
+    """Time `fn()` on `device` (see `wide_tessera.measurement.timing.measure`), after checking the arguments."""
     if not callable(fn):
         raise WideTesseraError(f"measure: fn={fn!r} is not callable; give a function of no arguments")
     check_instance("config", config, TimingConfig)

@@ -19,37 +19,35 @@ import click
 import torch
 
 from .api import build_custom_job, build_job, resolve_device
-from .bench import markdown, tidy
-from .bench.analysis import group_key
-from .bench.capabilities import unmet_need
-from .bench.collectives import COLLECTIVES, CollectivesRun, is_collectives_file, load_collectives, sizes
-from .bench.collectives import rows as collective_rows
-from .bench.compare import compare, render
-from .bench.dispatch import TABLE_ENV, DispatchTable, default_table_path, entries_of
-from .bench.environment import capture_environment
-from .bench.files import results_lock, results_target
-from .bench.job import DTYPES, BenchmarkJob, SweepParams
-from .bench.modes import MODES, TRAINING_MODES
-from .bench.point import COMPILE_MODES, CONFIRM_MODES, PRESET_RUNS, default_timing, point_keys
-from .bench.registry import REGISTRY, get_op, import_ops, op_names, outside_strategies
-from .bench.report import format_table
-from .bench.plots import plot_collectives, plot_result
-from .bench.progress import Progress
-from .bench.report_page import write_report
-from .bench.resume import check_resumable, point_order, points_left
-from .bench.runner import RunInterrupted, RunSettings, check_runnable, run_job
-from .bench.schema import BenchmarkResult, load_results, save_results
-from .bench.shards import (
-    Shard, assign, joined, leftover_shards, mark, rank_device, rank_threads, remove_shards, shard_path, with_shards,
-)  # fmt: skip
-from .bench.stages import StageTimeouts
-from .bench.timing import TimingConfig
-from .bench.triton_analysis import CompileClock, dump_ir as write_ir
-from .checks import check_number, check_seed
-from .errors import WideTesseraError, unknown
-from .distributed import run_collectives, summary
+from .reports import markdown, tidy
+from .results.analysis import group_key
+from .core.capabilities import unmet_need
+from .collectives.cases import COLLECTIVES, CollectivesRun, is_collectives_file, load_collectives, sizes
+from .collectives.cases import rows as collective_rows
+from .reports.compare import compare, render
+from .dispatch.table import TABLE_ENV, DispatchTable, default_table_path, entries_of
+from .core.environment import capture_environment
+from .core.files import results_lock, results_target
+from .core.job import DTYPES, BenchmarkJob, SweepParams
+from .measurement.modes import MODES, TRAINING_MODES
+from .sweep.point import COMPILE_MODES, CONFIRM_MODES, PRESET_RUNS, default_timing, point_keys
+from .ops.registry import REGISTRY, get_op, import_ops, op_names, outside_strategies
+from .reports.text import format_table
+from .reports.plots import plot_collectives, plot_result
+from .sweep.progress import Progress
+from .reports.page import write_report
+from .sweep.resume import check_resumable, point_order, points_left
+from .sweep.runner import RunInterrupted, RunSettings, check_runnable, run_job
+from .results.schema import BenchmarkResult, load_results, save_results
+from .sweep.shards import Shard, assign, joined, leftover_shards, mark, rank_device, rank_threads, remove_shards, shard_path, with_shards  # fmt: skip
+from .measurement.stages import StageTimeouts
+from .measurement.timing import TimingConfig
+from .kernels.facts import CompileClock, dump_ir as write_ir
+from .core.user_input import check_number, check_seed
+from .core.errors import WideTesseraError, unknown
+from .collectives.torchrun import run_collectives, summary
 from .kernels import autotuned_kernels, triton_unavailable_reason
-from .ops.custom import INPUT_DTYPES, RANDOMNESS
+from .widen.custom import INPUT_DTYPES, RANDOMNESS
 
 __all__ = ["cli", "main"]
 

@@ -137,7 +137,7 @@ def _attention(
 _attention_kernel = triton.autotune(configs=_configs(), key=["L", "D", "CAUSAL"])(triton.jit(_attention))
 _attention_tma_kernel = triton.autotune(configs=_configs(_tile_blocks), key=["L", "D", "CAUSAL"])(triton.jit(_attention))
 
-# The autotuned kernels, for whoever wants their chosen configs (wide_tessera.bench.triton_analysis).
+# The autotuned kernels, for whoever wants their chosen configs (wide_tessera.kernels.facts).
 ATTENTION, ATTENTION_TMA = _attention_kernel, _attention_tma_kernel
 
 

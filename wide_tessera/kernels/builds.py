@@ -30,7 +30,7 @@ from triton.backends.compiler import GPUTarget
 from triton.backends.nvidia.compiler import get_ptxas  # the ptxas triton itself builds this target with
 from triton.compiler import ASTSource
 
-from ..bench.triton_analysis import KernelFacts
+from .facts import KernelFacts
 
 __all__ = ["Build", "build", "large_launches"]
 

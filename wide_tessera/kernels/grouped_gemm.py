@@ -180,7 +180,7 @@ def _ragged_kernel(
     tl.store(out, acc.to(y.dtype.element_ty), mask=row_ok[:, None] & (ro < O)[None, :])
 
 
-# The autotuned kernels, for whoever wants their chosen configs (wide_tessera.bench.triton_analysis).
+# The autotuned kernels, for whoever wants their chosen configs (wide_tessera.kernels.facts).
 GROUPED, GROUPED_TMA, RAGGED = _grouped_kernel, _grouped_tma_kernel, _ragged_kernel
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)

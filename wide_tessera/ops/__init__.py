@@ -10,7 +10,5 @@ from .norms import WideLayerNorm, WideBatchNorm1d, WideBatchNorm2d, WideInstance
 from .embedding import WideEmbedding  # isort: skip
 from .recurrent import WideGRU, WideLSTM  # isort: skip
 from .base import WideOp
-from .functional import WideFunctional
-from .surgery import WideSurgery
 
-__all__ = ["WideOp", "WideLinear", "WideConv1d", "WideConv2d", "WideConv3d", "WideConvTranspose2d", "AttentionBlock", "WideAttention", "Expert", "WideExperts", "WideMLP", "WideLayerNorm", "WideBatchNorm1d", "WideBatchNorm2d", "WideInstanceNorm1d", "WideInstanceNorm2d", "WideGroupNorm", "WideEmbedding", "WideGRU", "WideLSTM", "WideFunctional", "WideSurgery"]
+__all__ = ["WideOp", "WideLinear", "WideConv1d", "WideConv2d", "WideConv3d", "WideConvTranspose2d", "AttentionBlock", "WideAttention", "Expert", "WideExperts", "WideMLP", "WideLayerNorm", "WideBatchNorm1d", "WideBatchNorm2d", "WideInstanceNorm1d", "WideInstanceNorm2d", "WideGroupNorm", "WideEmbedding", "WideGRU", "WideLSTM"]

@@ -9,11 +9,11 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from ..bench.capabilities import Needs
-from ..bench.job import DTYPES, BenchmarkJob, SweepParams
-from ..bench.registry import REGISTRY, RESERVED_STRATEGY_NAMES, outside_strategies
-from ..bench.roofline import Work
-from ..errors import WideTesseraError, unknown
+from ..core.capabilities import Needs
+from ..core.job import DTYPES, BenchmarkJob, SweepParams
+from .registry import REGISTRY, RESERVED_STRATEGY_NAMES, outside_strategies
+from ..measurement.roofline import Work
+from ..core.errors import WideTesseraError, unknown
 
 __all__ = ["WideOp", "WideChannelsOp", "shared_config", "load_joined_parameters", "fusing_ops", "wide_module", "TRITON"]
 
@@ -253,7 +253,7 @@ def _with_auto_strategy(from_modules: Callable[..., nn.Module]) -> Callable[...,
     def from_modules_or_auto(cls: type, modules: Sequence[nn.Module], strategy: Optional[str] = None, *args: Any, **kwargs: Any) -> nn.Module:
         if strategy != "auto":
             return _frozen_as_in(modules, from_modules(cls, modules, strategy, *args, **kwargs))
-        from ..fusing import fuse  # fuse builds on the ops
+        from ..dispatch.fuse import fuse  # fuse builds on the ops
 
         return fuse(modules, op=cls, **kwargs)
 

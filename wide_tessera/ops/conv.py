@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..bench.job import SweepParams
-from ..bench.registry import register
-from ..errors import WideTesseraError
+from ..core.job import SweepParams
+from .registry import register
+from ..core.errors import WideTesseraError
 from .base import WideChannelsOp, load_joined_parameters, shared_config
 
 __all__ = ["WideConv1d", "WideConv2d", "WideConv3d", "WideConvTranspose2d"]

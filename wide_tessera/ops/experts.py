@@ -8,11 +8,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..bench.capabilities import Needs
-from ..bench.job import SweepParams
-from ..bench.registry import register
-from ..errors import WideTesseraError
-from ..bench.roofline import Work
+from ..core.capabilities import Needs
+from ..core.job import SweepParams
+from .registry import register
+from ..core.errors import WideTesseraError
+from ..measurement.roofline import Work
 from .base import TRITON, WideOp, itemsize, shared_config
 from .gemm import WideLinear
 

@@ -7,9 +7,9 @@ from typing import Any, Dict, List, Optional, Sequence
 import torch
 from torch import nn
 
-from ..bench.job import SweepParams
-from ..bench.registry import register
-from ..bench.roofline import Work
+from ..core.job import SweepParams
+from .registry import register
+from ..measurement.roofline import Work
 from .base import TRITON, WideOp, itemsize, load_joined_parameters, shared_config
 
 __all__ = ["WideLinear"]

@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..bench.job import SweepParams
-from ..bench.registry import register
-from ..bench.roofline import Work
+from ..core.job import SweepParams
+from .registry import register
+from ..measurement.roofline import Work
 from .base import TRITON, WideOp, itemsize, shared_config
 from .experts import Expert, expert_sizes
 from .gemm import WideLinear

@@ -11,10 +11,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import vmap
 
-from ..bench.job import SweepParams
-from ..bench.registry import register
-from ..bench.roofline import Work
-from ..errors import WideTesseraError
+from ..core.job import SweepParams
+from .registry import register
+from ..measurement.roofline import Work
+from ..core.errors import WideTesseraError
 from .base import WideChannelsOp, WideOp, itemsize, load_joined_parameters, shared_config
 
 __all__ = [

@@ -19,10 +19,10 @@ from typing import Any, ClassVar, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
-from ..bench.job import SweepParams
-from ..bench.registry import register
-from ..bench.roofline import Work
-from ..errors import WideTesseraError
+from ..core.job import SweepParams
+from .registry import register
+from ..measurement.roofline import Work
+from ..core.errors import WideTesseraError
 from .base import WideOp, itemsize, shared_config
 
 __all__ = ["WideGRU", "WideLSTM"]

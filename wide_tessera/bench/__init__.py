@@ -1,1 +1,0 @@
-"""Generic benchmark machinery: nothing in this package knows about any particular op."""

@@ -1,0 +1,270 @@
+"""`fuse(modules)`: the wide module where this machine's measurements say fusing wins, else a plain loop.
+
+The decision comes from a dispatch table (dispatch.table) that `wide_tessera tune` measured:
+the entry of the modules' op on this device, in their dtype, nearest in parameters, read at
+N = len(modules) by the conservative rule written in `dispatch.table.match`.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import nn
+
+from ..core import trees
+from ..core.capabilities import unmet_need
+from .table import TABLE_ENV, Case, DispatchTable, Match, default_table_path, match
+from ..core.environment import capture_environment
+from ..core.job import DTYPES, params_text
+from ..measurement.modes import check_mode
+from ..sweep.point import COMPILE_MODES
+from ..ops.registry import REGISTRY, get_op
+from ..core.errors import WideTesseraError, unknown
+from ..ops.base import fusing_ops, wide_module
+from ..widen.custom import custom_wide
+from ..widen.functional import RANDOMNESS
+
+__all__ = ["fuse", "Decision", "LoopedModules", "DispatchWarning"]
+
+
+class DispatchWarning(UserWarning):
+    """No measured entry decides a case: the modules run as a loop until this case is tuned."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Why `fuse` built what it built: readable with print(fused.decision).
+
+    fused: whether the modules were fused; strategy: the wide strategy (None for the loop);
+    case: what was asked (op, device, dtype, mode, parameters, N); match: the table's answer
+    (its nearest entries and their distance); table: the file it came from (None: a table object).
+    """
+
+    fused: bool
+    strategy: Optional[str]
+    case: Case
+    match: Match
+    table: Optional[str]
+
+    def __str__(self) -> str:
+        c, m = self.case, self.match
+        what = f"fuse with {self.strategy!r}" if self.fused else "loop over the modules (not fused)"
+        lines = [
+            f"{what}: {c.op} x{c.n}, {params_text(c.params) or 'no parameters given'}, dtype={c.dtype}, "
+            f"mode={c.mode}, on {c.device_name}",
+            f"  because: {m.reason}",
+        ]
+        for e in m.entries:
+            apart = [f"{k} {v} (measured {e.params[k]})" for k, v in c.params.items() if e.params.get(k) != v]
+            how_far = f"distance {m.distance:.3f}: " + (", ".join(apart) if apart else "the same parameters")
+            lines.append(f"  entry: {e.describe()}; {how_far}")
+        lines.append(f"  table: {self.table or 'given as an object'}")
+        lines += [f"  note: {note}" for note in m.notes]
+        return "\n".join(lines)
+
+
+class LoopedModules(nn.Module):
+    """The N modules called one by one, with the wide modules' interface: `pack` keeps the N
+    inputs as they are (no copy), `forward` calls each module on its own, `unpack` gives the N
+    outputs. The packed value is opaque: pass what `pack` gives to the module, and its output to `unpack`."""
+
+    def __init__(self, modules: Sequence[nn.Module]):
+        super().__init__()
+        self.models = nn.ModuleList(modules)
+
+    def pack(self, inputs: Sequence[Any]) -> Tuple[Any, ...]:
+        if not isinstance(inputs, (list, tuple)) or len(inputs) != len(self.models):
+            raise WideTesseraError(f"pack needs a list of {len(self.models)} inputs, one per module")
+        return tuple(inputs)
+
+    def forward(self, inputs: Tuple[Any, ...]) -> Tuple[Any, ...]:
+        return tuple(trees.call(m, x) for m, x in zip(self.models, inputs))
+
+    def unpack(self, output: Tuple[Any, ...]) -> List[Any]:
+        return list(output)
+
+
+# The cases already warned about: one warning per case in a process, not one per layer.
+_warned: set = set()
+
+
+def fuse(
+    modules: Sequence[nn.Module],
+    table: Union[None, str, Path, DispatchTable] = None,
+    op: Union[None, str, type] = None,
+    mode: str = "inference",
+    compile: str = "none",
+    cuda_graph: bool = False,
+    randomness: str = "error",
+    **hints: Any,
+) -> nn.Module:
+    """N modules of one kind as one module: the wide module of the strategy that won on this
+    machine at this N, where the dispatch table says fusing wins; else `LoopedModules`.
+
+    Either way the result has `pack(inputs)`, `forward(packed)` and `unpack(output)`, and
+    `decision` says what decided (print it). The wide module holds a copy of the modules'
+    parameters, stacked, as `from_modules` makes it.
+
+    table: a path or a DispatchTable; default $WIDE_TESSERA_DISPATCH, else the per-user cache
+    file `wide_tessera tune` writes. op: the registered op (name or class) when the module
+    class alone does not say (Expert: 'mlp' by default, 'moe_experts' for ragged tokens);
+    a class no op fuses goes the custom way (vmap or surgery, as `benchmark_custom` measured
+    it, under its class name). mode, compile, cuda_graph: which measurements apply
+    (`--mode`, `--compile`, `--cuda-graph` of the tuning run). randomness: vmap's, for a
+    custom module that draws random numbers. hints: the values of the op's sweep axes that
+    the modules do not fix (batch=..., seq_len=...), for the nearest entry.
+    """
+    modules = _check_modules(modules)
+    check_mode(mode)
+    if compile not in COMPILE_MODES:
+        raise unknown("compile mode", compile, COMPILE_MODES)
+    if randomness not in RANDOMNESS:
+        raise unknown("randomness", randomness, RANDOMNESS)
+    cls = _op_class(modules[0], op)
+    name = cls.NAME if cls is not None else type(modules[0]).__name__
+    tensors = [*modules[0].parameters(), *modules[0].buffers()]
+    device = str(tensors[0].device) if tensors else "cpu"
+    dtype = _dtype_name(modules[0], hints.pop("dtype", None))
+    params = {**(cls.module_params(modules[0]) if cls is not None else {}), **_checked_hints(cls, name, modules[0], hints)}
+    environment = capture_environment(device)
+    case = Case(
+        op=name,
+        device=torch.device(device).type,
+        device_name=environment.device_name,
+        dtype=dtype,
+        mode=mode,
+        compile=compile,
+        cuda_graph=bool(cuda_graph),
+        params=params,
+        n=len(modules),
+    )
+    loaded, source = _load_table(table)
+    answer = match(loaded, case)
+    if not answer.entries:
+        _warn_untuned(case, source)
+    unmet = cls is not None and answer.fuse and unmet_need(
+        cls.strategy_needs().get(answer.strategy), device, DTYPES[dtype], {**params, "dtype": dtype}
+    )
+    if unmet:  # measured where it ran (triton installed then, say); it cannot run here now
+        answer = replace(answer, fuse=False, strategy=None, reason=f"{answer.reason}; but {answer.strategy} {unmet}")
+    threads = sorted({e.threads for e in answer.entries if e.threads != torch.get_num_threads()})
+    if case.device == "cpu" and threads:  # on a CPU the thread count moves crossovers; entries are not matched on it
+        note = f"measured with {', '.join(map(str, threads))} torch thread(s); this process uses {torch.get_num_threads()}"
+        answer = replace(answer, notes=(*answer.notes, note))
+    if answer.fuse:
+        built = wide_module(cls, modules, answer.strategy) if cls is not None else custom_wide(modules, answer.strategy, randomness)
+    else:
+        built = LoopedModules(modules)
+    built.decision = Decision(answer.fuse, answer.strategy, case, answer, source)
+    return built
+
+
+def _check_modules(modules: Any) -> List[nn.Module]:
+    if not isinstance(modules, (list, tuple, nn.ModuleList)) or len(modules) == 0:
+        raise WideTesseraError(f"fuse needs a non-empty list of modules, got {type(modules).__name__}")
+    for i, m in enumerate(modules):
+        if not isinstance(m, nn.Module):
+            raise WideTesseraError(f"fuse: module {i} is a {type(m).__name__}, not an nn.Module")
+        if type(m) is not type(modules[0]):
+            raise WideTesseraError(f"fuse: module {i} is a {type(m).__name__} but module 0 is a {type(modules[0]).__name__}; all must be of one class")
+    return list(modules)
+
+
+def _op_class(module: nn.Module, op: Union[None, str, type]) -> Optional[type]:
+    """The registered op that fuses `module` (None: the custom way)."""
+    if op is None:
+        return fusing_ops().get(type(module))
+    if isinstance(op, type):
+        if op not in REGISTRY.values():
+            raise WideTesseraError(
+                f"op {op.__name__} is not a registered op; strategy='auto' needs one (any module: wide_tessera.fuse(modules))"
+            )
+        cls = op
+    else:
+        cls = get_op(op)
+    fuses = getattr(cls, "FUSES", None)
+    if fuses is not None and not isinstance(module, fuses):
+        raise WideTesseraError(f"op {cls.NAME} fuses {fuses.__name__} modules, not {type(module).__name__}")
+    return cls
+
+
+def _dtype_name(module: nn.Module, hint: Any) -> str:
+    floats = [t.dtype for t in module.parameters() if t.is_floating_point()]
+    names = {v: k for k, v in DTYPES.items()}
+    if floats:
+        if floats[0] not in names:
+            raise WideTesseraError(f"fuse: the modules' dtype {floats[0]} is not one wide_tessera measures (valid: {', '.join(DTYPES)})")
+        if hint is not None and hint != names[floats[0]]:
+            raise WideTesseraError(f"fuse: dtype={hint!r} but the modules' parameters are {names[floats[0]]}")
+        return names[floats[0]]
+    if hint is None:
+        return "float32"
+    if hint not in DTYPES:
+        raise unknown("dtype", hint, DTYPES)
+    return hint
+
+
+def _checked_hints(cls: Optional[type], name: str, module: nn.Module, hints: Dict[str, Any]) -> Dict[str, Any]:
+    """The hints, each an axis of the op's sweeps that the modules do not fix, with a value of its kind."""
+    if cls is None:
+        if hints:
+            raise WideTesseraError(
+                f"fuse: {name} is measured by benchmark_custom, whose entries have no parameters to match; "
+                f"give no hints (got {', '.join(hints)})"
+            )
+        return {}
+    fixed = cls.module_params(module)
+    sweep = next(iter(cls.BENCHMARK_SWEEPS.values()))
+    valid = [a for a in sweep.axes if a not in fixed and a != "dtype"]
+    for key, value in hints.items():
+        if key in fixed:
+            raise WideTesseraError(f"fuse: {key}={value!r}: the modules fix {key}={fixed[key]!r}; leave it out")
+        if key not in valid:
+            raise unknown(f"hint for {cls.NAME}", key, valid)
+        try:
+            sweep.with_overrides(**{key: [value]})
+        except WideTesseraError as e:
+            raise WideTesseraError(f"fuse: hint {e}") from None
+    return dict(hints)
+
+
+def _load_table(table: Union[None, str, Path, DispatchTable]) -> Tuple[DispatchTable, Optional[str]]:
+    """The table and where it came from; the default file may be missing (nothing tuned yet)."""
+    if isinstance(table, DispatchTable):
+        return table, None
+    if table is not None:
+        if not isinstance(table, (str, Path)):
+            raise WideTesseraError(f"fuse: table={table!r}: give a path or a DispatchTable")
+        return DispatchTable.load(table), str(table)
+    path = default_table_path()
+    if not path.exists():
+        return DispatchTable(), f"{path} (not written yet)"
+    return DispatchTable.load(path), str(path)
+
+
+def _warn_untuned(case: Case, source: Optional[str]) -> None:
+    key = (case.op, case.device_name, case.dtype, case.mode, case.compile, case.cuda_graph)
+    if key in _warned:
+        return
+    _warned.add(key)
+    sets = "".join(f" --set {k}={v}" for k, v in case.params.items())
+    n_values = sorted({1, case.n, *(2**i for i in range(1, case.n.bit_length() + 1))})
+    mode = "" if case.mode == "inference" else f" --mode {case.mode}"
+    command = (
+        f"wide_tessera tune {case.op} --device {case.device}{sets} --set dtype={case.dtype} "
+        f"--n-values {','.join(map(str, n_values))}{mode}"
+    )
+    if REGISTRY.get(case.op) is None:
+        command = f"wide_tessera custom MODULE:{case.op} ... --save-dispatch TABLE"
+    warnings.warn(
+        f"no measured entry for {case.op} x{case.n} ({params_text(case.params) or 'no parameters'}, dtype={case.dtype}, "
+        f"mode={case.mode}) on {case.device_name} in {source or 'the table given'}: running the modules as a loop. "
+        f"Measure it with: {command}"
+        + (f" (then set {TABLE_ENV} or pass table=)" if source is None else ""),
+        DispatchWarning,
+        stacklevel=3,
+    )

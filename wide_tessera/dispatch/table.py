@@ -1,0 +1,354 @@
+"""The dispatch table: measured fusion verdicts per op, device, dtype and parameters, and the
+rule that picks the entry deciding a new case.
+
+`wide_tessera tune` (and `benchmark --save-dispatch`) writes it from results; `wide_tessera.fuse`
+reads it. Nothing here knows any op: an entry is an op's name and a parameter group's values.
+
+Only a win that was significant *and confirmed* (the confirmation pass measured the point
+again and agreed) enters a table as `fuse`: a table decides what runs in users' models, and
+an unconfirmed win on a shared machine did not always survive a second measurement (the
+trust issue's UNSTABLE points).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+from dataclasses_json import dataclass_json
+
+from ..core.errors import WideTesseraError
+from ..results.analysis import group_crossover, parameter_groups
+from ..core.job import params_text
+from ..core.files import cache_dir, write_atomic
+from ..results.manifest import now
+from ..results.schema import BenchmarkResult, PointResult
+from ..core.jsonio import load_document
+
+__all__ = [
+    "NVerdict",
+    "DispatchEntry",
+    "DispatchTable",
+    "Case",
+    "Match",
+    "default_table_path",
+    "entries_of",
+    "match",
+    "MAX_RATIO",
+    "TABLE_ENV",
+]
+
+FORMAT = "wide_tessera dispatch table"
+VERSION = 1
+TABLE_ENV = "WIDE_TESSERA_DISPATCH"
+
+# What a measured N says. Only 'fuse' lets a module fuse at that N.
+#   fuse: a strategy was significantly faster, and the confirmation pass agreed
+#   unconfirmed: it was faster, but nothing measured it again (--confirm none or deciding)
+#   same: no significant difference; loop: the N separate calls were faster (or no strategy was correct)
+#   unstable: the two passes disagreed; disturbed: the measurement could not be cleaned; failed: no measurement
+VERDICTS = ("fuse", "unconfirmed", "same", "loop", "unstable", "disturbed", "failed")
+
+# A measured entry decides a case only when every size axis is within this factor of the
+# case's: a crossover measured at batch 16 says little about batch 4096.
+MAX_RATIO = 4.0
+
+
+@dataclass_json
+@dataclass(frozen=True)
+class NVerdict:
+    """One measured N: its verdict (VERDICTS) and, for a fused win, the winning strategy with its
+    speedup and 95% interval (for the other verdicts, the best correct strategy's, where one ran)."""
+
+    n: int
+    verdict: str
+    strategy: Optional[str] = None
+    speedup: Optional[float] = None
+    speedup_ci: Optional[List[float]] = None
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What an entry and a case share: the op, the device, the dtype, how one timed call ran
+    (the benchmark's --mode, --compile, --cuda-graph), and the parameters."""
+
+    op: str
+    device: str
+    device_name: str
+    dtype: str
+    mode: str
+    compile: str
+    cuda_graph: bool
+    params: Dict[str, Any]
+
+
+@dataclass_json
+@dataclass(frozen=True)
+class DispatchEntry(Setting):
+    """One op's parameter group measured on one device: its verdict at every measured N.
+
+    device: 'cpu' or 'cuda'; device_name: the CPU model or GPU name. params: every sweep axis
+    but dtype and N. mode, compile, cuda_graph: how one timed call ran (the benchmark's
+    --mode, --compile, --cuda-graph). crossover_n: the smallest measured N from which every
+    measured N is 'fuse' (None when the largest is not). measured_at: when the run ended
+    (UTC); a newer measurement of the same entry replaces an older one. threads: torch's CPU threads.
+    """
+
+    verdicts: List[NVerdict]
+    crossover_n: Optional[int]
+    measured_at: str
+    versions: Dict[str, Optional[str]]
+    threads: int
+    preset: str
+    run_id: Optional[str] = None
+
+    def key(self) -> str:
+        """What makes two entries the same measurement (one replaces the other)."""
+        return json.dumps([*_setting(self), self.params], sort_keys=True)
+
+    def describe(self) -> str:
+        return f"{self.op} {params_text(self.params)} dtype={self.dtype} mode={self.mode} on {self.device_name} ({self.measured_at})"
+
+
+@dataclass_json
+@dataclass
+class DispatchTable:
+    """Every entry measured: plain JSON, written by `wide_tessera tune`, read by `wide_tessera.fuse`."""
+
+    entries: List[DispatchEntry] = field(default_factory=list)
+    format: str = FORMAT
+    version: int = VERSION
+
+    @classmethod
+    def load(cls, path: Union[str, Path]) -> "DispatchTable":
+        """Read a table; a missing, damaged or foreign file is one WideTesseraError naming it."""
+        return load_document(
+            path, DispatchTable, FORMAT, VERSION, f"dispatch table {path}", "a wide_tessera dispatch table", _check_entries
+        )
+
+    def save(self, path: Union[str, Path]) -> None:
+        write_atomic(path, json.dumps(self.to_dict(), indent=1, allow_nan=False) + "\n")
+
+    def merged(self, entries: Sequence[DispatchEntry]) -> "DispatchTable":
+        """This table with `entries` added; of two measurements of one entry the newer is kept."""
+        by_key = {e.key(): e for e in self.entries}
+        for e in entries:
+            old = by_key.get(e.key())
+            if old is None or e.measured_at >= old.measured_at:  # ISO 8601 in UTC: text order is time order
+                by_key[e.key()] = e
+        return DispatchTable(sorted(by_key.values(), key=lambda e: (e.op, e.device_name, e.dtype, e.key())))
+
+
+def _check_entries(table: DispatchTable) -> None:
+    for i, entry in enumerate(table.entries):
+        _check_entry(entry, f"entries[{i}]")
+
+
+def _check_entry(entry: DispatchEntry, where: str) -> None:
+    ns = [v.n for v in entry.verdicts]
+    if not ns or any(n <= 0 for n in ns) or ns != sorted(set(ns)):
+        raise WideTesseraError(f"{where}: verdicts must be for distinct positive N in increasing order, got N={ns}")
+    for v in entry.verdicts:
+        if v.verdict not in VERDICTS:
+            raise WideTesseraError(f"{where}: N={v.n}: verdict {v.verdict!r} (valid: {', '.join(VERDICTS)})")
+        if v.verdict == "fuse" and not v.strategy:
+            raise WideTesseraError(f"{where}: N={v.n}: a 'fuse' verdict names no strategy")
+    if entry.crossover_n != _crossover(entry.verdicts):
+        raise WideTesseraError(f"{where}: crossover_n {entry.crossover_n} does not follow from its verdicts")
+
+
+def _crossover(verdicts: Sequence[NVerdict]) -> Optional[int]:
+    return group_crossover([(v.n, v.verdict == "fuse") for v in verdicts])
+
+
+def default_table_path() -> Path:
+    """$WIDE_TESSERA_DISPATCH, else the per-user cache's dispatch.json (see files.cache_dir)."""
+    return Path(os.environ.get(TABLE_ENV) or cache_dir() / "dispatch.json")
+
+
+def _n_verdict(point: PointResult) -> NVerdict:
+    best = point.best_strategy
+    speed = dict(strategy=best, speedup=point.speedups.get(best), speedup_ci=point.speedup_ci.get(best))
+    if not point.timings:
+        verdict = "failed"
+    elif point.disturbed:
+        verdict = "disturbed"
+    elif point.unstable:
+        verdict = "unstable"
+    elif point.fused_wins:
+        verdict = "fuse" if point.confirmation is not None else "unconfirmed"
+    else:
+        verdict = "same" if point.winner == "no_difference" else "loop"
+    return NVerdict(point.n, verdict, **speed) if best is not None else NVerdict(point.n, verdict)
+
+
+def entries_of(result: BenchmarkResult) -> List[DispatchEntry]:
+    """A result's dispatch entries, one per parameter group and dtype; points skipped by the
+    memory budget are left out (they were not measured)."""
+    run = result.runs[-1] if result.runs else None
+    measured_at = (run.finished or run.started) if run is not None else now()
+    entries = []
+    for points in parameter_groups(result.points):
+        params = dict(points[0].params)
+        dtype = params.pop("dtype", "float32")
+        verdicts = [_n_verdict(p) for p in points]
+        env = result.environment
+        entries.append(
+            DispatchEntry(
+                op=result.op,
+                device=torch.device(env.device).type,
+                device_name=env.device_name,
+                dtype=dtype,
+                mode=result.mode,
+                compile=result.compile,
+                cuda_graph=result.timing.cuda_graph,
+                params=params,
+                verdicts=verdicts,
+                crossover_n=_crossover(verdicts),
+                measured_at=measured_at,
+                versions=dict(run.versions) if run is not None else {"torch": env.torch_version},
+                threads=env.threads,
+                preset=result.preset,
+                run_id=result.run_id,
+            )
+        )
+    return entries
+
+
+@dataclass(frozen=True)
+class Case(Setting):
+    """What a module asks the table about: an op on a device, in a dtype and mode, with the
+    parameters its modules fix and the caller's hints (`params`), at N copies."""
+
+    n: int
+
+
+@dataclass(frozen=True)
+class Match:
+    """The table's answer for a case.
+
+    entries: the nearest entries (several when tied; then all must say fuse); distance: theirs;
+    fuse, strategy: the decision; measured_n: the measured N that decided; notes: every caveat.
+    """
+
+    fuse: bool
+    strategy: Optional[str]
+    entries: Tuple[DispatchEntry, ...]
+    distance: Optional[float]
+    measured_n: Optional[int]
+    reason: str
+    notes: Tuple[str, ...] = ()
+
+
+def _axis_distance(given: Any, measured: Any) -> Optional[float]:
+    """How far a measured axis value is from the case's; None when they cannot be compared.
+
+    Sizes: |ln(a/b)|. A number that may be zero (a routing skew): |ln((1+a)/(1+b))|. Anything
+    else (a flag, a name) must be equal.
+    """
+    numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (given, measured))
+    if not numbers:
+        return 0.0 if given == measured else None
+    if given > 0 and measured > 0:
+        return abs(math.log(given / measured))
+    if given >= 0 and measured >= 0:
+        return abs(math.log((1 + given) / (1 + measured)))
+    return 0.0 if given == measured else None
+
+
+def _distance(case: Case, entry: DispatchEntry) -> Optional[float]:
+    """The sum of the axis distances over the axes the case gives; None when an axis cannot be
+    compared or is further than MAX_RATIO. Axes the case does not give match any value."""
+    total = 0.0
+    for axis, given in case.params.items():
+        if axis not in entry.params:
+            return None
+        d = _axis_distance(given, entry.params[axis])
+        if d is None or d > math.log(MAX_RATIO) + 1e-9:
+            return None
+        total += d
+    return total
+
+
+def _setting(x: Setting) -> Tuple[Any, ...]:
+    """What must be equal for an entry to decide a case: everything but the parameters."""
+    return (x.op, x.device, x.device_name, x.dtype, x.mode, x.compile, x.cuda_graph)
+
+
+def _at_n(entry: DispatchEntry, n: int) -> Tuple[bool, Optional[str], Optional[int], str]:
+    """(fuse, strategy, the measured N that decides, why) for N copies, by the conservative rule:
+    fuse only where the largest measured N at or below N, and every larger measured N, fused."""
+    below = [v for v in entry.verdicts if v.n <= n]
+    if not below:
+        return False, None, None, f"N={n} is below the smallest measured N ({entry.verdicts[0].n})"
+    decider = below[-1]
+    later = [v for v in entry.verdicts if v.n > decider.n]
+    if decider.verdict != "fuse":
+        return False, None, decider.n, f"at measured N={decider.n} the verdict was {decider.verdict!r}"
+    losing = [v for v in later if v.verdict != "fuse"]
+    if losing:
+        where = ", ".join(f"N={v.n} {v.verdict!r}" for v in losing)
+        return False, None, decider.n, f"fusing won at measured N={decider.n} but not at every larger N ({where})"
+    ci = "" if decider.speedup_ci is None else f" [{decider.speedup_ci[0]:.2f}, {decider.speedup_ci[1]:.2f}]"
+    speed = f" {decider.speedup:.2f}x{ci}" if decider.speedup is not None else ""
+    return True, decider.strategy, decider.n, f"{decider.strategy} won at measured N={decider.n}{speed}, confirmed, and at every larger measured N"
+
+
+def match(table: DispatchTable, case: Case) -> Match:
+    """The decision for `case`, by the rule the README writes down:
+
+    1. entries of the case's op on the same device name, in the same dtype, mode, compile
+       mode and timing (CUDA graphs or not); others are ignored (a note says so);
+    2. among them the nearest by parameters (`_distance`); an axis further than MAX_RATIO,
+       or a flag or name that differs, rules an entry out; tied entries must all say fuse;
+    3. at N, the conservative rule of `_at_n`.
+    No entry left: do not fuse.
+    """
+    same_op = [e for e in table.entries if e.op == case.op]
+    here = [e for e in same_op if (e.device, e.device_name) == (case.device, case.device_name)]
+    notes = []
+    if same_op and not here:
+        others = sorted({e.device_name for e in same_op})
+        notes.append(f"the table's {case.op} entries were measured on {', '.join(others)}, not {case.device_name}: ignored")
+    setting = [e for e in here if _setting(e) == _setting(case)]
+    if here and not setting:
+        notes.append(
+            f"no {case.op} entry in dtype={case.dtype} mode={case.mode} compile={case.compile} "
+            f"cuda_graph={case.cuda_graph} on this device"
+        )
+    scored = [(d, e) for e in setting for d in [_distance(case, e)] if d is not None]
+    if setting and not scored:
+        notes.append(
+            f"no {case.op} entry comparable with {params_text(case.params) or 'its parameters'} (a flag differs, or a size is more than "
+            f"{MAX_RATIO:g}x away)"
+        )
+    if not scored:
+        return Match(False, None, (), None, None, "no measured entry matches: not fused", tuple(notes))
+    best = min(d for d, _ in scored)
+    nearest = tuple(e for d, e in scored if d <= best + 1e-9)
+    decisions = [_at_n(e, case.n) for e in nearest]
+    strategies = sorted({d[1] for d in decisions if d[0]})
+    fuse = all(d[0] for d in decisions) and len(strategies) == 1
+    reasons = [d[3] for d in decisions]
+    given = set(case.params)
+    loose = sorted({a for e in nearest for a in e.params if a not in given})
+    if len(nearest) > 1:
+        # each tied entry's reason, labelled by the values that tell them apart
+        apart = [a for a in loose if len({json.dumps(e.params.get(a)) for e in nearest}) > 1]
+        reasons = [f"{params_text({a: e.params.get(a) for a in apart})}: {r}" for e, r in zip(nearest, reasons)]
+        notes.append(f"{len(nearest)} entries are equally near; fusing needs all of them to fuse, with one strategy")
+        if all(d[0] for d in decisions) and len(strategies) > 1:
+            reasons.append(f"they won with different strategies ({', '.join(strategies)}): give {', '.join(apart)} to choose")
+    if loose:
+        notes.append(f"not given, so any measured value matched: {', '.join(loose)}")
+    if case.n > nearest[0].verdicts[-1].n:
+        notes.append(f"N={case.n} is above the largest measured N ({nearest[0].verdicts[-1].n}); decided by it")
+    strategy = strategies[0] if fuse else None
+    reason = "; ".join(reasons)
+    return Match(fuse, strategy, nearest, best, decisions[0][2], reason, tuple(notes))
+

@@ -1,0 +1,361 @@
+"""Timers that adapt to noise: samples are taken until the median is known well enough.
+
+CPU: perf_counter around a calibrated loop of calls. CUDA: CUDA events around a
+calibrated loop, the L2 flushed before every sample; a lone function can go to `triton.testing.do_bench`.
+Several functions are timed in interleaved rounds (A B C A B C ...), so drift in
+the machine's speed hits all of them alike and their samples pair up by round.
+"""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import statistics
+import time
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from typing import Callable, ContextManager, Dict, Iterator, List, Optional, Tuple, TypeVar
+
+import torch
+from dataclasses_json import dataclass_json
+
+from ..core.user_input import check_bool, check_number
+from .health import Health, HealthMonitor
+from ..core.stats import TimingStats, median_ci_rel_width
+
+__all__ = [
+    "TimingConfig",
+    "TimedFunctionError",
+    "PairedTimings",
+    "measure",
+    "measure_paired",
+    "cuda_timer_name",
+    "timer_name",
+    "capture_graph",
+]
+
+# An L2 flush buffer larger than any current GPU's L2 (H100: 50 MB, H200: 60 MB).
+_L2_FLUSH_BYTES = 256 * 1024 * 1024
+
+Fn = Callable[[], object]
+T = TypeVar("T")
+StageContext = Callable[[str], ContextManager[None]]
+
+
+class TimedFunctionError(Exception):
+    """One of the timed functions raised (or timed out); `name` says which."""
+
+    def __init__(self, name: str, error: Exception):
+        super().__init__(f"{name}: {type(error).__name__}: {error}")
+        self.name, self.error = name, error
+
+
+@dataclass_json
+@dataclass(frozen=True)
+class TimingConfig:
+    """When to stop sampling: the median's 95% CI is narrow enough, or the time budget is spent."""
+
+    warmup_s: float = 0.05
+    # Time budget per function; a paired measurement of k functions gets k budgets.
+    budget_s: float = 0.5
+    min_samples: int = 10
+    max_samples: int = 1000
+    # Stop once the 95% CI of every median is narrower than this fraction of it.
+    target_rel_ci: float = 0.02
+    # A sample runs the function in a loop for at least this long: on a CPU so that
+    # perf_counter's own cost (well under a microsecond) stays below 0.1% of it, on a GPU
+    # so that launch jitter averages out (see _CudaSampler.prepare).
+    min_sample_s: float = 1e-3
+    # CUDA only: capture each function in a CUDA graph and time its replay,
+    # which removes kernel-launch overhead from every side.
+    cuda_graph: bool = False
+
+    def __post_init__(self) -> None:
+        # Upper bounds catch typos: an hour of sampling per function or a million samples is never meant.
+        check_number("warmup_s", self.warmup_s, 0, 3600, low_ok=True, what="a number of seconds")
+        check_number("budget_s", self.budget_s, 0, 3600, what="a number of seconds")
+        # A median's uncertainty needs at least 2 samples.
+        check_number("min_samples", self.min_samples, 2, 10**6, integer=True, low_ok=True)
+        check_number("max_samples", self.max_samples, self.min_samples, 10**6, integer=True, low_ok=True)
+        check_number("target_rel_ci", self.target_rel_ci, 0, 1, high_ok=False, what="a fraction")
+        check_number("min_sample_s", self.min_sample_s, 0, 1, low_ok=True, what="a number of seconds")
+        check_bool("cuda_graph", self.cuda_graph)
+
+
+def measure(fn: Fn, device: str = "cpu", config: Optional[TimingConfig] = None) -> TimingStats:
+    """Time `fn()` on `device`; every sample (ms per call) is kept with its statistics.
+
+    On CUDA without graph mode, uses `triton.testing.do_bench` when triton imports.
+    """
+    config = config or TimingConfig()
+    if torch.device(device).type == "cuda" and not config.cuda_graph and cuda_timer_name() == "triton_do_bench":
+        import triton.testing
+
+        # do_bench warms up, flushes L2 before every call, and times each call with CUDA events.
+        samples = triton.testing.do_bench(
+            fn, warmup=config.warmup_s * 1e3, rep=config.budget_s * 1e3, return_mode="all"
+        )
+        return TimingStats.from_samples([float(s) for s in samples], "triton_do_bench")
+    return measure_paired({"fn": fn}, device, config).stats["fn"]
+
+
+@dataclass(frozen=True)
+class PairedTimings:
+    """What `measure_paired` found: each function's statistics, and what the machine did meanwhile."""
+
+    stats: Dict[str, TimingStats]
+    health: Health
+
+
+def measure_paired(
+    fns: Dict[str, Fn],
+    device: str = "cpu",
+    config: Optional[TimingConfig] = None,
+    stage: Optional[StageContext] = None,
+    on_function: Optional[Callable[[str], None]] = None,
+) -> PairedTimings:
+    """Time several functions in interleaved rounds; sample i of each comes from round i.
+
+    The order rotates from round to round (round r starts with function r mod k), so
+    whatever happens between rounds (the convergence test, the health check) precedes
+    each function equally often; a test that always preceded the baseline biased
+    speedups by 1.5 to 3% in the fused strategy's favour. Rounds the health monitor
+    finds disturbed are thrown away and retaken while the budget lasts.
+
+    `stage(name)` wraps the 'warmup' and 'measure' phases (the runner puts time limits
+    there). `on_function(name)` hears which function is about to run, before its warm-up
+    and each of its samples (the isolated worker records it, so that a crash or a hang
+    is charged to the function that caused it). A function that raises is reported as
+    TimedFunctionError naming it.
+    """
+    on_function = on_function or (lambda name: None)
+    config = config or TimingConfig()
+    stage = stage or (lambda name: nullcontext())
+    names = list(fns)
+    samples: Dict[str, List[float]] = {name: [] for name in names}
+    positions: Dict[str, List[int]] = {name: [] for name in names}
+    disturbed: Dict[str, List[float]] = {name: [] for name in names}
+    disturbed_positions: Dict[str, List[int]] = {name: [] for name in names}
+    current = names[0]
+    with _gc_paused():
+        try:
+            with stage("warmup"):
+                sampler = _CudaSampler(config) if torch.device(device).type == "cuda" else _CpuSampler(config)
+                for current, fn in fns.items():
+                    on_function(current)
+                    sampler.prepare(current, fn)
+            with stage("measure"):
+                monitor = HealthMonitor(device)
+                started = time.perf_counter()
+                budget = config.budget_s * len(fns)
+                for r in itertools.count():
+                    order = rotated(names, r)
+                    monitor.round_started()
+                    taken = {}
+                    for current in order:
+                        on_function(current)
+                        taken[current] = sampler.sample(current)
+                    clean = not monitor.round_disturbed()
+                    for name in names:
+                        (samples if clean else disturbed)[name].append(taken[name])
+                        (positions if clean else disturbed_positions)[name].append(order.index(name))
+                    if _enough(samples, disturbed, config, time.perf_counter() - started, budget):
+                        break
+        except Exception as e:
+            raise TimedFunctionError(current, e) from e
+    rounds, n_disturbed = len(samples[names[0]]), len(disturbed[names[0]])
+    health = monitor.finish(rounds, n_disturbed, config.min_samples)
+    if rounds < config.min_samples:  # too few clean rounds to say anything: keep all, flagged by `health`
+        for name in names:
+            samples[name] += disturbed[name]
+            positions[name] += disturbed_positions[name]
+    timer = timer_name(device, config)
+    stats = {
+        name: TimingStats.from_samples(s, timer, sampler.calls[name], _narrow(s, config), positions[name])
+        for name, s in samples.items()
+    }
+    return PairedTimings(stats, health)
+
+
+def rotated(names: List[str], r: int) -> List[str]:
+    """Round r's order: `names` starting with name r mod k (see measure_paired)."""
+    return names[r % len(names) :] + names[: r % len(names)]
+
+
+def _enough(
+    clean: Dict[str, List[float]], disturbed: Dict[str, List[float]], config: TimingConfig, elapsed: float, budget: float
+) -> bool:
+    """Stop when every median is narrow enough, at max_samples, or when the budget is spent.
+
+    Past the budget, rounds go on (up to twice the budget) only to reach min_samples clean
+    ones; min_samples rounds, clean or not, are always taken.
+    """
+    rounds, n_disturbed = len(next(iter(clean.values()))), len(next(iter(disturbed.values())))
+    if rounds >= config.max_samples or n_disturbed >= config.max_samples:
+        return True
+    if rounds < config.min_samples:
+        return elapsed > 2 * budget and rounds + n_disturbed >= config.min_samples
+    return elapsed > budget or all(_narrow(s, config) for s in clean.values())
+
+
+def timer_name(device: str, config: TimingConfig) -> str:
+    """The timer `measure_paired` uses on `device` with `config`."""
+    if torch.device(device).type != "cuda":
+        return "cpu_perf_counter"
+    return "cuda_graph_event" if config.cuda_graph else "cuda_event"
+
+
+def _narrow(samples: List[float], config: TimingConfig) -> bool:
+    return median_ci_rel_width(samples) <= config.target_rel_ci
+
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    # A collection in the middle of a sample would be charged to whichever function ran then.
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+class _Sampler:
+    """Warms up and samples functions by name; `calls[name]` is the calls per sample."""
+
+    def __init__(self, config: TimingConfig):
+        self.config = config
+        self.fns: Dict[str, Fn] = {}
+        self.calls: Dict[str, int] = {}
+
+    def prepare(self, name: str, fn: Fn) -> None:
+        """Warm `fn` up and get it ready to be sampled as `name`."""
+        raise NotImplementedError
+
+    def sample(self, name: str) -> float:
+        """One sample of function `name`, in ms per call."""
+        raise NotImplementedError
+
+
+# glibc raises its mmap threshold to the size of any mmap'd block that is freed, up to
+# 32 MiB. Below the threshold, tensors come from the heap; above it, every allocation is
+# a fresh mmap that page-faults on first touch. So a timing depended on what the process
+# had freed before: 32 conv1d calls took 28 ms, or 17 ms once a larger conv had run
+# (2-core CI machine). Freeing one block just under the cap pins the threshold at its
+# ceiling, the state a long-running process settles in, and no later free can move it.
+_SETTLE_BYTES = 31 * 1024 * 1024
+
+
+def _settle_allocator() -> None:
+    block = torch.empty(_SETTLE_BYTES, dtype=torch.uint8)
+    del block
+
+
+class _CpuSampler(_Sampler):
+    def __init__(self, config: TimingConfig):
+        super().__init__(config)
+        _settle_allocator()
+
+    def prepare(self, name: str, fn: Fn) -> None:
+        """Double the loop until one sample lasts long enough; this also warms up.
+
+        Each length is judged by the median of three timings, so one preempted moment
+        cannot settle the calls per sample: on a busy machine one 16 ms time slice once
+        left a baseline at 1 call per sample and its strategy at 64.
+        """
+        calls = 1
+        warm_until = time.perf_counter() + self.config.warmup_s
+        while True:
+            elapsed = statistics.median(_loop_s(fn, calls) for _ in range(3))
+            if elapsed >= self.config.min_sample_s and time.perf_counter() >= warm_until:
+                break
+            if elapsed < self.config.min_sample_s:
+                calls *= 2
+        self.fns[name], self.calls[name] = fn, calls
+
+    def sample(self, name: str) -> float:
+        """One untimed call, then the timed loop: the sample starts with this function's data in
+        the caches, whatever ran before it. Without it, a 512x512 Linear timed against two
+        (1 MB of weights each) came out 2.2% slower relative to them than in long
+        blocked_autorange runs (scripts/coverage.py), because each sample began cold after the
+        other function; the order of the round leaked into the speedup."""
+        fn, calls = self.fns[name], self.calls[name]
+        fn()
+        return _loop_s(fn, calls) * 1e3 / calls
+
+
+def _loop_s(fn: Fn, calls: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return time.perf_counter() - t0
+
+
+def cuda_timer_name() -> str:
+    """The timer `measure` uses for a lone function on CUDA: do_bench when triton imports, else CUDA events."""
+    try:
+        import triton.testing  # noqa: F401
+    except ImportError:
+        return "cuda_event"
+    return "triton_do_bench"
+
+
+class _CudaSampler(_Sampler):
+    def __init__(self, config: TimingConfig):
+        super().__init__(config)
+        self.flush = torch.empty(_L2_FLUSH_BYTES, dtype=torch.int8, device="cuda")
+
+    def prepare(self, name: str, fn: Fn) -> None:
+        """Warm up, then double the calls per sample until a sample lasts min_sample_s.
+
+        One call per sample left launch-bound points unconverged: on an H100 a 16x256x256
+        Linear took 0.1 ms a call with a coefficient of variation near 20% (host launch
+        jitter), and 570 rounds in the 1.5 s budget still gave a 4% wide interval, so 66
+        of 79 gemm points of the quick preset ran out their budget. Calls after the first
+        in a sample queue behind it as they would in a model's loop; the L2 is flushed
+        before each sample, so a call of 1 ms or more still starts cold every time.
+        """
+        fn = capture_graph(fn)[0] if self.config.cuda_graph else fn
+        warm_until = time.perf_counter() + self.config.warmup_s
+        while True:  # at least once, then until the warm-up time is spent
+            fn()
+            torch.cuda.synchronize()
+            if time.perf_counter() >= warm_until:
+                break
+        self.fns[name], self.calls[name] = fn, 1
+        while statistics.median(self._timed(name) for _ in range(3)) * 1e-3 < self.config.min_sample_s:
+            self.calls[name] *= 2
+
+    def sample(self, name: str) -> float:
+        return self._timed(name) / self.calls[name]
+
+    def _timed(self, name: str) -> float:
+        """ms for one sample's loop of calls."""
+        fn = self.fns[name]
+        self.flush.zero_()  # outside the timed region: every sample starts with a cold L2
+        # Wait for the flush, so the timed region starts on an idle GPU and includes the
+        # CPU's launch overhead: N separate calls pay it N times, and fusion saves it.
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(self.calls[name]):
+            fn()
+        end.record()
+        end.synchronize()
+        return float(start.elapsed_time(end))
+
+
+def capture_graph(fn: Callable[[], T]) -> Tuple[Fn, T]:
+    """`fn` captured once in a CUDA graph: the replay, and what the captured call returned
+    (tensors that each replay overwrites in place)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):  # warm up outside the graph, as capture requires
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        output = fn()
+    return graph.replay, output

@@ -1,0 +1,184 @@
+"""Pictures of a result: per op and parameter group, speedup, time and memory against N.
+
+matplotlib is an optional extra (`pip install 'wide_tessera[plot]'`). Figures are drawn
+with `matplotlib.figure.Figure`, not pyplot: no global state, no display needed.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Dict, List, Sequence
+
+from ..core.errors import WideTesseraError
+from ..measurement.controls import CONTROLS
+from ..core.job import params_text
+from .text import controls_run, first_line
+from ..core.stats import MIN_EFFECT
+
+if TYPE_CHECKING:
+    from ..collectives.cases import CollectivesRun
+    from ..results.schema import BenchmarkResult, GroupResult, PointResult
+
+__all__ = ["plot_result", "plot_collectives", "FORMATS"]
+
+FORMATS = ("png", "svg")
+
+
+def _figure_class():
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise WideTesseraError("plots need matplotlib: pip install 'wide_tessera[plot]'") from None
+    return Figure
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.]+", "_", text).strip("_")
+
+
+def _group_points(result: "BenchmarkResult", group: "GroupResult") -> List["PointResult"]:
+    return sorted((p for p in result.points if p.params == group.params and p.timings), key=lambda p: p.n)
+
+
+def _styles(names: Sequence[str]) -> Dict[str, dict]:
+    """One look per callable, the same in every panel: the baseline black, thick and underneath (a
+    strategy with the baseline's memory would otherwise hide it), controls dashed (they make the loop
+    cheaper without fusing and never win)."""
+    styles = {"baseline": {"color": "black", "linewidth": 3.5, "alpha": 0.35, "zorder": 1, "marker": "s", "markersize": 6}}
+    for i, s in enumerate(names):
+        styles[s] = {"color": f"C{i}", "linestyle": "--" if s in CONTROLS else "-", "marker": "o", "markersize": 4, "zorder": 2}
+    return styles
+
+
+def _log_axis(axis) -> None:
+    """A log axis labelled 1, 2, 5, 10, ... in plain numbers, not 10^-1 alone."""
+    from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter
+
+    axis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(FormatStrFormatter("%g"))
+    axis.set_minor_formatter(NullFormatter())
+
+
+def _draw_group(result: "BenchmarkResult", group: "GroupResult", points: Sequence["PointResult"]):
+    Figure = _figure_class()
+    fig = Figure(figsize=(12, 8.5), layout="constrained")
+    (speed, time), (memory, tradeoff) = fig.subplots(2, 2)
+    names = [s for s in [*result.strategies, *controls_run(result)] if any(s in p.speedups for p in points)]
+    ns = [p.n for p in points]
+    style = _styles(names)
+    for s in names:
+        ps = [p for p in points if s in p.speedups]
+        x = [p.n for p in ps]
+        speed.plot(x, [p.speedups[s] for p in ps], label=s, **style[s])
+        speed.fill_between(x, [p.speedup_ci[s][0] for p in ps], [p.speedup_ci[s][1] for p in ps], color=style[s]["color"], alpha=0.18)
+        bad = [p for p in ps if p.unstable or p.disturbed]  # no verdict there: hollow markers
+        speed.plot([p.n for p in bad], [p.speedups[s] for p in bad], "o", mfc="white", mec=style[s]["color"], ms=8)
+    speed.axhline(1.0, color="black", linewidth=1)
+    for margin in (1 + MIN_EFFECT, 1 / (1 + MIN_EFFECT)):
+        speed.axhline(margin, color="grey", linewidth=0.8, linestyle=":")
+    if group.crossover_n is not None:
+        speed.axvline(group.crossover_n, color="black", linewidth=1.2, linestyle="-.", label=f"crossover N={group.crossover_n}")
+    hollow = "; hollow: no verdict (disturbed or unstable)" if any(p.unstable or p.disturbed for p in points) else ""
+    crossing = "never crosses" if group.crossover_n is None else f"crossover N={group.crossover_n}"
+    speed.set_title(f"speedup over N separate calls, {crossing}\n(band: 95% CI; dotted: ±5% significance margin{hollow})", fontsize=9)
+    speed.set_ylabel("speedup (x)")
+
+    for s in ["baseline", *names]:
+        ps = [p for p in points if s in p.stats]
+        lows = [p.timings[s] - p.stats[s].median_ci_ms[0] for p in ps]
+        highs = [p.stats[s].median_ci_ms[1] - p.timings[s] for p in ps]
+        time.errorbar([p.n for p in ps], [p.timings[s] for p in ps], yerr=[lows, highs], label=s, capsize=2, **style[s])
+    time.set_yscale("log")
+    _log_axis(time.yaxis)
+    time.set_title("median time per call of all N models (95% CI)", fontsize=9)
+    time.set_ylabel("ms")
+
+    for s in ["baseline", *names]:
+        ps = [p for p in points if s in p.peak_memory_bytes]
+        memory.plot([p.n for p in ps], [p.peak_memory_bytes[s] / 2**20 for p in ps], label=s, **style[s])
+    memory.set_yscale("log")
+    _log_axis(memory.yaxis)
+    memory.set_title(f"peak memory above the inputs ({result.memory_method or 'measured'})", fontsize=9)
+    memory.set_ylabel("MiB")
+
+    for s in names:
+        ps = [p for p in points if s in p.speedups and s in p.peak_memory_bytes and "baseline" in p.peak_memory_bytes]
+        x = [p.peak_memory_bytes[s] / max(p.peak_memory_bytes["baseline"], 1) for p in ps]
+        y = [p.speedups[s] for p in ps]
+        tradeoff.plot(x, y, label=s, **style[s])
+        for p, xi, yi in zip(ps, x, y):
+            tradeoff.annotate(f"N={p.n}", (xi, yi), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    tradeoff.axhline(1.0, color="black", linewidth=1)
+    tradeoff.axvline(1.0, color="grey", linewidth=0.6, linestyle=":")
+    tradeoff.set_xscale("log")
+    _log_axis(tradeoff.xaxis)
+    tradeoff.set_title("speed against memory, both relative to the N separate calls", fontsize=9)
+    tradeoff.set_xlabel("peak memory / baseline's (x)")
+    tradeoff.set_ylabel("speedup (x)")
+
+    for ax in (speed, time, memory):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ns, [str(n) for n in ns])
+        ax.minorticks_off()
+        ax.set_xlabel("N (copies of the op)")
+    for ax in (speed, time, memory, tradeoff):
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    status = first_line(result).split(":")[0]
+    fig.suptitle(
+        f"{result.op}: {params_text(group.params)}\n{result.environment.device_name} ({result.environment.device}), "
+        f"preset {result.preset}, {status}",
+        fontsize=11,
+    )
+    return fig
+
+
+def _save(fig, directory: Path, stem: str, formats: Sequence[str]) -> List[Path]:
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = [directory / f"{_slug(stem)}.{fmt}" for fmt in formats]
+    for path in paths:
+        fig.savefig(path, dpi=110)
+    return paths
+
+
+def plot_result(result: "BenchmarkResult", directory: Path, formats: Sequence[str] = FORMATS) -> List[Path]:
+    """One figure per parameter group with a measured point, in every format; the paths written."""
+    written = []
+    for group in result.groups:
+        points = _group_points(result, group)
+        if points:
+            written += _save(_draw_group(result, group, points), Path(directory), f"{result.op}_{params_text(group.params)}", formats)
+    return written
+
+
+def plot_collectives(run: "CollectivesRun", directory: Path, formats: Sequence[str] = FORMATS) -> List[Path]:
+    """One figure per dtype and placement: each collective's time and bus bandwidth against the
+    message size (log2), the time with its 95% CI; incorrect cases are left out."""
+    written = []
+    for dtype, placement in dict.fromkeys((r.dtype, r.placement) for r in run.results):
+        fig = _figure_class()(figsize=(12, 4.5), layout="constrained")
+        time, bandwidth = fig.subplots(1, 2)
+        for i, op in enumerate(dict.fromkeys(r.op for r in run.results)):
+            rs = [r for r in run.results if (r.op, r.dtype, r.placement) == (op, dtype, placement) and r.correct]
+            if not rs:
+                continue
+            x = [r.size_bytes for r in rs]
+            us = [r.stats.median_ms * 1e3 for r in rs]
+            err = [[u - r.stats.median_ci_ms[0] * 1e3 for u, r in zip(us, rs)], [r.stats.median_ci_ms[1] * 1e3 - u for u, r in zip(us, rs)]]
+            time.errorbar(x, us, yerr=err, label=op, color=f"C{i}", marker="o", markersize=4, capsize=2)
+            bandwidth.plot(x, [r.busbw_gbps for r in rs], label=op, color=f"C{i}", marker="o", markersize=4)
+        time.set_yscale("log")
+        _log_axis(time.yaxis)
+        time.set_title("median time per call, the slowest rank's (95% CI)", fontsize=9)
+        time.set_ylabel("us")
+        bandwidth.set_title("bus bandwidth (nccl-tests' busbw)", fontsize=9)
+        bandwidth.set_ylabel("GB/s")
+        for ax in (time, bandwidth):
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("message size S (bytes)")
+            ax.grid(True, alpha=0.3)
+            ax.legend(fontsize=7)
+        fig.suptitle(f"collectives: {run.ranks} ranks, {run.backend}, {dtype}, {placement}\n{', '.join(sorted(set(run.devices)))}", fontsize=11)
+        written += _save(fig, Path(directory), f"collectives_{dtype}_{placement}", formats)
+    return written

@@ -1,0 +1,368 @@
+"""Results: one point, one parameter group, one op's whole run; saved and loaded as JSON."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Union
+
+from dataclasses_json import dataclass_json
+
+if TYPE_CHECKING:
+    import pandas
+
+from ..core.errors import WideTesseraError
+from ..core.job import params_text
+from ..core.correctness import Check
+from ..measurement.energy import Energy
+from ..core.environment import Environment
+from ..core.files import not_a_regular_file, write_atomic
+from ..measurement.health import Health, RunHealth
+from .manifest import Manifest
+from ..reports.text import format_summary, warning_lines
+from ..measurement.roofline import Peaks, Work
+from .invariants import check_result
+from ..reports import tidy
+from ..core.stats import TimingStats
+from ..measurement.timing import TimingConfig
+from ..core.jsonio import build, check_json
+
+__all__ = [
+    "Failure",
+    "Where",
+    "PointResult",
+    "GroupResult",
+    "BenchmarkResult",
+    "save_results",
+    "load_results",
+    "Confirmation",
+    "SCHEMA_VERSION",
+]
+
+# 3: health, confirmation, reliability, the stored winner, per-model errors, significant-only best speedups.
+# 4: run manifests. A version-3 file reads as a result without manifests.
+# 5: the mode (inference or a training mode).
+# 6: energy per call (--energy). A version-5 file reads as points without it.
+SCHEMA_VERSION = 6
+READABLE_VERSIONS = (3, 4, 5, 6)
+
+
+@dataclass_json
+@dataclass(frozen=True)
+class Failure:
+    """Why a strategy, or a whole point, has no result.
+
+    kind: 'error' (it raised), 'timeout' (a stage overran its limit), 'crash' (the
+    isolated worker died), or 'skipped' (the memory budget ruled it out; not a failure
+    of the code, so it does not fail the run).
+    """
+
+    stage: str
+    kind: str
+    error_type: str
+    message: str
+    elapsed_s: Optional[float] = None
+    limit_s: Optional[float] = None
+
+    def __str__(self) -> str:
+        limit = "" if self.limit_s is None else f" after {self.elapsed_s:.1f} s (limit {self.limit_s:.1f} s)"
+        return f"{self.kind} in {self.stage}{limit}: {self.error_type}: {self.message}"
+
+
+@dataclass_json
+@dataclass(frozen=True)
+class Confirmation:
+    """The confirmation pass's measurement of a point: built afresh from the same seed, later in the run.
+
+    agrees: its verdict on fusing (winner class: a strategy wins, no difference, or
+    the baseline) is the first pass's. When it is not, the point is unstable.
+    """
+
+    timings: Dict[str, float]
+    speedups: Dict[str, float]
+    speedup_ci: Dict[str, List[float]]
+    verdicts: Dict[str, str]
+    winner: str
+    agrees: bool
+    health: Optional[Health] = None
+
+
+@dataclass_json
+@dataclass(frozen=True)
+class Where:
+    """Which process measured a point of a sharded run (torchrun): its rank, host and device."""
+
+    rank: int
+    host: str
+    device: str
+
+
+@dataclass_json
+@dataclass
+class PointResult:
+    """One N at one parameter combination; `wide_tessera.results.analysis` computes it from measurements.
+
+    timings: strategy -> median ms per call ('baseline' included; incorrect strategies are not timed)
+    speedups: strategy -> baseline median / strategy median
+    speedup_ci: strategy -> [low, high], its 95% confidence interval
+    verdicts: strategy -> 'faster', 'slower' or 'same' (no significant difference)
+    correct: strategy -> passed the correctness check (False also when it failed to run)
+    best_strategy: the fastest correct significantly-faster strategy, else the correct one with
+        the highest speedup (None if none is correct)
+    best_speedup: its speedup when it is significantly faster, else None: never a headline from noise
+    winner: best_strategy when fusing wins, 'no_difference' on a statistical tie, else 'baseline';
+        'unstable' when the confirmation pass disagreed, 'disturbed' when the measurement could not
+        be cleaned of disturbance
+    peak_memory_bytes: strategy -> most tensor memory one call held above what was held before
+    failures: strategy (or 'point' for the whole point) -> why it has no result
+    health: what the machine did while the point was timed
+    confirmation: the second, independent measurement, where one was taken
+    flags: reasons to take a second look (an implausibly large speedup, a strategy that did not fuse)
+    first_call_s: callable -> seconds of its first call, one-time work included: torch.compile's
+        compilation, Triton's JIT and autotuning, library handles. It is kept out of the
+        timings and the memory peaks, which are steady-state.
+    launches: callable -> device kernels launched per call (CUDA) or top-level ATen operators
+        dispatched per call (CPU), from the profiler (measurement.launches)
+    work: what one call of the N models must do (flops, fewest bytes), where the op declares it
+    energy: callable -> its energy per call and power from NVML's counter (measurement.energy), where
+        the run was asked for it
+    where: the rank, host and device that measured it, in a sharded run (torchrun); None otherwise
+    """
+
+    n: int
+    params: Dict[str, Any]
+    timings: Dict[str, float]
+    speedups: Dict[str, float]
+    speedup_ci: Dict[str, List[float]]
+    verdicts: Dict[str, str]
+    correct: Dict[str, bool]
+    best_strategy: Optional[str]
+    best_speedup: Optional[float]
+    checks: Dict[str, Check]
+    stats: Dict[str, TimingStats]
+    peak_memory_bytes: Dict[str, int] = field(default_factory=dict)
+    failures: Dict[str, Failure] = field(default_factory=dict)
+    winner: str = "baseline"
+    health: Optional[Health] = None
+    confirmation: Optional[Confirmation] = None
+    flags: List[str] = field(default_factory=list)
+    first_call_s: Dict[str, float] = field(default_factory=dict)
+    launches: Dict[str, float] = field(default_factory=dict)
+    work: Optional[Work] = None
+    energy: Dict[str, Energy] = field(default_factory=dict)
+    where: Optional[Where] = None
+
+    @property
+    def unstable(self) -> bool:
+        """The confirmation pass came to another verdict: neither verdict is trusted."""
+        return self.confirmation is not None and not self.confirmation.agrees
+
+    @property
+    def disturbed(self) -> bool:
+        """Too few rounds escaped disturbance (a busy machine, throttling): no verdict is drawn."""
+        return self.health is not None and not self.health.cleaned
+
+    @property
+    def fused_wins(self) -> bool:
+        """A correct strategy is significantly faster than the N separate calls, in a measurement
+        that was not disturbed and that a confirmation did not contradict."""
+        return (
+            not self.unstable
+            and not self.disturbed
+            and self.best_strategy is not None
+            and self.verdicts[self.best_strategy] == "faster"
+        )
+
+
+@dataclass_json
+@dataclass(frozen=True)
+class FuseOrCapture:
+    """At a group's largest N: the fastest correct strategy against the fastest control.
+
+    speedup: control median / strategy median, with its 95% CI over the paired rounds, and
+    the verdict by the same rule as every speedup: 'faster' means fusing beats capturing.
+    """
+
+    n: int
+    strategy: str
+    control: str
+    speedup: float
+    ci: List[float]
+    verdict: str
+
+
+@dataclass_json
+@dataclass
+class GroupResult:
+    """All points that share their parameters and differ in N, and where fusing starts to pay.
+
+    problems: why the group's verdicts may not be trusted (disturbed measurements, unstable
+    points, deciding points near the margin that did not converge); empty when they can be.
+    fuse_or_capture: the best strategy against the best control at the largest N, where both ran.
+    """
+
+    params: Dict[str, Any]
+    n_values: List[int]
+    crossover_n: Optional[int]
+    problems: List[str] = field(default_factory=list)
+    fuse_or_capture: Optional[FuseOrCapture] = None
+
+
+@dataclass_json
+@dataclass
+class BenchmarkResult:
+    """One op's benchmark. `wide_tessera.results.analysis` computes it; the rules are written there.
+
+    reliable / unreliable_reasons: the verdict on the run itself (a busy machine, disturbed or
+    unconverged deciding points, unstable points, throttling). confirm: which points the
+    confirmation pass measured again. health: the machine over the whole run. compile: the
+    torch.compile mode of the baseline and every strategy ('none': eager). mode: what one timed
+    call did (measurement.modes: 'inference', 'forward', 'backward', 'forward_backward', 'train_step';
+    files before schema 5 hold inference). peaks: the device's
+    measured ceilings (measurement.roofline), where the run was asked for the roofline. runs: the
+    manifest of every run that measured points of this result (a `--resume` adds one); the
+    first one's `run_id` is the result's.
+    """
+
+    op: str
+    preset: str
+    strategies: List[str]
+    environment: Environment
+    timer: str
+    timing: TimingConfig
+    seed: int
+    duration_s: float
+    points: List[PointResult]
+    groups: List[GroupResult]
+    crossover_n: Optional[int]
+    recommended_threshold: Optional[int]
+    strategy_wins: Dict[str, int]
+    best_speedup: Optional[float]
+    memory_method: str = ""
+    # False when the run stopped early (Ctrl-C, a killed process): `--resume` completes it.
+    complete: bool = True
+    confirm: str = "deciding"
+    reliable: bool = True
+    unreliable_reasons: List[str] = field(default_factory=list)
+    health: Optional[RunHealth] = None
+    compile: str = "none"
+    mode: str = "inference"
+    peaks: Optional[Peaks] = None
+    runs: List[Manifest] = field(default_factory=list)
+    schema_version: int = SCHEMA_VERSION
+
+    @property
+    def run_id(self) -> Optional[str]:
+        """The id of the run that started this result; None for a file from before manifests."""
+        return self.runs[0].run_id if self.runs else None
+
+    @property
+    def device(self) -> str:
+        return self.environment.device
+
+    @property
+    def failures(self) -> List[str]:
+        """One line per incorrect, failed, timed-out or crashed strategy or point, with the reason."""
+        lines = []
+        for p in self.points:
+            where = f"N={p.n} {params_text(p.params)}"
+            lines += [f"{where} {s}: incorrect: {c.error}" for s, c in p.checks.items() if not c.correct]
+            lines += [f"{where} {s}: {f}" for s, f in p.failures.items() if f.kind != "skipped"]
+        return lines
+
+    @property
+    def skipped(self) -> List[str]:
+        return [
+            f"N={p.n} {params_text(p.params)}: {f.message}"
+            for p in self.points
+            for f in p.failures.values()
+            if f.kind == "skipped"
+        ]
+
+    @property
+    def warnings(self) -> List[str]:
+        """Every warning, one line each: noisy or unconverged timings, disturbed measurements,
+        unstable points, strategies that did not fuse, implausible speedups."""
+        return warning_lines(self)
+
+    @property
+    def all_correct(self) -> bool:
+        return not self.failures
+
+    @property
+    def measured_energy(self) -> bool:
+        """Whether the run was asked for energy (--energy): a file holds no flag for it, its points do."""
+        return any(p.energy for p in self.points)
+
+    def summary(self) -> str:
+        return format_summary(self)
+
+    def to_rows(self) -> List[Dict[str, Any]]:
+        """The tidy rows: one dict per (N, parameters, strategy); see `reports.tidy`."""
+        return tidy.rows([self])
+
+    def to_dataframe(self) -> "pandas.DataFrame":
+        """The tidy rows as a pandas DataFrame (the `pandas` extra); many results: `wide_tessera.to_dataframe`."""
+        return tidy.to_dataframe([self])
+
+    def save(self, path: Union[str, Path]) -> None:
+        save_results([self], path)
+
+    @classmethod
+    def load(cls, path: Union[str, Path]) -> "BenchmarkResult":
+        results = load_results(path)
+        if len(results) != 1:
+            raise WideTesseraError(f"{path}: holds {len(results)} results; read it with wide_tessera.load_results")
+        return results[0]
+
+
+def save_results(results: Sequence[BenchmarkResult], path: Union[str, Path]) -> None:
+    """Write results to one JSON file (the format `load_results` reads).
+
+    Replaced atomically (see `files.write_atomic`); a symlink is written through to its
+    target; anything else that is not a regular file is refused.
+    """
+    if not isinstance(results, (list, tuple)) or not all(isinstance(r, BenchmarkResult) for r in results):
+        raise WideTesseraError(
+            f"save_results: give a list of BenchmarkResult, got {type(results).__name__} "
+            "(one result: result.save(path))"
+        )
+    doc = {"schema_version": SCHEMA_VERSION, "results": [r.to_dict() for r in results]}
+    write_atomic(path, json.dumps(doc, indent=1, allow_nan=False) + "\n")
+
+
+def _reject_constant(name: str) -> None:
+    raise ValueError(f"{name} is not a number a results file holds")
+
+
+def load_results(path: Union[str, Path]) -> List[BenchmarkResult]:
+    """Read every result from a file written by `save_results`, `result.save` or `wide_tessera benchmark -o`.
+
+    Every field is checked (types, then what must hold between them), so a damaged or
+    foreign file gives one line naming the file and the first problem, never a traceback.
+    """
+    kind = not_a_regular_file(Path(path))
+    if kind is not None:  # reading a FIFO would wait forever
+        raise WideTesseraError(f"{path}: is {kind}, not a results file")
+    try:
+        doc = json.loads(Path(path).read_text(), parse_constant=_reject_constant)
+        if not isinstance(doc, dict) or "schema_version" not in doc:
+            raise WideTesseraError("no schema_version")
+        version = doc["schema_version"]
+        if version not in READABLE_VERSIONS:
+            raise WideTesseraError(
+                f"schema version {version!r}; this wide_tessera reads {', '.join(map(str, READABLE_VERSIONS))}"
+            )
+        check_json(doc.get("results"), List[Dict[str, Any]], "results")
+        results = []
+        for i, raw in enumerate(doc["results"]):
+            result = build(raw, BenchmarkResult, f"results[{i}]")
+            check_result(result, f"results[{i}]")
+            results.append(result)
+        return results
+    except OSError as e:
+        raise WideTesseraError(f"{path}: cannot read ({e.strerror or e})") from None
+    except Exception as e:  # noqa: BLE001  RecursionError from deep nesting included: bad file, one line
+        detail = str(e) if isinstance(e, WideTesseraError) else f"{type(e).__name__}: {e}"
+        raise WideTesseraError(f"{path}: not a wide_tessera results file ({' '.join(detail.split())})") from None

@@ -1,0 +1,477 @@
+"""Measure one point of a sweep: build N models and inputs, check every strategy, time baseline and strategies.
+
+Nothing that goes wrong at a point escapes it: an exception, a stage that
+overruns its limit, or a point over the memory budget becomes a `Failure` in
+the point's result. The in-process runner and the isolated worker both measure
+points here.
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+import json
+import time
+import warnings
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set
+
+import torch
+
+from ..core.user_input import check_bool, check_instance, check_seed
+from ..core.errors import WideTesseraError
+from ..results import analysis
+from ..measurement import modes
+from ..core import trees
+from ..core.capabilities import unmet_need
+from ..measurement.controls import COMPILE_MODES, CONTROLS, OPTIMIZER_CONTROLS, GraphedLoop, compiled, control_unavailable
+from ..core.correctness import Check, check_outputs, fallback_note, merge_checks, nonfinite_reference, shares_memory, tolerance
+from ..measurement.energy import measure_energy
+from ..core.job import DTYPES, BenchmarkJob
+from ..measurement.launches import count_launches
+from ..measurement.memory import peak_memory
+from ..measurement.modes import TRAINING_MODES, Side, check_mode
+from ..results.schema import Failure, PointResult
+from ..measurement.stages import StageObserver, StageTimeout, StageTimeouts, stage_limit
+from ..measurement.timing import PairedTimings, TimedFunctionError, TimingConfig, measure_paired
+
+__all__ = ["RunSettings", "CONFIRM_MODES", "COMPILE_MODES", "point_key", "point_keys", "iter_points", "INPUT_DRAWS"]
+
+CONFIRM_MODES = ("deciding", "all", "none")
+# Each strategy is checked on this many independent input draws: one draw can hide a
+# strategy that is right only for some inputs (KernelBench runs several trials).
+INPUT_DRAWS = 2
+
+
+@dataclass(frozen=True)
+class PresetRun:
+    """How a run of a preset samples, confirms and controls where its caller does not say."""
+
+    budget_s: float = TimingConfig.budget_s
+    confirm: str = "deciding"
+    controls: bool = True
+
+
+# The `ci` preset is a smoke run of every op: does each strategy run and compute what the N
+# calls compute, with a rough speedup. With the full settings all 17 ops took 370 s on the
+# 2-core CPU (controls compiled at every point, deciding points measured twice, 0.5 s per
+# function); with these, 59 s. Its verdicts keep their intervals, its header says they are
+# unconfirmed, and any of the three can be asked back (--budget, --confirm, --controls).
+# `quick`, the README's first command, keeps confirmation and controls and samples 0.25 s:
+# 512 s for its 121 CPU points. Five minutes would mean no confirmation, as in ci (a gemm+gru
+# quick run: 128 s, 71 s without it), and verdicts no longer confirmed.
+PRESET_RUNS = {"ci": PresetRun(budget_s=0.1, confirm="none", controls=False), "quick": PresetRun(budget_s=0.25)}
+
+
+def preset_run(preset: Optional[str]) -> PresetRun:
+    return PRESET_RUNS.get(preset or "", PresetRun())
+
+
+def default_timing(preset: Optional[str] = None) -> TimingConfig:
+    """The timing settings of a run that names none; one place, so tests can shorten it."""
+    return TimingConfig(budget_s=preset_run(preset).budget_s)
+
+
+def default_controls(preset: Optional[str] = None) -> bool:
+    """Whether a run that does not say times the controls; one place, so tests can leave them out."""
+    return preset_run(preset).controls
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """How to run a job's points; one object, passed whole to the runner and the isolated worker.
+
+    confirm: which points the confirmation pass measures again ('deciding', 'all', 'none').
+    timing, confirm and controls left None are the preset's (PRESET_RUNS), else the defaults.
+    compile: torch.compile mode applied to the baseline and every strategy alike ('none' for eager).
+    controls: time the controls (see `controls`) beside the strategies where they apply.
+    roofline: measure the device's peaks (once, cached) and report each timing against them.
+    mode: what one timed call does (see `modes`): 'inference' (no autograd), 'forward',
+        'backward', 'forward_backward' or 'train_step'.
+    energy: after timing, measure each callable's energy per call (measurement.energy; CUDA with NVML).
+    """
+
+    device: str = "cpu"
+    seed: int = 0
+    timing: Optional[TimingConfig] = None
+    timeouts: StageTimeouts = field(default_factory=StageTimeouts)
+    memory_budget: Optional[int] = None
+    isolate: bool = False
+    confirm: Optional[str] = None
+    compile: str = "none"
+    controls: Optional[bool] = None
+    roofline: bool = False
+    mode: str = "inference"
+    preset: Optional[str] = None
+    energy: bool = False
+
+    def __post_init__(self) -> None:
+        check_mode(self.mode)
+        if self.timing is None:
+            object.__setattr__(self, "timing", default_timing(self.preset))
+        if self.controls is None:
+            object.__setattr__(self, "controls", default_controls(self.preset))
+        if self.confirm is None:
+            object.__setattr__(self, "confirm", preset_run(self.preset).confirm)
+        check_bool("controls", self.controls)
+        check_bool("roofline", self.roofline)
+        check_bool("energy", self.energy)
+        if self.compile not in COMPILE_MODES:
+            raise WideTesseraError(f"compile={self.compile!r}: valid are {', '.join(COMPILE_MODES)}")
+        check_seed(self.seed)
+        check_instance("timing", self.timing, TimingConfig)
+        check_instance("timeouts", self.timeouts, StageTimeouts)
+        check_bool("isolate", self.isolate)
+        if self.confirm not in CONFIRM_MODES:
+            raise WideTesseraError(f"confirm={self.confirm!r}: valid are {', '.join(CONFIRM_MODES)}")
+
+
+def point_key(n: int, params: Dict[str, Any]) -> str:
+    """A point's identity across runs and passes, for --resume and the confirmation pass."""
+    return json.dumps([n, params], sort_keys=True)
+
+
+def point_keys(points: Sequence[PointResult]) -> Set[str]:
+    return {point_key(p.n, p.params) for p in points}
+
+
+def iter_points(
+    job: BenchmarkJob,
+    settings: RunSettings,
+    start: int = 0,
+    skip: Optional[Set[str]] = None,
+    excluded: Optional[Dict[str, Failure]] = None,
+    observer: Optional[Callable[[int, str, Optional[str], float], None]] = None,
+    on_function: Optional[Callable[[str], None]] = None,
+) -> Iterator[PointResult]:
+    """Measure the sweep's points from index `start`, leaving out those whose key is in `skip`.
+
+    `excluded` holds strategies already known to fail at point `start` (the isolated
+    runner's record of a crash): they are not run again, and their failures are kept.
+    `observer(index, stage, strategy, limit)` hears of each stage as it starts, and
+    `on_function(name)` of each function the timer is about to run.
+    """
+    skip = skip or set()
+    # The profiler's first start in a process takes about a second (CPU): pay it here,
+    # outside every stage's time limit.
+    peak_memory(lambda: None, settings.device)
+    with torch.no_grad():
+        for index, (n, params) in enumerate(job.sweep.points()):
+            if index < start or point_key(n, params) in skip:
+                continue
+            known = dict(excluded or {}) if index == start else {}
+            yield _measure_point(
+                job, n, params, settings, known, None if observer is None else partial(observer, index), on_function
+            )
+
+
+def _clones(inputs: Sequence[Any]) -> List[Any]:
+    return [trees.clone(x) for x in inputs]
+
+
+def _measure_point(
+    job: BenchmarkJob,
+    n: int,
+    params: Dict[str, Any],
+    settings: RunSettings,
+    failures: Dict[str, Failure],
+    observer: Optional[StageObserver],
+    on_function: Optional[Callable[[str], None]] = None,
+) -> PointResult:
+    device, timeouts = settings.device, settings.timeouts
+    dtype = DTYPES[params.get("dtype", "float32")]
+
+    def stage(name: str, strategy: Optional[str] = None) -> Any:
+        return stage_limit(name, timeouts, strategy, observer)
+
+    try:
+        with stage("setup"):
+            over = _over_budget(job, n, params, dtype, settings)
+            if over is not None:
+                return analysis.failed_point(n, params, {"point": over})
+            # Seeded per point, so a point's models and inputs do not depend on which points
+            # ran before it, and the confirmation pass rebuilds exactly the same point.
+            torch.manual_seed(settings.seed)
+            training = settings.mode in TRAINING_MODES
+            train = job.train or training
+            modules = [job.model_factory(**params).to(device=device, dtype=dtype).train(train) for _ in range(n)]
+            draws = [
+                [trees.cast(x, device, dtype) for x in job.input_factory(n, **params)] for _ in range(INPUT_DRAWS)
+            ]
+    except Exception as e:
+        return analysis.failed_point(n, params, {"point": _failure("setup", e)})
+
+    # Every call below gets its own copy of the inputs: a model that changes its input in
+    # place (x += self.pos) must not change what the next strategy is checked on.
+    separate_calls = partial(_separate_calls, modules)
+
+    def reference_calls(inputs: Sequence[Any]) -> List[Any]:
+        # Random models: every call starts from the same generator state, as the checked
+        # wide call does (see BenchmarkJob.random), so each model draws what the wide call drew.
+        return [_seeded(partial(trees.call, m, x), settings.seed, job.random) for m, x in zip(modules, inputs)]
+
+    def seeded(call: Callable[[], Any]) -> Any:
+        return _seeded(call, settings.seed, job.random)
+
+    weights: List[Any] = []  # training modes: per draw, what the loss weights each output by
+    outcomes: List[modes.Outcome] = []  # training modes: per draw, what the N models' training call did
+
+    def loop_side(compile_mode: str = "none", optimizer: Optional[str] = None) -> Side:
+        """N separate calls to time (train_step: stepped by N default optimizers, or by one
+        `optimizer` over all N models). In the training modes each loop has models of its own, as
+        the models were built: its optimizer steps them, and a backward-mode forward recorded on
+        them must not see another side's check restore their running statistics."""
+        models = [copy.deepcopy(m) for m in modules] if training else modules
+        loop = partial(_separate_calls, models)
+        return Side(loop if compile_mode == "none" else compiled(loop, compile_mode), list, list, models, optimizer)
+
+    def timed_of(side: Side) -> Callable[[], object]:
+        return modes.timed_call(settings.mode, side, _clones(draws[0]), weights[0] if weights else [])
+
+    try:
+        # Calls in train mode update the models' running statistics: each call here starts from,
+        # and leaves, the models as they were built, from which each strategy is built and checked.
+        with stage("check", "baseline"):
+            references = []
+            # The first call (handles, workspaces: cuBLAS's 33 MiB on an H100) is not steady state.
+            with modes.preserved(modules):
+                first_call_s = {"baseline": _first_call_s(partial(separate_calls, _clones(draws[0])), device)}
+            for i, inputs in enumerate(draws):
+                given = _clones(inputs)
+                with modes.preserved(modules):
+                    reference = reference_calls(given)
+                unjudgeable = nonfinite_reference(reference)
+                if unjudgeable is not None:
+                    return analysis.failed_point(n, params, {"point": Failure("check", "error", "Unjudgeable", unjudgeable)})
+                # The separate calls may return their input (an identity); only then may a strategy.
+                returns_input = any(
+                    shares_memory(o, trees.tensors(x)) for out, x in zip(reference, given) for o in trees.tensors(out)
+                )
+                references.append((reference, returns_input))
+                if training:
+                    weights.append(modes.grad_weights(reference, settings.seed + i))
+                    reference_side = Side(reference_calls, list, list, modules)
+                    outcomes.append(modes.outcome(settings.mode, reference_side, _clones(inputs), weights[i], _call))
+            timed = {"baseline": timed_of(loop_side())}
+            peaks = {"baseline": peak_memory(timed["baseline"], device)[1]}
+    except Exception as e:
+        return analysis.failed_point(n, params, {"point": _failure("check", e)})
+
+    tol = tolerance(dtype, device)
+    checks: Dict[str, Check] = {}
+    compiling = settings.compile != "none"
+    if compiling or settings.controls:
+        torch._dynamo.reset()  # each point compiles afresh: never silently eager past the recompile limit
+
+    def check_draw(side: Side, join: Optional[Callable[[List[Any]], Any]], i: int, given: List[Any]) -> Check:
+        """One draw's verdict on `side`: its N outputs (training modes: and gradients, state) against the separate calls'."""
+        reference, returns_input = references[i]
+        if training:
+            got = modes.outcome(settings.mode, side, given, weights[i], seeded)
+            return modes.compare(outcomes[i], got, modules, join, tol)
+        x = side.pack(given)
+        output = seeded(partial(side.forward, x))
+        forbidden = [] if returns_input else trees.tensors([x, given])
+        return check_outputs(side.unpack(output), reference, tol, forbidden)
+
+    def checked(
+        name: str, side: Side, join: Optional[Callable[[List[Any]], Any]] = None, check_side: Optional[Side] = None
+    ) -> Optional[Callable[[], object]]:
+        """Check `name` on every draw; its timed call on draw 0 when correct, else None.
+
+        `join(modules)` builds the side's wide module from N models (None for a loop over
+        them); `check_side` is the one checked where the timed side cannot be (random models).
+        The first call (compilation, autotuning, handles) is timed apart and kept out of
+        the memory peak: on an H100 a Triton strategy's autotuning showed as a 256 MiB peak.
+        """
+        try:
+            with stage("check", name), warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                with modes.preserved(side.modules):
+                    first_call_s[name] = _first_call_s(timed_of(side), device)
+                draw_checks = [check_draw(check_side or side, join, i, _clones(x)) for i, x in enumerate(draws)]
+            messages = list(dict.fromkeys(str(w.message) for w in caught))
+            checks[name] = merge_checks(draw_checks, fallback_note(messages), messages)
+            if not checks[name].correct:
+                return None
+            with stage("check", name):  # left as the timed call leaves it: restoring could break a recorded forward
+                call = timed_of(side)
+                peaks[name] = peak_memory(call, device)[1]
+            return call
+        except Exception as e:  # a broken strategy is a result to report, not a reason to stop the sweep
+            failures[name] = _failure("check", e)
+            _release_memory(device)
+            return None
+
+    if compiling:  # the compiled loop is the baseline; the eager one stays the reference it is checked against
+        compiled_baseline = checked("baseline", loop_side(settings.compile))
+        check = checks.pop("baseline", None)
+        if compiled_baseline is None:
+            failure = failures.pop("baseline", None) or Failure(
+                "check", "error", "Incorrect", f"the compiled baseline differs from the eager calls: {check.error}"
+            )
+            return analysis.failed_point(n, params, {"point": failure}, peak_memory_bytes=peaks)
+        timed["baseline"] = compiled_baseline
+    for strategy in job.strategies:
+        if strategy in failures:
+            continue
+        reason = unmet_need(job.strategy_needs.get(strategy), device, dtype, params, compiling)
+        if reason is not None:
+            failures[strategy] = Failure("setup", "skipped", "Unavailable", f"{strategy}: {reason}")
+            continue
+        try:
+            with stage("check", strategy):
+                wide = job.wide_factory(modules, strategy)
+                seeded_wide = job.seeded_check_factory and job.seeded_check_factory(modules, strategy)
+        except Exception as e:
+            failures[strategy] = _failure("check", e)
+            continue
+        side = _wide_side(wide, compiled(wide, settings.compile) if compiling else wide)
+        join = partial(_join, job.wide_factory, strategy)
+        call = checked(strategy, side, join, seeded_wide and _wide_side(seeded_wide, seeded_wide))
+        if call is not None:
+            timed[strategy] = call
+    for control in CONTROLS if settings.controls else ():
+        if control_unavailable(control, device, settings.compile, settings.timing.cuda_graph, job.random, settings.mode):
+            continue
+        if control in OPTIMIZER_CONTROLS:  # the loop as the baseline runs it, compiled or not
+            call = checked(control, loop_side(settings.compile, OPTIMIZER_CONTROLS[control]))
+        elif control == "loop_compiled":
+            call = checked(control, loop_side("default"))
+        else:
+            call = checked(control, _graphed_side(separate_calls, draws[0]))
+        if call is not None:
+            timed[control] = call
+
+    timings = _measure_until_healthy(timed, settings, failures, stage, on_function)
+    launches = {}
+    for name in timings.stats if timings is not None else ():
+        with stage("measure", name):  # after timing: every call counted has run many times already
+            launches[name] = count_launches(timed[name], device)
+    point = analysis.measured_point(n, params, timings, checks, settings.seed, peaks, failures, first_call_s)
+    point.launches, point.work = launches, job.work_factory(n, **params)
+    if settings.energy and timings is not None:
+        medians = {name: st.median_ms for name, st in timings.stats.items()}
+        try:
+            with stage("measure"):
+                point.energy = measure_energy(
+                    {name: timed[name] for name in medians}, medians, device, settings.timing.cuda_graph, on_function
+                )
+        except Exception as e:  # noqa: BLE001  the timings stand without it; say why it is missing
+            point.flags.append(f"no energy measured: {type(e).__name__}: {e}")
+    return point
+
+
+def _separate_calls(models: Sequence[torch.nn.Module], inputs: Sequence[Any]) -> List[Any]:
+    return [trees.call(m, x) for m, x in zip(models, inputs)]
+
+
+def _wide_side(wide: Any, forward: Callable) -> Side:
+    """The inputs packed into the wide module's layout, `forward` (the module, or it compiled) on them."""
+    return Side(partial(trees.call, forward), wide.pack, wide.unpack, [wide])
+
+
+def _join(wide_factory: Callable[[List[Any], str], Any], strategy: str, modules: List[Any]) -> Any:
+    """The strategy's wide module of `modules`: how a training check joins the models' gradients and state."""
+    return wide_factory(modules, strategy)
+
+
+def _call(call: Callable[[], Any]) -> Any:
+    return call()
+
+
+def _seeded(call: Callable[[], Any], seed: int, random: bool) -> Any:
+    """`call()`, from the generator state `seed` when the models draw random numbers."""
+    if random:
+        torch.manual_seed(seed)
+    return call()
+
+
+def _graphed_side(loop: Callable, capture_inputs: Sequence[torch.Tensor]) -> Side:
+    """The loop captured on its first use (in the check stage, where a failure is recorded) over
+    draw 0's inputs; each draw is then copied into the static inputs."""
+    graphed: List[GraphedLoop] = []
+
+    def load(given: List[torch.Tensor]) -> List[Any]:
+        if not graphed:
+            graphed.append(GraphedLoop(loop, capture_inputs))
+        graphed[0].load(given)
+        return graphed[0].inputs
+
+    return Side(lambda _: graphed[0].replay(), load, list, [])
+
+
+def _first_call_s(call: Callable[[], object], device: str) -> float:
+    """Seconds the first call took: for a compiled callable, its compilation."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+    started = time.perf_counter()
+    call()
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - started
+
+
+def _measure_until_healthy(
+    timed: Dict[str, Callable[[], object]],
+    settings: RunSettings,
+    failures: Dict[str, Failure],
+    stage: Any,
+    on_function: Optional[Callable[[str], None]],
+) -> Optional[PairedTimings]:
+    """Time the functions together; one that fails is recorded and the rest are timed again without it."""
+    while "baseline" in timed:
+        try:
+            return measure_paired(timed, settings.device, settings.timing, stage, on_function)
+        except TimedFunctionError as e:
+            culprit = "point" if e.name == "baseline" else e.name
+            phase = e.error.stage if isinstance(e.error, StageTimeout) else "measure"
+            failures[culprit] = _failure(phase, e.error)
+            del timed[e.name]
+            _release_memory(settings.device)
+    return None
+
+
+def _failure(stage: str, error: BaseException) -> Failure:
+    if isinstance(error, StageTimeout):
+        return Failure(error.stage, "timeout", "Timeout", str(error), error.elapsed_s, error.limit_s)
+    return Failure(stage, "error", type(error).__name__, str(error))
+
+
+def _release_memory(device: str) -> None:
+    # After an out-of-memory error the failed strategy's tensors are garbage; free them
+    # before the next strategy needs the room.
+    gc.collect()
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _over_budget(
+    job: BenchmarkJob, n: int, params: Dict[str, Any], dtype: torch.dtype, settings: RunSettings
+) -> Optional[Failure]:
+    """A 'skipped' failure if the point's estimated footprint exceeds the memory budget.
+
+    The estimate, from one model and one input on the CPU: N times (weights twice, for
+    the models and the wide copy; input twice, separate and packed; output twice,
+    reference and wide). The training modes add, on both sides, the weights' gradients and
+    momentum, and the input's and output's gradients.
+    """
+    if settings.memory_budget is None:
+        return None
+    model = job.model_factory(**params).to(dtype=dtype)
+    x = trees.cast(job.input_factory(1, **params)[0], "cpu", dtype)
+    with torch.no_grad():
+        y = trees.call(model.train(job.train), x)
+    weights = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+    training = settings.mode in TRAINING_MODES
+    io = sum(t.numel() * t.element_size() for t in trees.tensors([x, y]))
+    estimate = n * ((6 if training else 2) * weights + (4 if training else 2) * io)
+    if estimate <= settings.memory_budget:
+        return None
+    return Failure(
+        "setup",
+        "skipped",
+        "MemoryBudget",
+        f"estimated footprint {estimate / 2**20:.1f} MiB exceeds the memory budget {settings.memory_budget / 2**20:.1f} MiB",
+    )

@@ -1,0 +1,211 @@
+"""The one point loop: measure a job's points, confirm the deciding ones, analyse.
+
+The API and the CLI both run jobs here; the CLI's saving after every point and
+its --resume are the `on_point` hook and the `previous` points. Points are
+measured in this process (`point.iter_points`) or in isolated workers
+(`isolation.iter_points_isolated`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Callable, Dict, Iterator, List, Optional, Set
+
+from ..core.errors import WideTesseraError
+from ..results import analysis
+from ..measurement.controls import BACKWARD_NOT_COMPILED
+from ..measurement.energy import energy_unavailable
+from ..core.environment import capture_environment
+from .isolation import check_picklable, iter_points_isolated
+from ..core.job import BenchmarkJob, params_text
+from ..results.manifest import Manifest, capture_manifest, now
+from ..measurement.memory import memory_method
+from .point import RunSettings, iter_points, point_key, point_keys
+from .progress import Progress
+from .resume import point_order
+from ..measurement.roofline import Peaks, load_or_calibrate
+from ..results.schema import BenchmarkResult, PointResult
+from ..measurement.stages import StageTimeouts
+from ..measurement.timing import TimingConfig, timer_name
+
+__all__ = ["run", "run_job", "check_runnable", "RunInterrupted", "RunSettings"]
+
+# Confirming can move a crossover, which makes new points deciding; they are confirmed in
+# turn, this many times at most.
+_CONFIRM_ROUNDS = 3
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a run; `result` holds what was measured, marked incomplete."""
+
+    def __init__(self, result: BenchmarkResult):
+        super().__init__(f"interrupted after {len(result.points)} point(s) of {result.op}")
+        self.result = result
+
+
+def run(
+    job: BenchmarkJob,
+    device: str = "cpu",
+    verbose: bool = True,
+    seed: int = 0,
+    timing: Optional[TimingConfig] = None,
+    timeouts: Optional[StageTimeouts] = None,
+    memory_budget: Optional[int] = None,
+    isolate: bool = False,
+    confirm: Optional[str] = None,
+    compile: str = "none",
+    controls: Optional[bool] = None,
+    roofline: bool = False,
+    mode: str = "inference",
+    energy: bool = False,
+) -> BenchmarkResult:
+    """Run every point of `job` on `device` (in worker processes with `isolate`), confirm, analyse."""
+    settings = RunSettings(
+        device, seed, timing, timeouts or StageTimeouts(), memory_budget, isolate, confirm, compile, controls, roofline, mode,
+        preset=job.preset, energy=energy,
+    )
+    check_runnable(job, settings)
+    progress = Progress(job.sweep.n_points(), enabled=verbose)
+    try:
+        return run_job(job, settings, progress=progress)
+    finally:
+        progress.close()
+
+
+def run_job(
+    job: BenchmarkJob,
+    settings: RunSettings,
+    previous: Optional[BenchmarkResult] = None,
+    on_point: Optional[Callable[[BenchmarkResult], None]] = None,
+    progress: Optional[Progress] = None,
+    share: Optional[Callable[[Dict[str, Any]], bool]] = None,
+) -> BenchmarkResult:
+    """Measure the points of `job` that `previous` lacks, then the confirmation pass.
+
+    `share(params)` says which parameter groups are this process's, in a sharded run
+    (sweep.shards): whole groups, so that confirming and crossovers need no other rank.
+    `on_point(result)` gets the incomplete result after every measurement (the CLI
+    saves it); `progress` hears of each (None: nothing is shown). Ctrl-C raises
+    RunInterrupted carrying that incomplete result. The caller has called
+    `check_runnable` (`run` does; the CLI does for all its jobs before the first).
+    """
+    progress = progress or Progress(0, enabled=False)
+    progress.op(job.op)
+    earlier = previous.points if previous else []
+    # Every earlier point is kept, those outside this sweep too (--resume with other N values).
+    points: Dict[str, PointResult] = {point_key(p.n, p.params): p for p in earlier}
+    order = point_order(job.sweep, earlier)
+    every = {point_key(n, p) for n, p in job.sweep.points()}
+    sweep = {point_key(n, p) for n, p in job.sweep.points() if share is None or share(p)}
+    started = time.perf_counter() - (previous.duration_s if previous else 0.0)
+
+    def ordered() -> List[PointResult]:
+        return sorted(points.values(), key=lambda p: order[point_key(p.n, p.params)])
+
+    peaks = load_or_calibrate(settings.device) if settings.roofline else None
+    # This run's manifest joins those of the runs a --resume continues.
+    earlier_runs = previous.runs if previous else []
+    manifest = capture_manifest(settings.device, settings.seed)
+
+    def result(complete: bool) -> BenchmarkResult:
+        runs = [*earlier_runs, dataclasses.replace(manifest, finished=now())]
+        return _build_result(job, settings, ordered(), time.perf_counter() - started, complete, peaks, runs)
+
+    def measured(key: str, point: PointResult, line: str) -> None:
+        points[key] = point
+        progress.done(f"[{job.op}] {line}")
+        if on_point is not None:
+            on_point(result(complete=False))
+
+    try:
+        for point in _points(job, settings, skip=set(points) | (every - sweep)):
+            measured(point_key(point.n, point.params), point, f"{len(points) + 1}/{len(order)} {_progress(point)}")
+        # A control never decides a verdict, so the second pass leaves the controls out
+        # (a gemm+gru quick run: 128 s with them, 119 s without), and the energy, which the
+        # first pass measured and no verdict reads.
+        again = dataclasses.replace(settings, controls=False, energy=False)
+        for _ in range(_CONFIRM_ROUNDS):
+            todo = point_keys(analysis.points_to_confirm(ordered(), settings.confirm))
+            todo &= sweep  # a point of an earlier run outside this sweep cannot be rebuilt from it
+            progress.more(len(todo))
+            for i, second in enumerate(_points(job, again, skip=every - todo), start=1):
+                key = point_key(second.n, second.params)
+                point = analysis.confirmed(points[key], second)
+                measured(key, point, f"confirm {i}/{len(todo)} {_confirmation_progress(point)}")
+            if not todo:
+                break
+    except KeyboardInterrupt:
+        raise RunInterrupted(result(complete=False)) from None
+    return result(complete=True)
+
+
+def check_runnable(job: BenchmarkJob, settings: RunSettings) -> None:
+    """A clear error, before any point is measured, for a job these settings cannot run."""
+    if job.random and settings.compile != "none":
+        raise WideTesseraError(
+            f"{job.op} draws random numbers, which compiled code draws its own way, so a compiled run could not "
+            f"be checked; run it uncompiled (compile 'none', --compile none; got {settings.compile!r})"
+        )
+    if settings.mode == "backward" and settings.compile != "none":
+        raise WideTesseraError(f"--compile {settings.compile} with --mode backward: {BACKWARD_NOT_COMPILED}")
+    if settings.isolate:
+        check_picklable(job)
+    if settings.energy:
+        why = energy_unavailable(settings.device)
+        if why is not None:
+            raise WideTesseraError(f"energy=True (--energy) cannot be measured: {why}")
+
+
+def _points(job: BenchmarkJob, settings: RunSettings, skip: Set[str]) -> Iterator[PointResult]:
+    if settings.isolate:
+        return iter_points_isolated(job, settings, skip)
+    return iter_points(job, settings, skip=skip)
+
+
+def _build_result(
+    job: BenchmarkJob,
+    settings: RunSettings,
+    points: List[PointResult],
+    duration_s: float,
+    complete: bool,
+    peaks: Optional[Peaks],
+    runs: List[Manifest],
+) -> BenchmarkResult:
+    return analysis.result_of(
+        points,
+        op=job.op,
+        preset=job.preset,
+        strategies=list(job.strategies),
+        environment=capture_environment(settings.device),
+        timer=timer_name(settings.device, settings.timing),
+        timing=settings.timing,
+        seed=settings.seed,
+        duration_s=duration_s,
+        memory_method=memory_method(settings.device),
+        complete=complete,
+        confirm=settings.confirm,
+        compile=settings.compile,
+        mode=settings.mode,
+        peaks=peaks,
+        runs=runs,
+    )
+
+
+def _progress(point: PointResult) -> str:
+    where = f"N={point.n} {params_text(point.params)}"
+    if "point" in point.failures:
+        return f"{where}: {point.failures['point']}"
+    bad = [s for s, ok in point.correct.items() if not ok]
+    flag = f"  FAILED: {', '.join(bad)}" if bad else ""
+    best = point.best_strategy
+    if best is None:
+        return f"{where}: no correct strategy{flag}"
+    return f"{where}: {best} {point.speedups[best]:.2f}x ({point.verdicts[best]}){flag}"
+
+
+def _confirmation_progress(point: PointResult) -> str:
+    where = f"N={point.n} {params_text(point.params)}"
+    if point.unstable:
+        return f"{where}: UNSTABLE: first pass {analysis.first_verdict(point)}, now {point.confirmation.winner}"
+    return f"{where}: confirmed {point.winner}"

@@ -1,0 +1,191 @@
+"""The job behind benchmark_custom: N copies of any nn.Module class, their inputs, and its two
+strategies, `vmap` (the whole model under torch.func's vmap) and `surgery` (layer by layer)."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+from torch import nn
+
+from ..core import trees
+from ..core.capabilities import Needs
+from ..core.job import BenchmarkJob, SweepParams
+from ..core.errors import WideTesseraError, unknown
+from .functional import RANDOMNESS, WideFunctional
+from .surgery import WideSurgery, untraceable
+
+__all__ = ["custom_job", "custom_wide", "CUSTOM_STRATEGIES", "RANDOMNESS", "INPUT_DTYPES"]
+
+# vmap: the whole model under vmap; surgery: layers an op fuses swapped for its wide module.
+CUSTOM_STRATEGIES = ("vmap", "surgery")
+
+# An input's dtype: 'float' follows the run's dtype; integer inputs (token ids) are drawn
+# uniformly from [0, int_high); bool ones are 0 or 1.
+INPUT_DTYPES: Dict[str, Optional[torch.dtype]] = {
+    "float": None,
+    "int64": torch.int64,
+    "int32": torch.int32,
+    "bool": torch.bool,
+}
+
+
+def custom_job(
+    model_class: type,
+    input_shape: Any,
+    n_values: Sequence[int],
+    name: Optional[str],
+    dtype: str,
+    model_kwargs: Dict[str, Any],
+    run_check: Callable[[Callable[[], None]], None] = lambda check: check(),
+    input_dtype: Any = None,
+    int_high: Optional[int] = None,
+    input_factory: Optional[Callable[[], Any]] = None,
+    randomness: str = "error",
+    train: bool = False,
+) -> BenchmarkJob:
+    """A job for N copies of `model_class(**model_kwargs)`, each fed its own input.
+
+    One model's input is `input_shape` (a shape, or a list of shapes for several inputs)
+    with `input_dtype` (one name of INPUT_DTYPES, or one per input), or whatever
+    `input_factory()` returns (a tensor or a tuple of them). The module is tried on one
+    input first; `run_check(check)` runs that try (the API runs it in a worker process
+    under `isolate`, so a module that crashes or hangs cannot take the caller with it).
+    """
+    if not (isinstance(model_class, type) and issubclass(model_class, nn.Module)):
+        raise WideTesseraError(f"model_class must be an nn.Module subclass, got {model_class!r}")
+    if randomness not in RANDOMNESS:
+        raise unknown("randomness", randomness, RANDOMNESS)
+    if not isinstance(train, bool):
+        raise WideTesseraError(f"train={train!r}: give True or False")
+    if input_factory is not None:
+        if input_shape is not None or input_dtype is not None:
+            raise WideTesseraError("give input_shape (and input_dtype) or input_factory, not both")
+        if not callable(input_factory):
+            raise WideTesseraError(f"input_factory={input_factory!r} is not callable; give a function of no arguments")
+        make_input = input_factory
+    else:
+        make_input = partial(_random_input, _input_specs(input_shape, input_dtype, int_high), int_high)
+    extra: Dict[str, List[Any]] = {"train": [True]} if train else {}
+    if randomness != "error":
+        extra["randomness"] = [randomness]
+    sweep = SweepParams.of([1], **extra, dtype=["float32"]).with_overrides(n_values=n_values, dtype=dtype)
+    given = "the input of input_factory()" if input_factory is not None else f"input_shape {input_shape}"
+    run_check(partial(_check_fits, model_class, make_input, given, model_kwargs, randomness, train))
+    return BenchmarkJob(
+        op=name or model_class.__name__,
+        preset="custom",
+        strategies=list(CUSTOM_STRATEGIES),
+        sweep=sweep,
+        # partials of module-level functions, not lambdas: an isolated run pickles the job
+        model_factory=partial(_build_model, model_class, model_kwargs),
+        input_factory=partial(_inputs, make_input),
+        wide_factory=partial(custom_wide, randomness=randomness),
+        train=train,
+        seeded_check_factory=None if randomness == "error" else partial(custom_wide, randomness="same"),
+        # a model torch.fx cannot trace is skipped by surgery with the reason, not failed
+        strategy_needs={"surgery": Needs(probe=partial(untraceable, model_class, model_kwargs))},
+    )
+
+
+def custom_wide(modules: Sequence[nn.Module], strategy: str, randomness: str = "error") -> nn.Module:
+    """The wide module of a custom job's strategy."""
+    if strategy == "surgery":
+        return WideSurgery(modules, randomness)
+    return WideFunctional.from_modules(modules, strategy, randomness)
+
+
+# (shape, dtype or None for the run's float dtype) of each input
+InputSpec = Tuple[Tuple[int, ...], Optional[torch.dtype]]
+
+
+def _input_specs(input_shape: Any, input_dtype: Any, int_high: Optional[int]) -> List[InputSpec]:
+    """Each input's shape and dtype, checked: one clear error before any model is built."""
+    several = isinstance(input_shape, list) and bool(input_shape) and all(isinstance(s, (tuple, list)) for s in input_shape)
+    shapes = list(input_shape) if several else [input_shape]
+    for shape in shapes:
+        ok = isinstance(shape, (tuple, list, torch.Size)) and len(shape) > 0
+        if not ok or any(isinstance(d, bool) or not isinstance(d, int) or d <= 0 for d in shape):
+            what = "each input_shape" if several else "input_shape"
+            raise WideTesseraError(
+                f"{what} must be a non-empty tuple of positive ints (several inputs: a list of them), got {shape!r}"
+            )
+    names = input_dtype if isinstance(input_dtype, (list, tuple)) else [input_dtype] * len(shapes)
+    if len(names) != len(shapes):
+        raise WideTesseraError(f"input_dtype {list(names)}: give one per input ({len(shapes)} input shape(s))")
+    specs = []
+    for i, (shape, dtype_name) in enumerate(zip(shapes, names)):
+        dtype_name = "float" if dtype_name is None else dtype_name
+        if dtype_name not in INPUT_DTYPES:
+            raise unknown("input_dtype", dtype_name, INPUT_DTYPES)
+        dtype = INPUT_DTYPES[dtype_name]
+        if dtype is not None and dtype != torch.bool and not (isinstance(int_high, int) and int_high > 0):
+            raise WideTesseraError(
+                f"input {i} is {dtype_name}: give int_high (--int-high), a positive int, the exclusive bound of its values "
+                f"(e.g. an embedding's num_embeddings); got {int_high!r}"
+            )
+        specs.append((tuple(shape), dtype))
+    return specs
+
+
+def _random_input(specs: List[InputSpec], int_high: Optional[int]) -> Any:
+    """One model's input: a tensor, or a tuple of them for a module of several inputs."""
+    xs = tuple(
+        torch.randn(shape)
+        if dtype is None
+        else torch.randint(0, 2 if dtype == torch.bool else int_high, shape).to(dtype)
+        for shape, dtype in specs
+    )
+    return xs[0] if len(xs) == 1 else xs
+
+
+def _inputs(make_input: Callable[[], Any], n: int, **_: Any) -> List[Any]:
+    return [make_input() for _ in range(n)]
+
+
+def _build_model(model_class: type, model_kwargs: Dict[str, Any], **_: Any) -> nn.Module:
+    return model_class(**model_kwargs)
+
+
+def _check_fits(
+    model_class: type,
+    make_input: Callable[[], Any],
+    given: str,
+    model_kwargs: Dict[str, Any],
+    randomness: str,
+    train: bool,
+) -> None:
+    """Build one model and call it on one input (`given` names where it came from); a clear
+    error for what would fail every point."""
+    name = model_class.__name__
+    try:
+        model = model_class(**model_kwargs).train(train)
+    except Exception as e:
+        raise WideTesseraError(f"cannot build {name}(**{model_kwargs!r}): {type(e).__name__}: {e}") from None
+    try:
+        x = make_input()
+    except Exception as e:
+        raise WideTesseraError(f"input_factory() failed: {type(e).__name__}: {e}") from None
+    if not (isinstance(x, torch.Tensor) or (isinstance(x, tuple) and x and all(isinstance(t, torch.Tensor) for t in x))):
+        raise WideTesseraError(f"input_factory() returned {type(x).__name__}; give a Tensor or a tuple of Tensors")
+    outputs = []
+    for seed in (1, 2):  # two generator states: a model whose output differs between them draws random numbers
+        torch.manual_seed(seed)
+        try:
+            with torch.no_grad():
+                outputs.append(trees.call(model, trees.clone(x)))  # a model may change its input in place
+        except Exception as e:
+            raise WideTesseraError(f"{given} does not fit {name}: {type(e).__name__}: {e}") from None
+    leaves, _ = trees.flat(outputs[0])
+    if not leaves or not all(isinstance(t, torch.Tensor) for t in leaves):
+        raise WideTesseraError(
+            f"{name}.forward returns {type(outputs[0]).__name__} holding non-tensors; benchmark_custom needs a Tensor, "
+            "or a tuple, list or dict of them"
+        )
+    same = all(torch.equal(a, b) for a, b in zip(leaves, trees.flat(outputs[1])[0]))
+    if not same and randomness == "error":
+        raise WideTesseraError(
+            f"{name} draws random numbers (two calls on one input differ{'; dropout in train mode?' if train else ''}): "
+            "give randomness='different' (--randomness different; each model its own draws) or 'same' (one draw for all)"
+        )
