@@ -147,7 +147,8 @@ def kernel_rows() -> List[List[str]]:
     from wide_tessera.results.analysis import speedup_ci
     from wide_tessera.measurement.energy import EnergyUnavailable, measure_energy
     from wide_tessera.measurement.launches import count_launches
-    from wide_tessera.measurement.roofline import Work, load_or_calibrate, roofline
+    from wide_tessera.core.job import Work
+    from wide_tessera.measurement.roofline import load_or_calibrate, roofline
     from wide_tessera.measurement.timing import TimingConfig, measure_paired
 
     peaks = load_or_calibrate("cuda")

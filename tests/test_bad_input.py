@@ -210,7 +210,7 @@ API_CASES = [
     ("save strings", lambda t: save_results(["x"], t.tmp / "r.json"), "give a list of BenchmarkResult"),
     ("save dicts", lambda t: save_results([{}], t.tmp / "r.json"), "give a list of BenchmarkResult"),
     ("load fifo", lambda t: load_results(t.fifo), "is a FIFO, not a results file"),
-    ("load dir", lambda t: BenchmarkResult.load(t.tmp), "is a directory, not a results file"),
+    ("load dir", lambda t: load_results(t.tmp), "is a directory, not a results file"),
     ("modules generator", lambda t: WideLinear.from_modules(m for m in _linears(torch.float32)), "got a generator"),
     ("modules empty", lambda t: WideLinear.from_modules([]), "at least one module"),
     ("modules dtypes", lambda t: WideLinear.from_modules(_linears(torch.float32, torch.float16)), "dtype="),

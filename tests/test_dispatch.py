@@ -201,17 +201,19 @@ def test_the_loop_keeps_the_interface_and_the_modules():
         looped.pack([torch.randn(4, 32)])
 
 
-def test_from_modules_auto_is_fuse_for_one_op_class():
+def test_fuse_with_an_op_class_decides_for_that_op_and_from_modules_points_auto_there():
     table = DispatchTable([entry(op="conv1d", params={"batch": 4, "channels": 8, "kernel_size": 3, "length": 32},
                                  strategy="grouped", verdicts="loop:2 fuse:8")])
     convs = [nn.Conv1d(8, 8, 3, padding=1) for _ in range(8)]
-    wide = wt.WideConv1d.from_modules(convs, strategy="auto", table=table, batch=4, length=32)
+    wide = fuse(convs, op=wt.WideConv1d, table=table, batch=4, length=32)
     assert isinstance(wide, wt.WideConv1d) and wide.strategy == "grouped"
     assert "because: grouped won at measured N=8" in str(wide.decision)
     assert_same_as_separate_calls(wide, convs, [torch.randn(4, 8, 32) for _ in range(8)])
-    two = wt.WideConv1d.from_modules(convs[:2], strategy="auto", table=table, batch=4, length=32)
+    two = fuse(convs[:2], op=wt.WideConv1d, table=table, batch=4, length=32)
     assert isinstance(two, LoopedModules)
     assert wt.WideConv1d.from_modules(convs, strategy="vmap").strategy == "vmap"  # named strategies unchanged
+    with pytest.raises(WideTesseraError, match=r"wide_tessera.fuse\(modules, op='conv1d'"):
+        wt.WideConv1d.from_modules(convs, strategy="auto")
 
 
 # --- the table as a file ---------------------------------------------------------------------

@@ -11,7 +11,8 @@ import wide_tessera as wt
 from wide_tessera.measurement import roofline as rl
 from wide_tessera.measurement.launches import count_launches
 from wide_tessera.measurement.memory import peak_memory
-from wide_tessera.measurement.roofline import Peaks, Work, roofline
+from wide_tessera.core.job import Work
+from wide_tessera.measurement.roofline import Peaks, roofline
 from wide_tessera.kernels import grouped_linear
 
 

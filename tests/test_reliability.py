@@ -210,7 +210,7 @@ def test_loading_a_bad_file_names_the_file_and_the_problem(tmp_path, content, ma
     path = tmp_path / "bad.json"
     path.write_text(content, errors="surrogateescape")
     with pytest.raises(Exception, match=match) as info:
-        BenchmarkResult.load(path)
+        load_results(path)
     assert str(path) in str(info.value) and "\n" not in str(info.value)
 
 

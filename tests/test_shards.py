@@ -8,7 +8,7 @@ import textwrap
 from click.testing import CliRunner
 
 import wide_tessera as wt
-from wide_tessera.sweep.point import point_key
+from wide_tessera.core.job import point_key
 from wide_tessera.cli import cli
 
 RUN = ["benchmark", "gemm", "layernorm", "--preset", "ci", "--device", "cpu", "--n-values", "1,4", "--budget", "0.01",

@@ -24,7 +24,7 @@ _EXPORTS = {
     "register_strategy": ".ops.registry",
     "Needs": ".core.capabilities",
     "REGISTRY": ".ops.registry",
-    "load_results": ".results.schema",
+    "load_results": ".results.load",
     "save_results": ".results.schema",
     "to_dataframe": ".reports.tidy",
     "BenchmarkJob": ".core.job",

@@ -20,7 +20,7 @@ import torch
 
 from .api import build_custom_job, build_job, resolve_device
 from .reports import markdown, tidy
-from .results.analysis import group_key
+from .core.job import group_key
 from .core.capabilities import unmet_need
 from .collectives.cases import COLLECTIVES, CollectivesRun, is_collectives_file, load_collectives, sizes
 from .collectives.cases import rows as collective_rows
@@ -30,15 +30,19 @@ from .core.environment import capture_environment
 from .core.files import results_lock, results_target
 from .core.job import DTYPES, BenchmarkJob, SweepParams
 from .measurement.modes import MODES, TRAINING_MODES
-from .sweep.point import COMPILE_MODES, CONFIRM_MODES, PRESET_RUNS, default_timing, point_keys
+from .measurement.controls import COMPILE_MODES
+from .core.job import point_keys
+from .sweep.point import CONFIRM_MODES, PRESET_RUNS, default_timing
 from .ops.registry import REGISTRY, get_op, import_ops, op_names, outside_strategies
-from .reports.text import format_table
-from .reports.plots import plot_collectives, plot_result
+from .reports.text import format_table, n_or_never
+from .collectives.plots import plot_collectives
+from .reports.plots import plot_result
 from .sweep.progress import Progress
 from .reports.page import write_report
 from .sweep.resume import check_resumable, point_order, points_left
 from .sweep.runner import RunInterrupted, RunSettings, check_runnable, run_job
-from .results.schema import BenchmarkResult, load_results, save_results
+from .results.load import load_results
+from .results.schema import BenchmarkResult, save_results
 from .sweep.shards import Shard, assign, joined, leftover_shards, mark, rank_device, rank_threads, remove_shards, shard_path, with_shards  # fmt: skip
 from .measurement.stages import StageTimeouts
 from .measurement.timing import TimingConfig
@@ -803,7 +807,7 @@ def _save_dispatch(path: str, result: BenchmarkResult, progress: Progress) -> No
     entries = entries_of(result)
     table = DispatchTable.load(path) if Path(path).exists() else DispatchTable()
     table.merged(entries).save(path)
-    fused = [f"{e.crossover_n}" if e.crossover_n else "never" for e in entries]
+    fused = [n_or_never(e.crossover_n) for e in entries]
     unconfirmed = sum(v.verdict == "unconfirmed" for e in entries for v in e.verdicts)
     note = f"; {unconfirmed} win(s) not confirmed, kept out (tune confirms every point)" if unconfirmed else ""
     count = f"{len(entries)} {'entry' if len(entries) == 1 else 'entries'}"
@@ -898,7 +902,8 @@ def collectives(
             results_target(output)
     except WideTesseraError as e:
         raise click.UsageError(str(e)) from None
-    run_collectives(names, sizes(low, high), kinds, where, device, config, output, quiet)
+    if not run_collectives(names, sizes(low, high), kinds, where, device, config, output, quiet):
+        sys.exit(1)
 
 
 def _choices(text: str, kind: str, valid: Sequence[str]) -> List[str]:

@@ -12,7 +12,6 @@ so no rank waits in a collective the others have left.
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from dataclasses import dataclass, field
@@ -24,11 +23,11 @@ import torch.distributed as dist
 from dataclasses_json import dataclass_json
 
 from ..core.job import DTYPES
-from ..core.files import not_a_regular_file, write_atomic
+from ..core.files import not_a_regular_file
 from ..results.manifest import Manifest
 from ..core.stats import TimingStats, median_ci_rel_width
 from ..measurement.timing import TimingConfig
-from ..core.jsonio import load_document
+from ..core.jsonio import load_document, write_json
 
 __all__ = ["COLLECTIVES", "PLACEMENTS", "CollectiveResult", "CollectivesRun", "load_collectives", "is_collectives_file", "save_collectives", "rows", "busbw_factor", "algbw_gbps", "run_case", "expected", "sizes"]
 
@@ -122,7 +121,7 @@ def load_collectives(path: Union[str, Path]) -> CollectivesRun:
 
 
 def save_collectives(run: CollectivesRun, path: Union[str, Path]) -> None:
-    write_atomic(path, json.dumps(run.to_dict(), indent=1, allow_nan=False) + "\n")
+    write_json(path, run.to_dict())
 
 
 def is_collectives_file(path: Union[str, Path]) -> bool:

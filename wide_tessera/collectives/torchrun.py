@@ -8,7 +8,6 @@ import sys
 from dataclasses import replace
 from typing import Optional, Sequence
 
-import click
 import torch
 import torch.distributed as dist
 
@@ -29,9 +28,9 @@ def run_collectives(
     config: TimingConfig,
     output: Optional[str],
     quiet: bool,
-) -> None:
+) -> bool:
     """Join the ranks' group, run every case, and on rank 0 print the table and write the file;
-    every rank exits 1 when a result was incorrect."""
+    on every rank, whether every result was correct."""
     backend = "nccl" if device.startswith("cuda") else "gloo"
     if device.startswith("cuda"):
         torch.cuda.set_device(device)
@@ -48,21 +47,20 @@ def run_collectives(
         def report(result: CollectiveResult) -> None:
             run.results.append(result)
             if rank == 0 and not quiet:
-                click.echo(f"[collectives] {_line(result)}", err=True)
+                print(f"[collectives] {_line(result)}", file=sys.stderr, flush=True)
             if rank == 0 and output:
                 save_collectives(run, output)
 
         run_all(ops, byte_sizes, dtypes, placements, device, config, on_result=report)
         run.manifest = replace(run.manifest, finished=now())
         if rank == 0:
-            click.echo(summary(run))
+            print(summary(run), flush=True)
             if output:
                 save_collectives(run, output)
-                click.echo(f"wrote {len(run.results)} result(s) to {output}", err=True)
+                print(f"wrote {len(run.results)} result(s) to {output}", file=sys.stderr, flush=True)
     finally:
         dist.destroy_process_group()
-    if any(r.correct is False for r in run.results):
-        sys.exit(1)
+    return all(r.correct is not False for r in run.results)
 
 
 def _line(r: CollectiveResult) -> str:

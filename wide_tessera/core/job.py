@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import itertools
+import json
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 import torch
+from dataclasses_json import dataclass_json
 
 from .errors import WideTesseraError, unknown
 
-__all__ = ["DTYPES", "MAX_N", "SweepParams", "BenchmarkJob", "params_text"]
+__all__ = ["DTYPES", "MAX_N", "SweepParams", "Work", "BenchmarkJob", "params_text", "point_key", "point_keys", "group_key"]
 
 DTYPES: Dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -126,6 +128,16 @@ def _check_values(name: str, value: Any, kind: str) -> Tuple[Any, ...]:
     return values
 
 
+@dataclass_json
+@dataclass(frozen=True)
+class Work:
+    """What one call must do: floating-point operations, and the fewest bytes it can move
+    (every input read once, every output written once)."""
+
+    flops: float
+    min_bytes: float
+
+
 @dataclass
 class BenchmarkJob:
     """Everything the runner needs; the op class fills it in `benchmark_job`.
@@ -157,7 +169,7 @@ class BenchmarkJob:
     wide_factory: Callable[[List[torch.nn.Module], str], torch.nn.Module]
     # strategy -> what it needs from the run (capabilities.Needs); a strategy not named needs nothing
     strategy_needs: Dict[str, Any] = field(default_factory=dict)
-    # work_factory(n, **params) -> roofline.Work of one call of the N models, or None
+    # work_factory(n, **params) -> Work of one call of the N models, or None
     work_factory: Callable[..., Any] = field(default_factory=lambda: unknown_work)
     train: bool = False
     seeded_check_factory: Optional[Callable[[List[torch.nn.Module], str], torch.nn.Module]] = None
@@ -172,6 +184,21 @@ def unknown_work(n: int, **params: Any) -> None:
     """The work_factory of a job whose op does not say what one call must do (a module-level
     function, not a lambda: an isolated run pickles the job)."""
     return None
+
+
+def point_key(n: int, params: Dict[str, Any]) -> str:
+    """A point's identity across runs and passes (--resume, the confirmation pass, compare, shards)."""
+    return json.dumps([n, params], sort_keys=True)
+
+
+def group_key(params: Dict[str, Any]) -> str:
+    """A parameter group's identity: its parameters, every one but N."""
+    return json.dumps(params, sort_keys=True)
+
+
+def point_keys(points: Sequence[Any]) -> Set[str]:
+    """The keys of points (anything with `n` and `params`: PointResult)."""
+    return {point_key(p.n, p.params) for p in points}
 
 
 def params_text(params: Dict[str, Any]) -> str:

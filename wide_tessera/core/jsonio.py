@@ -1,4 +1,5 @@
-"""Does decoded JSON match a dataclass's field types? Checked before dataclasses-json builds objects from it.
+"""The one way files of ours are read and written as JSON, and the check that decoded JSON matches
+a dataclass's field types before dataclasses-json builds objects from it.
 
 dataclasses-json builds whatever it is given: a string where a number belongs, a list
 where a dict belongs; the error surfaces later, far from the file, as an AttributeError
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import types
 import typing
 import warnings
@@ -18,9 +20,9 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Type, TypeVar, Union
 
 from .errors import WideTesseraError
-from .files import not_a_regular_file
+from .files import not_a_regular_file, write_atomic
 
-__all__ = ["check_json", "build", "load_document"]
+__all__ = ["check_json", "build", "read_json", "write_json", "load_document"]
 
 T = TypeVar("T")
 
@@ -90,6 +92,53 @@ def build(raw: Any, cls: Type[T], where: str) -> T:
         return cls.from_dict(raw)  # type: ignore[attr-defined]
 
 
+def read_json(path: Union[str, Path], label: str, what: str) -> Any:
+    """The decoded JSON of a file of ours (a results file, a dispatch table, a collectives run),
+    by the rule every file the tool reads or writes follows: numbers are finite. NaN, Infinity
+    and numbers too large for a float (1e400, which Python reads as inf) are refused, as
+    `json.dumps(allow_nan=False)` refuses to write them; a timing of inf would otherwise load
+    and be compared. Only a regular file is read: a FIFO would wait for a writer, /dev/full never ends.
+    One WideTesseraError, `label: ...`, for a file that is missing, unreadable or not JSON."""
+    kind = not_a_regular_file(Path(path))
+    if kind is not None:
+        raise WideTesseraError(f"{label}: is {kind}, not {what.replace('wide_tessera ', '')}")
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise WideTesseraError(f"{label}: cannot read ({e.strerror or e})") from None
+    except ValueError as e:  # not UTF-8
+        raise WideTesseraError(f"{label}: not {what} ({e})") from None
+    try:
+        return json.loads(text, parse_constant=_not_finite, parse_float=_finite_float)
+    except ValueError as e:
+        raise WideTesseraError(f"{label}: not {what} (not JSON: {e})") from None
+    except RecursionError:
+        raise WideTesseraError(f"{label}: not {what} (nested too deeply)") from None
+
+
+def _not_finite(name: str) -> float:
+    raise ValueError(f"{name} is not a finite number; the files hold only finite numbers")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        _not_finite(text)
+    return value
+
+
+def write_json(path: Union[str, Path], document: Any) -> None:
+    """Write `document` as JSON (replaced atomically, see files.write_atomic), by the same rule:
+    a non-finite number is refused with one line naming the file, which keeps what it held."""
+    try:
+        text = json.dumps(document, indent=1, allow_nan=False) + "\n"
+    except ValueError:
+        raise WideTesseraError(
+            f"{path}: not written: it would hold NaN or an infinity, which no file of ours holds; what it held is kept"
+        ) from None
+    write_atomic(path, text)
+
+
 def load_document(
     path: Union[str, Path],
     cls: Type[T],
@@ -101,16 +150,8 @@ def load_document(
 ) -> T:
     """The `cls` in a JSON file marked {"format": fmt, "version": version} (a dispatch table, a
     collectives run), after `check`; a missing, damaged or foreign file is one WideTesseraError,
-    `label: ...`. Only a regular file is read: a FIFO would wait for a writer, /dev/full never ends."""
-    kind = not_a_regular_file(Path(path))
-    if kind is not None:
-        raise WideTesseraError(f"{label}: is {kind}, not {what}")
-    try:
-        doc = json.loads(Path(path).read_text())
-    except OSError as e:
-        raise WideTesseraError(f"{label}: cannot read ({e.strerror or e})") from None
-    except ValueError as e:
-        raise WideTesseraError(f"{label}: not JSON ({e})") from None
+    `label: ...` (see read_json)."""
+    doc = read_json(path, label, what)
     try:
         if not isinstance(doc, dict) or doc.get("format") != fmt:
             raise WideTesseraError(f'no "format": "{fmt}"')

@@ -21,7 +21,7 @@ from .table import TABLE_ENV, Case, DispatchTable, Match, default_table_path, ma
 from ..core.environment import capture_environment
 from ..core.job import DTYPES, params_text
 from ..measurement.modes import check_mode
-from ..sweep.point import COMPILE_MODES
+from ..measurement.controls import COMPILE_MODES
 from ..ops.registry import REGISTRY, get_op
 from ..core.errors import WideTesseraError, unknown
 from ..ops.base import fusing_ops, wide_module

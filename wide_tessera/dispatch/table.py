@@ -25,10 +25,10 @@ from dataclasses_json import dataclass_json
 from ..core.errors import WideTesseraError
 from ..results.analysis import group_crossover, parameter_groups
 from ..core.job import params_text
-from ..core.files import cache_dir, write_atomic
+from ..core.files import cache_dir
 from ..results.manifest import now
 from ..results.schema import BenchmarkResult, PointResult
-from ..core.jsonio import load_document
+from ..core.jsonio import load_document, write_json
 
 __all__ = [
     "NVerdict",
@@ -132,7 +132,7 @@ class DispatchTable:
         )
 
     def save(self, path: Union[str, Path]) -> None:
-        write_atomic(path, json.dumps(self.to_dict(), indent=1, allow_nan=False) + "\n")
+        write_json(path, self.to_dict())
 
     def merged(self, entries: Sequence[DispatchEntry]) -> "DispatchTable":
         """This table with `entries` added; of two measurements of one entry the newer is kept."""

@@ -20,17 +20,11 @@ from typing import Any, Callable, List, Optional, Sequence
 import torch
 
 from ..core import trees
+from ..core.roles import CONTROLS
 from .timing import capture_graph
 
-__all__ = ["CONTROLS", "OPTIMIZER_CONTROLS", "legend", "COMPILE_MODES", "BACKWARD_NOT_COMPILED", "control_unavailable", "GraphedLoop", "compiled"]
+__all__ = ["OPTIMIZER_CONTROLS", "legend", "COMPILE_MODES", "BACKWARD_NOT_COMPILED", "control_unavailable", "GraphedLoop", "compiled"]
 
-# name: what it does, as tables explain it
-CONTROLS = {
-    "loop_graph": "the N calls captured in one CUDA graph (CUDA, inference)",
-    "loop_compiled": "the N calls compiled with torch.compile's default mode",
-    "loop_foreach": "the N calls, all N models stepped by one foreach optimizer (train_step)",
-    "loop_fused": "the N calls, all N models stepped by one fused optimizer (train_step)",
-}
 # the optimizer implementation each optimizer control steps the N models with
 OPTIMIZER_CONTROLS = {"loop_foreach": "foreach", "loop_fused": "fused"}
 COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune")

@@ -8,7 +8,6 @@ read and written), not read off a datasheet, and cached in the user's cache dire
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -19,22 +18,15 @@ import torch
 from dataclasses_json import dataclass_json
 
 from ..core.environment import capture_environment
-from ..core.files import cache_dir, write_atomic
+from ..core.job import Work
+from ..core.errors import WideTesseraError
+from ..core.files import cache_dir
+from ..core.jsonio import read_json, write_json
 from .timing import TimingConfig, measure
 
-__all__ = ["Work", "Peaks", "Roofline", "roofline", "calibrate", "load_or_calibrate", "cache_path"]
+__all__ = ["Peaks", "Roofline", "roofline", "calibrate", "load_or_calibrate", "cache_path"]
 
 _TIMING = TimingConfig(budget_s=0.5, target_rel_ci=0.02)
-
-
-@dataclass_json
-@dataclass(frozen=True)
-class Work:
-    """What one call must do: floating-point operations, and the fewest bytes it can move
-    (every input read once, every output written once)."""
-
-    flops: float
-    min_bytes: float
 
 
 @dataclass_json
@@ -111,10 +103,10 @@ def load_or_calibrate(device: str) -> Peaks:
     key = f"{capture_environment(device).device_name} | {_software()}"
     path = cache_path()
     try:
-        cached: Dict[str, dict] = json.loads(path.read_text())
+        cached: Dict[str, dict] = read_json(path, str(path), "a roofline cache") if path.exists() else {}
         if not isinstance(cached, dict):
-            raise ValueError
-    except (OSError, ValueError):
+            raise WideTesseraError("not an object")
+    except WideTesseraError:
         cached = {}
     entry = cached.get(key)
     if isinstance(entry, dict):
@@ -125,7 +117,7 @@ def load_or_calibrate(device: str) -> Peaks:
     peaks = calibrate(device)
     cached[key] = asdict(peaks)
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, json.dumps(cached, indent=1) + "\n")
+    write_json(path, cached)
     return peaks
 
 

@@ -12,7 +12,7 @@ from torch import nn
 from ..core.job import SweepParams
 from .registry import register
 from ..core.errors import WideTesseraError
-from ..measurement.roofline import Work
+from ..core.job import Work
 from .base import TRITON, WideOp, itemsize, shared_config
 from .gemm import WideLinear
 

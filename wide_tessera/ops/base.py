@@ -12,7 +12,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from ..core.capabilities import Needs
 from ..core.job import DTYPES, BenchmarkJob, SweepParams
 from .registry import REGISTRY, RESERVED_STRATEGY_NAMES, outside_strategies
-from ..measurement.roofline import Work
+from ..core.job import Work
 from ..core.errors import WideTesseraError, unknown
 
 __all__ = ["WideOp", "WideChannelsOp", "shared_config", "load_joined_parameters", "fusing_ops", "wide_module", "TRITON"]
@@ -58,11 +58,11 @@ class WideOp:
     FUSES: ClassVar[Optional[type]] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
-        """Give the subclass's own from_modules strategy='auto': the measured choice of `fuse`."""
+        """Make the subclass's own from_modules keep the models' frozen parameters frozen (_frozen_as_in)."""
         super().__init_subclass__(**kwargs)
         own = cls.__dict__.get("from_modules")
         if isinstance(own, classmethod):
-            cls.from_modules = classmethod(_with_auto_strategy(own.__func__))
+            cls.from_modules = classmethod(_keeping_frozen(own.__func__))
 
     @classmethod
     def benchmark_job(cls, preset: str = "full", **overrides: Any) -> BenchmarkJob:
@@ -133,6 +133,11 @@ class WideOp:
         """The strategy to use: the default for None, else a known name."""
         if strategy is None:
             return cls.BENCHMARK_STRATEGIES[0]
+        if strategy == "auto":  # the measured choice is fuse()'s: ops know nothing of dispatch tables
+            raise WideTesseraError(
+                f"strategy='auto': the strategy this machine measured is wide_tessera.fuse(modules, op={cls.NAME!r}, ...)'s; "
+                f"from_modules takes one of {', '.join(cls.BENCHMARK_STRATEGIES)}"
+            )
         if strategy not in cls.BENCHMARK_STRATEGIES:
             raise unknown(f"strategy for {cls.NAME}", strategy, cls.BENCHMARK_STRATEGIES)
         return strategy
@@ -244,20 +249,12 @@ class OutsideWide(nn.Module):
         return self.run(*inputs)
 
 
-def _with_auto_strategy(from_modules: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
-    """`from_modules` that also takes strategy='auto' (with `fuse`'s table= and hints): the wide
-    module of the strategy this machine's dispatch table chose, or the plain loop over the
-    modules where fusing did not win (see wide_tessera.fuse)."""
-
+def _keeping_frozen(from_modules: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
     @wraps(from_modules)
-    def from_modules_or_auto(cls: type, modules: Sequence[nn.Module], strategy: Optional[str] = None, *args: Any, **kwargs: Any) -> nn.Module:
-        if strategy != "auto":
-            return _frozen_as_in(modules, from_modules(cls, modules, strategy, *args, **kwargs))
-        from ..dispatch.fuse import fuse  # fuse builds on the ops
+    def from_modules_keeping_frozen(cls: type, modules: Sequence[nn.Module], *args: Any, **kwargs: Any) -> nn.Module:
+        return _frozen_as_in(modules, from_modules(cls, modules, *args, **kwargs))
 
-        return fuse(modules, op=cls, **kwargs)
-
-    return from_modules_or_auto
+    return from_modules_keeping_frozen
 
 
 def _frozen_as_in(modules: Sequence[nn.Module], wide: nn.Module) -> nn.Module:

@@ -10,7 +10,7 @@ from torch import nn
 
 from ..core.job import SweepParams
 from .registry import register
-from ..measurement.roofline import Work
+from ..core.job import Work
 from ..core.errors import WideTesseraError
 from .base import WideOp, itemsize, load_joined_parameters, shared_config
 

@@ -9,7 +9,7 @@ from torch import nn
 
 from ..core.job import SweepParams
 from .registry import register
-from ..measurement.roofline import Work
+from ..core.job import Work
 from .base import TRITON, WideOp, itemsize, load_joined_parameters, shared_config
 
 __all__ = ["WideLinear"]

@@ -10,7 +10,7 @@ from torch import nn
 
 from ..core.job import SweepParams
 from .registry import register
-from ..measurement.roofline import Work
+from ..core.job import Work
 from .base import TRITON, WideOp, itemsize, shared_config
 from .experts import Expert, expert_sizes
 from .gemm import WideLinear

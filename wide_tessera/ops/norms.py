@@ -13,7 +13,7 @@ from torch.func import vmap
 
 from ..core.job import SweepParams
 from .registry import register
-from ..measurement.roofline import Work
+from ..core.job import Work
 from ..core.errors import WideTesseraError
 from .base import WideChannelsOp, WideOp, itemsize, load_joined_parameters, shared_config
 

@@ -11,7 +11,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, TypeVar
 
 from ..core.errors import WideTesseraError, unknown
 from ..core.capabilities import Needs
-from ..measurement.controls import CONTROLS
+from ..core.roles import RESERVED_NAMES
 
 __all__ = [
     "REGISTRY",
@@ -43,7 +43,7 @@ class OutsideStrategy:
 
 
 # Names the runner gives its own callables: no strategy, an op's own or an outside one, may take them.
-RESERVED_STRATEGY_NAMES = ("baseline", "point", *CONTROLS)
+RESERVED_STRATEGY_NAMES = RESERVED_NAMES
 
 # op class -> strategy name -> the strategy, in registration order
 _OUTSIDE: Dict[type, Dict[str, OutsideStrategy]] = {}

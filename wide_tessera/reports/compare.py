@@ -35,13 +35,14 @@ The rules, which the README repeats:
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..results.analysis import MIN_EFFECT, speedup_ci, verdict
-from ..core.job import params_text
+from ..core.job import group_key, params_text, point_key
+from .markdown import table as md_table
+from .text import format_table, n_or_never
 from ..results.schema import BenchmarkResult, PointResult
 
 __all__ = ["Change", "CrossoverChange", "Comparison", "compare", "differences", "between_run_noise", "render"]
@@ -142,10 +143,6 @@ def _median(values: Sequence[float]) -> float:
     ordered = sorted(values)
     mid = len(ordered) // 2
     return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-
-
-def _key(params: Dict[str, object], n: Optional[int] = None) -> str:
-    return json.dumps([params, n], sort_keys=True)
 
 
 def _untrusted(point: PointResult) -> Optional[str]:
@@ -251,27 +248,23 @@ def compare(base: Sequence[BenchmarkResult], new: Sequence[BenchmarkResult]) -> 
             comparison.unmatched.append(f"{b.op}: only in the base run")
             continue
         comparison.differences += differences(b, n)
-        new_points = {_key(p.params, p.n): p for p in n.points}
+        new_points = {point_key(p.n, p.params): p for p in n.points}
         for p in b.points:
-            q = new_points.pop(_key(p.params, p.n), None)
+            q = new_points.pop(point_key(p.n, p.params), None)
             if q is None:
                 comparison.unmatched.append(f"{b.op} N={p.n} {params_text(p.params)}: only in the base run")
                 continue
             names = dict.fromkeys(["baseline", *p.stats, *p.correct, *q.stats])
             comparison.changes += [c for name in names if (c := _change(b.op, p, q, name, noise)) is not None]
         comparison.unmatched += [f"{b.op} N={q.n} {params_text(q.params)}: only in the new run" for q in new_points.values()]
-        new_groups = {_key(g.params): g for g in n.groups}
+        new_groups = {group_key(g.params): g for g in n.groups}
         comparison.crossovers += [
-            CrossoverChange(b.op, g.params, g.crossover_n, new_groups[_key(g.params)].crossover_n)
+            CrossoverChange(b.op, g.params, g.crossover_n, new_groups[group_key(g.params)].crossover_n)
             for g in b.groups
-            if _key(g.params) in new_groups
+            if group_key(g.params) in new_groups
         ]
         comparison.thresholds[b.op] = (b.recommended_threshold, n.recommended_threshold)
     return comparison
-
-
-def _n(n: Optional[int]) -> str:
-    return "never" if n is None else str(n)
 
 
 def _change_cell(c: Change) -> str:
@@ -285,9 +278,6 @@ def render(comparison: Comparison, as_markdown: bool = False, fail_percent: Opti
     """The comparison for a terminal, or as Markdown for a pull-request comment.
 
     Changes with a verdict other than 'same' come first; the 'same' ones follow."""
-    from .markdown import table as md_table
-    from .text import format_table
-
     counts = comparison.counts()
     head = "COMPARE: " + ", ".join(f"{counts.get(k, 0)} {k}" for k in ("slower", "faster", "same", "unknown", "broken"))
     later = [g for g in comparison.crossovers if g.moved_later]
@@ -318,10 +308,10 @@ def render(comparison: Comparison, as_markdown: bool = False, fail_percent: Opti
     ]
     cross_header = ["op", "parameters", "base crossover N", "new crossover N", "moved"]
     cross_rows = [
-        [g.op, params_text(g.params), _n(g.base), _n(g.new), "LATER" if g.moved_later else "earlier" if g.base != g.new else ""]
+        [g.op, params_text(g.params), n_or_never(g.base), n_or_never(g.new), "LATER" if g.moved_later else "earlier" if g.base != g.new else ""]
         for g in comparison.crossovers
     ]
-    thresholds = "thresholds: " + ", ".join(f"{op} {_n(b)} -> {_n(n)}" for op, (b, n) in comparison.thresholds.items())
+    thresholds = "thresholds: " + ", ".join(f"{op} {n_or_never(b)} -> {n_or_never(n)}" for op, (b, n) in comparison.thresholds.items())
     if comparison.noise_pairs:
         noise = (
             f"intervals include the noise between two measurements: +-{100 * (math.exp(_Z95 * comparison.noise) - 1):.0f}% "

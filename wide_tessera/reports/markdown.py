@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, List, Optional, Sequence
 
 from ..measurement.controls import legend
 from ..core.job import params_text
-from .text import controls_run, first_line, measured_points, no_speedup, winner_cell
+from .text import controls_run, first_line, measured_points, n_or_never, no_speedup, winner_cell
 from ..core.stats import MIN_EFFECT
 
 if TYPE_CHECKING:
@@ -36,10 +36,6 @@ def _speedup_cell(point: "PointResult", strategy: str) -> str:
     return f"**{text}**" if verdict == "faster" else f"{text} n.s." if verdict == "same" else text
 
 
-def _n(n: Optional[int]) -> str:
-    return "never" if n is None else str(n)
-
-
 def headline(result: "BenchmarkResult") -> List[object]:
     """op, verdict, crossover, threshold, best significant speedup: one row of a report's headline table."""
     measured = bool(measured_points(result))
@@ -47,8 +43,8 @@ def headline(result: "BenchmarkResult") -> List[object]:
     return [
         result.op,
         first_line(result).split(":")[0],  # the reasons have a column of their own
-        _n(result.crossover_n) + provisional if measured else "–",
-        _n(result.recommended_threshold) + provisional if measured else "–",
+        n_or_never(result.crossover_n) + provisional if measured else "–",
+        n_or_never(result.recommended_threshold) + provisional if measured else "–",
         "none significant" if result.best_speedup is None else f"{result.best_speedup:.2f}x",
     ]
 
@@ -86,15 +82,15 @@ def result_markdown(result: "BenchmarkResult", level: int = 3) -> str:
         parts.append(
             table(
                 [*axes, "crossover N"],
-                [[*(g.params[a] for a in axes), _n(g.crossover_n)] for g in result.groups],
+                [[*(g.params[a] for a in axes), n_or_never(g.crossover_n)] for g in result.groups],
             )
             if result.groups
             else ""
         )
         best = "none significant" if result.best_speedup is None else f"{result.best_speedup:.2f}x"
         parts.append(
-            f"crossover N: **{_n(result.crossover_n)}**{provisional} · recommended threshold: "
-            f"**{_n(result.recommended_threshold)}** · best significant speedup: **{best}**"
+            f"crossover N: **{n_or_never(result.crossover_n)}**{provisional} · recommended threshold: "
+            f"**{n_or_never(result.recommended_threshold)}** · best significant speedup: **{best}**"
         )
     else:
         parts.append("Nothing was measured: no verdict on fusing.")

@@ -11,21 +11,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Dict, List, Sequence
 
 from ..core.errors import WideTesseraError
-from ..measurement.controls import CONTROLS
+from ..core.roles import CONTROLS
 from ..core.job import params_text
 from .text import controls_run, first_line
 from ..core.stats import MIN_EFFECT
 
 if TYPE_CHECKING:
-    from ..collectives.cases import CollectivesRun
     from ..results.schema import BenchmarkResult, GroupResult, PointResult
 
-__all__ = ["plot_result", "plot_collectives", "FORMATS"]
+__all__ = ["plot_result", "FORMATS", "figure_class", "log_axis", "save_figure"]
 
 FORMATS = ("png", "svg")
 
 
-def _figure_class():
+def figure_class():
     try:
         from matplotlib.figure import Figure
     except ImportError:
@@ -51,7 +50,7 @@ def _styles(names: Sequence[str]) -> Dict[str, dict]:
     return styles
 
 
-def _log_axis(axis) -> None:
+def log_axis(axis) -> None:
     """A log axis labelled 1, 2, 5, 10, ... in plain numbers, not 10^-1 alone."""
     from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter
 
@@ -61,7 +60,7 @@ def _log_axis(axis) -> None:
 
 
 def _draw_group(result: "BenchmarkResult", group: "GroupResult", points: Sequence["PointResult"]):
-    Figure = _figure_class()
+    Figure = figure_class()
     fig = Figure(figsize=(12, 8.5), layout="constrained")
     (speed, time), (memory, tradeoff) = fig.subplots(2, 2)
     names = [s for s in [*result.strategies, *controls_run(result)] if any(s in p.speedups for p in points)]
@@ -90,7 +89,7 @@ def _draw_group(result: "BenchmarkResult", group: "GroupResult", points: Sequenc
         highs = [p.stats[s].median_ci_ms[1] - p.timings[s] for p in ps]
         time.errorbar([p.n for p in ps], [p.timings[s] for p in ps], yerr=[lows, highs], label=s, capsize=2, **style[s])
     time.set_yscale("log")
-    _log_axis(time.yaxis)
+    log_axis(time.yaxis)
     time.set_title("median time per call of all N models (95% CI)", fontsize=9)
     time.set_ylabel("ms")
 
@@ -98,7 +97,7 @@ def _draw_group(result: "BenchmarkResult", group: "GroupResult", points: Sequenc
         ps = [p for p in points if s in p.peak_memory_bytes]
         memory.plot([p.n for p in ps], [p.peak_memory_bytes[s] / 2**20 for p in ps], label=s, **style[s])
     memory.set_yscale("log")
-    _log_axis(memory.yaxis)
+    log_axis(memory.yaxis)
     memory.set_title(f"peak memory above the inputs ({result.memory_method or 'measured'})", fontsize=9)
     memory.set_ylabel("MiB")
 
@@ -112,7 +111,7 @@ def _draw_group(result: "BenchmarkResult", group: "GroupResult", points: Sequenc
     tradeoff.axhline(1.0, color="black", linewidth=1)
     tradeoff.axvline(1.0, color="grey", linewidth=0.6, linestyle=":")
     tradeoff.set_xscale("log")
-    _log_axis(tradeoff.xaxis)
+    log_axis(tradeoff.xaxis)
     tradeoff.set_title("speed against memory, both relative to the N separate calls", fontsize=9)
     tradeoff.set_xlabel("peak memory / baseline's (x)")
     tradeoff.set_ylabel("speedup (x)")
@@ -134,7 +133,7 @@ def _draw_group(result: "BenchmarkResult", group: "GroupResult", points: Sequenc
     return fig
 
 
-def _save(fig, directory: Path, stem: str, formats: Sequence[str]) -> List[Path]:
+def save_figure(fig, directory: Path, stem: str, formats: Sequence[str]) -> List[Path]:
     directory.mkdir(parents=True, exist_ok=True)
     paths = [directory / f"{_slug(stem)}.{fmt}" for fmt in formats]
     for path in paths:
@@ -148,37 +147,5 @@ def plot_result(result: "BenchmarkResult", directory: Path, formats: Sequence[st
     for group in result.groups:
         points = _group_points(result, group)
         if points:
-            written += _save(_draw_group(result, group, points), Path(directory), f"{result.op}_{params_text(group.params)}", formats)
-    return written
-
-
-def plot_collectives(run: "CollectivesRun", directory: Path, formats: Sequence[str] = FORMATS) -> List[Path]:
-    """One figure per dtype and placement: each collective's time and bus bandwidth against the
-    message size (log2), the time with its 95% CI; incorrect cases are left out."""
-    written = []
-    for dtype, placement in dict.fromkeys((r.dtype, r.placement) for r in run.results):
-        fig = _figure_class()(figsize=(12, 4.5), layout="constrained")
-        time, bandwidth = fig.subplots(1, 2)
-        for i, op in enumerate(dict.fromkeys(r.op for r in run.results)):
-            rs = [r for r in run.results if (r.op, r.dtype, r.placement) == (op, dtype, placement) and r.correct]
-            if not rs:
-                continue
-            x = [r.size_bytes for r in rs]
-            us = [r.stats.median_ms * 1e3 for r in rs]
-            err = [[u - r.stats.median_ci_ms[0] * 1e3 for u, r in zip(us, rs)], [r.stats.median_ci_ms[1] * 1e3 - u for u, r in zip(us, rs)]]
-            time.errorbar(x, us, yerr=err, label=op, color=f"C{i}", marker="o", markersize=4, capsize=2)
-            bandwidth.plot(x, [r.busbw_gbps for r in rs], label=op, color=f"C{i}", marker="o", markersize=4)
-        time.set_yscale("log")
-        _log_axis(time.yaxis)
-        time.set_title("median time per call, the slowest rank's (95% CI)", fontsize=9)
-        time.set_ylabel("us")
-        bandwidth.set_title("bus bandwidth (nccl-tests' busbw)", fontsize=9)
-        bandwidth.set_ylabel("GB/s")
-        for ax in (time, bandwidth):
-            ax.set_xscale("log", base=2)
-            ax.set_xlabel("message size S (bytes)")
-            ax.grid(True, alpha=0.3)
-            ax.legend(fontsize=7)
-        fig.suptitle(f"collectives: {run.ranks} ranks, {run.backend}, {dtype}, {placement}\n{', '.join(sorted(set(run.devices)))}", fontsize=11)
-        written += _save(fig, Path(directory), f"collectives_{dtype}_{placement}", formats)
+            written += save_figure(_draw_group(result, group, points), Path(directory), f"{result.op}_{params_text(group.params)}", formats)
     return written

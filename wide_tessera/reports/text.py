@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from ..measurement.controls import CONTROLS, legend
+from ..core.roles import CONTROLS
+from ..measurement.controls import legend
 from ..core.job import params_text
 from ..measurement.roofline import roofline
 from ..core.stats import MIN_EFFECT
@@ -23,6 +24,7 @@ __all__ = [
     "measured_points",
     "no_speedup",
     "winner_cell",
+    "n_or_never",
 ]
 
 # The summary shows this many of the worst warnings; the rest are counted (`show FILE --warnings` lists all).
@@ -79,7 +81,8 @@ def _roofline_line(result: "BenchmarkResult", point: "PointResult", names: Seque
     return f"  N={point.n} {params_text(point.params)} [{bound}-bound]: " + "; ".join(cells)
 
 
-def _n_or_never(n: Optional[int]) -> str:
+def n_or_never(n: Optional[int]) -> str:
+    """A crossover or threshold N as every table writes it: the number, or 'never'."""
     return "never" if n is None else str(n)
 
 
@@ -212,9 +215,9 @@ def _crossover_lines(result: "BenchmarkResult") -> List[str]:
     confirmed = "unconfirmed: --confirm none" if result.confirm == "none" else "confirmed"
     return [
         f"crossover N per parameter group{provisional.replace(' (', ', ').rstrip(')')} (smallest N from which fusing wins, {confirmed}, at every larger N):",
-        *(f"  {params_text(g.params)}: {_n_or_never(g.crossover_n)}" for g in result.groups),
-        f"crossover_n: {_n_or_never(result.crossover_n)}{provisional} ({crossed}/{len(result.groups)} groups cross) | "
-        f"recommended_threshold: {_n_or_never(result.recommended_threshold)} | best speedup: "
+        *(f"  {params_text(g.params)}: {n_or_never(g.crossover_n)}" for g in result.groups),
+        f"crossover_n: {n_or_never(result.crossover_n)}{provisional} ({crossed}/{len(result.groups)} groups cross) | "
+        f"recommended_threshold: {n_or_never(result.recommended_threshold)} | best speedup: "
         + ("none significant" if result.best_speedup is None else f"{result.best_speedup:.2f}x"),
         "wins: " + ", ".join(f"{s} {k}" for s, k in wins),
     ]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Dict, List, Sequence
 
 from ..core.errors import WideTesseraError
-from ..measurement.controls import CONTROLS
+from ..core.roles import CONTROLS
 from .text import controls_run
 
 if TYPE_CHECKING:

@@ -47,10 +47,10 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 from scipy import stats
 
-from ..measurement.controls import CONTROLS
+from ..core.roles import CONTROLS
 from ..core.correctness import Check
 from ..measurement.health import RunHealth
-from ..core.job import params_text
+from ..core.job import group_key, params_text
 from .schema import BenchmarkResult, Confirmation, Failure, FuseOrCapture, GroupResult, PointResult
 from ..core.stats import MIN_EFFECT
 from ..measurement.timing import PairedTimings
@@ -59,7 +59,6 @@ __all__ = [
     "MIN_EFFECT",
     "IMPLAUSIBLE_SPEEDUP",
     "measured_point",
-    "group_key",
     "parameter_groups",
     "failed_point",
     "confirmed",
@@ -253,11 +252,6 @@ def confirmed(first: PointResult, second: PointResult) -> PointResult:
     if agrees:
         return dataclasses.replace(first, confirmation=confirmation)
     return dataclasses.replace(first, confirmation=confirmation, winner="unstable", best_speedup=None)
-
-
-def group_key(params: Dict[str, Any]) -> str:
-    """A parameter group's identity: its parameters, every one but N."""
-    return json.dumps(params, sort_keys=True)
 
 
 def parameter_groups(points: Sequence[PointResult]) -> Iterator[List[PointResult]]:

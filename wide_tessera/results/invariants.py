@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any, Collection, Dict, Iterable, Optional
 
 from ..core.user_input import MAX_SEED
 from ..core.errors import WideTesseraError
-from ..measurement.controls import COMPILE_MODES, CONTROLS
+from ..core.roles import BASELINE, CONTROLS, POINT
+from ..measurement.controls import COMPILE_MODES
 from ..measurement.modes import MODES
 
 if TYPE_CHECKING:
@@ -27,7 +28,7 @@ FAILURE_KINDS = ("error", "timeout", "crash", "skipped")
 # Names the results use besides the op's strategies: the N separate calls, the whole
 # point (failures), and the winners that are no strategy (a statistical tie, verdicts
 # the confirmation contradicted, a measurement that could not be cleaned).
-BASELINE, POINT, NO_DIFFERENCE = "baseline", "point", "no_difference"
+NO_DIFFERENCE = "no_difference"
 NON_STRATEGY_WINNERS = (BASELINE, NO_DIFFERENCE, "unstable", "disturbed")
 CONFIRMATION_WINNERS = (*NON_STRATEGY_WINNERS, "failed")
 

@@ -1,8 +1,11 @@
-"""Results: one point, one parameter group, one op's whole run; saved and loaded as JSON."""
+"""Results as data: one point, one parameter group, one op's whole run, and how they are written as JSON.
+
+Reading a file back, with every invariant checked, is `results.load`; drawing a result is
+`wide_tessera.reports` (through `results.views`): this module imports neither.
+"""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Union
@@ -17,16 +20,14 @@ from ..core.job import params_text
 from ..core.correctness import Check
 from ..measurement.energy import Energy
 from ..core.environment import Environment
-from ..core.files import not_a_regular_file, write_atomic
 from ..measurement.health import Health, RunHealth
 from .manifest import Manifest
-from ..reports.text import format_summary, warning_lines
-from ..measurement.roofline import Peaks, Work
-from .invariants import check_result
-from ..reports import tidy
+from ..core.job import Work
+from ..measurement.roofline import Peaks
 from ..core.stats import TimingStats
 from ..measurement.timing import TimingConfig
-from ..core.jsonio import build, check_json
+from ..core.jsonio import write_json
+from .views import view
 
 __all__ = [
     "Failure",
@@ -35,7 +36,6 @@ __all__ = [
     "GroupResult",
     "BenchmarkResult",
     "save_results",
-    "load_results",
     "Confirmation",
     "SCHEMA_VERSION",
 ]
@@ -284,7 +284,7 @@ class BenchmarkResult:
     def warnings(self) -> List[str]:
         """Every warning, one line each: noisy or unconverged timings, disturbed measurements,
         unstable points, strategies that did not fuse, implausible speedups."""
-        return warning_lines(self)
+        return view("warnings")(self)
 
     @property
     def all_correct(self) -> bool:
@@ -296,25 +296,20 @@ class BenchmarkResult:
         return any(p.energy for p in self.points)
 
     def summary(self) -> str:
-        return format_summary(self)
+        """The text summary a run prints (reports.text)."""
+        return view("summary")(self)
 
     def to_rows(self) -> List[Dict[str, Any]]:
         """The tidy rows: one dict per (N, parameters, strategy); see `reports.tidy`."""
-        return tidy.rows([self])
+        return view("rows")([self])
 
     def to_dataframe(self) -> "pandas.DataFrame":
         """The tidy rows as a pandas DataFrame (the `pandas` extra); many results: `wide_tessera.to_dataframe`."""
-        return tidy.to_dataframe([self])
+        return view("dataframe")([self])
 
     def save(self, path: Union[str, Path]) -> None:
+        """Write this result alone to `path` (see save_results); `wide_tessera.load_results` reads it."""
         save_results([self], path)
-
-    @classmethod
-    def load(cls, path: Union[str, Path]) -> "BenchmarkResult":
-        results = load_results(path)
-        if len(results) != 1:
-            raise WideTesseraError(f"{path}: holds {len(results)} results; read it with wide_tessera.load_results")
-        return results[0]
 
 
 def save_results(results: Sequence[BenchmarkResult], path: Union[str, Path]) -> None:
@@ -328,41 +323,4 @@ def save_results(results: Sequence[BenchmarkResult], path: Union[str, Path]) -> 
             f"save_results: give a list of BenchmarkResult, got {type(results).__name__} "
             "(one result: result.save(path))"
         )
-    doc = {"schema_version": SCHEMA_VERSION, "results": [r.to_dict() for r in results]}
-    write_atomic(path, json.dumps(doc, indent=1, allow_nan=False) + "\n")
-
-
-def _reject_constant(name: str) -> None:
-    raise ValueError(f"{name} is not a number a results file holds")
-
-
-def load_results(path: Union[str, Path]) -> List[BenchmarkResult]:
-    """Read every result from a file written by `save_results`, `result.save` or `wide_tessera benchmark -o`.
-
-    Every field is checked (types, then what must hold between them), so a damaged or
-    foreign file gives one line naming the file and the first problem, never a traceback.
-    """
-    kind = not_a_regular_file(Path(path))
-    if kind is not None:  # reading a FIFO would wait forever
-        raise WideTesseraError(f"{path}: is {kind}, not a results file")
-    try:
-        doc = json.loads(Path(path).read_text(), parse_constant=_reject_constant)
-        if not isinstance(doc, dict) or "schema_version" not in doc:
-            raise WideTesseraError("no schema_version")
-        version = doc["schema_version"]
-        if version not in READABLE_VERSIONS:
-            raise WideTesseraError(
-                f"schema version {version!r}; this wide_tessera reads {', '.join(map(str, READABLE_VERSIONS))}"
-            )
-        check_json(doc.get("results"), List[Dict[str, Any]], "results")
-        results = []
-        for i, raw in enumerate(doc["results"]):
-            result = build(raw, BenchmarkResult, f"results[{i}]")
-            check_result(result, f"results[{i}]")
-            results.append(result)
-        return results
-    except OSError as e:
-        raise WideTesseraError(f"{path}: cannot read ({e.strerror or e})") from None
-    except Exception as e:  # noqa: BLE001  RecursionError from deep nesting included: bad file, one line
-        detail = str(e) if isinstance(e, WideTesseraError) else f"{type(e).__name__}: {e}"
-        raise WideTesseraError(f"{path}: not a wide_tessera results file ({' '.join(detail.split())})") from None
+    write_json(path, {"schema_version": SCHEMA_VERSION, "results": [r.to_dict() for r in results]})

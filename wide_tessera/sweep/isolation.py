@@ -30,7 +30,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
 from ..core.errors import WideTesseraError
 from ..results.analysis import failed_point
-from ..measurement.controls import CONTROLS
+from ..core.roles import CONTROLS
 from ..core.job import BenchmarkJob
 from .point import RunSettings, iter_points
 from ..results.schema import Failure, PointResult

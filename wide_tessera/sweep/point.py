@@ -25,10 +25,11 @@ from ..results import analysis
 from ..measurement import modes
 from ..core import trees
 from ..core.capabilities import unmet_need
-from ..measurement.controls import COMPILE_MODES, CONTROLS, OPTIMIZER_CONTROLS, GraphedLoop, compiled, control_unavailable
+from ..core.roles import CONTROLS
+from ..measurement.controls import COMPILE_MODES, OPTIMIZER_CONTROLS, GraphedLoop, compiled, control_unavailable
 from ..core.correctness import Check, check_outputs, fallback_note, merge_checks, nonfinite_reference, shares_memory, tolerance
 from ..measurement.energy import measure_energy
-from ..core.job import DTYPES, BenchmarkJob
+from ..core.job import DTYPES, BenchmarkJob, point_key
 from ..measurement.launches import count_launches
 from ..measurement.memory import peak_memory
 from ..measurement.modes import TRAINING_MODES, Side, check_mode
@@ -36,7 +37,7 @@ from ..results.schema import Failure, PointResult
 from ..measurement.stages import StageObserver, StageTimeout, StageTimeouts, stage_limit
 from ..measurement.timing import PairedTimings, TimedFunctionError, TimingConfig, measure_paired
 
-__all__ = ["RunSettings", "CONFIRM_MODES", "COMPILE_MODES", "point_key", "point_keys", "iter_points", "INPUT_DRAWS"]
+__all__ = ["RunSettings", "CONFIRM_MODES", "iter_points", "INPUT_DRAWS"]
 
 CONFIRM_MODES = ("deciding", "all", "none")
 # Each strategy is checked on this many independent input draws: one draw can hide a
@@ -125,15 +126,6 @@ class RunSettings:
         check_bool("isolate", self.isolate)
         if self.confirm not in CONFIRM_MODES:
             raise WideTesseraError(f"confirm={self.confirm!r}: valid are {', '.join(CONFIRM_MODES)}")
-
-
-def point_key(n: int, params: Dict[str, Any]) -> str:
-    """A point's identity across runs and passes, for --resume and the confirmation pass."""
-    return json.dumps([n, params], sort_keys=True)
-
-
-def point_keys(points: Sequence[PointResult]) -> Set[str]:
-    return {point_key(p.n, p.params) for p in points}
 
 
 def iter_points(

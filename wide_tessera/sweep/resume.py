@@ -11,10 +11,10 @@ import dataclasses
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..core.errors import WideTesseraError
-from ..results.analysis import group_key
+from ..core.job import group_key
 from ..core.environment import Environment
 from ..core.job import SweepParams
-from .point import point_key, point_keys
+from ..core.job import point_key, point_keys
 from ..results.schema import BenchmarkResult, PointResult
 from ..measurement.timing import TimingConfig
 

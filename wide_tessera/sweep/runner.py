@@ -21,7 +21,8 @@ from .isolation import check_picklable, iter_points_isolated
 from ..core.job import BenchmarkJob, params_text
 from ..results.manifest import Manifest, capture_manifest, now
 from ..measurement.memory import memory_method
-from .point import RunSettings, iter_points, point_key, point_keys
+from ..core.job import point_key, point_keys
+from .point import RunSettings, iter_points
 from .progress import Progress
 from .resume import point_order
 from ..measurement.roofline import Peaks, load_or_calibrate

@@ -25,9 +25,10 @@ from ..results import analysis
 from ..core.environment import capture_environment
 from ..core.job import BenchmarkJob
 from ..results.manifest import Manifest
-from .point import point_key, point_keys
+from ..core.job import group_key, point_key, point_keys
 from .resume import point_order
-from ..results.schema import BenchmarkResult, PointResult, Where, load_results
+from ..results.load import load_results
+from ..results.schema import BenchmarkResult, PointResult, Where
 
 __all__ = [
     "Shard", "rank_device", "rank_threads", "describe_device", "assign", "shard_path", "leftover_shards",
@@ -107,7 +108,7 @@ def assign(jobs: Sequence[BenchmarkJob], ranks: int, skip: Dict[str, Set[str]]) 
         groups: Dict[str, int] = {}
         for n, params in job.sweep.points():
             todo = point_key(n, params) not in skip.get(job.op, set())
-            key = analysis.group_key(params)
+            key = group_key(params)
             groups[key] = groups.get(key, 0) + todo
         for key, points in groups.items():
             rank = min(range(ranks), key=lambda r: load[r])
