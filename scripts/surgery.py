@@ -54,7 +54,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     n_values = [int(n) for n in args.n_values.split(",")]
-    result = benchmark_custom(MLP, (args.batch, args.d), n_values, d=args.d, hidden=args.hidden, verbose=False)
+    result = benchmark_custom(MLP, (args.batch, args.d), n_values, model_kwargs=dict(d=args.d, hidden=args.hidden), verbose=False)
     rows = []
     for p in result.points:
         if "surgery" not in p.stats or "vmap" not in p.stats:

@@ -9,10 +9,7 @@ if not torch.cuda.is_available():
     # they run in Triton's interpreter, slowly but exactly enough to test them.
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from wide_tessera import TimingConfig
-
-# Timing is not under test in most tests: sample briefly so the suite stays fast.
-FAST = TimingConfig(warmup_s=0.0, budget_s=0.005, min_samples=3, min_sample_s=1e-4)
+from .helpers import FAST
 
 
 @pytest.fixture(autouse=True)
@@ -24,9 +21,9 @@ def _seeded():
 def _no_controls(monkeypatch):
     """Controls compile a loop at every point (about 0.3 s each on the CPU): the tests of
     controls ask for them; elsewhere a run leaves them out unless told."""
-    from wide_tessera.sweep import point
+    from wide_tessera.measurement import settings
 
-    monkeypatch.setattr(point, "default_controls", lambda preset=None: False)
+    monkeypatch.setattr(settings, "default_controls", lambda preset=None: False)
 
 
 @pytest.fixture(autouse=True)
@@ -54,9 +51,9 @@ def saved_results(tmp_path_factory):
 
     Few samples, so that loading it (which the fuzzer does a thousand times) stays fast.
     """
-    from wide_tessera import WideLinear, run, save_results
+    from wide_tessera import TimingConfig, WideLinear, run, save_results
 
-    from .test_runner import SometimesWrongLinear
+    from .helpers import SometimesWrongLinear
 
     timing = TimingConfig(warmup_s=0.0, budget_s=0.001, min_samples=3, max_samples=3, min_sample_s=1e-4)
     results = [

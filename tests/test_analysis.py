@@ -3,11 +3,12 @@
 import numpy as np
 
 from wide_tessera import TimingConfig, TimingStats
-from wide_tessera.results import analysis
 from wide_tessera.core.correctness import Check
 from wide_tessera.core.environment import capture_environment
 from wide_tessera.measurement.health import Health
+from wide_tessera.measurement.settings import RunSettings
 from wide_tessera.measurement.timing import PairedTimings
+from wide_tessera.results import analysis
 
 
 def samples(median_ms, spread=0.002, k=11):
@@ -28,12 +29,10 @@ def result(points):
     return analysis.result_of(
         points,
         op="synthetic",
-        preset="test",
         strategies=["a", "b"],
         environment=capture_environment("cpu"),
         timer="synthetic",
-        timing=TimingConfig(),
-        seed=0,
+        settings=RunSettings(preset="test", device="cpu", timing=TimingConfig()),
         duration_s=0.0,
     )
 

@@ -4,27 +4,24 @@ import json
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from wide_tessera import BenchmarkResult, WideTesseraError, benchmark, benchmark_custom, load_results
-from wide_tessera.sweep import point
+from wide_tessera import (
+    WideTesseraError,
+    benchmark,
+    benchmark_custom,
+    load_results,
+)
+from wide_tessera.measurement import settings
 from wide_tessera.results.schema import SCHEMA_VERSION, save_results
+
+from .helpers import Expert
 
 
 @pytest.fixture(autouse=True)
 def _fast_runs(monkeypatch, fast_timing):
     """benchmark() takes no timing config; shorten the runner's default for these tests."""
-    monkeypatch.setattr(point, "default_timing", lambda preset=None: fast_timing)
-
-
-class Expert(nn.Module):
-    def __init__(self, d=16, hidden=32):
-        super().__init__()
-        self.fc1, self.fc2 = nn.Linear(d, hidden), nn.Linear(hidden, d)
-
-    def forward(self, x):
-        return self.fc2(F.gelu(self.fc1(x)))
+    monkeypatch.setattr(settings, "default_timing", lambda preset=None: fast_timing)
 
 
 class NormedConv(nn.Module):
@@ -54,7 +51,7 @@ def test_alias_and_default_device():
 
 @pytest.mark.parametrize("model,shape,kwargs", [(Expert, (5, 16), {"hidden": 24}), (NormedConv, (2, 4, 10), {})])
 def test_benchmark_custom_fuses_any_module(model, shape, kwargs):
-    r = benchmark_custom(model, shape, [1, 3], device="cpu", verbose=False, **kwargs)
+    r = benchmark_custom(model, shape, [1, 3], device="cpu", verbose=False, model_kwargs=kwargs)
     assert r.op == model.__name__ and r.strategies == ["vmap", "surgery"]  # named after the class, not "custom"
     assert [p.n for p in r.points] == [1, 3]
     assert all(p.correct == {"vmap": True, "surgery": True} for p in r.points)
@@ -120,7 +117,9 @@ def test_load_rejects_bad_files(tmp_path, content, match):
         (lambda: benchmark_custom(Expert, (5, 17), [2]), r"input_shape \(5, 17\) does not fit Expert"),
         (lambda: benchmark_custom(Expert, (5, 0), [2]), "input_shape must be a non-empty tuple of positive ints"),
         (lambda: benchmark_custom(Expert, (5, 16), [-1]), "n_values: -1 is not a positive integer"),
-        (lambda: benchmark_custom(Expert, (5, 16), [2], width=3), r"cannot build Expert\(\*\*\{'width': 3\}\)"),
+        (lambda: benchmark_custom(Expert, (5, 16), [2], model_kwargs={"width": 3}), r"cannot build Expert\(\*\*\{'width': 3\}\)"),
+        (lambda: benchmark_custom(Expert, (5, 16), [2], hidden=8), r"hidden=8 is not a run setting .*model_kwargs=\{'hidden': 8\}"),
+        (lambda: benchmark_custom(Expert, (5, 16), [2], model_kwargs=[8]), r"model_kwargs=\[8\]: give a dict"),
         (lambda: benchmark_custom("Expert", (5, 16), [2]), "model_class must be an nn.Module subclass"),
     ],
 )

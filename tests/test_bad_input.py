@@ -12,11 +12,27 @@ import torch
 from click.testing import CliRunner
 from torch import nn
 
-from wide_tessera import BenchmarkResult, StageTimeouts, SweepParams, TimingConfig, WideConv1d, WideFunctional, WideLinear, WideOp, WideTesseraError, benchmark, benchmark_custom, load_results, measure, register, run, save_results
-from wide_tessera.ops.registry import REGISTRY
+from wide_tessera import (
+    StageTimeouts,
+    SweepParams,
+    TimingConfig,
+    WideConv1d,
+    WideFunctional,
+    WideLinear,
+    WideOp,
+    WideTesseraError,
+    benchmark,
+    benchmark_custom,
+    load_results,
+    measure,
+    register,
+    run,
+    save_results,
+)
 from wide_tessera.cli import cli
+from wide_tessera.ops.registry import REGISTRY
 
-from .test_api import Expert
+from .helpers import Expert
 
 GEMM = ["benchmark", "gemm", "--preset", "ci"]
 ATTN = ["benchmark", "flash_attention", "--preset", "ci"]
@@ -143,7 +159,7 @@ def _linears(*dtypes):
 API_CASES = [
     ("op as a list", lambda t: benchmark(["gemm"]), "op ['gemm']: give one op name as a string"),
     ("op None", lambda t: benchmark(None), "op None"),
-    ("preset list", lambda t: benchmark("gemm", preset=["ci"]), "unknown preset for gemm ['ci']"),
+    ("preset list", lambda t: benchmark("gemm", preset=["ci"]), "preset=['ci']: give a preset's name"),
     ("preset None", lambda t: benchmark("gemm", preset=None), "unknown preset for gemm None"),
     ("seed float", lambda t: benchmark("gemm", preset="ci", seed=1.5), "seed=1.5: give an integer"),
     ("seed str", lambda t: benchmark("gemm", preset="ci", seed="a"), "seed='a'"),
@@ -282,7 +298,7 @@ def test_a_float_axis_is_set_from_the_command_line_as_a_float():
 @pytest.mark.parametrize(
     "call,match",
     [
-        (lambda: benchmark("gemm", preset="ci", confirm="sometimes"), "confirm='sometimes': valid are deciding"),
+        (lambda: benchmark("gemm", preset="ci", confirm="sometimes"), "unknown confirm 'sometimes'.*valid: deciding, all, none"),
         (lambda: run(WideLinear.benchmark_job("ci"), seed=-1, verbose=False), "seed=-1"),
         (lambda: run(WideLinear.benchmark_job("ci"), isolate="yes", verbose=False), "isolate='yes'"),
     ],

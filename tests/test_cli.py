@@ -8,11 +8,11 @@ import torch
 from click.testing import CliRunner
 
 from wide_tessera import load_results, register
-from wide_tessera.ops.registry import REGISTRY
 from wide_tessera.cli import cli, parse_override
 from wide_tessera.core.errors import WideTesseraError
+from wide_tessera.ops.registry import REGISTRY
 
-from .test_runner import SometimesWrongLinear
+from .helpers import SometimesWrongLinear
 
 
 def invoke(*args):
@@ -251,7 +251,7 @@ def test_the_ci_preset_is_a_smoke_run_unless_told_otherwise(tmp_path, options, b
 
 
 def test_presets_other_than_ci_confirm_and_control_as_always():
-    from wide_tessera.sweep.point import PRESET_RUNS, RunSettings, preset_run
+    from wide_tessera.measurement.settings import PRESET_RUNS, RunSettings, preset_run
 
     assert preset_run("full") == preset_run(None) == preset_run("custom")
     assert (preset_run("full").budget_s, preset_run("full").confirm, preset_run("full").controls) == (0.5, "deciding", True)

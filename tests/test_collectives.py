@@ -11,11 +11,18 @@ import torch
 import torch.distributed as dist
 from click.testing import CliRunner
 
-from wide_tessera.collectives import cases as collectives
-from wide_tessera.collectives.cases import COLLECTIVES, algbw_gbps, busbw_factor, expected, run_case, sizes
-from wide_tessera.measurement.timing import TimingConfig
 from wide_tessera.cli import cli
-from wide_tessera.collectives.cases import CollectivesRun
+from wide_tessera.collectives import cases as collectives
+from wide_tessera.collectives.cases import (
+    COLLECTIVES,
+    CollectivesRun,
+    algbw_gbps,
+    busbw_factor,
+    expected,
+    run_case,
+    sizes,
+)
+from wide_tessera.measurement.timing import TimingConfig
 
 
 def test_bandwidths_follow_nccl_tests():

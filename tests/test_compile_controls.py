@@ -7,11 +7,11 @@ import torch
 from click.testing import CliRunner
 
 from wide_tessera import WideLinear, run
-from wide_tessera.results import analysis
-from wide_tessera.measurement import modes
+from wide_tessera.cli import cli
 from wide_tessera.core.capabilities import Needs, unmet_need
 from wide_tessera.core.job import SweepParams
-from wide_tessera.cli import cli
+from wide_tessera.measurement import modes
+from wide_tessera.results import analysis
 
 
 class CompiledWrongLinear(WideLinear):
@@ -130,8 +130,8 @@ def test_an_optimizer_control_that_steps_wrong_is_caught(monkeypatch, fast_timin
 
 def test_a_control_faster_than_every_strategy_still_never_wins():
     from wide_tessera.core.correctness import Check
-    from wide_tessera.measurement.health import Health
     from wide_tessera.core.stats import TimingStats
+    from wide_tessera.measurement.health import Health
     from wide_tessera.measurement.timing import PairedTimings
 
     def stats(ms):
@@ -185,7 +185,7 @@ def test_cli_compile_default_end_to_end_and_resume_refuses_another_mode(tmp_path
     result = CliRunner().invoke(cli, [*args, "--compile", "default", "--no-controls", "-o", str(out), "--quiet"])
     assert result.exit_code == 0, result.output
     saved = json.loads(out.read_text())["results"][0]
-    assert saved["compile"] == "default" and all(p["first_call_s"]["bmm"] > 0 for p in saved["points"])
+    assert saved["settings"]["compile"] == "default" and all(p["first_call_s"]["bmm"] > 0 for p in saved["points"])
     again = CliRunner().invoke(cli, [*args, "-o", str(out), "--resume", "--quiet"])
     assert again.exit_code == 2 and "compile mode default" in again.output
 

@@ -9,14 +9,19 @@ from click.testing import CliRunner
 from torch import nn
 
 import wide_tessera as wt
-from wide_tessera.dispatch import fuse as fusing
-from wide_tessera.results.analysis import group_crossover
-from wide_tessera.dispatch.table import DispatchEntry, DispatchTable, NVerdict, entries_of
-from wide_tessera.core.environment import cpu_name
-from wide_tessera.ops.registry import get_op, op_names
 from wide_tessera.cli import cli
+from wide_tessera.core.environment import cpu_name
 from wide_tessera.core.errors import WideTesseraError
+from wide_tessera.dispatch import fuse as fusing
 from wide_tessera.dispatch.fuse import DispatchWarning, LoopedModules, fuse
+from wide_tessera.dispatch.table import (
+    DispatchEntry,
+    DispatchTable,
+    NVerdict,
+    entries_of,
+)
+from wide_tessera.ops.registry import get_op, op_names
+from wide_tessera.results.analysis import group_crossover
 
 
 @pytest.fixture(autouse=True)

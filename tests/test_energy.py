@@ -11,9 +11,9 @@ import time
 import pytest
 
 import wide_tessera as wt
-from wide_tessera.reports import tidy
 from wide_tessera.measurement import energy
 from wide_tessera.measurement.energy import EnergyUnavailable, measure_energy
+from wide_tessera.reports import tidy
 from wide_tessera.results.load import load_results
 from wide_tessera.results.schema import save_results
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from wide_tessera import load_results, save_results
-from wide_tessera.core.files import lock_path, results_lock
-from wide_tessera import cli as cli_module
+from wide_tessera import entry, load_results, save_results
 from wide_tessera.cli import cli
+from wide_tessera.cli import measure as measure_commands
+from wide_tessera.core.files import lock_path, results_lock
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN = ["benchmark", "gemm", "--preset", "ci", "--device", "cpu", "--n-values", "1", "--quiet"]
@@ -147,15 +147,13 @@ def test_ctrl_c_while_jobs_are_built_exits_130_without_a_traceback(monkeypatch, 
     def interrupted(*args):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli_module, "_build_jobs", interrupted)
+    monkeypatch.setattr(measure_commands, "build_jobs", interrupted)
     monkeypatch.setattr(sys, "argv", ["wide_tessera", *RUN, "-o", str(tmp_path / "r.json")])
     previous = signal.getsignal(signal.SIGINT)
     try:
-        with pytest.raises(SystemExit) as info:
-            cli_module.main()
+        assert entry.run() == 130
     finally:
         signal.signal(signal.SIGINT, previous)
-    assert info.value.code == 130
     assert "Traceback" not in capsys.readouterr().err
 
 

@@ -8,12 +8,12 @@ import torch
 import torch.nn.functional as F
 
 import wide_tessera as wt
+from wide_tessera.core.job import Work
+from wide_tessera.kernels import grouped_linear
 from wide_tessera.measurement import roofline as rl
 from wide_tessera.measurement.launches import count_launches
 from wide_tessera.measurement.memory import peak_memory
-from wide_tessera.core.job import Work
 from wide_tessera.measurement.roofline import Peaks, roofline
-from wide_tessera.kernels import grouped_linear
 
 
 def kernels_unavailable():
@@ -126,7 +126,12 @@ class _Autotuner:
 
 
 def test_triton_facts_from_triton_objects(tmp_path):
-    from wide_tessera.kernels.facts import autotune_facts, compiled_kernels, dump_ir, kernel_facts
+    from wide_tessera.kernels.facts import (
+        autotune_facts,
+        compiled_kernels,
+        dump_ir,
+        kernel_facts,
+    )
 
     tuner = _Autotuner()
     ((key, compiled),) = compiled_kernels(tuner)
@@ -168,8 +173,9 @@ def test_compile_time_is_clocked_between_tritons_hooks_and_written_with_the_fact
 
 
 def test_dump_ir_under_the_interpreter_says_what_it_wrote(tmp_path):
-    from wide_tessera.cli import cli
     from click.testing import CliRunner
+
+    from wide_tessera.cli import cli
 
     if kernels_unavailable():
         pytest.skip(kernels_unavailable())
@@ -182,8 +188,9 @@ def test_dump_ir_under_the_interpreter_says_what_it_wrote(tmp_path):
 
 
 def test_dump_ir_into_a_file_is_refused_before_measuring(tmp_path):
-    from wide_tessera.cli import cli
     from click.testing import CliRunner
+
+    from wide_tessera.cli import cli
 
     (tmp_path / "f").write_text("")
     r = CliRunner().invoke(cli, ["benchmark", "gemm", "--preset", "ci", "--dump-ir", str(tmp_path / "f")])

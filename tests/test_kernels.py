@@ -8,7 +8,12 @@ import torch
 import torch.nn.functional as F
 
 import wide_tessera.kernels as kernels
-from wide_tessera.kernels import flash_attention, grouped_linear, ragged_linear, triton_unavailable_reason
+from wide_tessera.kernels import (
+    flash_attention,
+    grouped_linear,
+    ragged_linear,
+    triton_unavailable_reason,
+)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = pytest.mark.skipif(

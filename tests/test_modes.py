@@ -10,12 +10,12 @@ from click.testing import CliRunner
 from torch import nn
 
 from wide_tessera import WideBatchNorm2d, WideLinear, benchmark, benchmark_custom, run
-from wide_tessera.measurement import modes
-from wide_tessera.core import trees
-from wide_tessera.core.job import SweepParams
-from wide_tessera.ops.registry import op_names
 from wide_tessera.cli import cli
+from wide_tessera.core import trees
 from wide_tessera.core.errors import WideTesseraError
+from wide_tessera.core.job import SweepParams
+from wide_tessera.measurement import modes
+from wide_tessera.ops.registry import op_names
 
 
 class LinearBatchNorm(nn.Module):
@@ -214,7 +214,7 @@ def test_resume_refuses_another_mode(tmp_path):
     out = tmp_path / "r.json"
     args = ["benchmark", "gemm", "--preset", "ci", "--n-values", "1", "--budget", "0.01", "--quiet", "-o", str(out)]
     assert CliRunner().invoke(cli, [*args, "--mode", "forward"]).exit_code == 0
-    assert json.loads(out.read_text())["results"][0]["mode"] == "forward"
+    assert json.loads(out.read_text())["results"][0]["settings"]["mode"] == "forward"
     result = CliRunner().invoke(cli, [*args, "--resume"])
     assert result.exit_code == 2 and "mode forward" in result.output and "mode inference" in result.output
 

@@ -6,12 +6,20 @@ import pytest
 import torch
 from torch import nn
 
-from wide_tessera import REGISTRY, AttentionBlock, WideAttention, WideConv1d, WideConv2d, WideLinear, WideTesseraError
+from wide_tessera import (
+    REGISTRY,
+    AttentionBlock,
+    WideAttention,
+    WideConv1d,
+    WideConv2d,
+    WideLinear,
+    WideTesseraError,
+)
 from wide_tessera.core.capabilities import unmet_need
 from wide_tessera.core.correctness import check_outputs, tolerance
 from wide_tessera.core.job import DTYPES
-from wide_tessera.ops.registry import op_names
 from wide_tessera.kernels import triton_unavailable_reason
+from wide_tessera.ops.registry import op_names
 
 
 def random_params(op: str, rng: random.Random, strategy: str = "") -> dict:

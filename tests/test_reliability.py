@@ -11,29 +11,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from wide_tessera import BenchmarkResult, StageTimeouts, SweepParams, WideLinear, load_results, run
+from wide_tessera import (
+    StageTimeouts,
+    SweepParams,
+    WideLinear,
+    load_results,
+    run,
+)
+
+from .helpers import TroubleLinear
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-class TroubleLinear(WideLinear):
-    """A healthy strategy next to every way a strategy can go wrong."""
-
-    BENCHMARK_STRATEGIES = ("bmm", "hangs", "segfaults", "oom", "wrong")
-    BENCHMARK_SWEEPS = {"test": SweepParams.of([2], batch=[4], in_features=[8], out_features=[8])}
-
-    def forward(self, x):
-        if self.strategy == "hangs":
-            signal.signal(signal.SIGALRM, signal.SIG_IGN)  # deaf to the worker's own alarm: only a kill stops it
-            while True:
-                pass
-        if self.strategy == "segfaults":
-            os.kill(os.getpid(), signal.SIGSEGV)
-        if self.strategy == "oom":
-            raise MemoryError("simulated: could not allocate 64 GiB")
-        if self.strategy == "wrong":
-            return torch.zeros(self.n, *x.shape[1:-1], self.out_features)
-        return super().forward(x)
 
 
 class SleepyLinear(WideLinear):
@@ -109,7 +97,7 @@ def test_isolated_crash_or_hang_while_timed_costs_only_that_strategy(fast_timing
 def test_the_worker_dies_with_its_parent(tmp_path):
     psutil = pytest.importorskip("psutil")
     script = (
-        "from tests.test_reliability import TroubleLinear\n"
+        "from tests.helpers import TroubleLinear\n"
         "from wide_tessera import StageTimeouts, run\n"
         "run(TroubleLinear.benchmark_job('test'), verbose=False, isolate=True, timeouts=StageTimeouts(check_s=600))\n"
     )

@@ -15,18 +15,24 @@ from click.testing import CliRunner
 
 import wide_tessera as wt
 from wide_tessera import TimingStats
-from wide_tessera.results import analysis
-from wide_tessera.reports import tidy
-from wide_tessera.reports.compare import compare, render
+from wide_tessera.cli import cli
 from wide_tessera.core.correctness import Check
 from wide_tessera.core.environment import Environment
 from wide_tessera.measurement.health import Health
-from wide_tessera.reports.markdown import headline, result_markdown
-from wide_tessera.results.manifest import GitState, Manifest, capture_manifest, git_state
+from wide_tessera.measurement.settings import RunSettings
 from wide_tessera.measurement.timing import PairedTimings, TimingConfig
-from wide_tessera.cli import cli
+from wide_tessera.reports import tidy
+from wide_tessera.reports.compare import compare, render
+from wide_tessera.reports.markdown import headline, result_markdown
+from wide_tessera.results import analysis
+from wide_tessera.results.manifest import (
+    GitState,
+    Manifest,
+    capture_manifest,
+    git_state,
+)
 
-from .conftest import FAST
+from .helpers import FAST
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -84,12 +90,10 @@ def synthetic(slow_a=1.0, scale=1.0, device_name="Synthetic CPU", confirm_noise=
     return analysis.result_of(
         points,
         op="synthetic",
-        preset="test",
         strategies=["a", "b"],
         environment=env,
         timer="synthetic",
-        timing=TimingConfig(),
-        seed=0,
+        settings=RunSettings(preset="test", device="cpu", timing=TimingConfig()),
         duration_s=60.0,
         runs=[manifest],
     )

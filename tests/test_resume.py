@@ -8,9 +8,9 @@ import torch
 from click.testing import CliRunner
 
 from wide_tessera import SweepParams, load_results
-from wide_tessera.sweep.resume import point_order
-from wide_tessera.core.job import point_key
 from wide_tessera.cli import cli
+from wide_tessera.core.job import point_key
+from wide_tessera.sweep.resume import point_order
 
 FAST = ["--budget", "0.001", "--target-ci", "0.5", "--device", "cpu", "--preset", "ci", "--quiet"]
 

@@ -6,22 +6,10 @@ import pytest
 import torch
 from torch import nn
 
-from wide_tessera import SweepParams, WideLinear, register, run
+from wide_tessera import WideLinear, register, run
 from wide_tessera.ops.registry import REGISTRY
 
-
-class SometimesWrongLinear(WideLinear):
-    """WideLinear plus two broken strategies: one fast and wrong, one that raises."""
-
-    BENCHMARK_STRATEGIES = ("bmm", "wrong", "raises")
-    BENCHMARK_SWEEPS = {"test": SweepParams.of([1, 2, 4], batch=[4], in_features=[8], out_features=[8])}
-
-    def forward(self, x):
-        if self.strategy == "wrong":
-            return torch.zeros(self.n, *x.shape[1:-1], self.out_features)  # far faster than any real strategy
-        if self.strategy == "raises":
-            raise RuntimeError("kernel exploded")
-        return super().forward(x)
+from .helpers import SometimesWrongLinear
 
 
 @pytest.fixture

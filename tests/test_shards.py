@@ -8,8 +8,8 @@ import textwrap
 from click.testing import CliRunner
 
 import wide_tessera as wt
-from wide_tessera.core.job import point_key
 from wide_tessera.cli import cli
+from wide_tessera.core.job import point_key
 
 RUN = ["benchmark", "gemm", "layernorm", "--preset", "ci", "--device", "cpu", "--n-values", "1,4", "--budget", "0.01",
        "--target-ci", "0.5"]  # fmt: skip
@@ -44,12 +44,12 @@ def test_a_rank_that_raises_loses_no_other_points_and_resume_completes_the_file(
         import os
 
         if os.environ.get("RANK") == "1":  # rank 1 fails outside any point, as a bug would
-            import wide_tessera.cli
+            import wide_tessera.sweep.session
 
             def broken(*args, **kwargs):
                 raise RuntimeError("rank 1 broke")
 
-            wide_tessera.cli.run_job = broken
+            wide_tessera.sweep.session.run_job = broken
     '''))
     r = torchrun([*RUN, "--import", "rank_breaker", "-o", "out.json", "--quiet"], tmp_path)
     assert r.returncode == 1
@@ -71,16 +71,16 @@ def test_a_rank_that_dies_leaves_its_points_in_its_shard_for_resume(tmp_path):
         import os
 
         if os.environ.get("RANK") == "1":  # rank 1 dies, no teardown, right after saving its first point
-            import wide_tessera.cli
+            import wide_tessera.sweep.session
 
-            real = wide_tessera.cli.save_results
+            real = wide_tessera.sweep.session.save_results
 
             def save_then_die(results, path):
                 real(results, path)
                 if any(r.points for r in results):
                     os._exit(9)
 
-            wide_tessera.cli.save_results = save_then_die
+            wide_tessera.sweep.session.save_results = save_then_die
     '''))
     r = torchrun([*RUN, "--import", "rank_killer", "-o", "out.json", "--quiet"], tmp_path)
     assert r.returncode != 0 and (tmp_path / "out.json.rank1").exists()  # torchrun stopped the group

@@ -11,11 +11,19 @@ import pytest
 import torch
 from torch import nn
 
-from wide_tessera import SweepParams, TimingConfig, WideOp, benchmark, benchmark_custom, register, run
-from wide_tessera.results import analysis
+from wide_tessera import (
+    SweepParams,
+    TimingConfig,
+    WideOp,
+    benchmark,
+    benchmark_custom,
+    register,
+    run,
+)
 from wide_tessera.core.correctness import check_outputs
-from wide_tessera.ops.registry import REGISTRY
 from wide_tessera.measurement.timing import measure_paired
+from wide_tessera.ops.registry import REGISTRY
+from wide_tessera.results import analysis
 
 # Long enough samples (2 ms) for a verdict about equal costs to mean something on a CPU.
 TIMING = TimingConfig(warmup_s=0.02, budget_s=0.15, min_samples=10, min_sample_s=2e-3)
@@ -199,11 +207,7 @@ def test_vmap_falling_back_to_a_loop_is_reported(fast_timing):
         device="cpu",
         verbose=False,
         timing=fast_timing,
-        d_model=16,
-        nhead=2,
-        dim_feedforward=32,
-        dropout=0.0,
-        batch_first=True,
+        model_kwargs=dict(d_model=16, nhead=2, dim_feedforward=32, dropout=0.0, batch_first=True),
     )
     check = r.points[0].checks["vmap"]
     assert check.correct and check.fallback.startswith("vmap ran a per-model loop: no batching rule for aten::")
@@ -316,8 +320,8 @@ def test_gpu_throttling_and_other_processes_are_seen_through_nvml(nvml, problem)
 def test_cli_strict_exits_3_on_an_unreliable_result_and_show_lists_every_warning(tmp_path, monkeypatch, fast_timing):
     from click.testing import CliRunner
 
-    from wide_tessera.measurement import health
     from wide_tessera.cli import cli
+    from wide_tessera.measurement import health
 
     monkeypatch.setattr(health, "BUSY_CORES", -1.0)  # any load at all counts as a busy machine
     path = tmp_path / "r.json"

@@ -19,7 +19,15 @@ import torch.nn.functional as F
 from click.testing import CliRunner
 from torch import nn
 
-from wide_tessera import WideLinear, WideTesseraError, benchmark, benchmark_custom, load_results, register_strategy, run
+from wide_tessera import (
+    WideLinear,
+    WideTesseraError,
+    benchmark,
+    benchmark_custom,
+    load_results,
+    register_strategy,
+    run,
+)
 from wide_tessera.cli import cli
 from wide_tessera.widen.custom import custom_job
 from wide_tessera.widen.functional import WideFunctional

@@ -12,37 +12,18 @@ from . import ops  # noqa: F401  (registers the built-in ops)
 from .measurement import timing
 from .sweep.isolation import call_isolated
 from .core.job import DTYPES, BenchmarkJob
-from .measurement.modes import TRAINING_MODES, check_mode
+from .measurement.modes import TRAINING_MODES
+from .measurement.settings import RunSettings, resolve_device
 from .ops.registry import get_op
 from .sweep.runner import run
 from .results.schema import BenchmarkResult
-from .measurement.stages import StageTimeouts
 from .core.stats import TimingStats
 from .measurement.timing import TimingConfig
-from .core.user_input import check_instance, check_number, check_seed
+from .core.user_input import check_instance
 from .core.errors import WideTesseraError
 from .widen.custom import custom_job
 
-__all__ = ["benchmark", "benchmark_custom", "measure", "resolve_device", "build_job", "build_custom_job"]
-
-
-def resolve_device(device: Optional[str]) -> str:
-    """None means CUDA when available, else CPU; anything else must exist on this machine."""
-    if device is None:
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        d = torch.device(device) if isinstance(device, (str, torch.device)) else None
-    except (RuntimeError, TypeError):
-        d = None
-    # torch accepts 'cpu:1', but there is one CPU device: an index there is a typo.
-    if d is None or d.type not in ("cpu", "cuda") or (d.type == "cpu" and d.index is not None):
-        raise WideTesseraError(f"unknown device {device!r} (valid: cpu, cuda, cuda:N)")
-    if d.type == "cuda":
-        if not torch.cuda.is_available():
-            raise WideTesseraError(f"device {device!r}: CUDA is not available on this machine (valid here: cpu)")
-        if d.index is not None and d.index >= torch.cuda.device_count():
-            raise WideTesseraError(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
-    return str(d)
+__all__ = ["benchmark", "benchmark_custom", "measure", "build_job", "build_custom_job"]
 
 
 def _supported_dtypes(device: str) -> Sequence[str]:
@@ -91,80 +72,35 @@ def build_job(name: str, preset: str, device: str, overrides: Dict[str, Any], ve
     return job
 
 
-def benchmark(
-    name: str,
-    preset: str = "full",
-    device: Optional[str] = None,
-    verbose: bool = True,
-    seed: int = 0,
-    timing: Optional[TimingConfig] = None,
-    isolate: bool = False,
-    timeouts: Optional[StageTimeouts] = None,
-    memory_budget: Optional[int] = None,
-    confirm: Optional[str] = None,
-    compile: str = "none",
-    controls: Optional[bool] = None,
-    roofline: bool = False,
-    mode: str = "inference",
-    energy: bool = False,
-    **overrides: Any,
-) -> BenchmarkResult:
+def benchmark(name: str, preset: str = "full", *, verbose: bool = True, **options: Any) -> BenchmarkResult:
     """Benchmark a registered op: N separate calls against each wide strategy, over the preset's sweep.
 
-    `overrides` replace sweep axes, e.g. n_values=[8, 16], channels=[32], dtype=['float32'].
-    `timing` sets when sampling stops (TimingConfig: CI target, time budget, CUDA graphs).
-    `isolate` runs the points in a worker process, so a hang or a crash costs one strategy;
-    `timeouts` limits each stage of a point (StageTimeouts); `memory_budget` (bytes) skips
-    points whose estimated footprint is larger. `confirm` says which points are measured
-    again after the sweep ('deciding', 'all', 'none'); where the passes disagree the
-    point is unstable and never counts as a win. Where `timing`, `confirm` and `controls` are
-    not given, the preset's settings apply (sweep.point.PRESET_RUNS): `ci`, a smoke run,
-    samples 0.1 s per function, confirms nothing and times no controls; `quick` samples 0.25 s;
-    other runs 0.5 s, confirm the deciding points and time the controls. `compile` applies torch.compile in that mode
-    ('default', 'reduce-overhead', 'max-autotune'; 'none' for eager) to the baseline and every
-    strategy alike. `controls` (default on) also times the baseline loop captured in one CUDA
-    graph (CUDA only) and compiled: cheaper loops that fuse nothing, shown beside the strategies.
-    `roofline` measures the device's peaks (once per device and software, cached) and shows
-    each timing as a percentage of its roofline bound. `mode` says what one timed call does:
-    'inference' (under no_grad), 'forward' (autograd recording), 'backward' (the backward pass
-    alone), 'forward_backward', or 'train_step' (forward, backward, an SGD step); the training
-    modes also check every model's gradients, buffers and updated parameters (see measurement.modes).
-    `energy` (CUDA, with NVML) also measures each callable's energy per call and power at every
-    point, in windows of its own after the timings (see measurement.energy: about 3 s per callable).
+    `options` are the run's settings (measurement.settings.RunSettings: device, seed, timing,
+    timeouts, memory_budget, isolate, confirm, compile, controls, roofline, mode, energy; the
+    preset's defaults fill the rest) and overrides of the sweep's axes (n_values=[8, 16],
+    channels=[32], dtype=['float32']). Progress goes to stderr unless `verbose=False`.
     """
-    _check_settings(seed, timing, timeouts, memory_budget, mode)
-    device = resolve_device(device)
-    job = build_job(name, preset, device, overrides, verbose)
-    return run(
-        job, device, verbose, seed, timing, timeouts, memory_budget, isolate, confirm, compile, controls, roofline, mode,
-        energy,
-    )
+    given, overrides = RunSettings.split(options)
+    settings = RunSettings.of(preset=preset, **given)
+    job = build_job(name, preset, settings.device, overrides, verbose)
+    return run(job, settings, verbose=verbose)
 
 
 def benchmark_custom(
     model_class: type,
     input_shape: Any,
     n_values: Sequence[int],
+    *,
+    model_kwargs: Optional[Dict[str, Any]] = None,
     name: Optional[str] = None,
-    device: Optional[str] = None,
-    verbose: bool = True,
     dtype: Any = "float32",
-    seed: int = 0,
-    timing: Optional[TimingConfig] = None,
-    isolate: bool = False,
-    timeouts: Optional[StageTimeouts] = None,
-    memory_budget: Optional[int] = None,
-    confirm: Optional[str] = None,
-    compile: str = "none",
-    controls: Optional[bool] = None,
     input_dtype: Any = None,
     int_high: Optional[int] = None,
     input_factory: Optional[Callable[[], Any]] = None,
     randomness: str = "error",
     train: bool = False,
-    mode: str = "inference",
-    energy: bool = False,
-    **model_kwargs: Any,
+    verbose: bool = True,
+    **options: Any,
 ) -> BenchmarkResult:
     """Benchmark N copies of `model_class(**model_kwargs)` made wide two ways: `vmap` (torch.func over
     the whole model) and `surgery` (each layer an op fuses swapped for its wide module).
@@ -176,30 +112,34 @@ def benchmark_custom(
     input_shape=None) returns one model's input: a tensor or a tuple of tensors.
     `randomness` is vmap's ('error', 'different', 'same') for models that draw random
     numbers; `train` runs the models in train mode (dropout active) in the inference mode too
-    (the training modes always do). `name` defaults to the class's name. The other settings
-    are `benchmark`'s.
+    (the training modes always do). `name` defaults to the class's name. `options` are the
+    run's settings, as `benchmark`'s (RunSettings); the model's own arguments go in `model_kwargs`.
     """
-    _check_settings(seed, timing, timeouts, memory_budget, mode)
-    device = resolve_device(device)
+    given, other = RunSettings.split(options)
+    if other:
+        first = next(iter(other))
+        raise WideTesseraError(
+            f"benchmark_custom: {first}={other[first]!r} is not a run setting (valid: {', '.join(RunSettings.names())}); "
+            f"give the model's own arguments as model_kwargs={other!r}"
+        )
+    if model_kwargs is not None and not isinstance(model_kwargs, dict):
+        raise WideTesseraError(f"model_kwargs={model_kwargs!r}: give a dict of the model's keyword arguments")
+    settings = RunSettings.of(preset="custom", **given)
     job = build_custom_job(
         model_class,
         input_shape,
         n_values,
         name,
         dtype,
-        model_kwargs,
-        isolate,
-        timeouts,
+        dict(model_kwargs or {}),
+        settings,
         input_dtype=input_dtype,
         int_high=int_high,
         input_factory=input_factory,
         randomness=randomness,
-        train=train or mode in TRAINING_MODES,
+        train=train or settings.mode in TRAINING_MODES,
     )
-    return run(
-        job, device, verbose, seed, timing, timeouts, memory_budget, isolate, confirm, compile, controls, mode=mode,
-        energy=energy,
-    )
+    return run(job, settings, verbose=verbose)
 
 
 def build_custom_job(
@@ -209,8 +149,7 @@ def build_custom_job(
     name: Optional[str],
     dtype: Any,
     model_kwargs: Dict[str, Any],
-    isolate: bool,
-    timeouts: Optional[StageTimeouts],
+    settings: RunSettings,
     **inputs: Any,
 ) -> BenchmarkJob:
     """The job behind benchmark_custom (and the `custom` command); `inputs` are custom_job's input options.
@@ -218,9 +157,9 @@ def build_custom_job(
     The module is tried on one input first, under `isolate` in a worker process within the
     setup stage's time limit, so a module that crashes or hangs cannot take the caller with it.
     """
-    limit = (timeouts or StageTimeouts()).limit("setup")
+    limit = settings.timeouts.limit("setup")
     what = f"trying {getattr(model_class, '__name__', model_class)} on one input"
-    run_check = partial(call_isolated, limit_s=limit, what=what) if isolate else (lambda check: check())
+    run_check = partial(call_isolated, limit_s=limit, what=what) if settings.isolate else (lambda check: check())
     return custom_job(model_class, input_shape, n_values, name, dtype, model_kwargs, run_check, **inputs)
 
 
@@ -230,15 +169,3 @@ def measure(fn: Callable[[], object], device: str = "cpu", config: Optional[Timi
         raise WideTesseraError(f"measure: fn={fn!r} is not callable; give a function of no arguments")
     check_instance("config", config, TimingConfig)
     return timing.measure(fn, resolve_device(device), config)
-
-
-def _check_settings(
-    seed: int, timing: Optional[TimingConfig], timeouts: Optional[StageTimeouts], memory_budget: Optional[int], mode: str
-) -> None:
-    """The run's settings, checked before any model is built."""
-    check_seed(seed)
-    check_mode(mode)
-    check_instance("timing", timing, TimingConfig)
-    check_instance("timeouts", timeouts, StageTimeouts)
-    if memory_budget is not None:
-        check_number("memory_budget", memory_budget, 0, 2**60, integer=True, what="a number of bytes")

@@ -25,8 +25,9 @@ from dataclasses_json import dataclass_json
 from ..core.errors import WideTesseraError
 from ..results.analysis import group_crossover, parameter_groups
 from ..core.job import params_text
-from ..core.files import cache_dir
+from ..core.files import cache_dir, results_target
 from ..results.manifest import now
+from ..reports.text import n_or_never
 from ..results.schema import BenchmarkResult, PointResult
 from ..core.jsonio import load_document, write_json
 
@@ -37,6 +38,8 @@ __all__ = [
     "Case",
     "Match",
     "default_table_path",
+    "check_table_target",
+    "merge_into",
     "entries_of",
     "match",
     "MAX_RATIO",
@@ -169,6 +172,34 @@ def _crossover(verdicts: Sequence[NVerdict]) -> Optional[int]:
 def default_table_path() -> Path:
     """$WIDE_TESSERA_DISPATCH, else the per-user cache's dispatch.json (see files.cache_dir)."""
     return Path(os.environ.get(TABLE_ENV) or cache_dir() / "dispatch.json")
+
+
+def check_table_target(path: str, output: Optional[str]) -> None:
+    """The table a run merges into: a regular file or none yet, not the results file, and, where
+    it exists, a table (a damaged one is not overwritten: it may hold other measurements)."""
+    try:
+        results_target(path)
+    except WideTesseraError as e:
+        raise WideTesseraError(f"dispatch table {e}") from None
+    if output and Path(output).resolve() == Path(path).resolve():
+        raise WideTesseraError(f"dispatch table {path}: is the results file too; give another file")
+    if Path(path).exists():
+        DispatchTable.load(path)
+
+
+def merge_into(path: Union[str, Path], result: BenchmarkResult) -> Optional[str]:
+    """Merge `result`'s entries into the table at `path`; what was merged, in one line (None
+    for an interrupted op, whose entries are left out)."""
+    if not result.complete:
+        return None
+    entries = entries_of(result)
+    table = DispatchTable.load(path) if Path(path).exists() else DispatchTable()
+    table.merged(entries).save(path)
+    unconfirmed = sum(v.verdict == "unconfirmed" for e in entries for v in e.verdicts)
+    note = f"; {unconfirmed} win(s) not confirmed, kept out (tune confirms every point)" if unconfirmed else ""
+    count = f"{len(entries)} {'entry' if len(entries) == 1 else 'entries'}"
+    fused = ", ".join(n_or_never(e.crossover_n) for e in entries)
+    return f"dispatch table {path}: {result.op}: {count}, fuse from N = {fused}{note}"
 
 
 def _n_verdict(point: PointResult) -> NVerdict:

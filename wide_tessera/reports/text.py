@@ -143,7 +143,7 @@ def warning_digest(result: "BenchmarkResult") -> List[str]:
     worst = sorted(items, key=lambda item: -item[1])[:_DIGEST_WORST]
     more = f"; all {len(items)} with `wide_tessera show FILE --warnings`" if len(items) > len(worst) else ""
     return [
-        f"WARNINGS: " + ", ".join(f"{k} {c}" for k, c in counts.most_common()) + more,
+        "WARNINGS: " + ", ".join(f"{k} {c}" for k, c in counts.most_common()) + more,
         *(f"  {line}" for _, _, line in worst),
     ]
 

@@ -38,7 +38,6 @@ The rules, which the README repeats:
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import warnings
 from collections import Counter

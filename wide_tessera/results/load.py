@@ -33,6 +33,8 @@ def load_results(path: Union[str, Path]) -> List[BenchmarkResult]:
         check_json(doc.get("results"), List[Dict[str, Any]], "results")
         results = []
         for i, raw in enumerate(doc["results"]):
+            if version < 7:
+                raw = _with_settings(raw)
             result = build(raw, BenchmarkResult, f"results[{i}]")
             check_result(result, f"results[{i}]")
             results.append(result)
@@ -40,3 +42,19 @@ def load_results(path: Union[str, Path]) -> List[BenchmarkResult]:
     except Exception as e:  # noqa: BLE001  RecursionError from deep nesting included: bad file, one line
         detail = str(e) if isinstance(e, WideTesseraError) else f"{type(e).__name__}: {e}"
         raise WideTesseraError(f"{path}: not a wide_tessera results file ({' '.join(detail.split())})") from None
+
+
+# Schema 3 to 6 held these settings as fields of the result; 7 holds them in `settings`.
+_OLD_SETTINGS = ("preset", "timing", "seed", "confirm", "compile", "mode")
+
+
+def _with_settings(raw: Dict[str, Any]) -> Dict[str, Any]:
+    """A result of schema 3 to 6 as schema 7 holds it: its settings in one object. The energy
+    setting was not recorded: a run asked for energy is one whose points hold some."""
+    settings = {name: raw[name] for name in _OLD_SETTINGS if name in raw}
+    points = raw.get("points")
+    settings["energy"] = isinstance(points, list) and any(isinstance(p, dict) and p.get("energy") for p in points)
+    environment = raw.get("environment")
+    if isinstance(environment, dict) and isinstance(environment.get("device"), str):
+        settings["device"] = environment["device"]
+    return {**{k: v for k, v in raw.items() if k not in _OLD_SETTINGS}, "settings": settings}

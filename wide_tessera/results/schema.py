@@ -25,6 +25,7 @@ from .manifest import Manifest
 from ..core.job import Work
 from ..measurement.roofline import Peaks
 from ..core.stats import TimingStats
+from ..measurement.settings import RunSettings
 from ..measurement.timing import TimingConfig
 from ..core.jsonio import write_json
 from .views import view
@@ -44,8 +45,10 @@ __all__ = [
 # 4: run manifests. A version-3 file reads as a result without manifests.
 # 5: the mode (inference or a training mode).
 # 6: energy per call (--energy). A version-5 file reads as points without it.
-SCHEMA_VERSION = 6
-READABLE_VERSIONS = (3, 4, 5, 6)
+# 7: the run's settings as one object (measurement.settings.RunSettings), where 3 to 6 held
+#    preset, timing, seed, confirm, compile and mode as fields of their own (results.load moves them).
+SCHEMA_VERSION = 7
+READABLE_VERSIONS = (3, 4, 5, 6, 7)
 
 
 @dataclass_json
@@ -214,24 +217,19 @@ class GroupResult:
 class BenchmarkResult:
     """One op's benchmark. `wide_tessera.results.analysis` computes it; the rules are written there.
 
-    reliable / unreliable_reasons: the verdict on the run itself (a busy machine, disturbed or
-    unconverged deciding points, unstable points, throttling). confirm: which points the
-    confirmation pass measured again. health: the machine over the whole run. compile: the
-    torch.compile mode of the baseline and every strategy ('none': eager). mode: what one timed
-    call did (measurement.modes: 'inference', 'forward', 'backward', 'forward_backward', 'train_step';
-    files before schema 5 hold inference). peaks: the device's
+    settings: how the points were measured (measurement.settings.RunSettings: preset, seed, mode,
+    compile mode, timing, confirmation...). reliable / unreliable_reasons: the verdict on the run
+    itself. health: the machine over the whole run. peaks: the device's
     measured ceilings (measurement.roofline), where the run was asked for the roofline. runs: the
     manifest of every run that measured points of this result (a `--resume` adds one); the
     first one's `run_id` is the result's.
     """
 
     op: str
-    preset: str
     strategies: List[str]
     environment: Environment
     timer: str
-    timing: TimingConfig
-    seed: int
+    settings: RunSettings
     duration_s: float
     points: List[PointResult]
     groups: List[GroupResult]
@@ -242,12 +240,9 @@ class BenchmarkResult:
     memory_method: str = ""
     # False when the run stopped early (Ctrl-C, a killed process): `--resume` completes it.
     complete: bool = True
-    confirm: str = "deciding"
     reliable: bool = True
     unreliable_reasons: List[str] = field(default_factory=list)
     health: Optional[RunHealth] = None
-    compile: str = "none"
-    mode: str = "inference"
     peaks: Optional[Peaks] = None
     runs: List[Manifest] = field(default_factory=list)
     schema_version: int = SCHEMA_VERSION
@@ -260,6 +255,31 @@ class BenchmarkResult:
     @property
     def device(self) -> str:
         return self.environment.device
+
+    # The settings a result is most often asked for, by name (they live in `settings`).
+    @property
+    def preset(self) -> str:
+        return self.settings.preset or ""
+
+    @property
+    def timing(self) -> TimingConfig:
+        return self.settings.timing
+
+    @property
+    def seed(self) -> int:
+        return self.settings.seed
+
+    @property
+    def confirm(self) -> str:
+        return self.settings.confirm
+
+    @property
+    def compile(self) -> str:
+        return self.settings.compile
+
+    @property
+    def mode(self) -> str:
+        return self.settings.mode
 
     @property
     def failures(self) -> List[str]:
@@ -292,8 +312,8 @@ class BenchmarkResult:
 
     @property
     def measured_energy(self) -> bool:
-        """Whether the run was asked for energy (--energy): a file holds no flag for it, its points do."""
-        return any(p.energy for p in self.points)
+        """Whether the run was asked for energy (--energy)."""
+        return self.settings.energy
 
     def summary(self) -> str:
         """The text summary a run prints (reports.text)."""

@@ -10,122 +10,35 @@ from __future__ import annotations
 
 import copy
 import gc
-import json
 import time
 import warnings
-from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set
 
 import torch
 
-from ..core.user_input import check_bool, check_instance, check_seed
-from ..core.errors import WideTesseraError
 from ..results import analysis
 from ..measurement import modes
 from ..core import trees
 from ..core.capabilities import unmet_need
 from ..core.roles import CONTROLS
-from ..measurement.controls import COMPILE_MODES, OPTIMIZER_CONTROLS, GraphedLoop, compiled, control_unavailable
+from ..measurement.controls import OPTIMIZER_CONTROLS, GraphedLoop, compiled, control_unavailable
 from ..core.correctness import Check, check_outputs, fallback_note, merge_checks, nonfinite_reference, shares_memory, tolerance
 from ..measurement.energy import measure_energy
 from ..core.job import DTYPES, BenchmarkJob, point_key
 from ..measurement.launches import count_launches
 from ..measurement.memory import peak_memory
-from ..measurement.modes import TRAINING_MODES, Side, check_mode
+from ..measurement.modes import TRAINING_MODES, Side
+from ..measurement.settings import RunSettings
 from ..results.schema import Failure, PointResult
-from ..measurement.stages import StageObserver, StageTimeout, StageTimeouts, stage_limit
-from ..measurement.timing import PairedTimings, TimedFunctionError, TimingConfig, measure_paired
+from ..measurement.stages import StageObserver, StageTimeout, stage_limit
+from ..measurement.timing import PairedTimings, TimedFunctionError, measure_paired
 
-__all__ = ["RunSettings", "CONFIRM_MODES", "iter_points", "INPUT_DRAWS"]
+__all__ = ["iter_points", "INPUT_DRAWS"]
 
-CONFIRM_MODES = ("deciding", "all", "none")
 # Each strategy is checked on this many independent input draws: one draw can hide a
 # strategy that is right only for some inputs (KernelBench runs several trials).
 INPUT_DRAWS = 2
-
-
-@dataclass(frozen=True)
-class PresetRun:
-    """How a run of a preset samples, confirms and controls where its caller does not say."""
-
-    budget_s: float = TimingConfig.budget_s
-    confirm: str = "deciding"
-    controls: bool = True
-
-
-# The `ci` preset is a smoke run of every op: does each strategy run and compute what the N
-# calls compute, with a rough speedup. With the full settings all 17 ops took 370 s on the
-# 2-core CPU (controls compiled at every point, deciding points measured twice, 0.5 s per
-# function); with these, 59 s. Its verdicts keep their intervals, its header says they are
-# unconfirmed, and any of the three can be asked back (--budget, --confirm, --controls).
-# `quick`, the README's first command, keeps confirmation and controls and samples 0.25 s:
-# 512 s for its 121 CPU points. Five minutes would mean no confirmation, as in ci (a gemm+gru
-# quick run: 128 s, 71 s without it), and verdicts no longer confirmed.
-PRESET_RUNS = {"ci": PresetRun(budget_s=0.1, confirm="none", controls=False), "quick": PresetRun(budget_s=0.25)}
-
-
-def preset_run(preset: Optional[str]) -> PresetRun:
-    return PRESET_RUNS.get(preset or "", PresetRun())
-
-
-def default_timing(preset: Optional[str] = None) -> TimingConfig:
-    """The timing settings of a run that names none; one place, so tests can shorten it."""
-    return TimingConfig(budget_s=preset_run(preset).budget_s)
-
-
-def default_controls(preset: Optional[str] = None) -> bool:
-    """Whether a run that does not say times the controls; one place, so tests can leave them out."""
-    return preset_run(preset).controls
-
-
-@dataclass(frozen=True)
-class RunSettings:
-    """How to run a job's points; one object, passed whole to the runner and the isolated worker.
-
-    confirm: which points the confirmation pass measures again ('deciding', 'all', 'none').
-    timing, confirm and controls left None are the preset's (PRESET_RUNS), else the defaults.
-    compile: torch.compile mode applied to the baseline and every strategy alike ('none' for eager).
-    controls: time the controls (see `controls`) beside the strategies where they apply.
-    roofline: measure the device's peaks (once, cached) and report each timing against them.
-    mode: what one timed call does (see `modes`): 'inference' (no autograd), 'forward',
-        'backward', 'forward_backward' or 'train_step'.
-    energy: after timing, measure each callable's energy per call (measurement.energy; CUDA with NVML).
-    """
-
-    device: str = "cpu"
-    seed: int = 0
-    timing: Optional[TimingConfig] = None
-    timeouts: StageTimeouts = field(default_factory=StageTimeouts)
-    memory_budget: Optional[int] = None
-    isolate: bool = False
-    confirm: Optional[str] = None
-    compile: str = "none"
-    controls: Optional[bool] = None
-    roofline: bool = False
-    mode: str = "inference"
-    preset: Optional[str] = None
-    energy: bool = False
-
-    def __post_init__(self) -> None:
-        check_mode(self.mode)
-        if self.timing is None:
-            object.__setattr__(self, "timing", default_timing(self.preset))
-        if self.controls is None:
-            object.__setattr__(self, "controls", default_controls(self.preset))
-        if self.confirm is None:
-            object.__setattr__(self, "confirm", preset_run(self.preset).confirm)
-        check_bool("controls", self.controls)
-        check_bool("roofline", self.roofline)
-        check_bool("energy", self.energy)
-        if self.compile not in COMPILE_MODES:
-            raise WideTesseraError(f"compile={self.compile!r}: valid are {', '.join(COMPILE_MODES)}")
-        check_seed(self.seed)
-        check_instance("timing", self.timing, TimingConfig)
-        check_instance("timeouts", self.timeouts, StageTimeouts)
-        check_bool("isolate", self.isolate)
-        if self.confirm not in CONFIRM_MODES:
-            raise WideTesseraError(f"confirm={self.confirm!r}: valid are {', '.join(CONFIRM_MODES)}")
 
 
 def iter_points(

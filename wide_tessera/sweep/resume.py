@@ -7,7 +7,6 @@ one label, so a file measured differently is refused instead.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..core.errors import WideTesseraError
@@ -16,64 +15,31 @@ from ..core.environment import Environment
 from ..core.job import SweepParams
 from ..core.job import point_key, point_keys
 from ..results.schema import BenchmarkResult, PointResult
-from ..measurement.timing import TimingConfig
+from ..measurement.settings import RunSettings
 
 __all__ = ["check_resumable", "point_order", "points_left"]
 
 
-def _measured_with(
-    preset: str, seed: int, timing: TimingConfig, env: Environment, compile_mode: str, mode: str, energy: bool
-) -> List[Tuple[str, Any]]:
-    """Everything that changes what a measurement means or holds, by name."""
+def _measured_with(settings: RunSettings, env: Environment) -> List[Tuple[str, Any]]:
+    """Everything that changes what a measurement means or holds, by name: the settings that say
+    so of themselves (RunSettings' `resume`), then the machine's."""
     return [
-        ("preset", preset),
-        ("mode", mode),
-        ("compile mode", compile_mode),
-        ("energy", energy),
+        *settings.resumable_as(),
         ("device", env.device),
-        ("seed", seed),
         ("threads", env.threads),
-        ("timing", timing),
         ("device name", env.device_name),
         ("torch", env.torch_version),
     ]
 
 
-def _show(name: str, value: Any, other: Any) -> str:
-    if isinstance(value, TimingConfig):  # only the settings that differ, not all seven
-        fields = [f.name for f in dataclasses.fields(value) if getattr(value, f.name) != getattr(other, f.name)]
-        return "timing " + ", ".join(f"{f}={getattr(value, f)}" for f in fields)
-    if name == "energy":
-        return "--energy" if value else "no --energy"
-    return f"{name} {value}"
-
-
-def check_resumable(
-    previous: BenchmarkResult,
-    path: str,
-    preset: str,
-    seed: int,
-    timing: TimingConfig,
-    env: Environment,
-    compile_mode: str = "none",
-    mode: str = "inference",
-    energy: bool = False,
-) -> None:
-    """Raise WideTesseraError naming the first setting of `previous` that differs from this run's.
-
-    Energy counts as a setting: resumed the other way, half a table would have an energy
-    column and half none. A file with no points yet cannot say, so it never conflicts.
-    """
-    had_energy = previous.measured_energy if previous.points else energy
-    was = _measured_with(
-        previous.preset, previous.seed, previous.timing, previous.environment, previous.compile, previous.mode, had_energy
-    )
-    now = _measured_with(preset, seed, timing, env, compile_mode, mode, energy)
-    for (name, old), (_, new) in zip(was, now):
+def check_resumable(previous: BenchmarkResult, path: str, settings: RunSettings, env: Environment) -> None:
+    """Raise WideTesseraError naming the first setting of `previous` that differs from this run's."""
+    now = _measured_with(settings, env)
+    for (name, old), (_, new) in zip(_measured_with(previous.settings, previous.environment), now):
         if old != new:
             raise WideTesseraError(
-                f"--resume: {path} has {previous.op} measured with {_show(name, old, new)}; "
-                f"this run asks for {_show(name, new, old)}"
+                f"--resume: {path} has {previous.op} measured with {RunSettings.describe(name, old, new)}; "
+                f"this run asks for {RunSettings.describe(name, new, old)}"
             )
 
 

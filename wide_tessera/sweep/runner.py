@@ -22,15 +22,15 @@ from ..core.job import BenchmarkJob, params_text
 from ..results.manifest import Manifest, capture_manifest, now
 from ..measurement.memory import memory_method
 from ..core.job import point_key, point_keys
-from .point import RunSettings, iter_points
+from ..measurement.settings import RunSettings
+from .point import iter_points
 from .progress import Progress
 from .resume import point_order
 from ..measurement.roofline import Peaks, load_or_calibrate
 from ..results.schema import BenchmarkResult, PointResult
-from ..measurement.stages import StageTimeouts
-from ..measurement.timing import TimingConfig, timer_name
+from ..measurement.timing import timer_name
 
-__all__ = ["run", "run_job", "check_runnable", "RunInterrupted", "RunSettings"]
+__all__ = ["run", "run_job", "check_runnable", "RunInterrupted"]
 
 # Confirming can move a crossover, which makes new points deciding; they are confirmed in
 # turn, this many times at most.
@@ -45,27 +45,15 @@ class RunInterrupted(KeyboardInterrupt):
         self.result = result
 
 
-def run(
-    job: BenchmarkJob,
-    device: str = "cpu",
-    verbose: bool = True,
-    seed: int = 0,
-    timing: Optional[TimingConfig] = None,
-    timeouts: Optional[StageTimeouts] = None,
-    memory_budget: Optional[int] = None,
-    isolate: bool = False,
-    confirm: Optional[str] = None,
-    compile: str = "none",
-    controls: Optional[bool] = None,
-    roofline: bool = False,
-    mode: str = "inference",
-    energy: bool = False,
-) -> BenchmarkResult:
-    """Run every point of `job` on `device` (in worker processes with `isolate`), confirm, analyse."""
-    settings = RunSettings(
-        device, seed, timing, timeouts or StageTimeouts(), memory_budget, isolate, confirm, compile, controls, roofline, mode,
-        preset=job.preset, energy=energy,
-    )
+def run(job: BenchmarkJob, settings: Optional[RunSettings] = None, *, verbose: bool = True, **options: Any) -> BenchmarkResult:
+    """Run every point of `job` (in worker processes with `isolate`), confirm, analyse.
+
+    `settings` (measurement.settings.RunSettings), or its fields by name as `options`
+    (device=..., timing=..., mode=...): the preset's defaults fill what is not given."""
+    if settings is None:
+        settings = RunSettings.of(**{"preset": job.preset, **options})
+    elif options:
+        settings = dataclasses.replace(settings, **options)
     check_runnable(job, settings)
     progress = Progress(job.sweep.n_points(), enabled=verbose)
     try:
@@ -176,18 +164,13 @@ def _build_result(
     return analysis.result_of(
         points,
         op=job.op,
-        preset=job.preset,
         strategies=list(job.strategies),
         environment=capture_environment(settings.device),
         timer=timer_name(settings.device, settings.timing),
-        timing=settings.timing,
-        seed=settings.seed,
+        settings=dataclasses.replace(settings, preset=job.preset),
         duration_s=duration_s,
         memory_method=memory_method(settings.device),
         complete=complete,
-        confirm=settings.confirm,
-        compile=settings.compile,
-        mode=settings.mode,
         peaks=peaks,
         runs=runs,
     )

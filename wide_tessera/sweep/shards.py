@@ -175,19 +175,14 @@ def joined(job: BenchmarkJob, results: Sequence[BenchmarkResult], earlier: Seque
     return analysis.result_of(
         sorted(points.values(), key=lambda p: order[point_key(p.n, p.params)]),
         op=first.op,
-        preset=first.preset,
         strategies=first.strategies,
         environment=environment,
         timer=first.timer,
-        timing=first.timing,
-        seed=first.seed,
+        settings=dataclasses.replace(first.settings, device=environment.device),
         duration_s=max(r.duration_s for r in results),
         memory_method=first.memory_method,
         # a rank that raised leaves its groups out: complete only when every point of the sweep is in
         complete=all(r.complete for r in results) and {point_key(n, p) for n, p in job.sweep.points()} <= set(points),
-        confirm=first.confirm,
-        compile=first.compile,
-        mode=first.mode,
         peaks=first.peaks,
         runs=_runs(results),
     )

@@ -1,0 +1,371 @@
+"""The commands that measure: `benchmark` (registered ops), `custom` (your nn.Module class) and
+`tune` (the dispatch table fuse() reads). They check every option, build the jobs, hand them to
+sweep.session, print what it found and choose the exit status."""
+
+from __future__ import annotations
+
+import dataclasses
+from contextlib import ExitStack, closing
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import click
+import torch
+
+from ..api import build_custom_job, build_job
+from ..core.errors import WideTesseraError
+from ..core.files import results_lock, results_target
+from ..core.job import BenchmarkJob, SweepParams
+from ..dispatch.table import (
+    TABLE_ENV,
+    check_table_target,
+    default_table_path,
+    merge_into,
+)
+from ..kernels import autotuned_kernels, triton_unavailable_reason
+from ..kernels.facts import CompileClock
+from ..kernels.facts import dump_ir as write_ir
+from ..measurement.modes import TRAINING_MODES
+from ..measurement.settings import RunSettings
+from ..measurement.timing import TimingConfig
+from ..ops.registry import get_op, import_ops, op_names
+from ..results.schema import BenchmarkResult
+from ..sweep.progress import Progress
+from ..sweep.runner import check_runnable
+from ..sweep.session import (
+    Interrupted,
+    measure_jobs,
+    measure_shard,
+    points_to_measure,
+    previous_results,
+)
+from ..sweep.shards import Shard, leftover_shards, rank_device, rank_threads
+from ..widen.custom import INPUT_DTYPES, RANDOMNESS
+from .options import (
+    DEVICE,
+    IMPORT,
+    QUIET,
+    RUN_OPTIONS,
+    SAMPLING,
+    SELECTION,
+    check_directory,
+    load_object,
+    options,
+    override_texts,
+    parse_kwarg,
+    parse_shape,
+    settings_from,
+    usage_errors,
+)
+
+__all__ = ["benchmark", "custom", "tune"]
+
+_EXIT_STATUS = """
+    Exit status: 0 when every strategy ran and was correct; 1 when any was incorrect,
+    failed, timed out or crashed; 2 for bad input; 3 with --strict when a result is
+    unreliable; 130 when interrupted (what was measured is saved, marked incomplete).
+"""
+
+MakeJobs = Callable[[RunSettings, Dict[str, List[str]]], List[BenchmarkJob]]
+
+
+def build_jobs(names: Sequence[str], preset: str, device: str, texts: Dict[str, List[str]], verbose: bool) -> List[BenchmarkJob]:
+    """One job per op (an op named twice, or by an alias too, runs once), its overrides read by its own axes."""
+    ops = dict.fromkeys(get_op(name).NAME for name in names)
+    return [
+        build_job(op, preset, device, get_op(op).benchmark_job(preset).sweep.parse_overrides(texts), verbose)
+        for op in ops
+    ]
+
+
+@click.command()
+@click.argument("names", nargs=-1)
+@click.option("--all", "run_all", is_flag=True, help="Benchmark every registered op.")
+@click.option("--preset", default="full", show_default=True, help="Sweep preset: ci, quick or full.")
+@RUN_OPTIONS
+def benchmark(names: Tuple[str, ...], run_all: bool, preset: str, **given: Any) -> None:
+    """Benchmark ops: N separate calls against every wide strategy.
+
+    \b
+    Examples:
+      wide_tessera benchmark --all --preset quick
+      wide_tessera benchmark conv1d conv2d --preset ci -o results.json
+      wide_tessera benchmark gemm --n-values 4,8 --set batch=64 --set dtype=float32,bfloat16
+      wide_tessera benchmark flash_attention --preset quick --device cuda --cuda-graph
+      wide_tessera benchmark --all --preset full --isolate -o full.json   (Ctrl-C, then add --resume)
+      wide_tessera benchmark --import my_pkg.my_ops my_op --preset ci
+    """
+
+    def jobs(settings: RunSettings, texts: Dict[str, List[str]]) -> List[BenchmarkJob]:
+        if run_all == bool(names):
+            raise WideTesseraError("name one or more ops, or give --all (see `wide_tessera list`)")
+        return build_jobs(op_names() if run_all else names, preset, settings.device, texts, not given["quiet"])
+
+    _measure(jobs, preset, **given)
+
+
+benchmark.help += _EXIT_STATUS
+
+
+@click.command()
+@click.argument("model")
+@click.option(
+    "--input-shape",
+    "input_shapes",
+    multiple=True,
+    metavar="D1,D2,...",
+    help="One model's input shape; repeat for a module of several inputs.",
+)
+@click.option(
+    "--input-dtype",
+    "input_dtypes",
+    multiple=True,
+    type=click.Choice(list(INPUT_DTYPES)),
+    help="Each input's dtype, in order (float: the run's dtype; integers are drawn from [0, --int-high)).",
+)
+@click.option("--int-high", type=int, default=None, help="Exclusive bound of integer inputs' values (e.g. a vocabulary size).")
+@click.option(
+    "--input-factory",
+    default=None,
+    metavar="MODULE:FUNCTION",
+    help="A function of no arguments returning one model's input (a tensor or a tuple), instead of --input-shape.",
+)
+@click.option(
+    "--randomness",
+    type=click.Choice(RANDOMNESS),
+    default="error",
+    show_default=True,
+    help="vmap's randomness, for models that draw random numbers (dropout in train mode).",
+)
+@click.option(
+    "--train", is_flag=True, help="Run the models in train mode (dropout active) in --mode inference too (without autograd)."
+)
+@click.option("--kwarg", "kwargs", multiple=True, metavar="NAME=VALUE", help="An argument of the class (repeatable).")
+@click.option("--name", default=None, help="The result's name  [default: the class's name]")
+@RUN_OPTIONS
+def custom(
+    model: str,
+    input_shapes: Tuple[str, ...],
+    input_dtypes: Tuple[str, ...],
+    int_high: Optional[int],
+    input_factory: Optional[str],
+    randomness: str,
+    train: bool,
+    kwargs: Tuple[str, ...],
+    name: Optional[str],
+    **given: Any,
+) -> None:
+    """Benchmark N copies of your own nn.Module class, MODULE:CLASS, made wide by vmap and by surgery.
+
+    \b
+    Examples:
+      wide_tessera custom my_pkg.models:Expert --input-shape 32,256 --n-values 1,4,16 --kwarg d=256
+      wide_tessera custom my_models:TwoTower --input-shape 8,64 --input-shape 8,32 --n-values 2,8 -o towers.json
+      wide_tessera custom my_models:Tagger --input-shape 4,16 --input-dtype int64 --int-high 1000 --n-values 4
+    """
+
+    def jobs(settings: RunSettings, texts: Dict[str, List[str]]) -> List[BenchmarkJob]:
+        if "n_values" not in texts:
+            raise WideTesseraError("give the N values to try with --n-values N1,N2,...")
+        if bool(input_shapes) == bool(input_factory):
+            raise WideTesseraError("give --input-shape D1,D2,... (repeat for several inputs) or --input-factory, not both")
+        shapes = [parse_shape(text) for text in input_shapes]
+        overrides = SweepParams.of([1], dtype=["float32"]).parse_overrides(texts)  # custom runs sweep dtype only
+        job = build_custom_job(
+            load_object(model, "MODEL", "an nn.Module class"),
+            (shapes if len(shapes) > 1 else shapes[0]) if shapes else None,
+            overrides.pop("n_values"),
+            name,
+            overrides.pop("dtype", ["float32"]),
+            dict(map(parse_kwarg, kwargs)),
+            settings,
+            input_dtype=list(input_dtypes) or None,
+            int_high=int_high,
+            input_factory=load_object(input_factory, "--input-factory", "a function") if input_factory else None,
+            randomness=randomness,
+            train=train or settings.mode in TRAINING_MODES,
+        )
+        return [job]
+
+    _measure(jobs, "custom", **given)
+
+
+custom.help += _EXIT_STATUS
+
+
+@click.command()
+@click.argument("names", nargs=-1)
+@click.option("--preset", default="quick", show_default=True, help="Sweep preset: ci, quick or full.")
+@click.option(
+    "-o",
+    "--output",
+    "table",
+    default=None,
+    metavar="TABLE",
+    help=f"The dispatch table to write, or merge into.  [default: ${TABLE_ENV}, else dispatch.json in the "
+    "per-user cache: ~/.cache/wide_tessera]",
+)
+@click.option("--results", default=None, metavar="FILE", help="Also write every result to this JSON file, as benchmark -o does.")
+@options(IMPORT, DEVICE, SELECTION, SAMPLING, QUIET)
+def tune(names: Tuple[str, ...], preset: str, table: Optional[str], results: Optional[str], **given: Any) -> None:
+    """Measure ops (all of them when none is named) and write their verdicts to the dispatch
+    table that wide_tessera.fuse() reads.
+
+    Every point is measured twice, independently (--confirm all): only a significant win
+    that the second measurement confirms enters the table as `fuse`. Controls are not
+    timed (they never win). An existing table keeps its other entries; a newer measurement
+    of the same op, device, dtype, mode and parameters replaces the older one.
+
+    \b
+    Examples:
+      wide_tessera tune gemm mlp --preset ci
+      wide_tessera tune moe_experts --set d_model=256 --set hidden=1024 --n-values 1,4,16,64 -o moe.json
+      wide_tessera tune --preset quick --mode train_step
+    """
+
+    def jobs(settings: RunSettings, texts: Dict[str, List[str]]) -> List[BenchmarkJob]:
+        return build_jobs(names or op_names(), preset, settings.device, texts, not given["quiet"])
+
+    if table is None:  # the per-user cache file, its folder made on first use
+        table = str(default_table_path())
+        Path(table).parent.mkdir(parents=True, exist_ok=True)
+    _measure(
+        jobs,
+        preset,
+        output=results,
+        resume=False,
+        target_ci=TimingConfig.target_rel_ci,
+        confirm="all",
+        controls=False,
+        roofline=False,
+        energy=False,
+        dump_ir=None,
+        strict=False,
+        save_dispatch=table,
+        **given,
+    )
+
+
+tune.help += """
+    Exit status: 0 when every strategy ran and was correct (the table is written either
+    way); 1 when any was incorrect, failed, timed out or crashed; 2 for bad input; 130
+    when interrupted (the ops finished before it are in the table).
+"""
+
+
+def _check_output(path: Optional[str], resume: bool) -> None:
+    if path is None:
+        if resume:
+            raise WideTesseraError("--resume needs -o FILE: the results file to continue")
+        return
+    try:
+        results_target(path)
+    except WideTesseraError as e:
+        raise WideTesseraError(f"-o {e}") from None
+    if resume and not Path(path).exists() and not leftover_shards(path):
+        raise WideTesseraError(f"--resume: {path} does not exist; run without --resume to start it")
+
+
+def _measure(
+    make_jobs: MakeJobs,
+    preset: str,
+    *,
+    imports: Tuple[str, ...],
+    output: Optional[str],
+    resume: bool,
+    n_values: Optional[str],
+    sets: Tuple[str, ...],
+    threads: Optional[int],
+    dump_ir: Optional[str],
+    strict: bool,
+    quiet: bool,
+    save_dispatch: Optional[str],
+    **given: Any,
+) -> None:
+    """Check every option, build the jobs, measure them, saving as they go; exit with the run's status."""
+    with ExitStack() as held:
+        with usage_errors():
+            import_ops(imports)
+            texts = override_texts(sets, n_values)
+            _check_output(output, resume)
+            if dump_ir:
+                check_directory(dump_ir)
+            settings = settings_from(preset, threads=threads, **given)
+            shard = Shard.from_environment()
+            if shard is not None:  # under torchrun: this rank's device, threads and share of the points
+                shard.join(settings.device)
+                held.callback(shard.leave)
+                settings = dataclasses.replace(settings, device=rank_device(settings.device))
+                torch.set_num_threads(threads or rank_threads())
+            elif threads is not None:
+                torch.set_num_threads(threads)
+            jobs = make_jobs(settings, texts)
+            for job in jobs:
+                check_runnable(job, settings)
+            writer = shard is None or shard.rank == 0  # rank 0 writes the results file and the table
+            if output and writer:
+                held.enter_context(results_lock(output))  # until the last save: one writer per file
+            if save_dispatch and writer:
+                check_table_target(save_dispatch, output)
+                held.enter_context(results_lock(save_dispatch))
+            previous = previous_results(output, settings, shard is not None) if resume else {}
+        # --dump-ir: clock every Triton compilation of the run (nothing without triton)
+        clock = held.enter_context(CompileClock()) if dump_ir and triton_unavailable_reason("cuda") is None else None
+
+        def finished(result: BenchmarkResult, progress: Progress) -> None:
+            progress.echo(result.summary() + "\n")  # each op's summary as soon as it is done
+            merged = merge_into(save_dispatch, result) if save_dispatch else None
+            if merged:
+                progress.echo(merged + "\n")
+
+        try:
+            if shard is None:
+                progress = held.enter_context(closing(Progress(points_to_measure(jobs, previous), enabled=not quiet)))
+                kept, results = measure_jobs(jobs, settings, previous, output, progress, lambda r: finished(r, progress))
+                errors: List[str] = []
+            else:  # each rank's lines labelled, and no bar: K bars on one terminal overwrite each other
+                progress = held.enter_context(closing(Progress(0, enabled=not quiet, label=f"[rank {shard.rank}] ")))
+                gathered = measure_shard(jobs, settings, previous, output, progress, shard)
+                if gathered is None:  # not rank 0: rank 0 reports, and says how the run ends
+                    raise SystemExit(shard.broadcast(None))
+                kept, results, errors = gathered
+                for result in results:
+                    finished(result, progress)
+        except Interrupted as stop:
+            click.echo(f"\ninterrupted: {stop}" if stop.output else f"\ninterrupted ({stop})", err=True)
+            raise SystemExit(130) from None
+        code = _report(results, kept, output, dump_ir, strict, errors, clock)
+        if shard is not None:
+            shard.broadcast(code)
+        if code:
+            raise SystemExit(code)
+
+
+def _report(
+    results: List[BenchmarkResult],
+    kept: List[BenchmarkResult],
+    output: Optional[str],
+    ir_directory: Optional[str],
+    strict: bool,
+    errors: List[str],
+    clock: Optional[CompileClock],
+) -> int:
+    """Write the IR, list what failed, and say how the run ends: its exit status."""
+    if output:
+        click.echo(f"wrote {len(kept) + len(results)} result(s) to {output}", err=True)
+    if ir_directory:
+        if triton_unavailable_reason("cuda") is not None:  # no triton at all
+            click.echo(f"--dump-ir: nothing written: the Triton kernels {triton_unavailable_reason('cuda')}", err=True)
+        else:
+            written = write_ir(autotuned_kernels(), Path(ir_directory), clock)
+            click.echo(f"--dump-ir: wrote {len(written)} file(s) to {ir_directory}", err=True)
+    failures = [*errors, *(f"{r.op}: {f}" for r in results for f in r.failures)]
+    if failures:
+        click.echo(f"{len(failures)} failure(s):\n  " + "\n  ".join(failures), err=True)
+        return 1
+    unreliable = [f"{r.op}: {'; '.join(r.unreliable_reasons)}" for r in results if not r.reliable]
+    if strict and unreliable:
+        click.echo(f"--strict: {len(unreliable)} unreliable result(s):\n  " + "\n  ".join(unreliable), err=True)
+        return 3
+    return 0
+

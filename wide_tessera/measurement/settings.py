@@ -1,0 +1,219 @@
+"""How a job's points are measured: one settings object, and the presets' defaults.
+
+`RunSettings` travels whole from the API and the command line to the runner, the isolated
+worker, the result file and `--resume`'s check. Each field declares, once, what the command
+line says of it (`help`, its `option`) and whether `--resume` refuses to continue a file
+measured with another value (`resume`): a new setting is added here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+from dataclasses_json import dataclass_json
+
+from ..core.errors import WideTesseraError, unknown
+from ..core.user_input import check_bool, check_instance, check_number, check_seed
+from .controls import COMPILE_MODES
+from .modes import check_mode
+from .stages import StageTimeouts
+from .timing import TimingConfig
+
+__all__ = [
+    "RunSettings",
+    "CONFIRM_MODES",
+    "PRESET_RUNS",
+    "PresetRun",
+    "preset_run",
+    "default_timing",
+    "default_controls",
+    "resolve_device",
+]
+
+CONFIRM_MODES = ("deciding", "all", "none")
+
+
+@dataclass(frozen=True)
+class PresetRun:
+    """How a run of a preset samples, confirms and controls where its caller does not say."""
+
+    budget_s: float = TimingConfig.budget_s
+    confirm: str = "deciding"
+    controls: bool = True
+
+
+# The `ci` preset is a smoke run of every op: does each strategy run and compute what the N
+# calls compute, with a rough speedup. With the full settings all 17 ops took 370 s on the
+# 2-core CPU (controls compiled at every point, deciding points measured twice, 0.5 s per
+# function); with these, 59 s. Its verdicts keep their intervals, its header says they are
+# unconfirmed, and any of the three can be asked back (--budget, --confirm, --controls).
+# `quick`, the README's first command, keeps confirmation and controls and samples 0.25 s:
+# 512 s for its 121 CPU points. Five minutes would mean no confirmation, as in ci (a gemm+gru
+# quick run: 128 s, 71 s without it), and verdicts no longer confirmed.
+PRESET_RUNS = {"ci": PresetRun(budget_s=0.1, confirm="none", controls=False), "quick": PresetRun(budget_s=0.25)}
+
+
+def preset_run(preset: Optional[str]) -> PresetRun:
+    return PRESET_RUNS.get(preset or "", PresetRun())
+
+
+def default_timing(preset: Optional[str] = None) -> TimingConfig:
+    """The timing settings of a run that names none; one place, so tests can shorten it."""
+    return TimingConfig(budget_s=preset_run(preset).budget_s)
+
+
+def default_controls(preset: Optional[str] = None) -> bool:
+    """Whether a run that does not say times the controls; one place, so tests can leave them out."""
+    return preset_run(preset).controls
+
+
+def resolve_device(device: Any) -> str:
+    """None means CUDA when available, else CPU; anything else must exist on this machine."""
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        d = torch.device(device) if isinstance(device, (str, torch.device)) else None
+    except (RuntimeError, TypeError):
+        d = None
+    # torch accepts 'cpu:1', but there is one CPU device: an index there is a typo.
+    if d is None or d.type not in ("cpu", "cuda") or (d.type == "cpu" and d.index is not None):
+        raise WideTesseraError(f"unknown device {device!r} (valid: cpu, cuda, cuda:N)")
+    if d.type == "cuda":
+        if not torch.cuda.is_available():
+            raise WideTesseraError(f"device {device!r}: CUDA is not available on this machine (valid here: cpu)")
+        if d.index is not None and d.index >= torch.cuda.device_count():
+            raise WideTesseraError(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return str(d)
+
+
+def _setting(default: Any, help: str, *, option: Optional[str] = None, resume: bool = False, factory: Any = None) -> Any:
+    """A field of RunSettings: `help` and `option` as the command line shows them; `resume`:
+    --resume refuses a file measured with another value (it changes what a measurement means)."""
+    metadata = {"help": help, "option": option, "resume": resume}
+    if factory is not None:
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+@dataclass_json
+@dataclass(frozen=True)
+class RunSettings:
+    """How to run a job's points (see the module's docstring); timing, confirm and controls left
+    None are the preset's (PRESET_RUNS), else the defaults; device None is CUDA when available."""
+
+    preset: Optional[str] = _setting(None, "Sweep preset: ci, quick or full.", option="--preset", resume=True)
+    device: Optional[str] = _setting(
+        None, "cpu, cuda or cuda:N  [default: cuda if available, else cpu]", option="--device"
+    )
+    seed: int = _setting(0, "Seed for models and inputs.", option="--seed", resume=True)
+    mode: str = _setting(
+        "inference",
+        "What is timed: inference (no autograd), forward (recording), backward, forward_backward, train_step "
+        "(forward, backward, SGD step). Training modes also check gradients and updated parameters.",
+        option="--mode",
+        resume=True,
+    )
+    compile: str = _setting(
+        "none",
+        "torch.compile the baseline and every strategy alike; the compiled callables are checked and timed.",
+        option="--compile",
+        resume=True,
+    )
+    energy: bool = _setting(
+        False,
+        "Also measure each callable's energy per call and power from NVML's counter (CUDA): "
+        "3 windows of at least 1 s each, per callable and point.",
+        option="--energy",
+        resume=True,
+    )
+    timing: Optional[TimingConfig] = _setting(None, "When sampling stops (TimingConfig).", resume=True)
+    timeouts: StageTimeouts = _setting(None, "Each stage's time limit (StageTimeouts).", factory=StageTimeouts)
+    memory_budget: Optional[int] = _setting(
+        None, "Skip points estimated above SIZE (e.g. 4GiB).", option="--memory-budget"
+    )
+    isolate: bool = _setting(
+        False, "Run each op in a worker process: a hang or crash costs one strategy.", option="--isolate"
+    )
+    confirm: Optional[str] = _setting(
+        None,
+        "Which points to measure again, independently, after the sweep; disagreeing points are unstable.  "
+        "[default: deciding; preset ci: none]",
+        option="--confirm",
+    )
+    controls: Optional[bool] = _setting(
+        None,
+        "Also time the baseline loop in one CUDA graph (CUDA) and compiled, and in train_step stepped by "
+        "one foreach or fused optimizer: cheaper loops that do not fuse.  [default: controls; preset ci: no-controls]",
+        option="--controls",
+    )
+    roofline: bool = _setting(
+        False, "Measure the device's peaks (cached) and show timings against the roofline bound.", option="--roofline"
+    )
+
+    def __post_init__(self) -> None:
+        def fill(name: str, value: Any) -> None:
+            object.__setattr__(self, name, value)
+
+        if self.device is None:  # a given device is resolved where it is given (RunSettings.of): a file
+            fill("device", resolve_device(None))  # measured on a GPU still loads on a CPU
+        if self.preset is not None and not isinstance(self.preset, str):
+            raise WideTesseraError(f"preset={self.preset!r}: give a preset's name")
+        check_mode(self.mode)
+        if self.timing is None:
+            fill("timing", default_timing(self.preset))
+        if self.controls is None:
+            fill("controls", default_controls(self.preset))
+        if self.confirm is None:
+            fill("confirm", preset_run(self.preset).confirm)
+        check_seed(self.seed)
+        for name in ("controls", "roofline", "energy", "isolate"):
+            check_bool(name, getattr(self, name))
+        if self.compile not in COMPILE_MODES:
+            raise unknown("compile mode", self.compile, COMPILE_MODES)
+        if self.confirm not in CONFIRM_MODES:
+            raise unknown("confirm", self.confirm, CONFIRM_MODES)
+        check_instance("timing", self.timing, TimingConfig)
+        check_instance("timeouts", self.timeouts, StageTimeouts)
+        if self.memory_budget is not None:
+            check_number("memory_budget", self.memory_budget, 0, 2**60, integer=True, what="a number of bytes")
+
+    @classmethod
+    def of(cls, **options: Any) -> "RunSettings":
+        """The settings a caller asks for, its device checked against this machine."""
+        return cls(**{**options, "device": resolve_device(options.get("device"))})
+
+    @classmethod
+    def names(cls) -> List[str]:
+        return [f.name for f in dataclasses.fields(cls)]
+
+    @classmethod
+    def split(cls, options: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+        """`options` as (the settings among them, the rest): how the API tells a run's settings
+        from an op's sweep axes or a model's arguments."""
+        names = set(cls.names())
+        return {k: v for k, v in options.items() if k in names}, {k: v for k, v in options.items() if k not in names}
+
+    def resumable_as(self) -> List[Tuple[str, Any]]:
+        """(name, value) of every setting that --resume requires to be the file's own."""
+        return [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self) if f.metadata["resume"]]
+
+    @staticmethod
+    def describe(name: str, value: Any, other: Any) -> str:
+        """How --resume names a setting's value: 'seed 7', 'no --energy', 'timing budget_s=0.25'
+        (only the timing fields that differ from `other`)."""
+        if dataclasses.is_dataclass(value) and type(other) is type(value):
+            fields = [f.name for f in dataclasses.fields(value) if getattr(value, f.name) != getattr(other, f.name)]
+            return f"{name} " + ", ".join(f"{f}={getattr(value, f)}" for f in fields)
+        meta = {f.name: f.metadata for f in dataclasses.fields(RunSettings)}.get(name)
+        if isinstance(value, bool) and meta and meta["option"]:
+            return meta["option"] if value else f"no {meta['option']}"
+        return f"{'compile mode' if name == 'compile' else name} {value}"
+
+    @staticmethod
+    def option_of(name: str) -> Optional[str]:
+        meta = {f.name: f.metadata for f in dataclasses.fields(RunSettings)}.get(name)
+        return meta["option"] if meta else None
+

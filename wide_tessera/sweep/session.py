@@ -1,0 +1,163 @@
+"""A measuring command's run of several jobs: every result saved after every point, a Ctrl-C
+saving what was measured, `--resume` continuing a file, and torchrun's ranks sharing the work.
+
+The command line's `benchmark`, `custom` and `tune` are this module and a printer: it
+measures and writes; they check the options, show the results and choose the exit status.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from functools import partial
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from ..core.environment import capture_environment
+from ..core.errors import WideTesseraError
+from ..core.job import BenchmarkJob, group_key, point_keys
+from ..measurement.settings import RunSettings
+from ..results.load import load_results
+from ..results.schema import BenchmarkResult, save_results
+from .progress import Progress
+from .resume import check_resumable, point_order, points_left
+from .runner import RunInterrupted, run_job
+from .shards import Shard, assign, joined, mark, remove_shards, shard_path, with_shards
+
+__all__ = ["previous_results", "measure_jobs", "measure_shard", "points_to_measure", "Interrupted"]
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during a job; what it measured is saved (where there is a file). `saved` says where."""
+
+    def __init__(self, result: BenchmarkResult, output: Optional[str]):
+        where = f"saved {len(result.points)} point(s) of {result.op} to {output}; continue with --resume"
+        super().__init__(where if output else "nothing saved: no -o FILE")
+        self.result, self.output = result, output
+
+
+def previous_results(path: str, settings: RunSettings, sharded: bool = False) -> Dict[str, BenchmarkResult]:
+    """Every result in the file a --resume continues, and in the shard files a sharded run left
+    beside it (a rank died), by op, each checked to be measured as this run measures."""
+    results = load_results(path) if Path(path).exists() else []
+    previous = {r.op: r for r in results}
+    if len(previous) < len(results):
+        raise WideTesseraError(f"--resume: {path} holds more than one result for an op; it was not written by one run")
+    previous = with_shards(previous, path)
+    environment = capture_environment(settings.device)
+    if sharded:  # ranks run on cuda:0, cuda:1, ...; the file says cuda
+        environment = dataclasses.replace(environment, device=environment.device.split(":")[0])
+    for r in previous.values():
+        check_resumable(r, path, settings, environment)
+    return previous
+
+
+def points_to_measure(jobs: Sequence[BenchmarkJob], previous: Dict[str, BenchmarkResult]) -> int:
+    """How many points the jobs still measure (before confirmation), given what `previous` holds."""
+    return sum(points_left(job.sweep, previous.get(job.op)) for job in jobs)
+
+
+def _others(previous: Dict[str, BenchmarkResult], jobs: Sequence[BenchmarkJob]) -> List[BenchmarkResult]:
+    """The results of the file that no job of this run measures: they are kept as they are."""
+    ops = {job.op for job in jobs}
+    return [r for op, r in previous.items() if op not in ops]
+
+
+def _run_job(
+    job: BenchmarkJob,
+    settings: RunSettings,
+    previous: Optional[BenchmarkResult],
+    done: List[BenchmarkResult],
+    output: Optional[str],
+    progress: Progress,
+    share: Optional[Callable[[Dict[str, Any]], bool]] = None,
+    finish: Callable[[BenchmarkResult], BenchmarkResult] = lambda result: result,
+) -> BenchmarkResult:
+    """Measure one job (its `share` of the groups in a sharded run), saving `done` and it after
+    every point; Ctrl-C saves what was measured and raises Interrupted. `finish` completes each
+    result before it is saved (a sharded run names the rank that measured each point)."""
+    if previous is not None and previous.complete and len(point_order(job.sweep, previous.points)) == len(previous.points):
+        return previous  # it holds every point this run asks for
+
+    def save(result: BenchmarkResult) -> None:
+        if output:
+            save_results([*done, finish(result)], output)
+
+    try:
+        result = finish(run_job(job, settings, previous, on_point=save, progress=progress, share=share))
+    except RunInterrupted as stop:
+        save(stop.result)
+        raise Interrupted(stop.result, output) from None
+    save(result)
+    return result
+
+
+def measure_jobs(
+    jobs: Sequence[BenchmarkJob],
+    settings: RunSettings,
+    previous: Dict[str, BenchmarkResult],
+    output: Optional[str],
+    progress: Progress,
+    on_result: Callable[[BenchmarkResult], None],
+) -> Tuple[List[BenchmarkResult], List[BenchmarkResult]]:
+    """Measure every job in this process; `on_result` hears of each finished one. The results of
+    the file that no job measures, and the jobs' results."""
+    kept = _others(previous, jobs)
+    results: List[BenchmarkResult] = []
+    for job in jobs:
+        results.append(_run_job(job, settings, previous.get(job.op), [*kept, *results], output, progress))
+        on_result(results[-1])
+    if output and previous:  # a resumed run's shards are in the file now
+        remove_shards(output)
+    return kept, results
+
+
+def measure_shard(
+    jobs: Sequence[BenchmarkJob],
+    settings: RunSettings,
+    previous: Dict[str, BenchmarkResult],
+    output: Optional[str],
+    progress: Progress,
+    shard: Shard,
+) -> Optional[Tuple[List[BenchmarkResult], List[BenchmarkResult], List[str]]]:
+    """This rank's groups of every job, saved to its shard file after every point; on rank 0,
+    every rank's results joined (and written to `output`): the file's other results, the jobs'
+    results and the errors of ranks that raised. None on the other ranks. A rank that raises
+    still hands over what it measured."""
+    owner = assign(jobs, shard.ranks, {op: point_keys(r.points) for op, r in previous.items()})
+    where = shard.where(settings.device)
+    path = str(shard_path(output, shard.rank)) if output else None
+    mine: List[BenchmarkResult] = []
+    latest: Dict[str, BenchmarkResult] = {}
+
+    def marked(result: BenchmarkResult) -> BenchmarkResult:
+        earlier = previous.get(result.op)
+        latest[result.op] = mark(result, where, point_keys(earlier.points) if earlier else set())
+        return latest[result.op]
+
+    error = None
+    try:
+        for job in jobs:
+            share = partial(_owns, owner, job.op, shard.rank)
+            mine.append(_run_job(job, settings, previous.get(job.op), mine, path, progress, share, marked))
+    except Exception as e:  # noqa: BLE001  a bug, say: the other ranks' points must not be lost
+        error = f"rank {shard.rank}: {type(e).__name__}: {e}"
+        mine += [r for op, r in latest.items() if op not in {m.op for m in mine}]
+    gathered = shard.gather((mine, error))
+    if gathered is None:
+        return None
+    results = []
+    for job in jobs:
+        parts = [r for rank_results, _ in gathered for r in rank_results if r.op == job.op]
+        earlier = previous[job.op].points if job.op in previous else []
+        if parts:
+            results.append(joined(job, parts, earlier))
+    kept = _others(previous, jobs)
+    if output:
+        save_results([*kept, *results], output)
+        if not any(e for _, e in gathered):  # the shards are in the file now
+            remove_shards(output)
+    return kept, results, [e for _, e in gathered if e]
+
+
+def _owns(owner: Dict[Tuple[str, str], int], op: str, rank: int, params: Dict[str, Any]) -> bool:
+    return owner[(op, group_key(params))] == rank
