@@ -14,14 +14,15 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import torch
 from torch import nn
 
 import wide_tessera as wt
-from wide_tessera.results.analysis import speedup_ci
 from wide_tessera.measurement.timing import TimingConfig, measure_paired
+from wide_tessera.results.analysis import speedup_ci
 
 D_MODEL, HIDDEN, TOKENS = 128, 256, 1024  # one batch of 1024 tokens, split among the experts
 N_VALUES = (4, 16, 64)
@@ -83,13 +84,17 @@ def main() -> None:
         with torch.no_grad():
             error = ((with_fuse(x) - with_loop(x)).norm() / with_loop(x).norm()).item()
             timed = measure_paired(
-                {"loop": lambda: with_loop(x), "fuse": lambda: with_fuse(x)}, "cpu", TimingConfig(budget_s=args.budget)
+                {"loop": partial(with_loop, x), "fuse": partial(with_fuse, x)},
+                "cpu",
+                TimingConfig(budget_s=args.budget),
             )
         loop, fuse = timed.stats["loop"], timed.stats["fuse"]
         low, high = speedup_ci(loop.samples_ms, fuse.samples_ms)
         what = fused.decision.strategy if fused.decision.fused else "loop"
         speed = f"{loop.median_ms / fuse.median_ms:.2f}x [{low:.2f}, {high:.2f}]"
-        rows.append(f"{n:<4}{TOKENS // n:<8}{what:<12}{loop.median_ms:<10.3f}{fuse.median_ms:<10.3f}{speed:<22}{error:.1e}")
+        rows.append(
+            f"{n:<4}{TOKENS // n:<8}{what:<12}{loop.median_ms:<10.3f}{fuse.median_ms:<10.3f}{speed:<22}{error:.1e}"
+        )
     print(f"MoE layer, {TOKENS} tokens, d_model={D_MODEL}, hidden={HIDDEN}, {torch.get_num_threads()} threads")
     print(f"{'N':<4}{'tokens':<8}{'fuse()':<12}{'loop ms':<10}{'fuse ms':<10}{'speedup [95% CI]':<22}rel. error")
     print("\n".join(rows))

@@ -23,9 +23,9 @@ import torch
 from torch import nn
 from torch.utils import benchmark as torch_benchmark
 
-from wide_tessera.results.analysis import speedup_ci
-from wide_tessera.reports.text import format_table
 from wide_tessera.measurement.timing import measure_paired
+from wide_tessera.reports.text import format_table
+from wide_tessera.results.analysis import speedup_ci
 
 Fn = Callable[[], object]
 

@@ -128,7 +128,8 @@ def kernel_cases() -> List[Tuple[str, str, Dict[str, Callable[[], object]], floa
             q, k, v = (torch.randn(z, h, length, hd, device=dev, dtype=bf16) for _ in range(3))
         cases.append(
             (
-                f"flash attention Z=16 (N=4 x B=4) H={h} L={length} D={hd} causal{', projection views' if views else ''}",
+                f"flash attention Z=16 (N=4 x B=4) H={h} L={length} D={hd} "
+                f"causal{', projection views' if views else ''}",
                 "bfloat16",
                 {
                     "sdpa": lambda q=q, k=k, v=v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
@@ -144,15 +145,20 @@ def kernel_cases() -> List[Tuple[str, str, Dict[str, Callable[[], object]], floa
 
 
 def kernel_rows() -> List[List[str]]:
-    from wide_tessera.results.analysis import speedup_ci
+    from wide_tessera.core.job import Work
     from wide_tessera.measurement.energy import EnergyUnavailable, measure_energy
     from wide_tessera.measurement.launches import count_launches
-    from wide_tessera.core.job import Work
     from wide_tessera.measurement.roofline import load_or_calibrate, roofline
     from wide_tessera.measurement.timing import TimingConfig, measure_paired
+    from wide_tessera.results.analysis import speedup_ci
 
     peaks = load_or_calibrate("cuda")
-    print("peaks:", {k: round(v) for k, v in peaks.tflops.items()}, f"TFLOP/s, copy {peaks.copy_gbps:.0f} GB/s", flush=True)
+    print(
+        "peaks:",
+        {k: round(v) for k, v in peaks.tflops.items()},
+        f"TFLOP/s, copy {peaks.copy_gbps:.0f} GB/s",
+        flush=True,
+    )
     rows = []
     for name, dtype, sides, flops, min_bytes, reference in kernel_cases():
         try:
@@ -190,13 +196,24 @@ def main() -> None:
     parser.add_argument("-o", "--out", default="gpu_check_out", help="directory for logs and result files")
     parser.add_argument("--preset", default="quick", help="preset of the sweeps of step 3")
     parser.add_argument("--budget", type=float, default=0.2, help="sampling seconds per function in step 3")
-    parser.add_argument("--deadline", type=float, default=480, help="seconds for everything; later steps get what is left")
+    parser.add_argument(
+        "--deadline", type=float, default=480, help="seconds for everything; later steps get what is left"
+    )
     parser.add_argument("--kernels-only", action="store_true", help="print only the kernel table (step 1)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("gpu_check: no CUDA device here; this script is for a machine with one")
     if args.kernels_only:
-        header = ["case", "side", "median ms", "speedup", "TFLOP/s", "of roofline bound", "launches/call", "mJ/call (W)"]
+        header = [
+            "case",
+            "side",
+            "median ms",
+            "speedup",
+            "TFLOP/s",
+            "of roofline bound",
+            "launches/call",
+            "mJ/call (W)",
+        ]
         print(format_table(header, kernel_rows()))
         return
     out = Path(args.out)
@@ -213,7 +230,9 @@ def main() -> None:
     steps = [step("kernel table", [py, __file__, "--kernels-only"], kernels_log, left(200))]
     tests = [py, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider"]
     steps.append(step("GPU tests", tests, out / "tests.log", left(150)))
-    steps.append(step("timer fidelity", [py, "scripts/timer_fidelity.py", "--device", "cuda"], out / "fidelity.log", left(90)))
+    steps.append(
+        step("timer fidelity", [py, "scripts/timer_fidelity.py", "--device", "cuda"], out / "fidelity.log", left(90))
+    )
     sweeps = []
     for mode, extra in (("plain", []), ("cuda graph", ["--cuda-graph"]), ("compile default", ["--compile", "default"])):
         path = out / f"sweep_{mode.replace(' ', '_')}.json"

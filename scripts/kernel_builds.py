@@ -18,8 +18,8 @@ import sys
 if os.environ.get("TRITON_INTERPRET") == "1":
     sys.exit("kernel_builds.py builds the kernels: run it without TRITON_INTERPRET=1")
 
-from wide_tessera.reports.text import format_table  # noqa: E402
 from wide_tessera.kernels.builds import build, large_launches  # noqa: E402
+from wide_tessera.reports.text import format_table  # noqa: E402
 
 # Shared memory one block may use (the opt-in maximum): H100 and A100.
 SHARED_LIMIT = {90: 232_448, 80: 166_912}
@@ -27,7 +27,9 @@ SHARED_LIMIT = {90: 232_448, 80: 166_912}
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--capability", default="90", help="compute capabilities, comma-separated: 90 (Hopper), 80 (Ampere)")
+    parser.add_argument(
+        "--capability", default="90", help="compute capabilities, comma-separated: 90 (Hopper), 80 (Ampere)"
+    )
     args = parser.parse_args()
     capabilities = args.capability.split(",")
     unknown = [c for c in capabilities if not c.isdigit() or int(c) not in SHARED_LIMIT]
@@ -44,12 +46,29 @@ def main() -> None:
                     rows.append([f"sm_{capability}", name, config, "-", "-", "-", "-", "-", f"FAILED: {b.error}"])
                     continue
                 f = b.facts
-                problems = (["spills"] if f.spills else []) + (["shared memory"] if f.shared_bytes > SHARED_LIMIT[capability] else [])
+                problems = (["spills"] if f.spills else []) + (
+                    ["shared memory"] if f.shared_bytes > SHARED_LIMIT[capability] else []
+                )
                 bad += bool(problems)
                 rows.append(
-                    [f"sm_{capability}", name, config, str(f.registers), str(f.spills), str(f.shared_bytes), b.tensor_cores, b.copies, ", ".join(problems) or "ok"]
+                    [
+                        f"sm_{capability}",
+                        name,
+                        config,
+                        str(f.registers),
+                        str(f.spills),
+                        str(f.shared_bytes),
+                        b.tensor_cores,
+                        b.copies,
+                        ", ".join(problems) or "ok",
+                    ]
                 )
-    print(format_table(["target", "kernel", "config", "registers", "spilled B", "shared B", "tensor cores", "copies", "verdict"], rows))
+    print(
+        format_table(
+            ["target", "kernel", "config", "registers", "spilled B", "shared B", "tensor cores", "copies", "verdict"],
+            rows,
+        )
+    )
     sys.exit(1 if bad else 0)
 
 

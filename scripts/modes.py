@@ -30,7 +30,14 @@ def main() -> None:
         for mode in args.modes.split(","):
             # the full sampling budget, not the ci preset's smoke run: the numbers go into the README
             result = benchmark(
-                op, preset="ci", device="cpu", mode=mode, verbose=False, timing=TimingConfig(), confirm="none", controls=False
+                op,
+                preset="ci",
+                device="cpu",
+                mode=mode,
+                verbose=False,
+                timing=TimingConfig(),
+                confirm="none",
+                controls=False,
             )
             for p in result.points:
                 best = max((s for s in result.strategies if s in p.speedups), key=p.speedups.get, default=None)
@@ -40,7 +47,15 @@ def main() -> None:
                 lo, hi = p.speedup_ci[best]
                 bad = [f"{s}: {c.error}" for s, c in p.checks.items() if not c.correct]
                 rows.append(
-                    [op, mode, str(p.n), f"{p.timings['baseline']:.4g}", best, f"{p.speedups[best]:.2f}x [{lo:.2f}, {hi:.2f}]", "; ".join(bad)]
+                    [
+                        op,
+                        mode,
+                        str(p.n),
+                        f"{p.timings['baseline']:.4g}",
+                        best,
+                        f"{p.speedups[best]:.2f}x [{lo:.2f}, {hi:.2f}]",
+                        "; ".join(bad),
+                    ]
                 )
     print(f"ci presets, {torch.get_num_threads()} thread(s), {result.environment.device_name}")
     print(format_table(["op", "mode", "N", "loop ms", "best", "speedup [95% CI]", "incorrect"], rows))

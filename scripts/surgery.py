@@ -21,16 +21,17 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from functools import partial
 from typing import List
 
 import torch
 from torch import nn
 
 from wide_tessera import benchmark_custom
-from wide_tessera.results.analysis import speedup_ci
 from wide_tessera.core.correctness import check_outputs, tolerance
-from wide_tessera.reports.text import format_table
 from wide_tessera.measurement.timing import measure_paired
+from wide_tessera.reports.text import format_table
+from wide_tessera.results.analysis import speedup_ci
 from wide_tessera.widen.surgery import WideSurgery
 
 
@@ -50,11 +51,15 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--widecompiler", metavar="DIR", help="also time WideCompiler's traced model from this checkout")
+    parser.add_argument(
+        "--widecompiler", metavar="DIR", help="also time WideCompiler's traced model from this checkout"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     n_values = [int(n) for n in args.n_values.split(",")]
-    result = benchmark_custom(MLP, (args.batch, args.d), n_values, model_kwargs=dict(d=args.d, hidden=args.hidden), verbose=False)
+    result = benchmark_custom(
+        MLP, (args.batch, args.d), n_values, model_kwargs=dict(d=args.d, hidden=args.hidden), verbose=False
+    )
     rows = []
     for p in result.points:
         if "surgery" not in p.stats or "vmap" not in p.stats:
@@ -73,7 +78,10 @@ def main() -> None:
                 verdict,
             ]
         )
-    print(f"MLP d={args.d} hidden={args.hidden} batch={args.batch}, {torch.get_num_threads()} thread(s), {result.environment.device_name}")
+    print(
+        f"MLP d={args.d} hidden={args.hidden} batch={args.batch}, {torch.get_num_threads()} thread(s), "
+        f"{result.environment.device_name}"
+    )
     print(format_table(["N", "loop ms", "vmap ms", "surgery ms", "vmap/surgery [95% CI]", "verdict"], rows))
     print(result.summary().splitlines()[0])
     if args.widecompiler:
@@ -98,16 +106,38 @@ def against_widecompiler(args: argparse.Namespace, n_values: List[int]) -> None:
                 "surgery": check_outputs(ours.unpack(ours(x_ours)), expected, tol),
                 "widecompiler": check_outputs(wide_compiler.unpack(theirs(x_theirs), n), expected, tol),
             }
-            stats = measure_paired({"surgery": lambda: ours(x_ours), "widecompiler": lambda: theirs(x_theirs)}).stats
+            stats = measure_paired({"surgery": partial(ours, x_ours), "widecompiler": partial(theirs, x_theirs)}).stats
         lo, hi = speedup_ci(stats["widecompiler"].samples_ms, stats["surgery"].samples_ms)
         ratio = stats["widecompiler"].median_ms / stats["surgery"].median_ms
         verdict = "surgery faster" if lo > 1 else "widecompiler faster" if hi < 1 else "tie"
         rows.append(
-            [str(n), f"{stats['surgery'].median_ms:.4g}", f"{stats['widecompiler'].median_ms:.4g}", f"{ratio:.2f}x [{lo:.2f}, {hi:.2f}]", verdict]
+            [
+                str(n),
+                f"{stats['surgery'].median_ms:.4g}",
+                f"{stats['widecompiler'].median_ms:.4g}",
+                f"{ratio:.2f}x [{lo:.2f}, {hi:.2f}]",
+                verdict,
+            ]
             + [f"{c.max_rel_error:.1e}" if c.correct else f"WRONG: {c.error}" for c in checks.values()]
         )
-    print(f"WideCompiler {getattr(wide_compiler, '__version__', '(no version)')} from {args.widecompiler}, eager (compile_model=False)")
-    print(format_table(["N", "surgery ms", "widecompiler ms", "widecompiler/surgery [95% CI]", "verdict", "surgery rel. error", "widecompiler rel. error"], rows))
+    print(
+        f"WideCompiler {getattr(wide_compiler, '__version__', '(no version)')} from {args.widecompiler}, eager "
+        "(compile_model=False)"
+    )
+    print(
+        format_table(
+            [
+                "N",
+                "surgery ms",
+                "widecompiler ms",
+                "widecompiler/surgery [95% CI]",
+                "verdict",
+                "surgery rel. error",
+                "widecompiler rel. error",
+            ],
+            rows,
+        )
+    )
 
 
 if __name__ == "__main__":

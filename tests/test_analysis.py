@@ -190,7 +190,9 @@ def test_points_near_the_margin_are_confirmed_too():
 
 
 def test_a_disturbed_measurement_makes_the_result_unreliable_and_says_why():
-    busy = Health(11, 30, other_load_cores=0.9, cores=2, problems=["busy machine: other processes used 0.90 of 2 cores"])
+    busy = Health(
+        11, 30, other_load_cores=0.9, cores=2, problems=["busy machine: other processes used 0.90 of 2 cores"]
+    )
     r = result([point(2, {}, 2.0, {"a": 1.0, "b": 4.0}, health=busy)])
     assert not r.reliable and "busy machine" in r.unreliable_reasons[0]
     assert r.health.points_with_problems == 1 and r.health.disturbed_rounds == 30

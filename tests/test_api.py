@@ -117,8 +117,14 @@ def test_load_rejects_bad_files(tmp_path, content, match):
         (lambda: benchmark_custom(Expert, (5, 17), [2]), r"input_shape \(5, 17\) does not fit Expert"),
         (lambda: benchmark_custom(Expert, (5, 0), [2]), "input_shape must be a non-empty tuple of positive ints"),
         (lambda: benchmark_custom(Expert, (5, 16), [-1]), "n_values: -1 is not a positive integer"),
-        (lambda: benchmark_custom(Expert, (5, 16), [2], model_kwargs={"width": 3}), r"cannot build Expert\(\*\*\{'width': 3\}\)"),
-        (lambda: benchmark_custom(Expert, (5, 16), [2], hidden=8), r"hidden=8 is not a run setting .*model_kwargs=\{'hidden': 8\}"),
+        (
+            lambda: benchmark_custom(Expert, (5, 16), [2], model_kwargs={"width": 3}),
+            r"cannot build Expert\(\*\*\{'width': 3\}\)",
+        ),
+        (
+            lambda: benchmark_custom(Expert, (5, 16), [2], hidden=8),
+            r"hidden=8 is not a run setting .*model_kwargs=\{'hidden': 8\}",
+        ),
         (lambda: benchmark_custom(Expert, (5, 16), [2], model_kwargs=[8]), r"model_kwargs=\[8\]: give a dict"),
         (lambda: benchmark_custom("Expert", (5, 16), [2]), "model_class must be an nn.Module subclass"),
     ],

@@ -298,7 +298,10 @@ def test_a_float_axis_is_set_from_the_command_line_as_a_float():
 @pytest.mark.parametrize(
     "call,match",
     [
-        (lambda: benchmark("gemm", preset="ci", confirm="sometimes"), "unknown confirm 'sometimes'.*valid: deciding, all, none"),
+        (
+            lambda: benchmark("gemm", preset="ci", confirm="sometimes"),
+            "unknown confirm 'sometimes'.*valid: deciding, all, none",
+        ),
         (lambda: run(WideLinear.benchmark_job("ci"), seed=-1, verbose=False), "seed=-1"),
         (lambda: run(WideLinear.benchmark_job("ci"), isolate="yes", verbose=False), "isolate='yes'"),
     ],

@@ -241,7 +241,19 @@ def test_timing_settings_and_threads_are_recorded(tmp_path):
 )
 def test_the_ci_preset_is_a_smoke_run_unless_told_otherwise(tmp_path, options, budget, confirm):
     out = tmp_path / "ci.json"
-    args = ["benchmark", "layernorm", "--preset", "ci", "--n-values", "1,2", "--set", "batch=4", "-o", str(out), *options]
+    args = [
+        "benchmark",
+        "layernorm",
+        "--preset",
+        "ci",
+        "--n-values",
+        "1,2",
+        "--set",
+        "batch=4",
+        "-o",
+        str(out),
+        *options,
+    ]
     r = CliRunner().invoke(cli, args, catch_exceptions=False)  # not invoke(): it gives a --budget
     assert r.exit_code == 0, r.output
     (result,) = load_results(out)
@@ -254,8 +266,16 @@ def test_presets_other_than_ci_confirm_and_control_as_always():
     from wide_tessera.measurement.settings import PRESET_RUNS, RunSettings, preset_run
 
     assert preset_run("full") == preset_run(None) == preset_run("custom")
-    assert (preset_run("full").budget_s, preset_run("full").confirm, preset_run("full").controls) == (0.5, "deciding", True)
-    assert (preset_run("quick").budget_s, preset_run("quick").confirm, preset_run("quick").controls) == (0.25, "deciding", True)
+    assert (preset_run("full").budget_s, preset_run("full").confirm, preset_run("full").controls) == (
+        0.5,
+        "deciding",
+        True,
+    )
+    assert (preset_run("quick").budget_s, preset_run("quick").confirm, preset_run("quick").controls) == (
+        0.25,
+        "deciding",
+        True,
+    )
     assert not PRESET_RUNS["ci"].controls
     assert RunSettings(preset="ci").confirm == "none" and RunSettings(preset="ci", confirm="all").confirm == "all"
     assert RunSettings(preset="full").confirm == "deciding"

@@ -28,7 +28,13 @@ from wide_tessera.measurement.timing import TimingConfig
 def test_bandwidths_follow_nccl_tests():
     # doc/PERFORMANCE.md of nccl-tests: 1 GB all_reduced over 8 ranks in 0.1 s is algbw 10 GB/s, busbw 17.5 GB/s
     assert algbw_gbps(10**9, 0.1) == pytest.approx(10.0)
-    factors = {"all_reduce": 2 * 7 / 8, "all_gather": 7 / 8, "reduce_scatter": 7 / 8, "all_to_all": 7 / 8, "broadcast": 1.0}
+    factors = {
+        "all_reduce": 2 * 7 / 8,
+        "all_gather": 7 / 8,
+        "reduce_scatter": 7 / 8,
+        "all_to_all": 7 / 8,
+        "broadcast": 1.0,
+    }
     for op, factor in factors.items():
         assert busbw_factor(op, 8) == pytest.approx(factor)
     assert algbw_gbps(10**9, 0.1) * busbw_factor("all_reduce", 8) == pytest.approx(17.5)
@@ -42,9 +48,13 @@ def test_the_expected_results_tell_a_wrong_collective():
     missing_one = sum(collectives._values(8, r, f32, "cpu") for r in range(3))
     assert not torch.equal(total, missing_one)
     a2a = expected("all_to_all", 8, 2, 1, f32, "cpu")  # rank 1 gets chunk 1 of ranks 0 and 1
-    assert torch.equal(a2a, torch.cat([collectives._values(8, 0, f32, "cpu")[4:], collectives._values(8, 1, f32, "cpu")[4:]]))
+    assert torch.equal(
+        a2a, torch.cat([collectives._values(8, 0, f32, "cpu")[4:], collectives._values(8, 1, f32, "cpu")[4:]])
+    )
     gathered = expected("all_gather", 8, 2, 0, f32, "cpu")
-    assert not torch.equal(gathered, torch.cat([collectives._values(8, 1, f32, "cpu")[:4], collectives._values(8, 0, f32, "cpu")[:4]]))
+    assert not torch.equal(
+        gathered, torch.cat([collectives._values(8, 1, f32, "cpu")[:4], collectives._values(8, 0, f32, "cpu")[:4]])
+    )
 
 
 def _free_port():

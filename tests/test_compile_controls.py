@@ -96,7 +96,14 @@ def test_controls_are_timed_checked_and_never_win(fast_timing):
 
 @pytest.mark.parametrize("mode", ["inference", "forward_backward", "train_step"])
 def test_optimizer_controls_step_all_n_models_together_in_train_step_only(mode, fast_timing):
-    r = run(WideLinear.benchmark_job("ci", n_values=[1, 4]), timing=fast_timing, verbose=False, controls=True, mode=mode, confirm="none")
+    r = run(
+        WideLinear.benchmark_job("ci", n_values=[1, 4]),
+        timing=fast_timing,
+        verbose=False,
+        controls=True,
+        mode=mode,
+        confirm="none",
+    )
     for p in r.points:
         for control in ("loop_foreach", "loop_fused"):
             if mode == "train_step":  # checked (updated parameters included) and timed, never a winner
@@ -110,7 +117,15 @@ def test_optimizer_controls_step_all_n_models_together_in_train_step_only(mode, 
 def test_controls_are_timed_in_an_isolated_worker_too(fast_timing):
     """The worker names each function it times by its index among those a point may time
     (a control missing there failed every control with a KeyError under --isolate)."""
-    r = run(WideLinear.benchmark_job("ci", n_values=[2]), timing=fast_timing, verbose=False, controls=True, mode="train_step", confirm="none", isolate=True)
+    r = run(
+        WideLinear.benchmark_job("ci", n_values=[2]),
+        timing=fast_timing,
+        verbose=False,
+        controls=True,
+        mode="train_step",
+        confirm="none",
+        isolate=True,
+    )
     p = r.points[0]
     assert not {k: f for k, f in p.failures.items() if f.kind != "skipped"}, p.failures
     assert {"loop_compiled", "loop_foreach", "loop_fused"} <= set(p.timings)
@@ -121,7 +136,14 @@ def test_an_optimizer_control_that_steps_wrong_is_caught(monkeypatch, fast_timin
         return torch.optim.SGD(params, lr=0.02 if implementation.get("fused") else 0.01, momentum=0.9, **implementation)
 
     monkeypatch.setattr(modes, "OPTIMIZER", fused_steps_twice_as_far)
-    r = run(WideLinear.benchmark_job("ci", n_values=[4]), timing=fast_timing, verbose=False, controls=True, mode="train_step", confirm="none")
+    r = run(
+        WideLinear.benchmark_job("ci", n_values=[4]),
+        timing=fast_timing,
+        verbose=False,
+        controls=True,
+        mode="train_step",
+        confirm="none",
+    )
     p = r.points[0]
     assert p.correct["loop_foreach"] and p.correct["bmm"] and not p.correct["loop_fused"]
     assert p.checks["loop_fused"].error.startswith("updated parameter"), p.checks["loop_fused"].error
@@ -154,7 +176,9 @@ def test_strategies_the_run_cannot_give_what_they_need_are_skipped_with_the_reas
     assert r.all_correct, r.failures  # skipped is not incorrect
     for p in r.points:
         assert set(p.timings) == {"baseline", "bmm"} and set(p.correct) == {"bmm"}
-        assert {s: f.kind for s, f in p.failures.items()} == dict.fromkeys(("on_cuda", "bf16_only", "probed"), "skipped")
+        assert {s: f.kind for s, f in p.failures.items()} == dict.fromkeys(
+            ("on_cuda", "bf16_only", "probed"), "skipped"
+        )
     summary = r.summary()
     assert "on_cuda: needs a CUDA device; this run is on cpu (2 points)" in summary
     assert "bf16_only: needs dtype bfloat16; this point is float32 (2 points)" in summary

@@ -340,7 +340,9 @@ def test_unconfirmed_wins_enter_a_table_as_unconfirmed():
 
 def test_tune_without_a_table_writes_the_per_user_cache(tmp_path):
     r = CliRunner().invoke(
-        cli, ["tune", "layernorm", "--preset", "ci", "--n-values", "1", "--budget", "0.01", "--quiet"], catch_exceptions=False
+        cli,
+        ["tune", "layernorm", "--preset", "ci", "--n-values", "1", "--budget", "0.01", "--quiet"],
+        catch_exceptions=False,
     )
     assert r.exit_code == 0, r.output
     [written] = DispatchTable.load(tmp_path / "cache" / "dispatch.json").entries

@@ -26,7 +26,9 @@ def kernels_unavailable():
 def test_n_separate_calls_launch_n_times_what_one_fused_call_launches(n):
     xs, w, b = [torch.randn(4, 8) for _ in range(n)], torch.randn(8, 8), torch.randn(8)
     stacked, ws = torch.stack(xs), torch.stack([w] * n)
-    assert count_launches(lambda: [F.linear(x, w, b) for x in xs], "cpu") == n * count_launches(lambda: F.linear(xs[0], w, b), "cpu")
+    assert count_launches(lambda: [F.linear(x, w, b) for x in xs], "cpu") == n * count_launches(
+        lambda: F.linear(xs[0], w, b), "cpu"
+    )
     assert count_launches(lambda: torch.bmm(stacked, ws), "cpu") == 1  # whatever N
 
 
@@ -49,7 +51,9 @@ def test_cpu_peak_memory_sees_a_temporary_freed_within_the_call():
 
 
 def test_every_point_records_its_launches_and_work(fast_timing):
-    r = wt.benchmark("gemm", preset="ci", device="cpu", verbose=False, timing=fast_timing, n_values=[1, 4], confirm="none")
+    r = wt.benchmark(
+        "gemm", preset="ci", device="cpu", verbose=False, timing=fast_timing, n_values=[1, 4], confirm="none"
+    )
     one, four = r.points
     assert four.launches["baseline"] == 4 * one.launches["baseline"]
     assert four.launches["bmm"] == one.launches["bmm"]
@@ -92,7 +96,16 @@ def test_a_real_calibration_gives_plausible_cpu_peaks():
 def test_roofline_run_shows_the_bound(tmp_path, monkeypatch, fast_timing):
     monkeypatch.setenv("WIDE_TESSERA_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(rl, "calibrate", lambda device: PEAKS)
-    r = wt.benchmark("gemm", preset="ci", device="cpu", verbose=False, timing=fast_timing, n_values=[2], roofline=True, confirm="none")
+    r = wt.benchmark(
+        "gemm",
+        preset="ci",
+        device="cpu",
+        verbose=False,
+        timing=fast_timing,
+        n_values=[2],
+        roofline=True,
+        confirm="none",
+    )
     assert r.peaks == PEAKS
     assert "roofline at the largest N" in r.summary() and "[memory-bound]" in r.summary()
 
@@ -108,7 +121,13 @@ class _Compiled:  # a stand-in with the attributes triton 3.x's CompiledKernel h
     class metadata:
         name, shared, num_warps, num_stages = "_grouped_kernel", 98304, 8, 3
 
-    asm = {"ttir": "module {}", "ttgir": "module {} // gpu", "llir": "define void @k()", "ptx": ".version 8.7", "cubin": b"\x7fELF"}
+    asm = {
+        "ttir": "module {}",
+        "ttgir": "module {} // gpu",
+        "llir": "define void @k()",
+        "ptx": ".version 8.7",
+        "cubin": b"\x7fELF",
+    }
 
 
 class _Jit:
@@ -160,7 +179,14 @@ def test_compile_time_is_clocked_between_tritons_hooks_and_written_with_the_fact
     theirs = []
     monkeypatch.setattr(knobs.runtime, "jit_cache_hook", lambda **hook: theirs.append(hook["key"]))
     tuner = _Autotuner()
-    hook = dict(key="key", repr="k[...]", fn=SimpleNamespace(jit_function=tuner.fn), compile={}, is_manual_warmup=False, already_compiled=False)
+    hook = dict(
+        key="key",
+        repr="k[...]",
+        fn=SimpleNamespace(jit_function=tuner.fn),
+        compile={},
+        is_manual_warmup=False,
+        already_compiled=False,
+    )
     with CompileClock() as clock:
         assert not knobs.runtime.jit_cache_hook(**hook)  # a true answer would skip the compilation
         time.sleep(0.05)

@@ -38,7 +38,13 @@ def test_every_config_of_every_kernel_builds_for_hopper_without_spilling():
         builds = [b for name, (k, args) in large_launches().items() for b in build(k, args, 90, name)]
         """
     )
-    assert {b["kernel"] for b in builds} == {"grouped_linear", "grouped_linear_tma", "ragged_linear", "flash_attention", "flash_attention_tma"}
+    assert {b["kernel"] for b in builds} == {
+        "grouped_linear",
+        "grouped_linear_tma",
+        "ragged_linear",
+        "flash_attention",
+        "flash_attention_tma",
+    }
     for b in builds:
         where = f"{b['kernel']} {b['config']}"
         assert b["error"] is None, where

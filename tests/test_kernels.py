@@ -115,16 +115,37 @@ def test_the_tma_kernel_reads_a_slice_by_its_shape_not_its_stride():
         (lambda: grouped_linear(torch.randn(2, 3, 4), torch.randn(3, 5, 4)), "2 groups but weight 3"),
         (lambda: grouped_linear(torch.randn(2, 3, 4), torch.randn(2, 5, 6)), r"weight must be \[N, out, 4\]"),
         (lambda: grouped_linear(torch.randn(2, 3, 4).double(), torch.randn(2, 5, 4).double()), "share a dtype"),
-        (lambda: grouped_linear(torch.randn(2, 3, 4), torch.randn(2, 5, 4), torch.randn(5)), r"bias must be \[N, out\]"),
-        (lambda: grouped_linear(torch.randn(2, 3, 4), torch.randn(2, 5, 4), tma="yes"), "tma must be None .*, True or False, got 'yes'"),
-        (lambda: grouped_linear(torch.randn(2, 3, 5), torch.randn(2, 8, 5), tma=True), r"multiple of 16 bytes .*\(2, 3, 5\) in torch.float32 has strides \(15, 5, 1\)"),
-        (lambda: grouped_linear(torch.randn(2, 8, 3).transpose(1, 2), torch.randn(2, 8, 8), tma=True), r"dense last dimension .*\(2, 3, 8\) has strides \(24, 1, 3\)"),
-        (lambda: grouped_linear(torch.randn(2, 0, 8), torch.randn(2, 8, 8), tma=True), r"TMA needs non-empty tensors; one has shape \(2, 0, 8\)"),
+        (
+            lambda: grouped_linear(torch.randn(2, 3, 4), torch.randn(2, 5, 4), torch.randn(5)),
+            r"bias must be \[N, out\]",
+        ),
+        (
+            lambda: grouped_linear(torch.randn(2, 3, 4), torch.randn(2, 5, 4), tma="yes"),
+            "tma must be None .*, True or False, got 'yes'",
+        ),
+        (
+            lambda: grouped_linear(torch.randn(2, 3, 5), torch.randn(2, 8, 5), tma=True),
+            r"multiple of 16 bytes .*\(2, 3, 5\) in torch.float32 has strides \(15, 5, 1\)",
+        ),
+        (
+            lambda: grouped_linear(torch.randn(2, 8, 3).transpose(1, 2), torch.randn(2, 8, 8), tma=True),
+            r"dense last dimension .*\(2, 3, 8\) has strides \(24, 1, 3\)",
+        ),
+        (
+            lambda: grouped_linear(torch.randn(2, 0, 8), torch.randn(2, 8, 8), tma=True),
+            r"TMA needs non-empty tensors; one has shape \(2, 0, 8\)",
+        ),
         (lambda: ragged_linear(torch.randn(6, 4), torch.randn(2, 5, 4), torch.tensor([6])), "2 counts"),
         (lambda: ragged_linear(torch.randn(6, 4), torch.randn(2, 5, 4), torch.tensor([3.0, 3.0])), "int32 or int64"),
         (lambda: flash_attention(*(torch.randn(1, 1, 8, 24) for _ in range(3))), "D=24 is not supported; valid: 16"),
-        (lambda: flash_attention(torch.randn(1, 1, 8, 16), torch.randn(1, 1, 9, 16), torch.randn(1, 1, 8, 16)), "one shape"),
-        (lambda: flash_attention(*(torch.randn(1, 1, 16, 8).transpose(2, 3) for _ in range(3)), tma=True), "tma=True, but TMA needs a dense last dimension"),
+        (
+            lambda: flash_attention(torch.randn(1, 1, 8, 16), torch.randn(1, 1, 9, 16), torch.randn(1, 1, 8, 16)),
+            "one shape",
+        ),
+        (
+            lambda: flash_attention(*(torch.randn(1, 1, 16, 8).transpose(2, 3) for _ in range(3)), tma=True),
+            "tma=True, but TMA needs a dense last dimension",
+        ),
     ],
 )
 def test_bad_inputs_get_one_line_naming_the_value(call, match):
@@ -173,7 +194,9 @@ def test_unavailable_reasons(monkeypatch):
 )
 def test_a_kernel_that_cannot_run_here_says_why_before_launching(monkeypatch, call):
     monkeypatch.setattr(kernels, "INTERPRETED", False)
-    with pytest.raises(RuntimeError, match=r"^the Triton kernels cannot run on cpu: needs a CUDA device.*TRITON_INTERPRET=1"):
+    with pytest.raises(
+        RuntimeError, match=r"^the Triton kernels cannot run on cpu: needs a CUDA device.*TRITON_INTERPRET=1"
+    ):
         call()
 
 
@@ -199,7 +222,11 @@ def test_an_interpreter_that_fails_beside_this_numpy_is_a_reason_not_a_crash(
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device; this machine has none")
 def test_kernels_at_gpu_sizes():
-    x, w, b = torch.randn(8, 512, 1024, device="cuda"), torch.randn(8, 1024, 1024, device="cuda") / 32, torch.randn(8, 1024, device="cuda")
+    x, w, b = (
+        torch.randn(8, 512, 1024, device="cuda"),
+        torch.randn(8, 1024, 1024, device="cuda") / 32,
+        torch.randn(8, 1024, device="cuda"),
+    )
     ref = torch.baddbmm(b.unsqueeze(1), x, w.transpose(1, 2))
     for tma in (None, False):  # None: the TMA kernel on Hopper and later
         assert rel_error(grouped_linear(x.bfloat16(), w.bfloat16(), b.bfloat16(), tma=tma), ref) < TOL[torch.bfloat16]

@@ -53,7 +53,16 @@ class BadGradientLinear(WideLinear):
 @pytest.mark.parametrize("name", op_names())
 def test_every_op_trains_as_its_n_models_do(name, fast_timing):
     """train_step checks outputs, input and parameter gradients, buffers and updated parameters."""
-    r = benchmark(name, preset="ci", device="cpu", n_values=[2], mode="train_step", verbose=False, timing=fast_timing, confirm="none")
+    r = benchmark(
+        name,
+        preset="ci",
+        device="cpu",
+        n_values=[2],
+        mode="train_step",
+        verbose=False,
+        timing=fast_timing,
+        confirm="none",
+    )
     assert r.mode == "train_step"
     for p in r.points:
         ran = [s for s in r.strategies if p.failures.get(s) is None or p.failures[s].kind != "skipped"]
@@ -115,7 +124,9 @@ class StaleStatisticsBatchNorm(WideBatchNorm2d):
 
 @pytest.mark.parametrize("mode", ["forward", "train_step"])
 def test_a_batch_norm_that_does_not_update_its_running_statistics_is_caught(mode, fast_timing):
-    r = run(StaleStatisticsBatchNorm.benchmark_job("test"), mode=mode, timing=fast_timing, verbose=False, confirm="none")
+    r = run(
+        StaleStatisticsBatchNorm.benchmark_job("test"), mode=mode, timing=fast_timing, verbose=False, confirm="none"
+    )
     (point,) = r.points
     assert point.correct["stacked"] and not point.correct["frozen"]
     assert point.checks["frozen"].error.startswith("buffer: running_mean"), point.checks["frozen"].error
@@ -141,7 +152,9 @@ def _batch_norm_outcomes(mode):
     weights = modes.grad_weights([m(x).detach() for m, x in zip(copy.deepcopy(models), inputs)], 0)
     before = [m.bn.running_mean.clone() for m in models]
     outcome = modes.outcome(mode, side, inputs, weights, lambda call: call())
-    assert all(torch.equal(m.bn.running_mean, b) for m, b in zip(models, before)), "outcome must leave the models as they were"
+    assert all(torch.equal(m.bn.running_mean, b) for m, b in zip(models, before)), (
+        "outcome must leave the models as they were"
+    )
     return outcome, models
 
 
@@ -173,8 +186,12 @@ class FrozenFirstLayer(nn.Module):
 
 
 def test_a_layer_frozen_in_the_models_stays_frozen_when_fused(fast_timing):
-    r = benchmark_custom(FrozenFirstLayer, (4, 8), [3], mode="train_step", verbose=False, timing=fast_timing, confirm="none")
-    assert r.all_correct, {s: c.error for s, c in r.points[0].checks.items()}  # surgery trained the frozen weight before
+    r = benchmark_custom(
+        FrozenFirstLayer, (4, 8), [3], mode="train_step", verbose=False, timing=fast_timing, confirm="none"
+    )
+    assert r.all_correct, {
+        s: c.error for s, c in r.points[0].checks.items()
+    }  # surgery trained the frozen weight before
     linears = [nn.Linear(4, 4) for _ in range(3)]
     for m in linears:
         m.weight.requires_grad_(False)
@@ -188,7 +205,14 @@ def test_a_layer_frozen_in_the_models_stays_frozen_when_fused(fast_timing):
 def test_dropout_is_checked_with_the_same_draws(fast_timing):
     """Each model's call and the wide call start from one generator state (randomness 'same')."""
     r = benchmark_custom(
-        LinearDropout, (8, 16), [2], mode="forward_backward", randomness="same", verbose=False, timing=fast_timing, confirm="none"
+        LinearDropout,
+        (8, 16),
+        [2],
+        mode="forward_backward",
+        randomness="same",
+        verbose=False,
+        timing=fast_timing,
+        confirm="none",
     )
     assert r.all_correct and all(c.max_rel_error == 0.0 for p in r.points for c in p.checks.values())
 

@@ -35,7 +35,9 @@ def random_params(op: str, rng: random.Random, strategy: str = "") -> dict:
     if op == "gemm":
         return dict(batch=rng.randint(1, 9), in_features=rng.randint(1, 40), out_features=rng.randint(1, 40))
     if op == "embedding":
-        return dict(batch=rng.randint(1, 5), seq_len=rng.randint(1, 9), vocab=rng.randint(1, 50), dim=rng.randint(1, 20))
+        return dict(
+            batch=rng.randint(1, 5), seq_len=rng.randint(1, 9), vocab=rng.randint(1, 50), dim=rng.randint(1, 20)
+        )
     if op in ("gru", "lstm"):  # several sequence lengths, one step included
         return dict(batch=rng.randint(1, 5), seq_len=rng.choice([1, rng.randint(2, 12)]), hidden=rng.randint(1, 12))
     if op in ("batchnorm1d", "instancenorm1d"):  # instance norm needs more than one position
@@ -46,8 +48,17 @@ def random_params(op: str, rng: random.Random, strategy: str = "") -> dict:
         groups = rng.randint(1, 4)
         return dict(batch=rng.randint(1, 5), channels=groups * rng.randint(1, 4), groups=groups, size=rng.randint(1, 6))
     if op in ("conv1d", "conv2d", "conv3d", "conv_transpose2d"):
-        size = dict(length=rng.randint(5, 40)) if op == "conv1d" else dict(size=rng.randint(5, 7 if op == "conv3d" else 12))
-        return dict(batch=rng.randint(1, 4), channels=rng.randint(1, 9), kernel_size=rng.choice([2, 4] if op == "conv_transpose2d" else [1, 3, 5]), **size)
+        size = (
+            dict(length=rng.randint(5, 40))
+            if op == "conv1d"
+            else dict(size=rng.randint(5, 7 if op == "conv3d" else 12))
+        )
+        return dict(
+            batch=rng.randint(1, 4),
+            channels=rng.randint(1, 9),
+            kernel_size=rng.choice([2, 4] if op == "conv_transpose2d" else [1, 3, 5]),
+            **size,
+        )
     heads = rng.choice([1, 2, 4])
     return dict(
         batch=rng.randint(1, 3),

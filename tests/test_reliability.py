@@ -160,7 +160,18 @@ def test_ctrl_c_saves_an_incomplete_result_that_resume_completes(tmp_path):
     out = tmp_path / "r.json"
     # No controls: once in a full suite run, a SIGINT that landed while torch.compile built the
     # compiled-loop control was lost and the run went on to exit 0 (not reproduced by hand).
-    args = ["gemm", "--preset", "ci", "--device", "cpu", "--n-values", "1,2,3,4,5,6", "--budget", "0.3", "--no-controls"]
+    args = [
+        "gemm",
+        "--preset",
+        "ci",
+        "--device",
+        "cpu",
+        "--n-values",
+        "1,2,3,4,5,6",
+        "--budget",
+        "0.3",
+        "--no-controls",
+    ]
     args += ["-o", str(out)]
     proc = cli(*args)
     deadline = time.monotonic() + 120

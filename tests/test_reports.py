@@ -1,4 +1,5 @@
-"""From numbers to decisions: tidy rows, show's formats, compare, plots, the report, the manifest, truthful summaries."""
+"""From numbers to decisions: tidy rows, show's formats, compare, plots, the report, the manifest,
+truthful summaries."""
 
 import dataclasses
 import io
@@ -294,7 +295,14 @@ def test_report_is_one_page_with_environment_headlines_tables_and_plots(tmp_path
     synthetic().save(path)
     assert invoke("report", path, "-o", tmp_path / "report").exit_code == 0
     page = (tmp_path / "report" / "README.md").read_text()
-    for needle in ("## Environment", "bench-host", "`OMP_NUM_THREADS=2`", "## Headlines", "| synthetic | RELIABLE | 2 | 2 |", "p99 ms"):
+    for needle in (
+        "## Environment",
+        "bench-host",
+        "`OMP_NUM_THREADS=2`",
+        "## Headlines",
+        "| synthetic | RELIABLE | 2 | 2 |",
+        "p99 ms",
+    ):
         assert needle in page
     images = [line.split("](")[1].split(")")[0] for line in page.splitlines() if line.startswith("[![")]
     assert images and all((tmp_path / "report" / image).stat().st_size > 0 for image in images)
@@ -347,13 +355,39 @@ def test_manifest_inside_a_git_repository_and_outside_one(tmp_path, monkeypatch)
 
 def test_every_result_carries_its_manifest_and_a_resume_adds_one(tmp_path):
     path = tmp_path / "r.json"
-    command = ["-m", "wide_tessera", "benchmark", "gemm", "--preset", "ci", "--n-values", "1", "--budget", "0.01", "-o", str(path)]
+    command = [
+        "-m",
+        "wide_tessera",
+        "benchmark",
+        "gemm",
+        "--preset",
+        "ci",
+        "--n-values",
+        "1",
+        "--budget",
+        "0.01",
+        "-o",
+        str(path),
+    ]
     subprocess.run([sys.executable, *command], check=True, capture_output=True)
     [r] = wt.load_results(path)
     [m] = r.runs
     assert m.command == [sys.executable, *command]
     assert m.finished >= m.started and r.run_id == m.run_id
-    again = invoke("benchmark", "gemm", "--preset", "ci", "--n-values", "1,2", "--budget", "0.01", "--quiet", "-o", path, "--resume")
+    again = invoke(
+        "benchmark",
+        "gemm",
+        "--preset",
+        "ci",
+        "--n-values",
+        "1,2",
+        "--budget",
+        "0.01",
+        "--quiet",
+        "-o",
+        path,
+        "--resume",
+    )
     assert again.exit_code == 0
     [r] = wt.load_results(path)
     assert len(r.runs) == 2 and r.run_id == m.run_id and r.runs[1].run_id != m.run_id
@@ -366,7 +400,7 @@ def test_an_interrupted_result_says_incomplete_first_and_its_crossover_is_provis
     r = dataclasses.replace(synthetic(), complete=False)
     lines = r.summary().splitlines()
     assert lines[0] == "INCOMPLETE, RELIABLE"
-    assert any(l.startswith("crossover_n: 2 (provisional: the run is incomplete)") for l in lines)
+    assert any(line.startswith("crossover_n: 2 (provisional: the run is incomplete)") for line in lines)
     assert headline(r)[:4] == ["synthetic", "INCOMPLETE, RELIABLE", "2 (provisional)", "2 (provisional)"]
 
 

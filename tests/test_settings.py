@@ -46,16 +46,28 @@ def test_every_setting_that_changes_a_measurement_is_refused_by_resume(fast_timi
 def test_the_api_and_the_command_line_build_the_same_settings(tmp_path, fast_timing):
     out = tmp_path / "r.json"
     args = ["benchmark", "gemm", "--preset", "ci", "--n-values", "1", "--device", "cpu", "--seed", "3"]
-    assert CliRunner().invoke(cli, [*args, "--mode", "forward", "--confirm", "all", "-o", str(out), "--quiet"]).exit_code == 0
+    assert (
+        CliRunner().invoke(cli, [*args, "--mode", "forward", "--confirm", "all", "-o", str(out), "--quiet"]).exit_code
+        == 0
+    )
     (from_cli,) = wt.load_results(out)
-    from_api = wt.benchmark("gemm", preset="ci", device="cpu", verbose=False, n_values=[1], seed=3, mode="forward", confirm="all")
+    from_api = wt.benchmark(
+        "gemm", preset="ci", device="cpu", verbose=False, n_values=[1], seed=3, mode="forward", confirm="all"
+    )
     assert from_cli.settings == from_api.settings
     assert from_api.settings == RunSettings(preset="ci", device="cpu", seed=3, mode="forward", confirm="all")
 
 
 def test_benchmark_custom_takes_every_run_setting_and_keeps_the_models_arguments_apart(fast_timing):
     r = wt.benchmark_custom(
-        Expert, (4, 16), [2], model_kwargs=dict(hidden=8), device="cpu", verbose=False, timing=fast_timing, roofline=True
+        Expert,
+        (4, 16),
+        [2],
+        model_kwargs=dict(hidden=8),
+        device="cpu",
+        verbose=False,
+        timing=fast_timing,
+        roofline=True,
     )
     assert r.settings.roofline and r.peaks is not None
     with pytest.raises(WideTesseraError, match="hidden=8 is not a run setting"):

@@ -16,8 +16,20 @@ RUN = ["benchmark", "gemm", "layernorm", "--preset", "ci", "--device", "cpu", "-
 
 
 def torchrun(args, cwd):
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "wide_tessera", *args]
-    return subprocess.run(command, capture_output=True, text=True, timeout=180, cwd=cwd, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "wide_tessera",
+        *args,
+    ]
+    return subprocess.run(
+        command, capture_output=True, text=True, timeout=180, cwd=cwd, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
 
 
 def keys(results):

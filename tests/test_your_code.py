@@ -236,7 +236,9 @@ def test_import_adds_strategies_and_ops_on_the_command_line(tmp_path, monkeypatc
     runner = CliRunner()
     listed = runner.invoke(cli, ["list", "--import", "user_kernels"])
     assert "user_right (outside), user_wrong (outside)" in listed.output
-    r = runner.invoke(cli, ["benchmark", "--import", "user_kernels", "gemm", "--preset", "ci", "--n-values", "2", *FAST_FLAGS])
+    r = runner.invoke(
+        cli, ["benchmark", "--import", "user_kernels", "gemm", "--preset", "ci", "--n-values", "2", *FAST_FLAGS]
+    )
     assert r.exit_code == 1  # user_wrong is incorrect
     assert "user_wrong: incorrect" in r.stderr and "user_right ms" in r.stdout
     bad = runner.invoke(cli, ["benchmark", "--import", "user_nothing", "gemm", "--preset", "ci", *FAST_FLAGS])
@@ -294,14 +296,29 @@ def test_custom_command_end_to_end_with_output_resume_and_exit_codes(tmp_path, m
     assert [p.n for p in result.points] == [1, 2]
     assert "[Expert] 2/2 N=2" in resumed.stderr and "N=1" not in resumed.stderr  # N=1 was not measured again
     # vmap has no batching rule for aten::gru: the strategy fails, and the exit status says so
-    gru = ["custom", "user_models:Recurrent", "--input-shape", "3,4", "--kwarg", "input_size=4", "--kwarg", "hidden_size=4"]
+    gru = [
+        "custom",
+        "user_models:Recurrent",
+        "--input-shape",
+        "3,4",
+        "--kwarg",
+        "input_size=4",
+        "--kwarg",
+        "hidden_size=4",
+    ]
     failed = runner.invoke(cli, [*gru, "--n-values", "2", *FAST_FLAGS])
     assert failed.exit_code == 1 and "Batching rule not implemented for aten::gru" in failed.stderr
     for bad, message in [
         (["custom", "user_models:Expert", "--input-shape", "4,12"], "give the N values to try with --n-values"),
         (["custom", "user_models:Missing", "--input-shape", "4,8", "--n-values", "2"], "user_models has no 'Missing'"),
-        (["custom", "user_models:Expert", "--input-shape", "4,9", "--n-values", "2"], "input_shape (4, 9) does not fit"),
-        (["custom", "user_models:Expert", "--input-shape", "4,8", "--n-values", "2", "--kwarg", "d"], "expected NAME=VALUE"),
+        (
+            ["custom", "user_models:Expert", "--input-shape", "4,9", "--n-values", "2"],
+            "input_shape (4, 9) does not fit",
+        ),
+        (
+            ["custom", "user_models:Expert", "--input-shape", "4,8", "--n-values", "2", "--kwarg", "d"],
+            "expected NAME=VALUE",
+        ),
     ]:
         r = runner.invoke(cli, bad)
         assert r.exit_code == 2 and message in r.output, r.output
@@ -339,10 +356,20 @@ def test_progress_is_a_bar_on_a_terminal_plain_lines_elsewhere_and_nothing_when_
 def test_a_custom_run_of_several_inputs_and_dropout_runs_isolated(fast_timing):
     # The job is pickled to a worker process: every factory in it must be an importable function.
     r = benchmark_custom(
-        Dropped, (4, 8), [2], device="cpu", verbose=False, timing=fast_timing, isolate=True, randomness="different", train=True
+        Dropped,
+        (4, 8),
+        [2],
+        device="cpu",
+        verbose=False,
+        timing=fast_timing,
+        isolate=True,
+        randomness="different",
+        train=True,
     )
     assert r.all_correct and r.points[0].correct == {"vmap": True, "surgery": True}
-    r = benchmark_custom(TwoInputs, [(3, 8), (3, 4)], [2], device="cpu", verbose=False, timing=fast_timing, isolate=True)
+    r = benchmark_custom(
+        TwoInputs, [(3, 8), (3, 4)], [2], device="cpu", verbose=False, timing=fast_timing, isolate=True
+    )
     assert r.all_correct
 
 
@@ -417,7 +444,8 @@ def test_surgery_swaps_the_layers_ops_fuse_and_matches_separate_calls():
 
 
 @pytest.mark.parametrize(
-    "model,shape", [(Expert, (4, 16)), (Mixed, (2, 4, 16)), (Reshaping, (5, 8)), (TwoInputs, [(3, 8), (3, 4)]), (Tagger, (2, 5))]
+    "model,shape",
+    [(Expert, (4, 16)), (Mixed, (2, 4, 16)), (Reshaping, (5, 8)), (TwoInputs, [(3, 8), (3, 4)]), (Tagger, (2, 5))],
 )
 def test_surgery_is_checked_like_every_strategy(model, shape, fast_timing):
     ids = dict(input_dtype="int64", int_high=50) if model is Tagger else {}
@@ -440,7 +468,9 @@ class Recurrent(nn.Module):
 
 @pytest.mark.parametrize("mode", ["inference", "train_step"])
 def test_surgery_fuses_a_recurrent_model_vmap_cannot_run(mode, fast_timing):
-    r = benchmark_custom(Recurrent, (4, 5, 8), [1, 3], mode=mode, device="cpu", verbose=False, timing=fast_timing, confirm="none")
+    r = benchmark_custom(
+        Recurrent, (4, 5, 8), [1, 3], mode=mode, device="cpu", verbose=False, timing=fast_timing, confirm="none"
+    )
     assert all(p.correct["surgery"] and not p.correct["vmap"] for p in r.points), r.summary()
     assert all("aten::gru" in p.failures["vmap"].message for p in r.points)
 
@@ -471,5 +501,7 @@ def test_a_model_torch_fx_cannot_trace_is_skipped_by_surgery_with_the_reason(fas
 
 
 def test_surgery_keeps_dropout_comparable(fast_timing):
-    r = benchmark_custom(Dropped, (4, 8), [3], device="cpu", verbose=False, timing=fast_timing, randomness="different", train=True)
+    r = benchmark_custom(
+        Dropped, (4, 8), [3], device="cpu", verbose=False, timing=fast_timing, randomness="different", train=True
+    )
     assert r.points[0].correct == {"vmap": True, "surgery": True}

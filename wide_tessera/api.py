@@ -9,18 +9,18 @@ from typing import Any, Callable, Dict, Optional, Sequence
 import torch
 
 from . import ops  # noqa: F401  (registers the built-in ops)
-from .measurement import timing
-from .sweep.isolation import call_isolated
+from .core.errors import WideTesseraError
 from .core.job import DTYPES, BenchmarkJob
+from .core.stats import TimingStats
+from .core.user_input import check_instance
+from .measurement import timing
 from .measurement.modes import TRAINING_MODES
 from .measurement.settings import RunSettings, resolve_device
-from .ops.registry import get_op
-from .sweep.runner import run
-from .results.schema import BenchmarkResult
-from .core.stats import TimingStats
 from .measurement.timing import TimingConfig
-from .core.user_input import check_instance
-from .core.errors import WideTesseraError
+from .ops.registry import get_op
+from .results.schema import BenchmarkResult
+from .sweep.isolation import call_isolated
+from .sweep.runner import run
 from .widen.custom import custom_job
 
 __all__ = ["benchmark", "benchmark_custom", "measure", "build_job", "build_custom_job"]
@@ -119,7 +119,8 @@ def benchmark_custom(
     if other:
         first = next(iter(other))
         raise WideTesseraError(
-            f"benchmark_custom: {first}={other[first]!r} is not a run setting (valid: {', '.join(RunSettings.names())}); "
+            f"benchmark_custom: {first}={other[first]!r} is not a run setting (valid: "
+            f"{', '.join(RunSettings.names())}); "
             f"give the model's own arguments as model_kwargs={other!r}"
         )
     if model_kwargs is not None and not isinstance(model_kwargs, dict):

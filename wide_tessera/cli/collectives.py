@@ -23,7 +23,9 @@ __all__ = ["collectives"]
 
 @click.command()
 @click.option("--ops", default=",".join(COLLECTIVES), show_default=True, help="Collectives to run, comma-separated.")
-@click.option("--min-bytes", default="1KiB", show_default=True, help="Smallest message (nccl-tests' S; powers of two up).")
+@click.option(
+    "--min-bytes", default="1KiB", show_default=True, help="Smallest message (nccl-tests' S; powers of two up)."
+)
 @click.option("--max-bytes", default="4MiB", show_default=True, help="Largest message.")
 @click.option("--dtype", "dtypes", default="float32", show_default=True, help="Dtypes, comma-separated.")
 @click.option(

@@ -69,7 +69,9 @@ _EXIT_STATUS = """
 MakeJobs = Callable[[RunSettings, Dict[str, List[str]]], List[BenchmarkJob]]
 
 
-def build_jobs(names: Sequence[str], preset: str, device: str, texts: Dict[str, List[str]], verbose: bool) -> List[BenchmarkJob]:
+def build_jobs(
+    names: Sequence[str], preset: str, device: str, texts: Dict[str, List[str]], verbose: bool
+) -> List[BenchmarkJob]:
     """One job per op (an op named twice, or by an alias too, runs once), its overrides read by its own axes."""
     ops = dict.fromkeys(get_op(name).NAME for name in names)
     return [
@@ -123,7 +125,9 @@ benchmark.help += _EXIT_STATUS
     type=click.Choice(list(INPUT_DTYPES)),
     help="Each input's dtype, in order (float: the run's dtype; integers are drawn from [0, --int-high)).",
 )
-@click.option("--int-high", type=int, default=None, help="Exclusive bound of integer inputs' values (e.g. a vocabulary size).")
+@click.option(
+    "--int-high", type=int, default=None, help="Exclusive bound of integer inputs' values (e.g. a vocabulary size)."
+)
 @click.option(
     "--input-factory",
     default=None,
@@ -138,7 +142,9 @@ benchmark.help += _EXIT_STATUS
     help="vmap's randomness, for models that draw random numbers (dropout in train mode).",
 )
 @click.option(
-    "--train", is_flag=True, help="Run the models in train mode (dropout active) in --mode inference too (without autograd)."
+    "--train",
+    is_flag=True,
+    help="Run the models in train mode (dropout active) in --mode inference too (without autograd).",
 )
 @click.option("--kwarg", "kwargs", multiple=True, metavar="NAME=VALUE", help="An argument of the class (repeatable).")
 @click.option("--name", default=None, help="The result's name  [default: the class's name]")
@@ -168,7 +174,9 @@ def custom(
         if "n_values" not in texts:
             raise WideTesseraError("give the N values to try with --n-values N1,N2,...")
         if bool(input_shapes) == bool(input_factory):
-            raise WideTesseraError("give --input-shape D1,D2,... (repeat for several inputs) or --input-factory, not both")
+            raise WideTesseraError(
+                "give --input-shape D1,D2,... (repeat for several inputs) or --input-factory, not both"
+            )
         shapes = [parse_shape(text) for text in input_shapes]
         overrides = SweepParams.of([1], dtype=["float32"]).parse_overrides(texts)  # custom runs sweep dtype only
         job = build_custom_job(
@@ -205,7 +213,9 @@ custom.help += _EXIT_STATUS
     help=f"The dispatch table to write, or merge into.  [default: ${TABLE_ENV}, else dispatch.json in the "
     "per-user cache: ~/.cache/wide_tessera]",
 )
-@click.option("--results", default=None, metavar="FILE", help="Also write every result to this JSON file, as benchmark -o does.")
+@click.option(
+    "--results", default=None, metavar="FILE", help="Also write every result to this JSON file, as benchmark -o does."
+)
 @options(IMPORT, DEVICE, SELECTION, SAMPLING, QUIET)
 def tune(names: Tuple[str, ...], preset: str, table: Optional[str], results: Optional[str], **given: Any) -> None:
     """Measure ops (all of them when none is named) and write their verdicts to the dispatch
@@ -321,7 +331,9 @@ def _measure(
         try:
             if shard is None:
                 progress = held.enter_context(closing(Progress(points_to_measure(jobs, previous), enabled=not quiet)))
-                kept, results = measure_jobs(jobs, settings, previous, output, progress, lambda r: finished(r, progress))
+                kept, results = measure_jobs(
+                    jobs, settings, previous, output, progress, lambda r: finished(r, progress)
+                )
                 errors: List[str] = []
             else:  # each rank's lines labelled, and no bar: K bars on one terminal overwrite each other
                 progress = held.enter_context(closing(Progress(0, enabled=not quiet, label=f"[rank {shard.rank}] ")))

@@ -20,7 +20,11 @@ __all__ = ["list_ops"]
 
 @click.command("list")
 @IMPORT
-@click.option("--device", default=None, help="Count the points a run will have on this device  [default: cuda if available, else cpu]")
+@click.option(
+    "--device",
+    default=None,
+    help="Count the points a run will have on this device  [default: cuda if available, else cpu]",
+)
 def list_ops(imports: Tuple[str, ...], device: Optional[str]) -> None:
     """Every op with its strategies, presets and sweep axes, and what a run on this device will measure."""
     with usage_errors():

@@ -113,7 +113,9 @@ SAMPLING = options(
     ),
     _setting("memory_budget", "--memory-budget", default=None, metavar="SIZE"),
     _setting("mode", "--mode", type=click.Choice(MODES), default="inference", show_default=True),
-    _setting("compile", "--compile", "compile_mode", type=click.Choice(COMPILE_MODES), default="none", show_default=True),
+    _setting(
+        "compile", "--compile", "compile_mode", type=click.Choice(COMPILE_MODES), default="none", show_default=True
+    ),
 )
 
 # The options of `benchmark` and `custom`: everything a run can be asked.
@@ -121,7 +123,9 @@ RUN_OPTIONS = options(
     IMPORT,
     DEVICE,
     click.option("-o", "--output", default=None, help="Write every result to this JSON file, after every point."),
-    click.option("--resume", is_flag=True, help="Continue the incomplete results in -o FILE, skipping measured points."),
+    click.option(
+        "--resume", is_flag=True, help="Continue the incomplete results in -o FILE, skipping measured points."
+    ),
     SELECTION,
     click.option(
         "--target-ci",
@@ -142,7 +146,9 @@ RUN_OPTIONS = options(
         help="After the run, write each Triton kernel's TTIR, TTGIR, LLIR, PTX and facts (compile times, registers, "
         "autotuning) to DIR.",
     ),
-    click.option("--strict", is_flag=True, help="Exit 3 when a result is UNRELIABLE (busy machine, unstable points...)."),
+    click.option(
+        "--strict", is_flag=True, help="Exit 3 when a result is UNRELIABLE (busy machine, unstable points...)."
+    ),
     QUIET,
     click.option(
         "--save-dispatch",
@@ -191,7 +197,9 @@ def parse_shape(text: str) -> Tuple[int, ...]:
     try:
         return tuple(int(d) for d in text.split(","))
     except ValueError:
-        raise WideTesseraError(f"--input-shape {text!r}: expected positive ints separated by commas, e.g. 32,256") from None
+        raise WideTesseraError(
+            f"--input-shape {text!r}: expected positive ints separated by commas, e.g. 32,256"
+        ) from None
 
 
 def parse_kwarg(text: str) -> Tuple[str, Any]:
@@ -234,7 +242,12 @@ def check_directory(path: str) -> None:
 
 
 # Names in the settings' own errors -> the options that set them, where they differ.
-_OPTIONS = {"budget_s": "--budget", "target_rel_ci": "--target-ci", "multiplier": "--timeout-multiplier", "threads": "--threads"}
+_OPTIONS = {
+    "budget_s": "--budget",
+    "target_rel_ci": "--target-ci",
+    "multiplier": "--timeout-multiplier",
+    "threads": "--threads",
+}
 
 
 def settings_from(

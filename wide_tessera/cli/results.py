@@ -53,9 +53,12 @@ def _load_all(paths: Sequence[str]) -> List[BenchmarkResult]:
     type=click.Choice(["table", "markdown", "csv", "json"]),
     default="table",
     show_default=True,
-    help="table: the summaries; markdown: for a pull request; csv, json: the tidy rows (one per N, parameters, strategy).",
+    help="table: the summaries; markdown: for a pull request; csv, json: the tidy rows (one per N, parameters, "
+        "strategy).",
 )
-@click.option("--warnings", "all_warnings", is_flag=True, help="List every warning, not only the digest (table format).")
+@click.option(
+    "--warnings", "all_warnings", is_flag=True, help="List every warning, not only the digest (table format)."
+)
 def show(paths: Tuple[str, ...], fmt: str, all_warnings: bool) -> None:
     """Print the results stored in files written by `benchmark -o` (or by `collectives -o`: their table or rows).
 
@@ -67,7 +70,9 @@ def show(paths: Tuple[str, ...], fmt: str, all_warnings: bool) -> None:
     """
     runs, results = _load_files(paths)
     if fmt in ("csv", "json") and runs and results:
-        raise click.UsageError("--format csv and json print one kind of row: give results files or collectives files, not both")
+        raise click.UsageError(
+            "--format csv and json print one kind of row: give results files or collectives files, not both"
+        )
     if runs:
         table = [row for run in runs for row in collective_rows(run)]
         if fmt == "csv":
@@ -107,7 +112,8 @@ def _write_csv(table: List[Dict[str, Any]], fields: List[str]) -> None:
     type=float,
     default=None,
     metavar="PCT",
-    help="Exit 1 when a timing is significantly slower by more than PCT percent, a strategy broke, or a crossover moved to a larger N.",
+    help="Exit 1 when a timing is significantly slower by more than PCT percent, a strategy broke, or a crossover "
+        "moved to a larger N.",
 )
 def compare_runs(base: str, new: str, fmt: str, fail_percent: Optional[float]) -> None:
     """Compare two results files point by point: changes in time with their 95% CI, and crossovers.
@@ -126,7 +132,9 @@ def compare_runs(base: str, new: str, fmt: str, fail_percent: Optional[float]) -
         raise click.UsageError(str(e)) from None
     comparison = compare(_load_all([base]), _load_all([new]))
     if not comparison.changes:
-        raise click.UsageError(f"{base} and {new} share no measured point (same op, parameters and N): nothing to compare")
+        raise click.UsageError(
+            f"{base} and {new} share no measured point (same op, parameters and N): nothing to compare"
+        )
     click.echo(render(comparison, fmt == "markdown", fail_percent), nl=False)
     if fail_percent is not None and comparison.regressions(fail_percent):
         sys.exit(1)

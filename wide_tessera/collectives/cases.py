@@ -22,14 +22,28 @@ import torch
 import torch.distributed as dist
 from dataclasses_json import dataclass_json
 
-from ..core.job import DTYPES
 from ..core.files import not_a_regular_file
-from ..results.manifest import Manifest
+from ..core.job import DTYPES
+from ..core.jsonio import load_document, write_json
 from ..core.stats import TimingStats, median_ci_rel_width
 from ..measurement.timing import TimingConfig
-from ..core.jsonio import load_document, write_json
+from ..results.manifest import Manifest
 
-__all__ = ["COLLECTIVES", "PLACEMENTS", "CollectiveResult", "CollectivesRun", "load_collectives", "is_collectives_file", "save_collectives", "rows", "busbw_factor", "algbw_gbps", "run_case", "expected", "sizes"]
+__all__ = [
+    "COLLECTIVES",
+    "PLACEMENTS",
+    "CollectiveResult",
+    "CollectivesRun",
+    "load_collectives",
+    "is_collectives_file",
+    "save_collectives",
+    "rows",
+    "busbw_factor",
+    "algbw_gbps",
+    "run_case",
+    "expected",
+    "sizes",
+]
 
 FORMAT = "wide_tessera collectives"
 
@@ -117,7 +131,9 @@ class CollectivesRun:
 
 def load_collectives(path: Union[str, Path]) -> CollectivesRun:
     """A file written by `collectives -o`; a damaged or foreign one is one line naming it."""
-    return load_document(path, CollectivesRun, FORMAT, CollectivesRun.version, str(path), "a wide_tessera collectives file")
+    return load_document(
+        path, CollectivesRun, FORMAT, CollectivesRun.version, str(path), "a wide_tessera collectives file"
+    )
 
 
 def save_collectives(run: CollectivesRun, path: Union[str, Path]) -> None:
@@ -179,7 +195,9 @@ _ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_t
 _REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
-def _setup(op: str, placement: str, count: int, rank: int, ranks: int, dtype: torch.dtype, device: str) -> Tuple[Callable[[], None], Callable[[], torch.Tensor]]:
+def _setup(
+    op: str, placement: str, count: int, rank: int, ranks: int, dtype: torch.dtype, device: str
+) -> Tuple[Callable[[], None], Callable[[], torch.Tensor]]:
     """(call, output): one call of the collective on fresh buffers, and the tensor it fills."""
     chunk = count // ranks
     mine = _values(count, rank, dtype, device)
@@ -199,7 +217,11 @@ def _setup(op: str, placement: str, count: int, rank: int, ranks: int, dtype: to
         return lambda: _ALL_GATHER(out, inp), lambda: out
     if op == "reduce_scatter":
         inp = mine[: chunk * ranks].clone()
-        out = inp[rank * chunk : (rank + 1) * chunk] if placement == "in_place" else torch.empty(chunk, dtype=dtype, device=device)
+        out = (
+            inp[rank * chunk : (rank + 1) * chunk]
+            if placement == "in_place"
+            else torch.empty(chunk, dtype=dtype, device=device)
+        )
         return lambda: _REDUCE_SCATTER(out, inp), lambda: out
     if op == "all_to_all":
         inp, out = mine[: chunk * ranks].clone(), torch.full((chunk * ranks,), -1, dtype=dtype, device=device)
@@ -229,7 +251,9 @@ def _timed(call: Callable[[], None], calls: int, device: str) -> float:
     return _agree((time.perf_counter() - start) * 1e3 / calls, device)
 
 
-def run_case(op: str, size_bytes: int, dtype_name: str, placement: str, device: str, config: TimingConfig) -> CollectiveResult:
+def run_case(
+    op: str, size_bytes: int, dtype_name: str, placement: str, device: str, config: TimingConfig
+) -> CollectiveResult:
     """Check one case on every rank, then time it; every rank returns the same result."""
     ranks, rank = dist.get_world_size(), dist.get_rank()
     dtype = DTYPES[dtype_name]
@@ -239,7 +263,9 @@ def run_case(op: str, size_bytes: int, dtype_name: str, placement: str, device: 
     size = count * torch.empty(0, dtype=dtype).element_size()
     base = dict(op=op, size_bytes=size, count=count, dtype=dtype_name, placement=placement, ranks=ranks)
     if count < ranks:
-        return CollectiveResult(**base, correct=None, skipped=f"{size_bytes} bytes hold fewer {dtype_name} elements than the {ranks} ranks")
+        return CollectiveResult(
+            **base, correct=None, skipped=f"{size_bytes} bytes hold fewer {dtype_name} elements than the {ranks} ranks"
+        )
     try:
         call, output = _setup(op, placement, count, rank, ranks, dtype, device)
         call()

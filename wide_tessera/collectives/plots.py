@@ -1,4 +1,5 @@
-"""Pictures of a collectives run: per dtype and placement, each collective's time and bus bandwidth against the message size."""
+"""Pictures of a collectives run: per dtype and placement, each collective's time and bus bandwidth against the
+message size."""
 
 from __future__ import annotations
 
@@ -24,7 +25,10 @@ def plot_collectives(run: "CollectivesRun", directory: Path, formats: Sequence[s
                 continue
             x = [r.size_bytes for r in rs]
             us = [r.stats.median_ms * 1e3 for r in rs]
-            err = [[u - r.stats.median_ci_ms[0] * 1e3 for u, r in zip(us, rs)], [r.stats.median_ci_ms[1] * 1e3 - u for u, r in zip(us, rs)]]
+            err = [
+                [u - r.stats.median_ci_ms[0] * 1e3 for u, r in zip(us, rs)],
+                [r.stats.median_ci_ms[1] * 1e3 - u for u, r in zip(us, rs)],
+            ]
             time.errorbar(x, us, yerr=err, label=op, color=f"C{i}", marker="o", markersize=4, capsize=2)
             bandwidth.plot(x, [r.busbw_gbps for r in rs], label=op, color=f"C{i}", marker="o", markersize=4)
         time.set_yscale("log")
@@ -38,6 +42,10 @@ def plot_collectives(run: "CollectivesRun", directory: Path, formats: Sequence[s
             ax.set_xlabel("message size S (bytes)")
             ax.grid(True, alpha=0.3)
             ax.legend(fontsize=7)
-        fig.suptitle(f"collectives: {run.ranks} ranks, {run.backend}, {dtype}, {placement}\n{', '.join(sorted(set(run.devices)))}", fontsize=11)
+        fig.suptitle(
+            f"collectives: {run.ranks} ranks, {run.backend}, {dtype}, "
+            f"{placement}\n{', '.join(sorted(set(run.devices)))}",
+            fontsize=11,
+        )
         written += save_figure(fig, Path(directory), f"collectives_{dtype}_{placement}", formats)
     return written

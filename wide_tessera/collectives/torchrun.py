@@ -11,11 +11,11 @@ from typing import Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from .cases import CollectiveResult, CollectivesRun, run_all, save_collectives
-from ..results.manifest import capture_manifest, now
-from ..reports.text import format_table
-from ..sweep.shards import describe_device, rank_threads
 from ..measurement.timing import TimingConfig
+from ..reports.text import format_table
+from ..results.manifest import capture_manifest, now
+from ..sweep.shards import describe_device, rank_threads
+from .cases import CollectiveResult, CollectivesRun, run_all, save_collectives
 
 __all__ = ["run_collectives", "summary"]
 
@@ -67,7 +67,9 @@ def _line(r: CollectiveResult) -> str:
     what = f"{r.op} {r.placement} {r.dtype} {r.size_bytes} B"
     if r.skipped:
         return f"{what}: skipped: {r.skipped}"
-    return f"{what}: {r.stats.median_ms * 1e3:.1f} us, busbw {r.busbw_gbps:.3g} GB/s" + ("" if r.correct else " INCORRECT")
+    return f"{what}: {r.stats.median_ms * 1e3:.1f} us, busbw {r.busbw_gbps:.3g} GB/s" + (
+        "" if r.correct else " INCORRECT"
+    )
 
 
 def summary(run: CollectivesRun) -> str:
@@ -75,7 +77,20 @@ def summary(run: CollectivesRun) -> str:
     rows = []
     for r in run.results:
         if r.skipped:
-            rows.append([r.op, r.placement, r.dtype, str(r.size_bytes), str(r.count), "-", "-", "-", "-", f"skipped: {r.skipped}"])
+            rows.append(
+                [
+                    r.op,
+                    r.placement,
+                    r.dtype,
+                    str(r.size_bytes),
+                    str(r.count),
+                    "-",
+                    "-",
+                    "-",
+                    "-",
+                    f"skipped: {r.skipped}",
+                ]
+            )
             continue
         lo, hi = (x * 1e3 for x in r.stats.median_ci_ms)
         rows.append([
@@ -83,12 +98,15 @@ def summary(run: CollectivesRun) -> str:
             f"{r.stats.median_ms * 1e3:.1f}" + ("" if r.stats.converged else " ~"),
             f"[{lo:.1f}, {hi:.1f}]", f"{r.algbw_gbps:.3g}", f"{r.busbw_gbps:.3g}", "yes" if r.correct else "NO",
         ])  # fmt: skip
-    header = f"== collectives: {run.ranks} ranks, {run.backend}, on {', '.join(sorted(set(run.devices)))} ({', '.join(sorted(set(run.hosts)))})"
+    devices, hosts = ", ".join(sorted(set(run.devices))), ", ".join(sorted(set(run.hosts)))
+    header = f"== collectives: {run.ranks} ranks, {run.backend}, on {devices} ({hosts})"
     table = format_table(
-        ["op", "placement", "dtype", "size B", "count", "time us", "95% CI us", "algbw GB/s", "busbw GB/s", "correct"], rows
+        ["op", "placement", "dtype", "size B", "count", "time us", "95% CI us", "algbw GB/s", "busbw GB/s", "correct"],
+        rows,
     )
     note = (
-        "time: median per call of the slowest rank (~: its CI did not reach the target within the budget); algbw = size / time; busbw = algbw x 2(n-1)/n for all_reduce, "
+        "time: median per call of the slowest rank (~: its CI did not reach the target within the budget); algbw = "
+        "size / time; busbw = algbw x 2(n-1)/n for all_reduce, "
         "x (n-1)/n for all_gather, reduce_scatter and all_to_all, x 1 for broadcast (nccl-tests)"
     )
     return f"{header}\n{table}\n{note}"

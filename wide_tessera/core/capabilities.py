@@ -52,7 +52,9 @@ def unmet_need(
         have = torch.cuda.get_device_capability(dev)
         if have < needs.min_capability:
             want = ".".join(map(str, needs.min_capability))
-            return f"needs compute capability {want} or newer; {torch.cuda.get_device_name(dev)} has {have[0]}.{have[1]}"
+            return (
+                f"needs compute capability {want} or newer; {torch.cuda.get_device_name(dev)} has {have[0]}.{have[1]}"
+            )
     name = str(dtype).replace("torch.", "")
     if needs.dtypes is not None and name not in needs.dtypes:
         return f"needs dtype {' or '.join(needs.dtypes)}; this point is {name}"

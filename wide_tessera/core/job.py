@@ -13,7 +13,17 @@ from dataclasses_json import dataclass_json
 
 from .errors import WideTesseraError, unknown
 
-__all__ = ["DTYPES", "MAX_N", "SweepParams", "Work", "BenchmarkJob", "params_text", "point_key", "point_keys", "group_key"]
+__all__ = [
+    "DTYPES",
+    "MAX_N",
+    "SweepParams",
+    "Work",
+    "BenchmarkJob",
+    "params_text",
+    "point_key",
+    "point_keys",
+    "group_key",
+]
 
 DTYPES: Dict[str, torch.dtype] = {
     "float32": torch.float32,

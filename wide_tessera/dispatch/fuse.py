@@ -17,16 +17,16 @@ from torch import nn
 
 from ..core import trees
 from ..core.capabilities import unmet_need
-from .table import TABLE_ENV, Case, DispatchTable, Match, default_table_path, match
 from ..core.environment import capture_environment
-from ..core.job import DTYPES, params_text
-from ..measurement.modes import check_mode
-from ..measurement.controls import COMPILE_MODES
-from ..ops.registry import REGISTRY, get_op
 from ..core.errors import WideTesseraError, unknown
+from ..core.job import DTYPES, params_text
+from ..measurement.controls import COMPILE_MODES
+from ..measurement.modes import check_mode
 from ..ops.base import fusing_ops, wide_module
+from ..ops.registry import REGISTRY, get_op
 from ..widen.custom import custom_wide
 from ..widen.functional import RANDOMNESS
+from .table import TABLE_ENV, Case, DispatchTable, Match, default_table_path, match
 
 __all__ = ["fuse", "Decision", "LoopedModules", "DispatchWarning"]
 
@@ -129,7 +129,10 @@ def fuse(
     tensors = [*modules[0].parameters(), *modules[0].buffers()]
     device = str(tensors[0].device) if tensors else "cpu"
     dtype = _dtype_name(modules[0], hints.pop("dtype", None))
-    params = {**(cls.module_params(modules[0]) if cls is not None else {}), **_checked_hints(cls, name, modules[0], hints)}
+    params = {
+        **(cls.module_params(modules[0]) if cls is not None else {}),
+        **_checked_hints(cls, name, modules[0], hints),
+    }
     environment = capture_environment(device)
     case = Case(
         op=name,
@@ -153,10 +156,16 @@ def fuse(
         answer = replace(answer, fuse=False, strategy=None, reason=f"{answer.reason}; but {answer.strategy} {unmet}")
     threads = sorted({e.threads for e in answer.entries if e.threads != torch.get_num_threads()})
     if case.device == "cpu" and threads:  # on a CPU the thread count moves crossovers; entries are not matched on it
-        note = f"measured with {', '.join(map(str, threads))} torch thread(s); this process uses {torch.get_num_threads()}"
+        note = (
+            f"measured with {', '.join(map(str, threads))} torch thread(s); this process uses {torch.get_num_threads()}"
+        )
         answer = replace(answer, notes=(*answer.notes, note))
     if answer.fuse:
-        built = wide_module(cls, modules, answer.strategy) if cls is not None else custom_wide(modules, answer.strategy, randomness)
+        built = (
+            wide_module(cls, modules, answer.strategy)
+            if cls is not None
+            else custom_wide(modules, answer.strategy, randomness)
+        )
     else:
         built = LoopedModules(modules)
     built.decision = Decision(answer.fuse, answer.strategy, case, answer, source)
@@ -170,7 +179,10 @@ def _check_modules(modules: Any) -> List[nn.Module]:
         if not isinstance(m, nn.Module):
             raise WideTesseraError(f"fuse: module {i} is a {type(m).__name__}, not an nn.Module")
         if type(m) is not type(modules[0]):
-            raise WideTesseraError(f"fuse: module {i} is a {type(m).__name__} but module 0 is a {type(modules[0]).__name__}; all must be of one class")
+            raise WideTesseraError(
+                f"fuse: module {i} is a {type(m).__name__} but module 0 is a {type(modules[0]).__name__}; all must be "
+                "of one class"
+            )
     return list(modules)
 
 
@@ -181,7 +193,8 @@ def _op_class(module: nn.Module, op: Union[None, str, type]) -> Optional[type]:
     if isinstance(op, type):
         if op not in REGISTRY.values():
             raise WideTesseraError(
-                f"op {op.__name__} is not a registered op; strategy='auto' needs one (any module: wide_tessera.fuse(modules))"
+                f"op {op.__name__} is not a registered op; strategy='auto' needs one (any module: "
+                "wide_tessera.fuse(modules))"
             )
         cls = op
     else:
@@ -197,7 +210,9 @@ def _dtype_name(module: nn.Module, hint: Any) -> str:
     names = {v: k for k, v in DTYPES.items()}
     if floats:
         if floats[0] not in names:
-            raise WideTesseraError(f"fuse: the modules' dtype {floats[0]} is not one wide_tessera measures (valid: {', '.join(DTYPES)})")
+            raise WideTesseraError(
+                f"fuse: the modules' dtype {floats[0]} is not one wide_tessera measures (valid: {', '.join(DTYPES)})"
+            )
         if hint is not None and hint != names[floats[0]]:
             raise WideTesseraError(f"fuse: dtype={hint!r} but the modules' parameters are {names[floats[0]]}")
         return names[floats[0]]
@@ -261,10 +276,10 @@ def _warn_untuned(case: Case, source: Optional[str]) -> None:
     if REGISTRY.get(case.op) is None:
         command = f"wide_tessera custom MODULE:{case.op} ... --save-dispatch TABLE"
     warnings.warn(
-        f"no measured entry for {case.op} x{case.n} ({params_text(case.params) or 'no parameters'}, dtype={case.dtype}, "
+        f"no measured entry for {case.op} x{case.n} ({params_text(case.params) or 'no parameters'}, "
+        f"dtype={case.dtype}, "
         f"mode={case.mode}) on {case.device_name} in {source or 'the table given'}: running the modules as a loop. "
-        f"Measure it with: {command}"
-        + (f" (then set {TABLE_ENV} or pass table=)" if source is None else ""),
+        f"Measure it with: {command}" + (f" (then set {TABLE_ENV} or pass table=)" if source is None else ""),
         DispatchWarning,
         stacklevel=3,
     )

@@ -23,13 +23,13 @@ import torch
 from dataclasses_json import dataclass_json
 
 from ..core.errors import WideTesseraError
-from ..results.analysis import group_crossover, parameter_groups
-from ..core.job import params_text
 from ..core.files import cache_dir, results_target
-from ..results.manifest import now
-from ..reports.text import n_or_never
-from ..results.schema import BenchmarkResult, PointResult
+from ..core.job import params_text
 from ..core.jsonio import load_document, write_json
+from ..reports.text import n_or_never
+from ..results.analysis import group_crossover, parameter_groups
+from ..results.manifest import now
+from ..results.schema import BenchmarkResult, PointResult
 
 __all__ = [
     "NVerdict",
@@ -115,7 +115,8 @@ class DispatchEntry(Setting):
         return json.dumps([*_setting(self), self.params], sort_keys=True)
 
     def describe(self) -> str:
-        return f"{self.op} {params_text(self.params)} dtype={self.dtype} mode={self.mode} on {self.device_name} ({self.measured_at})"
+        where = f"on {self.device_name} ({self.measured_at})"
+        return f"{self.op} {params_text(self.params)} dtype={self.dtype} mode={self.mode} {where}"
 
 
 @dataclass_json
@@ -131,7 +132,13 @@ class DispatchTable:
     def load(cls, path: Union[str, Path]) -> "DispatchTable":
         """Read a table; a missing, damaged or foreign file is one WideTesseraError naming it."""
         return load_document(
-            path, DispatchTable, FORMAT, VERSION, f"dispatch table {path}", "a wide_tessera dispatch table", _check_entries
+            path,
+            DispatchTable,
+            FORMAT,
+            VERSION,
+            f"dispatch table {path}",
+            "a wide_tessera dispatch table",
+            _check_entries,
         )
 
     def save(self, path: Union[str, Path]) -> None:
@@ -327,7 +334,12 @@ def _at_n(entry: DispatchEntry, n: int) -> Tuple[bool, Optional[str], Optional[i
         return False, None, decider.n, f"fusing won at measured N={decider.n} but not at every larger N ({where})"
     ci = "" if decider.speedup_ci is None else f" [{decider.speedup_ci[0]:.2f}, {decider.speedup_ci[1]:.2f}]"
     speed = f" {decider.speedup:.2f}x{ci}" if decider.speedup is not None else ""
-    return True, decider.strategy, decider.n, f"{decider.strategy} won at measured N={decider.n}{speed}, confirmed, and at every larger measured N"
+    return (
+        True,
+        decider.strategy,
+        decider.n,
+        f"{decider.strategy} won at measured N={decider.n}{speed}, confirmed, and at every larger measured N",
+    )
 
 
 def match(table: DispatchTable, case: Case) -> Match:
@@ -345,7 +357,9 @@ def match(table: DispatchTable, case: Case) -> Match:
     notes = []
     if same_op and not here:
         others = sorted({e.device_name for e in same_op})
-        notes.append(f"the table's {case.op} entries were measured on {', '.join(others)}, not {case.device_name}: ignored")
+        notes.append(
+            f"the table's {case.op} entries were measured on {', '.join(others)}, not {case.device_name}: ignored"
+        )
     setting = [e for e in here if _setting(e) == _setting(case)]
     if here and not setting:
         notes.append(
@@ -355,7 +369,8 @@ def match(table: DispatchTable, case: Case) -> Match:
     scored = [(d, e) for e in setting for d in [_distance(case, e)] if d is not None]
     if setting and not scored:
         notes.append(
-            f"no {case.op} entry comparable with {params_text(case.params) or 'its parameters'} (a flag differs, or a size is more than "
+            f"no {case.op} entry comparable with {params_text(case.params) or 'its parameters'} (a flag differs, or a "
+            "size is more than "
             f"{MAX_RATIO:g}x away)"
         )
     if not scored:
@@ -374,7 +389,9 @@ def match(table: DispatchTable, case: Case) -> Match:
         reasons = [f"{params_text({a: e.params.get(a) for a in apart})}: {r}" for e, r in zip(nearest, reasons)]
         notes.append(f"{len(nearest)} entries are equally near; fusing needs all of them to fuse, with one strategy")
         if all(d[0] for d in decisions) and len(strategies) > 1:
-            reasons.append(f"they won with different strategies ({', '.join(strategies)}): give {', '.join(apart)} to choose")
+            reasons.append(
+                f"they won with different strategies ({', '.join(strategies)}): give {', '.join(apart)} to choose"
+            )
     if loose:
         notes.append(f"not given, so any measured value matched: {', '.join(loose)}")
     if case.n > nearest[0].verdicts[-1].n:

@@ -86,7 +86,9 @@ def _tma_unfit(*tensors: torch.Tensor) -> Optional[str]:
     device = tensors[0].device
     capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
     if capability is not None and capability[0] < 9:
-        return f"TMA needs compute capability 9.0 (Hopper) or later; {torch.cuda.get_device_name(device)} has {capability}"
+        return (
+            f"TMA needs compute capability 9.0 (Hopper) or later; {torch.cuda.get_device_name(device)} has {capability}"
+        )
     for t in tensors:
         shape, strides = tuple(t.shape), t.stride()
         if 0 in shape:

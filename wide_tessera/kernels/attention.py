@@ -101,7 +101,9 @@ def _attention(
         q_tile = q.load([z, h, pid_m * BM, 0]).reshape(BM, D)
         k_at, v_at = k, v
     else:
-        q_tile = tl.load(q + z * sqz + h * sqh + rows[:, None] * sql + dims[None, :] * sqd, mask=rows[:, None] < L, other=0.0)
+        q_tile = tl.load(
+            q + z * sqz + h * sqh + rows[:, None] * sql + dims[None, :] * sqd, mask=rows[:, None] < L, other=0.0
+        )
         k_at, v_at = k + z * skz + h * skh, v + z * svz + h * svh
     if WIDEN:
         q_tile = q_tile.to(tl.float32)
@@ -135,7 +137,9 @@ def _attention(
 # and each keeps its own compiled specializations (one JIT function under both autotuners
 # listed every specialization under both names, so --dump-ir wrote each twice).
 _attention_kernel = triton.autotune(configs=_configs(), key=["L", "D", "CAUSAL"])(triton.jit(_attention))
-_attention_tma_kernel = triton.autotune(configs=_configs(_tile_blocks), key=["L", "D", "CAUSAL"])(triton.jit(_attention))
+_attention_tma_kernel = triton.autotune(configs=_configs(_tile_blocks), key=["L", "D", "CAUSAL"])(
+    triton.jit(_attention)
+)
 
 # The autotuned kernels, for whoever wants their chosen configs (wide_tessera.kernels.facts).
 ATTENTION, ATTENTION_TMA = _attention_kernel, _attention_tma_kernel
@@ -165,7 +169,9 @@ def flash_attention(
     if not (q.shape == k.shape == v.shape):
         raise ValueError(f"q, k, v must have one shape, got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     if not (q.dtype == k.dtype == v.dtype) or q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
-        raise ValueError(f"q, k, v must share a dtype of float16, bfloat16, float32; got {q.dtype}, {k.dtype}, {v.dtype}")
+        raise ValueError(
+            f"q, k, v must share a dtype of float16, bfloat16, float32; got {q.dtype}, {k.dtype}, {v.dtype}"
+        )
     if not (q.device == k.device == v.device):
         raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
     z, h, length, d = q.shape

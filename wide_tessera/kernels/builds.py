@@ -79,7 +79,9 @@ def large_launches(capability: int = 90) -> Dict[str, Tuple[Any, Dict[str, Any]]
             w=lambda v: f"tensordesc<bf16[1, {v['BO']}, {v['BK']}]>",
             y=lambda v: f"tensordesc<bf16[1, {v['BM']}, {v['BO']}]>",
         )
-        tma = dict(descriptors, bias="*bf16", M=rows, N=n, PROGRAMS=132, **common)  # common's strides go unread: the descriptors carry them
+        tma = dict(
+            descriptors, bias="*bf16", M=rows, N=n, PROGRAMS=132, **common
+        )  # common's strides go unread: the descriptors carry them
         launches["grouped_linear_tma"] = (GROUPED_TMA, tma)  # H100 SXM: 132 SMs, a program each
         rows_block = lambda v: f"tensordesc<bf16[1, 1, {v['BM']}, {dim}]>"  # noqa: E731
         keys_block = lambda v: f"tensordesc<bf16[1, 1, {v['BN']}, {dim}]>"  # noqa: E731
@@ -105,7 +107,7 @@ def build(kernel: Any, args: Dict[str, Any], capability: int = 90, name: Optiona
                 target=GPUTarget("cuda", capability, 32),
                 options={"num_warps": config.num_warps, "num_stages": config.num_stages},
             )
-        except Exception as e:  # a failed build is the finding, reported with its config
+        except Exception as e:  # noqa: BLE001  a failed build is the finding, reported with its config
             builds.append(Build(name, described, None, None, None, f"{type(e).__name__}: {e}".splitlines()[0]))
             continue
         ptx = compiled.asm["ptx"]

@@ -1,4 +1,5 @@
-"""What Triton made of a kernel: compile time, registers, spills, shared memory, warps, stages, the autotuner's choice, the IR.
+"""What Triton made of a kernel: compile time, registers, spills, shared memory, warps, stages, the autotuner's
+choice, the IR.
 
 Read from Triton's own objects after the kernels ran: a JIT function's compiled
 kernels (`device_caches[device][0]`, a dict of CompiledKernel in triton 3.x), each
@@ -18,7 +19,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
-__all__ = ["KernelFacts", "AutotuneFacts", "CompileClock", "compiled_kernels", "kernel_facts", "autotune_facts", "dump_ir"]
+__all__ = [
+    "KernelFacts",
+    "AutotuneFacts",
+    "CompileClock",
+    "compiled_kernels",
+    "kernel_facts",
+    "autotune_facts",
+    "dump_ir",
+]
 
 IR_STAGES = ("ttir", "ttgir", "llir", "ptx")
 
@@ -134,7 +143,11 @@ def autotune_facts(autotuner: Any, name: str) -> List[AutotuneFacts]:
     for key, chosen in getattr(autotuner, "cache", {}).items():
         last = chosen in timings  # the tuning whose times triton kept
         tried = [{**_config(c), "ms": _first(ms)} for c, ms in timings.items()] if last else []
-        facts.append(AutotuneFacts(name, str(key), _config(chosen), tried, getattr(autotuner, "bench_time", None) if last else None))
+        facts.append(
+            AutotuneFacts(
+                name, str(key), _config(chosen), tried, getattr(autotuner, "bench_time", None) if last else None
+            )
+        )
     return facts
 
 
@@ -170,7 +183,9 @@ def dump_ir(kernels: Dict[str, Any], directory: Path, clock: Optional[CompileClo
     written.append(directory / "facts.json")
     if idle:
         (directory / "README.txt").write_text(
-            "No IR for: " + ", ".join(idle) + ".\nThey compiled nothing in this process: they did not run, ran in worker processes "
+            "No IR for: "
+            + ", ".join(idle)
+            + ".\nThey compiled nothing in this process: they did not run, ran in worker processes "
             "(--isolate), or ran in Triton's interpreter (TRITON_INTERPRET=1), which executes the Python source in "
             "numpy and has no TTIR, TTGIR, LLIR or PTX.\n"
         )

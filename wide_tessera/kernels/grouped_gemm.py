@@ -175,7 +175,9 @@ def _ragged_kernel(
     acc = tl.zeros((BM, BO), dtype=tl.float32)
     acc = _tile_dot(acc, x_ptrs, w_ptrs, row_ok, ro < O, K, sxk, swk, tl.where(live, K, 0), BK, PRECISION)
     if HAS_BIAS:
-        acc += tl.load(bias + g * sbn + ro, mask=(ro < O) & (tl.zeros_like(ro) + group >= 0), other=0.0).to(tl.float32)[None, :]
+        acc += tl.load(bias + g * sbn + ro, mask=(ro < O) & (tl.zeros_like(ro) + group >= 0), other=0.0).to(tl.float32)[
+            None, :
+        ]
     out = y + rm[:, None] * syt + ro[None, :] * syo
     tl.store(out, acc.to(y.dtype.element_ty), mask=row_ok[:, None] & (ro < O)[None, :])
 
@@ -192,7 +194,9 @@ def _check(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], 
     if not isinstance(weight, torch.Tensor) or weight.dim() != 3 or weight.shape[2] != x.shape[-1]:
         raise ValueError(f"weight must be [N, out, {x.shape[-1]}] (nn.Linear layout), got {tuple(weight.shape)}")
     if x.dtype not in _DTYPES or weight.dtype != x.dtype:
-        raise ValueError(f"x and weight must share a dtype of float16, bfloat16, float32; got {x.dtype}, {weight.dtype}")
+        raise ValueError(
+            f"x and weight must share a dtype of float16, bfloat16, float32; got {x.dtype}, {weight.dtype}"
+        )
     if weight.device != x.device:
         raise ValueError(f"x is on {x.device} but weight on {weight.device}")
     if bias is not None and (tuple(bias.shape) != tuple(weight.shape[:2]) or bias.dtype != x.dtype):
@@ -261,7 +265,9 @@ def ragged_linear(
     if not isinstance(group_sizes, torch.Tensor) or group_sizes.shape != (weight.shape[0],):
         raise ValueError(f"group_sizes must be a tensor of {weight.shape[0]} counts, one per group")
     if group_sizes.dtype not in (torch.int32, torch.int64) or group_sizes.device != x.device:
-        raise ValueError(f"group_sizes must be int32 or int64 on {x.device}, got {group_sizes.dtype} on {group_sizes.device}")
+        raise ValueError(
+            f"group_sizes must be int32 or int64 on {x.device}, got {group_sizes.dtype} on {group_sizes.device}"
+        )
     t, k = x.shape
     n, o = weight.shape[:2]
     y = torch.empty(t, o, device=x.device, dtype=x.dtype)

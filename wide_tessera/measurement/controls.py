@@ -23,7 +23,15 @@ from ..core import trees
 from ..core.roles import CONTROLS
 from .timing import capture_graph
 
-__all__ = ["OPTIMIZER_CONTROLS", "legend", "COMPILE_MODES", "BACKWARD_NOT_COMPILED", "control_unavailable", "GraphedLoop", "compiled"]
+__all__ = [
+    "OPTIMIZER_CONTROLS",
+    "legend",
+    "COMPILE_MODES",
+    "BACKWARD_NOT_COMPILED",
+    "control_unavailable",
+    "GraphedLoop",
+    "compiled",
+]
 
 # the optimizer implementation each optimizer control steps the N models with
 OPTIMIZER_CONTROLS = {"loop_foreach": "foreach", "loop_fused": "fused"}
@@ -52,7 +60,11 @@ def control_unavailable(
     optimizer controls step an optimizer, which only train_step has.
     """
     if name in OPTIMIZER_CONTROLS:
-        return None if mode == "train_step" else f"steps an optimizer, which only train_step has; this run's mode is {mode}"
+        return (
+            None
+            if mode == "train_step"
+            else f"steps an optimizer, which only train_step has; this run's mode is {mode}"
+        )
     if random:
         return "the models draw random numbers, which a compiled or captured loop draws its own way"
     if name == "loop_graph" and mode != "inference":

@@ -168,7 +168,9 @@ class HealthMonitor:
         if not cleaned:
             # Threads that wait for each other each need a core: with one busy process beside
             # them, two threads on two cores spend samples waiting for a time slice.
-            hint = "; fewer --threads than free cores avoids this" if not self.cuda and torch.get_num_threads() > 1 else ""
+            hint = (
+                "; fewer --threads than free cores avoids this" if not self.cuda and torch.get_num_threads() > 1 else ""
+            )
             problems.append(
                 f"disturbed: {disturbed_rounds} of {seen} rounds waited for a CPU or were throttled{hint}"
             )
@@ -225,7 +227,7 @@ def _run_queue_wait_s() -> Optional[float]:
 def _cpu_freq_ratio() -> Optional[float]:
     try:
         freq = psutil.cpu_freq()
-    except Exception:  # not reported on this platform
+    except Exception:  # noqa: BLE001  not reported on this platform
         return None
     return round(freq.current / freq.max, 3) if freq is not None and freq.max > 0 else None
 
@@ -281,14 +283,14 @@ class Nvml:
             # the UUID names the same device in both.
             uuid = torch.cuda.get_device_properties(index).uuid
             return cls(pynvml, pynvml.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}"))
-        except Exception:  # no driver, no permission, an old torch without uuid
+        except Exception:  # noqa: BLE001  no driver, no permission, an old torch without uuid
             return None
 
     def read(self) -> GpuReading:
         n = self.nvml
         # Renamed "event reasons" in newer NVML; the bits are the same.
-        get_reasons = getattr(n, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
-            n, "nvmlDeviceGetCurrentClocksThrottleReasons"
+        get_reasons = (
+            getattr(n, "nvmlDeviceGetCurrentClocksEventReasons", None) or n.nvmlDeviceGetCurrentClocksThrottleReasons
         )
         reasons = get_reasons(self.handle)
         sm_clock = n.nvmlDeviceGetClockInfo(self.handle, n.NVML_CLOCK_SM)
@@ -323,6 +325,6 @@ class Nvml:
     def other_processes(self) -> int:
         try:
             procs = self.nvml.nvmlDeviceGetComputeRunningProcesses(self.handle)
-        except Exception:  # not supported on this device or driver
+        except Exception:  # noqa: BLE001  not supported on this device or driver
             return 0
         return sum(p.pid != os.getpid() for p in procs)

@@ -42,7 +42,9 @@ def _top_level_aten(events: Sequence[Any]) -> int:
     inside another when it starts before that one ends (outer ones first where two start
     at once)."""
     count, running = 0, {}  # thread -> end times of the ATen operators open at this point
-    for e in sorted((e for e in events if e.name().startswith("aten::")), key=lambda e: (e.start_ns(), -e.duration_ns())):
+    for e in sorted(
+        (e for e in events if e.name().startswith("aten::")), key=lambda e: (e.start_ns(), -e.duration_ns())
+    ):
         open_ends = running.setdefault(e.start_thread_id(), [])
         while open_ends and open_ends[-1] <= e.start_ns():
             open_ends.pop()

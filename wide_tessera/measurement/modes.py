@@ -37,11 +37,22 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_map
 
-from ..core.errors import unknown
 from ..core import trees
 from ..core.correctness import Check, check_outputs
+from ..core.errors import unknown
 
-__all__ = ["MODES", "TRAINING_MODES", "check_mode", "Side", "Outcome", "timed_call", "outcome", "compare", "grad_weights", "preserved"]
+__all__ = [
+    "MODES",
+    "TRAINING_MODES",
+    "check_mode",
+    "Side",
+    "Outcome",
+    "timed_call",
+    "outcome",
+    "compare",
+    "grad_weights",
+    "preserved",
+]
 
 MODES = ("inference", "forward", "backward", "forward_backward", "train_step")
 TRAINING_MODES = MODES[1:]
@@ -139,7 +150,9 @@ def timed_call(mode: str, side: Side, inputs: List[Any], weights: List[Any]) -> 
             recorded = loss(side.unpack(side.forward(x)), weights)
         return partial(torch.autograd.grad, recorded, wrt, retain_graph=True, allow_unused=True)
     if mode == "forward_backward":
-        return _with_grad(lambda x: torch.autograd.grad(loss(side.unpack(side.forward(x)), weights), wrt, allow_unused=True), x)
+        return _with_grad(
+            lambda x: torch.autograd.grad(loss(side.unpack(side.forward(x)), weights), wrt, allow_unused=True), x
+        )
     optimizers = side.optimizers()
 
     def train_step(x: Any) -> None:
@@ -202,7 +215,9 @@ def preserved(modules: Sequence[nn.Module]) -> Iterator[None]:
                 p.grad = None
 
 
-def _outcome(mode: str, side: Side, inputs: List[Any], weights: List[Any], seeded: Callable[[Callable], Any]) -> Outcome:
+def _outcome(
+    mode: str, side: Side, inputs: List[Any], weights: List[Any], seeded: Callable[[Callable], Any]
+) -> Outcome:
     given = requiring_grad(inputs)
     leaves = [_float_leaves(x) for x in given]
     with torch.enable_grad():
@@ -243,7 +258,9 @@ def _persistent_buffers(m: nn.Module) -> Dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in m.state_dict().items() if k not in names}
 
 
-def _carrying(modules: Sequence[nn.Module], params: Sequence[Dict[str, torch.Tensor]], buffers: Sequence[Dict[str, torch.Tensor]]) -> List[nn.Module]:
+def _carrying(
+    modules: Sequence[nn.Module], params: Sequence[Dict[str, torch.Tensor]], buffers: Sequence[Dict[str, torch.Tensor]]
+) -> List[nn.Module]:
     """Copies of `modules` whose parameters hold `params` and whose buffers hold `buffers`."""
     copies = []
     for m, ps, bs in zip(modules, params, buffers):
@@ -327,7 +344,10 @@ def _check_named(got: Dict[str, torch.Tensor], expected: Dict[str, torch.Tensor]
     worst = max(errors, key=errors.get, default=None)
     if worst is not None and not errors[worst] <= tol:  # NaN fails too
         return Check(
-            False, errors[worst], tol, f"{worst}: error {errors[worst]:.3g} of the norm of all exceeds tolerance {tol:.3g}"
+            False,
+            errors[worst],
+            tol,
+            f"{worst}: error {errors[worst]:.3g} of the norm of all exceeds tolerance {tol:.3g}",
         )
     return Check(True, errors[worst] if worst else 0.0, tol)
 

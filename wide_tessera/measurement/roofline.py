@@ -14,13 +14,12 @@ from pathlib import Path
 from typing import Dict, Optional
 
 import torch
-
 from dataclasses_json import dataclass_json
 
 from ..core.environment import capture_environment
-from ..core.job import Work
 from ..core.errors import WideTesseraError
 from ..core.files import cache_dir
+from ..core.job import Work
 from ..core.jsonio import read_json, write_json
 from .timing import TimingConfig, measure
 
@@ -78,7 +77,7 @@ def calibrate(device: str) -> Peaks:
         for name in dtypes:
             dtype = getattr(torch, name)
             a, b = (torch.randn(size, size, device=device).to(dtype) for _ in range(2))
-            tflops[name] = 2 * size**3 / (measure(lambda: a @ b, device, _TIMING).median_ms * 1e-3) / 1e12
+            tflops[name] = 2 * size**3 / (measure(lambda a=a, b=b: a @ b, device, _TIMING).median_ms * 1e-3) / 1e12
         src = torch.empty(copy_bytes // 4, device=device)
         dst = torch.empty_like(src)
         copy_ms = measure(lambda: dst.copy_(src), device, _TIMING).median_ms

@@ -89,7 +89,9 @@ def resolve_device(device: Any) -> str:
     return str(d)
 
 
-def _setting(default: Any, help: str, *, option: Optional[str] = None, resume: bool = False, factory: Any = None) -> Any:
+def _setting(
+    default: Any, help: str, *, option: Optional[str] = None, resume: bool = False, factory: Any = None
+) -> Any:
     """A field of RunSettings: `help` and `option` as the command line shows them; `resume`:
     --resume refuses a file measured with another value (it changes what a measurement means)."""
     metadata = {"help": help, "option": option, "resume": resume}

@@ -19,9 +19,9 @@ from typing import Callable, ContextManager, Dict, Iterator, List, Optional, Tup
 import torch
 from dataclasses_json import dataclass_json
 
+from ..core.stats import TimingStats, median_ci_rel_width
 from ..core.user_input import check_bool, check_number
 from .health import Health, HealthMonitor
-from ..core.stats import TimingStats, median_ci_rel_width
 
 __all__ = [
     "TimingConfig",
@@ -183,7 +183,11 @@ def rotated(names: List[str], r: int) -> List[str]:
 
 
 def _enough(
-    clean: Dict[str, List[float]], disturbed: Dict[str, List[float]], config: TimingConfig, elapsed: float, budget: float
+    clean: Dict[str, List[float]],
+    disturbed: Dict[str, List[float]],
+    config: TimingConfig,
+    elapsed: float,
+    budget: float,
 ) -> bool:
     """Stop when every median is narrow enough, at max_samples, or when the budget is spent.
 

@@ -6,9 +6,38 @@ from .conv import WideConv1d, WideConv2d, WideConv3d, WideConvTranspose2d  # iso
 from .attention import AttentionBlock, WideAttention  # isort: skip
 from .experts import Expert, WideExperts  # isort: skip
 from .mlp import WideMLP  # isort: skip
-from .norms import WideLayerNorm, WideBatchNorm1d, WideBatchNorm2d, WideInstanceNorm1d, WideInstanceNorm2d, WideGroupNorm  # isort: skip
+from .norms import (
+    WideBatchNorm1d,
+    WideBatchNorm2d,
+    WideGroupNorm,
+    WideInstanceNorm1d,
+    WideInstanceNorm2d,
+    WideLayerNorm,
+)  # isort: skip
+
 from .embedding import WideEmbedding  # isort: skip
 from .recurrent import WideGRU, WideLSTM  # isort: skip
 from .base import WideOp
 
-__all__ = ["WideOp", "WideLinear", "WideConv1d", "WideConv2d", "WideConv3d", "WideConvTranspose2d", "AttentionBlock", "WideAttention", "Expert", "WideExperts", "WideMLP", "WideLayerNorm", "WideBatchNorm1d", "WideBatchNorm2d", "WideInstanceNorm1d", "WideInstanceNorm2d", "WideGroupNorm", "WideEmbedding", "WideGRU", "WideLSTM"]
+__all__ = [
+    "WideOp",
+    "WideLinear",
+    "WideConv1d",
+    "WideConv2d",
+    "WideConv3d",
+    "WideConvTranspose2d",
+    "AttentionBlock",
+    "WideAttention",
+    "Expert",
+    "WideExperts",
+    "WideMLP",
+    "WideLayerNorm",
+    "WideBatchNorm1d",
+    "WideBatchNorm2d",
+    "WideInstanceNorm1d",
+    "WideInstanceNorm2d",
+    "WideGroupNorm",
+    "WideEmbedding",
+    "WideGRU",
+    "WideLSTM",
+]

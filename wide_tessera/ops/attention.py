@@ -9,12 +9,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..core.job import SweepParams
-from .registry import register
 from ..core.errors import WideTesseraError
-from ..core.job import Work
+from ..core.job import SweepParams, Work
 from .base import TRITON, WideOp, itemsize, shared_config
 from .gemm import WideLinear
+from .registry import register
 
 __all__ = ["AttentionBlock", "WideAttention"]
 
@@ -141,7 +140,9 @@ class WideAttention(WideOp, nn.Module):
         tokens = n * batch * seq_len
         attention = 4.0 * n * batch * seq_len * seq_len * d_model * (0.5 if causal else 1.0)
         weights = n * (4 * d_model * d_model + 4 * d_model)
-        return Work(8.0 * tokens * d_model * d_model + attention, float((2 * tokens * d_model + weights) * itemsize(params)))
+        return Work(
+            8.0 * tokens * d_model * d_model + attention, float((2 * tokens * d_model + weights) * itemsize(params))
+        )
 
     @classmethod
     def module_params(cls, module: nn.Module) -> Dict[str, Any]:

@@ -10,10 +10,9 @@ from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ..core.capabilities import Needs
-from ..core.job import DTYPES, BenchmarkJob, SweepParams
-from .registry import REGISTRY, RESERVED_STRATEGY_NAMES, outside_strategies
-from ..core.job import Work
 from ..core.errors import WideTesseraError, unknown
+from ..core.job import DTYPES, BenchmarkJob, SweepParams, Work
+from .registry import REGISTRY, RESERVED_STRATEGY_NAMES, outside_strategies
 
 __all__ = ["WideOp", "WideChannelsOp", "shared_config", "load_joined_parameters", "fusing_ops", "wide_module", "TRITON"]
 
@@ -135,7 +134,8 @@ class WideOp:
             return cls.BENCHMARK_STRATEGIES[0]
         if strategy == "auto":  # the measured choice is fuse()'s: ops know nothing of dispatch tables
             raise WideTesseraError(
-                f"strategy='auto': the strategy this machine measured is wide_tessera.fuse(modules, op={cls.NAME!r}, ...)'s; "
+                f"strategy='auto': the strategy this machine measured is wide_tessera.fuse(modules, op={cls.NAME!r}, "
+                "...)'s; "
                 f"from_modules takes one of {', '.join(cls.BENCHMARK_STRATEGIES)}"
             )
         if strategy not in cls.BENCHMARK_STRATEGIES:
@@ -265,7 +265,9 @@ def _frozen_as_in(modules: Sequence[nn.Module], wide: nn.Module) -> nn.Module:
     for name, p in wide.named_parameters():
         flags = {ps[name].requires_grad for ps in own if name in ps}
         if len(flags) > 1:
-            raise WideTesseraError(f"parameter {name!r} is frozen in some of the models and not in others: freeze it in all or none")
+            raise WideTesseraError(
+                f"parameter {name!r} is frozen in some of the models and not in others: freeze it in all or none"
+            )
         if flags == {False}:
             p.requires_grad_(False)
     return wide
@@ -287,7 +289,10 @@ def _outside_builds(cls: type) -> Dict[str, Callable[[nn.Module], Callable[..., 
 
 
 def _wide_module(
-    cls: type, outside: Dict[str, Callable[[nn.Module], Callable[..., Any]]], modules: Sequence[nn.Module], strategy: str
+    cls: type,
+    outside: Dict[str, Callable[[nn.Module], Callable[..., Any]]],
+    modules: Sequence[nn.Module],
+    strategy: str,
 ) -> nn.Module:
     """The wide module of `strategy`: the op's own, or an outside strategy's over the op's default one."""
     if strategy not in outside:

@@ -3,16 +3,16 @@ vmap over stacked weights)."""
 
 from __future__ import annotations
 
-from typing import Any, Dict, Callable, ClassVar, List, Optional, Sequence, Tuple
+from typing import Any, Callable, ClassVar, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..core.job import SweepParams
-from .registry import register
 from ..core.errors import WideTesseraError
+from ..core.job import SweepParams
 from .base import WideChannelsOp, load_joined_parameters, shared_config
+from .registry import register
 
 __all__ = ["WideConv1d", "WideConv2d", "WideConv3d", "WideConvTranspose2d"]
 
@@ -181,7 +181,9 @@ class WideConv3d(_WideConvNd):
     BENCHMARK_STRATEGIES = ("grouped", "vmap")
     BENCHMARK_SWEEPS = {
         "ci": SweepParams.of([1, 4, 16], batch=[1], channels=[8], kernel_size=[3], size=[8], dtype=["float32"]),
-        "quick": SweepParams.of([1, 2, 4, 8, 16], batch=[2], channels=[16], kernel_size=[3], size=[12], dtype=["float32", "bfloat16"]),
+        "quick": SweepParams.of(
+            [1, 2, 4, 8, 16], batch=[2], channels=[16], kernel_size=[3], size=[12], dtype=["float32", "bfloat16"]
+        ),
         "full": SweepParams.of(
             [1, 2, 4, 8, 16, 32],
             batch=[2, 8],
@@ -206,7 +208,9 @@ class WideConvTranspose2d(_WideConvNd):
     BENCHMARK_STRATEGIES = ("grouped", "vmap")
     BENCHMARK_SWEEPS = {
         "ci": SweepParams.of([1, 4, 16], batch=[2], channels=[16], kernel_size=[4], size=[8], dtype=["float32"]),
-        "quick": SweepParams.of([1, 2, 4, 8, 16], batch=[4], channels=[32], kernel_size=[4], size=[16], dtype=["float32", "bfloat16"]),
+        "quick": SweepParams.of(
+            [1, 2, 4, 8, 16], batch=[4], channels=[32], kernel_size=[4], size=[16], dtype=["float32", "bfloat16"]
+        ),
         "full": SweepParams.of(
             [1, 2, 4, 8, 16, 32],
             batch=[8, 32],
@@ -226,7 +230,9 @@ class WideConvTranspose2d(_WideConvNd):
         return self.in_channels, self.out_channels
 
     def _conv(self, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], groups: int) -> torch.Tensor:
-        return F.conv_transpose2d(x, weight, bias, self.stride, self.padding, self.output_padding, groups, self.dilation)
+        return F.conv_transpose2d(
+            x, weight, bias, self.stride, self.padding, self.output_padding, groups, self.dilation
+        )
 
     @classmethod
     def bench_model(cls, channels: int, kernel_size: int, **_: Any) -> nn.Module:

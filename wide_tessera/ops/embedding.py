@@ -8,11 +8,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..core.job import SweepParams
-from .registry import register
-from ..core.job import Work
 from ..core.errors import WideTesseraError
+from ..core.job import SweepParams, Work
 from .base import WideOp, itemsize, load_joined_parameters, shared_config
+from .registry import register
 
 __all__ = ["WideEmbedding"]
 
@@ -28,7 +27,9 @@ class WideEmbedding(WideOp, nn.Module):
 
     BENCHMARK_SWEEPS = {
         "ci": SweepParams.of([1, 4, 16], batch=[8], seq_len=[32], vocab=[1000], dim=[64], dtype=["float32"]),
-        "quick": SweepParams.of([1, 2, 4, 8, 16, 32], batch=[16], seq_len=[64], vocab=[4096], dim=[128], dtype=["float32", "bfloat16"]),
+        "quick": SweepParams.of(
+            [1, 2, 4, 8, 16, 32], batch=[16], seq_len=[64], vocab=[4096], dim=[128], dtype=["float32", "bfloat16"]
+        ),
         "full": SweepParams.of(
             [1, 2, 4, 8, 16, 32, 64],
             batch=[16, 64],
@@ -56,7 +57,9 @@ class WideEmbedding(WideOp, nn.Module):
             lambda m: dict(vocab=m.num_embeddings, dim=m.embedding_dim, max_norm=m.max_norm, sparse=m.sparse),
         )
         if config.pop("max_norm") is not None or config.pop("sparse"):
-            raise WideTesseraError("WideEmbedding fuses embeddings without max_norm (it renormalizes in place) or sparse gradients")
+            raise WideTesseraError(
+                "WideEmbedding fuses embeddings without max_norm (it renormalizes in place) or sparse gradients"
+            )
         return load_joined_parameters(cls(len(modules), strategy=strategy, **config), modules, torch.stack)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:

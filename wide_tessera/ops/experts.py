@@ -9,12 +9,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..core.capabilities import Needs
-from ..core.job import SweepParams
-from .registry import register
 from ..core.errors import WideTesseraError
-from ..core.job import Work
+from ..core.job import SweepParams, Work
 from .base import TRITON, WideOp, itemsize, shared_config
 from .gemm import WideLinear
+from .registry import register
 
 __all__ = ["Expert", "WideExperts", "expert_sizes", "routing_sizes"]
 

@@ -7,10 +7,9 @@ from typing import Any, Dict, List, Optional, Sequence
 import torch
 from torch import nn
 
-from ..core.job import SweepParams
-from .registry import register
-from ..core.job import Work
+from ..core.job import SweepParams, Work
 from .base import TRITON, WideOp, itemsize, load_joined_parameters, shared_config
+from .registry import register
 
 __all__ = ["WideLinear"]
 

@@ -8,12 +8,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..core.job import SweepParams
-from .registry import register
-from ..core.job import Work
+from ..core.job import SweepParams, Work
 from .base import TRITON, WideOp, itemsize, shared_config
 from .experts import Expert, expert_sizes
 from .gemm import WideLinear
+from .registry import register
 
 __all__ = ["WideMLP"]
 
@@ -30,7 +29,9 @@ class WideMLP(WideOp, nn.Module):
 
     BENCHMARK_SWEEPS = {
         "ci": SweepParams.of([1, 4, 16], tokens=[32], d_model=[64], hidden=[128], dtype=["float32"]),
-        "quick": SweepParams.of([1, 2, 4, 8, 16, 32], tokens=[64], d_model=[256], hidden=[512], dtype=["float32", "bfloat16"]),
+        "quick": SweepParams.of(
+            [1, 2, 4, 8, 16, 32], tokens=[64], d_model=[256], hidden=[512], dtype=["float32", "bfloat16"]
+        ),
         "full": SweepParams.of(
             [1, 2, 4, 8, 16, 32, 64],
             tokens=[128, 1024],

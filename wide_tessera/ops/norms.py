@@ -11,11 +11,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import vmap
 
-from ..core.job import SweepParams
-from .registry import register
-from ..core.job import Work
 from ..core.errors import WideTesseraError
+from ..core.job import SweepParams, Work
 from .base import WideChannelsOp, WideOp, itemsize, load_joined_parameters, shared_config
+from .registry import register
 
 __all__ = [
     "WideLayerNorm",
@@ -40,7 +39,10 @@ class WideLayerNorm(WideOp, nn.Module):
         "ci": SweepParams.of([1, 4, 16], batch=[64], features=[256], dtype=["float32"]),
         "quick": SweepParams.of([1, 2, 4, 8, 16, 32], batch=[128], features=[512], dtype=["float32", "bfloat16"]),
         "full": SweepParams.of(
-            [1, 2, 4, 8, 16, 32, 64], batch=[64, 512, 4096], features=[256, 1024, 4096], dtype=["float32", "bfloat16", "float16"]
+            [1, 2, 4, 8, 16, 32, 64],
+            batch=[64, 512, 4096],
+            features=[256, 1024, 4096],
+            dtype=["float32", "bfloat16", "float16"],
         ),
     }
     BENCHMARK_STRATEGIES = ("stacked", "vmap")
@@ -58,7 +60,9 @@ class WideLayerNorm(WideOp, nn.Module):
         config = shared_config(
             modules,
             nn.LayerNorm,
-            lambda m: dict(shape=tuple(m.normalized_shape), eps=m.eps, affine=m.weight is not None, bias=m.bias is not None),
+            lambda m: dict(
+                shape=tuple(m.normalized_shape), eps=m.eps, affine=m.weight is not None, bias=m.bias is not None
+            ),
         )
         if len(config["shape"]) != 1 or not config["affine"] or not config["bias"]:
             raise WideTesseraError("WideLayerNorm fuses LayerNorms over one axis with a weight and a bias only")
@@ -175,7 +179,8 @@ class _WideChannelNorm(WideChannelsOp, nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() < 2 or x.shape[1] != self.n * self.num_features:
             raise WideTesseraError(
-                f"{type(self).__name__}: input of shape {tuple(x.shape)}; expected [batch, {self.n * self.num_features}, ...]"
+                f"{type(self).__name__}: input of shape {tuple(x.shape)}; expected [batch, "
+                f"{self.n * self.num_features}, ...]"
                 f" ({self.n} models of {self.num_features} channels side by side)"
             )
         if self.training and self.num_batches_tracked is not None and self._counts_batches():
@@ -232,7 +237,9 @@ class _WideBatchNorm(_WideChannelNorm):
 
     def _normalize(self, x, n, weight, bias, mean, var) -> torch.Tensor:
         use_batch = self.training or mean is None
-        return F.batch_norm(x, mean, var, weight, bias, use_batch, self._average_factor() if self.training else 0.0, self.eps)
+        return F.batch_norm(
+            x, mean, var, weight, bias, use_batch, self._average_factor() if self.training else 0.0, self.eps
+        )
 
 
 class _WideInstanceNorm(_WideChannelNorm):
@@ -253,9 +260,15 @@ class _WideInstanceNorm(_WideChannelNorm):
 def _sweeps_1d() -> Dict[str, SweepParams]:
     return {
         "ci": SweepParams.of([1, 4, 16], batch=[8], channels=[32], length=[64], dtype=["float32"]),
-        "quick": SweepParams.of([1, 2, 4, 8, 16, 32], batch=[16], channels=[64], length=[128], dtype=["float32", "bfloat16"]),
+        "quick": SweepParams.of(
+            [1, 2, 4, 8, 16, 32], batch=[16], channels=[64], length=[128], dtype=["float32", "bfloat16"]
+        ),
         "full": SweepParams.of(
-            [1, 2, 4, 8, 16, 32, 64], batch=[16, 64], channels=[64, 256], length=[128, 1024], dtype=["float32", "bfloat16", "float16"]
+            [1, 2, 4, 8, 16, 32, 64],
+            batch=[16, 64],
+            channels=[64, 256],
+            length=[128, 1024],
+            dtype=["float32", "bfloat16", "float16"],
         ),
     }
 
@@ -263,9 +276,16 @@ def _sweeps_1d() -> Dict[str, SweepParams]:
 def _sweeps_2d(**extra: List[Any]) -> Dict[str, SweepParams]:
     return {
         "ci": SweepParams.of([1, 4, 16], batch=[4], channels=[16], size=[16], dtype=["float32"], **extra),
-        "quick": SweepParams.of([1, 2, 4, 8, 16], batch=[8], channels=[32], size=[32], dtype=["float32", "bfloat16"], **extra),
+        "quick": SweepParams.of(
+            [1, 2, 4, 8, 16], batch=[8], channels=[32], size=[32], dtype=["float32", "bfloat16"], **extra
+        ),
         "full": SweepParams.of(
-            [1, 2, 4, 8, 16, 32], batch=[8, 32], channels=[32, 128], size=[32, 64], dtype=["float32", "bfloat16", "float16"], **extra
+            [1, 2, 4, 8, 16, 32],
+            batch=[8, 32],
+            channels=[32, 128],
+            size=[32, 64],
+            dtype=["float32", "bfloat16", "float16"],
+            **extra,
         ),
     }
 
@@ -315,7 +335,15 @@ class WideGroupNorm(_WideChannelNorm):
     SPATIAL = ("size", "size")
     BENCHMARK_SWEEPS = _sweeps_2d(groups=[4])
 
-    def __init__(self, n: int, num_groups: int, num_channels: int, eps: float = 1e-5, affine: bool = True, strategy: Optional[str] = None):
+    def __init__(
+        self,
+        n: int,
+        num_groups: int,
+        num_channels: int,
+        eps: float = 1e-5,
+        affine: bool = True,
+        strategy: Optional[str] = None,
+    ):
         super().__init__(n, num_channels, eps, None, affine, False, strategy)
         self.num_groups = num_groups
 

@@ -19,11 +19,10 @@ from typing import Any, ClassVar, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
-from ..core.job import SweepParams
-from .registry import register
-from ..core.job import Work
 from ..core.errors import WideTesseraError
+from ..core.job import SweepParams, Work
 from .base import WideOp, itemsize, shared_config
+from .registry import register
 
 __all__ = ["WideGRU", "WideLSTM"]
 
@@ -44,7 +43,11 @@ class _WideRNN(WideOp, nn.Module):
         "ci": SweepParams.of([1, 4, 16], batch=[4], seq_len=[8], hidden=[32], dtype=["float32"]),
         "quick": SweepParams.of([1, 2, 4, 8, 16], batch=[8], seq_len=[32], hidden=[64], dtype=["float32", "bfloat16"]),
         "full": SweepParams.of(
-            [1, 2, 4, 8, 16, 32, 64], batch=[8, 64], seq_len=[16, 128, 512], hidden=[64, 256], dtype=["float32", "bfloat16", "float16"]
+            [1, 2, 4, 8, 16, 32, 64],
+            batch=[8, 64],
+            seq_len=[16, 128, 512],
+            hidden=[64, 256],
+            dtype=["float32", "bfloat16", "float16"],
         ),
     }
 
@@ -93,7 +96,8 @@ class _WideRNN(WideOp, nn.Module):
     def forward(self, x: torch.Tensor, state: Any = None) -> Tuple[torch.Tensor, Any]:
         if x.dim() != 4 or x.shape[0] != self.n or x.shape[-1] != self.input_size:
             raise WideTesseraError(
-                f"{type(self).__name__}: input of shape {tuple(x.shape)}; expected [{self.n}, batch, time, {self.input_size}]"
+                f"{type(self).__name__}: input of shape {tuple(x.shape)}; expected [{self.n}, batch, time, "
+                f"{self.input_size}]"
                 f" (or [{self.n}, time, batch, {self.input_size}] for batch_first=False)"
             )
         if not self.batch_first:
@@ -139,10 +143,14 @@ class _WideRNN(WideOp, nn.Module):
         out, *final = self._native(_side_by_side(x), hidden, params)
         return _stacked(out, n), self._state(*(_stacked(f, n) for f in final))
 
-    def _native(self, x: torch.Tensor, hidden: List[torch.Tensor], params: List[torch.Tensor]) -> Tuple[torch.Tensor, ...]:
+    def _native(
+        self, x: torch.Tensor, hidden: List[torch.Tensor], params: List[torch.Tensor]
+    ) -> Tuple[torch.Tensor, ...]:
         raise NotImplementedError
 
-    def _cell(self, projected: torch.Tensor, recurrent: torch.Tensor, carried: Tuple[torch.Tensor, ...]) -> Tuple[torch.Tensor, ...]:
+    def _cell(
+        self, projected: torch.Tensor, recurrent: torch.Tensor, carried: Tuple[torch.Tensor, ...]
+    ) -> Tuple[torch.Tensor, ...]:
         raise NotImplementedError
 
     def _state(self, h: torch.Tensor, c: torch.Tensor) -> Any:

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any, Callable, Dict, List, Optional, Sequence, TypeVar
 
-from ..core.errors import WideTesseraError, unknown
 from ..core.capabilities import Needs
+from ..core.errors import WideTesseraError, unknown
 from ..core.roles import RESERVED_NAMES
 
 __all__ = [
@@ -102,7 +102,9 @@ def register_strategy(
         raise WideTesseraError(f"register_strategy({op!r}, {name!r}): needs={needs!r}: give a capabilities.Needs")
     outside = _OUTSIDE.setdefault(cls, {})
     if name in outside and outside[name].build is not build:
-        raise WideTesseraError(f"register_strategy({op!r}, {name!r}): {cls.NAME} already has an outside strategy {name!r}")
+        raise WideTesseraError(
+            f"register_strategy({op!r}, {name!r}): {cls.NAME} already has an outside strategy {name!r}"
+        )
     outside[name] = OutsideStrategy(build, needs)
     return None
 
@@ -120,7 +122,7 @@ def import_ops(modules: Sequence[str]) -> None:
     for module in modules:
         try:
             importlib.import_module(module)
-        except Exception as e:  # the plugin's own error, in one line
+        except Exception as e:  # noqa: BLE001  the plugin's own error, in one line
             raise WideTesseraError(f"cannot import {module!r}: {type(e).__name__}: {e}") from None
 
 
@@ -136,9 +138,10 @@ def _load_entry_points() -> None:
     for point in entry_points(group=ENTRY_POINT_GROUP):
         try:
             point.load()
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001  a plugin's own error, in one line
             raise WideTesseraError(
-                f"the {ENTRY_POINT_GROUP} entry point {point.name!r} ({point.value}) failed to load: {type(e).__name__}: {e}"
+                f"the {ENTRY_POINT_GROUP} entry point {point.name!r} ({point.value}) failed to load: "
+                f"{type(e).__name__}: {e}"
             ) from None
 
 

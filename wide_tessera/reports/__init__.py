@@ -1,4 +1,5 @@
-"""Reading results: the text summary, tidy rows, Markdown, the report page, plots and the comparison of two runs. Never measures.
+"""Reading results: the text summary, tidy rows, Markdown, the report page, plots and the comparison of two runs.
+Never measures.
 
 Importing the package gives results their views (`result.summary()`, `.warnings`, `.to_rows()`,
 `.to_dataframe()`; see results.views).

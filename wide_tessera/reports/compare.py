@@ -39,11 +39,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from ..results.analysis import MIN_EFFECT, speedup_ci, verdict
 from ..core.job import group_key, params_text, point_key
+from ..results.analysis import MIN_EFFECT, speedup_ci, verdict
+from ..results.schema import BenchmarkResult, PointResult
 from .markdown import table as md_table
 from .text import format_table, n_or_never
-from ..results.schema import BenchmarkResult, PointResult
 
 __all__ = ["Change", "CrossoverChange", "Comparison", "compare", "differences", "between_run_noise", "render"]
 
@@ -105,7 +105,11 @@ class Comparison:
             for c in self.changes
             if c.verdict == "slower" and c.percent > percent
         ]
-        lines += [f"{c.op} N={c.n} {params_text(c.params)} {c.callable}: {c.note}" for c in self.changes if c.verdict == "broken"]
+        lines += [
+            f"{c.op} N={c.n} {params_text(c.params)} {c.callable}: {c.note}"
+            for c in self.changes
+            if c.verdict == "broken"
+        ]
         lines += [
             f"{g.op} {params_text(g.params)}: crossover moved from N={g.base} to "
             + ("never" if g.new is None else f"N={g.new}")
@@ -186,15 +190,29 @@ def _change(op: str, base: PointResult, new: PointResult, name: str, noise: floa
     if base.correct.get(name, name == "baseline") and name not in new.stats and name in base.stats:
         failure = new.failures.get(name) or new.failures.get("point")
         if failure is None or failure.kind != "skipped":
-            why = str(failure) if failure else f"incorrect: {new.checks[name].error}" if name in new.checks else "not run"
-            return Change(**where, base_ms=base.timings[name], new_ms=None, ratio=None, ci=None, verdict="broken", note=why)
+            why = (
+                str(failure) if failure else f"incorrect: {new.checks[name].error}" if name in new.checks else "not run"
+            )
+            return Change(
+                **where, base_ms=base.timings[name], new_ms=None, ratio=None, ci=None, verdict="broken", note=why
+            )
     if name not in base.stats or name not in new.stats:
         return None
     b, s = base.stats[name], new.stats[name]
     if min(b.median_ms, s.median_ms, *b.samples_ms, *s.samples_ms) <= 0:  # a damaged file: no ratio to draw
-        return Change(**where, base_ms=b.median_ms, new_ms=s.median_ms, ratio=None, ci=None, verdict="unknown", note="a time of zero")
+        return Change(
+            **where,
+            base_ms=b.median_ms,
+            new_ms=s.median_ms,
+            ratio=None,
+            ci=None,
+            verdict="unknown",
+            note="a time of zero",
+        )
     ratio = s.median_ms / b.median_ms
-    lo, hi = _widened(b.median_ms / s.median_ms, *speedup_ci(b.samples_ms, s.samples_ms, paired=False), noise)  # base / new
+    lo, hi = _widened(
+        b.median_ms / s.median_ms, *speedup_ci(b.samples_ms, s.samples_ms, paired=False), noise
+    )  # base / new
     untrusted = [f"{why} in the {run} run" for run, p in (("base", base), ("new", new)) if (why := _untrusted(p))]
     return Change(
         **where,
@@ -204,7 +222,9 @@ def _change(op: str, base: PointResult, new: PointResult, name: str, noise: floa
         ci=(1 / hi, 1 / lo),
         verdict="unknown" if untrusted else verdict((lo, hi)),
         note="; ".join(untrusted),
-        speedup_change=new.speedups[name] / base.speedups[name] if name in base.speedups and name in new.speedups else None,
+        speedup_change=new.speedups[name] / base.speedups[name]
+        if name in base.speedups and name in new.speedups
+        else None,
     )
 
 
@@ -256,7 +276,9 @@ def compare(base: Sequence[BenchmarkResult], new: Sequence[BenchmarkResult]) -> 
                 continue
             names = dict.fromkeys(["baseline", *p.stats, *p.correct, *q.stats])
             comparison.changes += [c for name in names if (c := _change(b.op, p, q, name, noise)) is not None]
-        comparison.unmatched += [f"{b.op} N={q.n} {params_text(q.params)}: only in the new run" for q in new_points.values()]
+        comparison.unmatched += [
+            f"{b.op} N={q.n} {params_text(q.params)}: only in the new run" for q in new_points.values()
+        ]
         new_groups = {group_key(g.params): g for g in n.groups}
         comparison.crossovers += [
             CrossoverChange(b.op, g.params, g.crossover_n, new_groups[group_key(g.params)].crossover_n)
@@ -288,7 +310,11 @@ def render(comparison: Comparison, as_markdown: bool = False, fail_percent: Opti
         head += f"; {in_shifted} of the slower in ops whose baseline moved too ({', '.join(shifted)}): see the notes"
     if fail_percent is not None:
         regressions = comparison.regressions(fail_percent)
-        head = (f"REGRESSION ({len(regressions)}) " if regressions else "NO REGRESSION ") + f"(--fail-on-regression {fail_percent:g}%): " + head
+        head = (
+            (f"REGRESSION ({len(regressions)}) " if regressions else "NO REGRESSION ")
+            + f"(--fail-on-regression {fail_percent:g}%): "
+            + head
+        )
     order = {"broken": 0, "slower": 1, "faster": 2, "unknown": 3, "same": 4}
     changes = sorted(comparison.changes, key=lambda c: order[c.verdict])
     header = ["op", "N", "parameters", "callable", "base ms", "new ms", "change [95% CI]", "verdict", "speedup change"]
@@ -308,13 +334,22 @@ def render(comparison: Comparison, as_markdown: bool = False, fail_percent: Opti
     ]
     cross_header = ["op", "parameters", "base crossover N", "new crossover N", "moved"]
     cross_rows = [
-        [g.op, params_text(g.params), n_or_never(g.base), n_or_never(g.new), "LATER" if g.moved_later else "earlier" if g.base != g.new else ""]
+        [
+            g.op,
+            params_text(g.params),
+            n_or_never(g.base),
+            n_or_never(g.new),
+            "LATER" if g.moved_later else "earlier" if g.base != g.new else "",
+        ]
         for g in comparison.crossovers
     ]
-    thresholds = "thresholds: " + ", ".join(f"{op} {n_or_never(b)} -> {n_or_never(n)}" for op, (b, n) in comparison.thresholds.items())
+    thresholds = "thresholds: " + ", ".join(
+        f"{op} {n_or_never(b)} -> {n_or_never(n)}" for op, (b, n) in comparison.thresholds.items()
+    )
     if comparison.noise_pairs:
         noise = (
-            f"intervals include the noise between two measurements: +-{100 * (math.exp(_Z95 * comparison.noise) - 1):.0f}% "
+            "intervals include the noise between two measurements: "
+            f"+-{100 * (math.exp(_Z95 * comparison.noise) - 1):.0f}% "
             f"at 95%, from {comparison.noise_pairs} repeated measurements in the runs' confirmation passes"
         )
     else:
@@ -323,7 +358,8 @@ def render(comparison: Comparison, as_markdown: bool = False, fail_percent: Opti
             "within each run, not the larger noise between runs, and may call noise a change"
         )
     shifts = [
-        f"{op}: the N separate calls (baseline) moved too: median {median:+.1f}% over {points} points, significantly at "
+        f"{op}: the N separate calls (baseline) moved too: median {median:+.1f}% over {points} points, significantly "
+        "at "
         f"{moved}; "
         + ("" if speedup is None else f"the speedups' median change is {speedup:+.1f}%. ")
         + "A machine that ran slower or faster during one of the runs looks exactly like this, and a change "
@@ -339,6 +375,15 @@ def render(comparison: Comparison, as_markdown: bool = False, fail_percent: Opti
         parts = [f"**{head}**", md_table(header, rows), md_table(cross_header, cross_rows), thresholds]
         parts += [f"- {n}" for n in notes]
         return "\n\n".join(parts) + "\n"
-    return "\n".join(
-        [head, format_table(header, rows), format_table(cross_header, cross_rows), thresholds, *(f"NOTE: {n}" for n in notes)]
-    ) + "\n"
+    return (
+        "\n".join(
+            [
+                head,
+                format_table(header, rows),
+                format_table(cross_header, cross_rows),
+                thresholds,
+                *(f"NOTE: {n}" for n in notes),
+            ]
+        )
+        + "\n"
+    )

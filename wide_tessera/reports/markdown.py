@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, List, Sequence
 
-from ..measurement.controls import legend
 from ..core.job import params_text
-from .text import controls_run, first_line, measured_points, n_or_never, no_speedup, winner_cell
 from ..core.stats import MIN_EFFECT
+from ..measurement.controls import legend
+from .text import controls_run, first_line, measured_points, n_or_never, no_speedup, winner_cell
 
 if TYPE_CHECKING:
     from ..results.schema import BenchmarkResult, PointResult
@@ -75,7 +75,11 @@ def result_markdown(result: "BenchmarkResult", level: int = 3) -> str:
         table(header, rows, right),
         f"Speedup over the N separate calls, with its 95% CI. **Bold**: significantly faster (the whole CI "
         f"above {1 + MIN_EFFECT:.2f}); n.s.: no significant difference."
-        + (f" Controls make the loop cheaper without fusing ({legend(controls_run(result))}); they never win." if len(shown) > len(result.strategies) else ""),
+        + (
+            f" Controls make the loop cheaper without fusing ({legend(controls_run(result))}); they never win."
+            if len(shown) > len(result.strategies)
+            else ""
+        ),
     ]
     if measured_points(result):
         provisional = "" if result.complete else " (provisional: the run is incomplete)"
@@ -122,5 +126,16 @@ def details_markdown(result: "BenchmarkResult") -> str:
                     "–" if memory is None else f"{memory / 2**20:.3g}",
                 ]
             )
-    header = ["N", "parameters", "callable", "p50 ms [95% CI]", "p90 ms", "p99 ms", "samples", "speedup", "correct", "peak MiB"]
+    header = [
+        "N",
+        "parameters",
+        "callable",
+        "p50 ms [95% CI]",
+        "p90 ms",
+        "p99 ms",
+        "samples",
+        "speedup",
+        "correct",
+        "peak MiB",
+    ]
     return table(header, rows, [True, False, False, True, True, True, True, False, False, True])

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, List, Sequence
 
 from ..core.errors import WideTesseraError
-from . import markdown
 from ..results.manifest import now
+from . import markdown
 
 if TYPE_CHECKING:
     from ..results.manifest import Manifest
@@ -25,14 +25,22 @@ def _environment(results: Sequence["BenchmarkResult"]) -> str:
     runs: List["Manifest"] = [m for r in results for m in r.runs]
     if not runs:
         env = results[0].environment
-        return f"No run manifest (a file from before manifests). {env.device}: {env.device_name}, torch {env.torch_version}."
+        where = f"{env.device}: {env.device_name}, torch {env.torch_version}"
+        return f"No run manifest (a file from before manifests). {where}."
     m = runs[0]
     gpu = ", ".join(f"{k} {v}" for k, v in m.gpu.items()) or "none"
-    git = "not a git repository" if m.git is None else f"`{m.git.commit[:12]}` on {m.git.branch}" + (" (dirty)" if m.git.dirty else "")
+    git = (
+        "not a git repository"
+        if m.git is None
+        else f"`{m.git.commit[:12]}` on {m.git.branch}" + (" (dirty)" if m.git.dirty else "")
+    )
     finished = [x.finished for x in runs]
     rows = [
         ["command", f"`{' '.join(m.command)}`"],
-        ["started / finished (UTC)", f"{min(x.started for x in runs)} / {max(finished) if all(finished) else 'unfinished'}"],
+        [
+            "started / finished (UTC)",
+            f"{min(x.started for x in runs)} / {max(finished) if all(finished) else 'unfinished'}",
+        ],
         ["code (git, in " + m.cwd + ")", git],
         ["host", m.host],
         ["CPU", f"{m.cpu}: {m.cores} cores, {m.usable_cores} usable, governor {m.governor or 'not shown'}"],

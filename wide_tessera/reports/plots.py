@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Dict, List, Sequence
 
 from ..core.errors import WideTesseraError
-from ..core.roles import CONTROLS
 from ..core.job import params_text
-from .text import controls_run, first_line
+from ..core.roles import CONTROLS
 from ..core.stats import MIN_EFFECT
+from .text import controls_run, first_line
 
 if TYPE_CHECKING:
     from ..results.schema import BenchmarkResult, GroupResult, PointResult
@@ -44,9 +44,17 @@ def _styles(names: Sequence[str]) -> Dict[str, dict]:
     """One look per callable, the same in every panel: the baseline black, thick and underneath (a
     strategy with the baseline's memory would otherwise hide it), controls dashed (they make the loop
     cheaper without fusing and never win)."""
-    styles = {"baseline": {"color": "black", "linewidth": 3.5, "alpha": 0.35, "zorder": 1, "marker": "s", "markersize": 6}}
+    styles = {
+        "baseline": {"color": "black", "linewidth": 3.5, "alpha": 0.35, "zorder": 1, "marker": "s", "markersize": 6}
+    }
     for i, s in enumerate(names):
-        styles[s] = {"color": f"C{i}", "linestyle": "--" if s in CONTROLS else "-", "marker": "o", "markersize": 4, "zorder": 2}
+        styles[s] = {
+            "color": f"C{i}",
+            "linestyle": "--" if s in CONTROLS else "-",
+            "marker": "o",
+            "markersize": 4,
+            "zorder": 2,
+        }
     return styles
 
 
@@ -70,17 +78,24 @@ def _draw_group(result: "BenchmarkResult", group: "GroupResult", points: Sequenc
         ps = [p for p in points if s in p.speedups]
         x = [p.n for p in ps]
         speed.plot(x, [p.speedups[s] for p in ps], label=s, **style[s])
-        speed.fill_between(x, [p.speedup_ci[s][0] for p in ps], [p.speedup_ci[s][1] for p in ps], color=style[s]["color"], alpha=0.18)
+        speed.fill_between(
+            x, [p.speedup_ci[s][0] for p in ps], [p.speedup_ci[s][1] for p in ps], color=style[s]["color"], alpha=0.18
+        )
         bad = [p for p in ps if p.unstable or p.disturbed]  # no verdict there: hollow markers
         speed.plot([p.n for p in bad], [p.speedups[s] for p in bad], "o", mfc="white", mec=style[s]["color"], ms=8)
     speed.axhline(1.0, color="black", linewidth=1)
     for margin in (1 + MIN_EFFECT, 1 / (1 + MIN_EFFECT)):
         speed.axhline(margin, color="grey", linewidth=0.8, linestyle=":")
     if group.crossover_n is not None:
-        speed.axvline(group.crossover_n, color="black", linewidth=1.2, linestyle="-.", label=f"crossover N={group.crossover_n}")
+        speed.axvline(
+            group.crossover_n, color="black", linewidth=1.2, linestyle="-.", label=f"crossover N={group.crossover_n}"
+        )
     hollow = "; hollow: no verdict (disturbed or unstable)" if any(p.unstable or p.disturbed for p in points) else ""
     crossing = "never crosses" if group.crossover_n is None else f"crossover N={group.crossover_n}"
-    speed.set_title(f"speedup over N separate calls, {crossing}\n(band: 95% CI; dotted: ±5% significance margin{hollow})", fontsize=9)
+    speed.set_title(
+        f"speedup over N separate calls, {crossing}\n(band: 95% CI; dotted: ±5% significance margin{hollow})",
+        fontsize=9,
+    )
     speed.set_ylabel("speedup (x)")
 
     for s in ["baseline", *names]:
@@ -147,5 +162,7 @@ def plot_result(result: "BenchmarkResult", directory: Path, formats: Sequence[st
     for group in result.groups:
         points = _group_points(result, group)
         if points:
-            written += save_figure(_draw_group(result, group, points), Path(directory), f"{result.op}_{params_text(group.params)}", formats)
+            written += save_figure(
+                _draw_group(result, group, points), Path(directory), f"{result.op}_{params_text(group.params)}", formats
+            )
     return written

@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from ..core.roles import CONTROLS
-from ..measurement.controls import legend
 from ..core.job import params_text
-from ..measurement.roofline import roofline
+from ..core.roles import CONTROLS
 from ..core.stats import MIN_EFFECT
+from ..measurement.controls import legend
+from ..measurement.roofline import roofline
 
 if TYPE_CHECKING:  # only for annotations: the schema imports this module to render itself
     from ..results.schema import BenchmarkResult, GroupResult, PointResult
@@ -155,7 +155,9 @@ def controls_run(result: "BenchmarkResult") -> List[str]:
 
 def _fuse_or_capture_line(g: "GroupResult") -> str:
     f = g.fuse_or_capture
-    answer = {"faster": "fuse", "slower": f"{f.control}, no fusion", "same": "either (no significant difference)"}[f.verdict]
+    answer = {"faster": "fuse", "slower": f"{f.control}, no fusion", "same": "either (no significant difference)"}[
+        f.verdict
+    ]
     return (
         f"  {params_text(g.params)}: at N={f.n} {f.strategy} is {f.speedup:.2f}x "
         f"[{f.ci[0]:.2f},{f.ci[1]:.2f}] the speed of {f.control}: {answer}"
@@ -214,7 +216,8 @@ def _crossover_lines(result: "BenchmarkResult") -> List[str]:
     wins = sorted(result.strategy_wins.items(), key=lambda x: -x[1])
     confirmed = "unconfirmed: --confirm none" if result.confirm == "none" else "confirmed"
     return [
-        f"crossover N per parameter group{provisional.replace(' (', ', ').rstrip(')')} (smallest N from which fusing wins, {confirmed}, at every larger N):",
+        f"crossover N per parameter group{provisional.replace(' (', ', ').rstrip(')')} (smallest N from which fusing "
+        f"wins, {confirmed}, at every larger N):",
         *(f"  {params_text(g.params)}: {n_or_never(g.crossover_n)}" for g in result.groups),
         f"crossover_n: {n_or_never(result.crossover_n)}{provisional} ({crossed}/{len(result.groups)} groups cross) | "
         f"recommended_threshold: {n_or_never(result.recommended_threshold)} | best speedup: "
@@ -247,13 +250,23 @@ def format_summary(result: "BenchmarkResult") -> str:
             winner_cell(p),
             _per_callable_cell(p.peak_memory_bytes, shown, lambda b: f"{b / 2**20:.3g}"),
             _per_callable_cell(p.launches, shown, lambda k: f"{k:g}"),
-            *([_per_callable_cell(p.energy, shown, lambda e: f"{e.mj_per_call:.3g} ({e.watts:.0f})")] if energy else []),
+            *(
+                [_per_callable_cell(p.energy, shown, lambda e: f"{e.mj_per_call:.3g} ({e.watts:.0f})")]
+                if energy
+                else []
+            ),
         ]
         for p in result.points
     ]
-    roof = [] if result.peaks is None else [
-        p for p in _largest_n(result) if p.work is not None and p.timings and p.params.get("dtype", "float32") in result.peaks.tflops
-    ]
+    roof = (
+        []
+        if result.peaks is None
+        else [
+            p
+            for p in _largest_n(result)
+            if p.work is not None and p.timings and p.params.get("dtype", "float32") in result.peaks.tflops
+        ]
+    )
     captures = [g for g in result.groups if g.fuse_or_capture is not None]
     lines = [
         first_line(result),

@@ -46,13 +46,13 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 from scipy import stats
 
-from ..core.roles import CONTROLS
 from ..core.correctness import Check
-from ..measurement.health import RunHealth
 from ..core.job import group_key, params_text
-from .schema import BenchmarkResult, Confirmation, Failure, FuseOrCapture, GroupResult, PointResult
+from ..core.roles import CONTROLS
 from ..core.stats import MIN_EFFECT
+from ..measurement.health import RunHealth
 from ..measurement.timing import PairedTimings
+from .schema import BenchmarkResult, Confirmation, Failure, FuseOrCapture, GroupResult, PointResult
 
 __all__ = [
     "MIN_EFFECT",
@@ -215,7 +215,9 @@ def failed_point(
     """A point with no timings: its setup or its baseline failed, or it was skipped."""
     checks = dict(checks or {})
     correct = _correctness(checks, failures)
-    return PointResult(n, params, {}, {}, {}, {}, correct, None, None, checks, {}, dict(peak_memory_bytes or {}), failures)
+    return PointResult(
+        n, params, {}, {}, {}, {}, correct, None, None, checks, {}, dict(peak_memory_bytes or {}), failures
+    )
 
 
 def _correctness(checks: Dict[str, Check], failures: Dict[str, Failure]) -> Dict[str, bool]:

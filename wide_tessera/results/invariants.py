@@ -9,17 +9,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Collection, Dict, Iterable, Optional
 
-from ..core.user_input import MAX_SEED
 from ..core.errors import WideTesseraError
 from ..core.roles import BASELINE, CONTROLS, POINT
+from ..core.user_input import MAX_SEED
 from ..measurement.controls import COMPILE_MODES
 from ..measurement.modes import MODES
 
 if TYPE_CHECKING:
     from ..core.correctness import Check
+    from ..core.stats import TimingStats
     from ..measurement.health import Health
     from .schema import BenchmarkResult, Confirmation, Failure, GroupResult, PointResult
-    from ..core.stats import TimingStats
 
 __all__ = ["check_result"]
 
@@ -132,7 +132,11 @@ def _check_point(p: "PointResult", strategies: Collection[str], where: str) -> N
     _keys(f"{where}.energy", p.energy, timed)
     for s, e in p.energy.items():
         at = f"{where}.energy[{s!r}]"
-        _need(0 < e.low_mj <= e.mj_per_call <= e.high_mj, at, f"{e.low_mj} <= {e.mj_per_call} <= {e.high_mj} does not hold")
+        _need(
+            0 < e.low_mj <= e.mj_per_call <= e.high_mj,
+            at,
+            f"{e.low_mj} <= {e.mj_per_call} <= {e.high_mj} does not hold",
+        )
         _positive(f"{at}.watts", e.watts)
         _positive_int(f"{at}.windows", e.windows)
     # The summary shows either the baseline's time or why the point has none.
@@ -220,4 +224,8 @@ def _check_group(g: "GroupResult", where: str) -> None:
         _need(f.control in CONTROLS, f"{where}.fuse_or_capture.control", f"{f.control!r} is not a control")
         _need(f.speedup > 0, f"{where}.fuse_or_capture.speedup", f"{f.speedup} is not positive")
         _need(len(f.ci) == 2 and 0 <= f.ci[0] <= f.ci[1], f"{where}.fuse_or_capture.ci", f"{f.ci} is not [low, high]")
-        _need(f.verdict in VERDICTS, f"{where}.fuse_or_capture.verdict", f"{f.verdict!r} is not one of {', '.join(VERDICTS)}")
+        _need(
+            f.verdict in VERDICTS,
+            f"{where}.fuse_or_capture.verdict",
+            f"{f.verdict!r} is not one of {', '.join(VERDICTS)}",
+        )

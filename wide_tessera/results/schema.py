@@ -15,19 +15,18 @@ from dataclasses_json import dataclass_json
 if TYPE_CHECKING:
     import pandas
 
-from ..core.errors import WideTesseraError
-from ..core.job import params_text
 from ..core.correctness import Check
-from ..measurement.energy import Energy
 from ..core.environment import Environment
-from ..measurement.health import Health, RunHealth
-from .manifest import Manifest
-from ..core.job import Work
-from ..measurement.roofline import Peaks
+from ..core.errors import WideTesseraError
+from ..core.job import Work, params_text
+from ..core.jsonio import write_json
 from ..core.stats import TimingStats
+from ..measurement.energy import Energy
+from ..measurement.health import Health, RunHealth
+from ..measurement.roofline import Peaks
 from ..measurement.settings import RunSettings
 from ..measurement.timing import TimingConfig
-from ..core.jsonio import write_json
+from .manifest import Manifest
 from .views import view
 
 __all__ = [

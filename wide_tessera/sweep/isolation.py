@@ -29,11 +29,11 @@ import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
 from ..core.errors import WideTesseraError
-from ..results.analysis import failed_point
-from ..core.roles import CONTROLS
 from ..core.job import BenchmarkJob
-from .point import RunSettings, iter_points
+from ..core.roles import CONTROLS
+from ..results.analysis import failed_point
 from ..results.schema import Failure, PointResult
+from .point import RunSettings, iter_points
 
 __all__ = ["iter_points_isolated", "call_isolated", "check_picklable"]
 
@@ -89,7 +89,7 @@ def call_isolated(fn: Callable[[], None], limit_s: float, what: str) -> None:
     child = context.Process(target=_call_and_report, args=(fn, send), daemon=True)
     try:
         child.start()
-    except Exception as e:  # fn cannot be pickled
+    except Exception as e:  # noqa: BLE001  fn cannot be pickled
         raise WideTesseraError(f"isolate: {what} cannot be sent to a worker process ({e})") from None
     send.close()
     # The limit is the check's own: starting the interpreter and importing torch come first.
@@ -112,7 +112,7 @@ def _call_and_report(fn: Callable[[], None], send: Any) -> None:
     send.send("ready")  # fn has been unpickled: its module, and torch, are imported
     try:
         fn()
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001  the check's own error goes to the parent as text
         send.send(str(e))
         return
     send.send(None)
@@ -128,7 +128,7 @@ def check_picklable(job: BenchmarkJob) -> None:
     """A clear error now, before any point, for a job that cannot be sent to a worker process."""
     try:
         pickle.dumps(job)
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001  whatever pickling raises, in one line
         raise WideTesseraError(
             f"isolate: {job.op}'s job cannot be sent to a worker process ({e}); define the op class "
             "(or custom model class) in an importable module, not in __main__ or a function"

@@ -17,22 +17,30 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set
 
 import torch
 
-from ..results import analysis
-from ..measurement import modes
 from ..core import trees
 from ..core.capabilities import unmet_need
-from ..core.roles import CONTROLS
-from ..measurement.controls import OPTIMIZER_CONTROLS, GraphedLoop, compiled, control_unavailable
-from ..core.correctness import Check, check_outputs, fallback_note, merge_checks, nonfinite_reference, shares_memory, tolerance
-from ..measurement.energy import measure_energy
+from ..core.correctness import (
+    Check,
+    check_outputs,
+    fallback_note,
+    merge_checks,
+    nonfinite_reference,
+    shares_memory,
+    tolerance,
+)
 from ..core.job import DTYPES, BenchmarkJob, point_key
+from ..core.roles import CONTROLS
+from ..measurement import modes
+from ..measurement.controls import OPTIMIZER_CONTROLS, GraphedLoop, compiled, control_unavailable
+from ..measurement.energy import measure_energy
 from ..measurement.launches import count_launches
 from ..measurement.memory import peak_memory
 from ..measurement.modes import TRAINING_MODES, Side
 from ..measurement.settings import RunSettings
-from ..results.schema import Failure, PointResult
 from ..measurement.stages import StageObserver, StageTimeout, stage_limit
 from ..measurement.timing import PairedTimings, TimedFunctionError, measure_paired
+from ..results import analysis
+from ..results.schema import Failure, PointResult
 
 __all__ = ["iter_points", "INPUT_DRAWS"]
 
@@ -104,7 +112,7 @@ def _measure_point(
             draws = [
                 [trees.cast(x, device, dtype) for x in job.input_factory(n, **params)] for _ in range(INPUT_DRAWS)
             ]
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001  a point whose setup fails is a result, not a reason to stop the sweep
         return analysis.failed_point(n, params, {"point": _failure("setup", e)})
 
     # Every call below gets its own copy of the inputs: a model that changes its input in
@@ -148,7 +156,9 @@ def _measure_point(
                     reference = reference_calls(given)
                 unjudgeable = nonfinite_reference(reference)
                 if unjudgeable is not None:
-                    return analysis.failed_point(n, params, {"point": Failure("check", "error", "Unjudgeable", unjudgeable)})
+                    return analysis.failed_point(
+                        n, params, {"point": Failure("check", "error", "Unjudgeable", unjudgeable)}
+                    )
                 # The separate calls may return their input (an identity); only then may a strategy.
                 returns_input = any(
                     shares_memory(o, trees.tensors(x)) for out, x in zip(reference, given) for o in trees.tensors(out)
@@ -160,7 +170,7 @@ def _measure_point(
                     outcomes.append(modes.outcome(settings.mode, reference_side, _clones(inputs), weights[i], _call))
             timed = {"baseline": timed_of(loop_side())}
             peaks = {"baseline": peak_memory(timed["baseline"], device)[1]}
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001  a point whose baseline fails is a result, not a reason to stop the sweep
         return analysis.failed_point(n, params, {"point": _failure("check", e)})
 
     tol = tolerance(dtype, device)
@@ -170,7 +180,8 @@ def _measure_point(
         torch._dynamo.reset()  # each point compiles afresh: never silently eager past the recompile limit
 
     def check_draw(side: Side, join: Optional[Callable[[List[Any]], Any]], i: int, given: List[Any]) -> Check:
-        """One draw's verdict on `side`: its N outputs (training modes: and gradients, state) against the separate calls'."""
+        """One draw's verdict on `side`: its N outputs (training modes: and gradients, state) against the separate
+        calls'."""
         reference, returns_input = references[i]
         if training:
             got = modes.outcome(settings.mode, side, given, weights[i], seeded)
@@ -204,7 +215,7 @@ def _measure_point(
                 call = timed_of(side)
                 peaks[name] = peak_memory(call, device)[1]
             return call
-        except Exception as e:  # a broken strategy is a result to report, not a reason to stop the sweep
+        except Exception as e:  # noqa: BLE001  a broken strategy is a result to report, not a reason to stop the sweep
             failures[name] = _failure("check", e)
             _release_memory(device)
             return None
@@ -229,7 +240,7 @@ def _measure_point(
             with stage("check", strategy):
                 wide = job.wide_factory(modules, strategy)
                 seeded_wide = job.seeded_check_factory and job.seeded_check_factory(modules, strategy)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001  a strategy that cannot be built is a result to report
             failures[strategy] = _failure("check", e)
             continue
         side = _wide_side(wide, compiled(wide, settings.compile) if compiling else wide)
@@ -238,7 +249,9 @@ def _measure_point(
         if call is not None:
             timed[strategy] = call
     for control in CONTROLS if settings.controls else ():
-        if control_unavailable(control, device, settings.compile, settings.timing.cuda_graph, job.random, settings.mode):
+        if control_unavailable(
+            control, device, settings.compile, settings.timing.cuda_graph, job.random, settings.mode
+        ):
             continue
         if control in OPTIMIZER_CONTROLS:  # the loop as the baseline runs it, compiled or not
             call = checked(control, loop_side(settings.compile, OPTIMIZER_CONTROLS[control]))
@@ -378,5 +391,6 @@ def _over_budget(
         "setup",
         "skipped",
         "MemoryBudget",
-        f"estimated footprint {estimate / 2**20:.1f} MiB exceeds the memory budget {settings.memory_budget / 2**20:.1f} MiB",
+        f"estimated footprint {estimate / 2**20:.1f} MiB exceeds the memory budget "
+        f"{settings.memory_budget / 2**20:.1f} MiB",
     )

@@ -9,13 +9,11 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ..core.errors import WideTesseraError
-from ..core.job import group_key
 from ..core.environment import Environment
-from ..core.job import SweepParams
-from ..core.job import point_key, point_keys
-from ..results.schema import BenchmarkResult, PointResult
+from ..core.errors import WideTesseraError
+from ..core.job import SweepParams, group_key, point_key, point_keys
 from ..measurement.settings import RunSettings
+from ..results.schema import BenchmarkResult, PointResult
 
 __all__ = ["check_resumable", "point_order", "points_left"]
 

@@ -12,23 +12,22 @@ import dataclasses
 import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Set
 
+from ..core.environment import capture_environment
 from ..core.errors import WideTesseraError
-from ..results import analysis
+from ..core.job import BenchmarkJob, params_text, point_key, point_keys
 from ..measurement.controls import BACKWARD_NOT_COMPILED
 from ..measurement.energy import energy_unavailable
-from ..core.environment import capture_environment
-from .isolation import check_picklable, iter_points_isolated
-from ..core.job import BenchmarkJob, params_text
-from ..results.manifest import Manifest, capture_manifest, now
 from ..measurement.memory import memory_method
-from ..core.job import point_key, point_keys
+from ..measurement.roofline import Peaks, load_or_calibrate
 from ..measurement.settings import RunSettings
+from ..measurement.timing import timer_name
+from ..results import analysis
+from ..results.manifest import Manifest, capture_manifest, now
+from ..results.schema import BenchmarkResult, PointResult
+from .isolation import check_picklable, iter_points_isolated
 from .point import iter_points
 from .progress import Progress
 from .resume import point_order
-from ..measurement.roofline import Peaks, load_or_calibrate
-from ..results.schema import BenchmarkResult, PointResult
-from ..measurement.timing import timer_name
 
 __all__ = ["run", "run_job", "check_runnable", "RunInterrupted"]
 
@@ -45,7 +44,9 @@ class RunInterrupted(KeyboardInterrupt):
         self.result = result
 
 
-def run(job: BenchmarkJob, settings: Optional[RunSettings] = None, *, verbose: bool = True, **options: Any) -> BenchmarkResult:
+def run(
+    job: BenchmarkJob, settings: Optional[RunSettings] = None, *, verbose: bool = True, **options: Any
+) -> BenchmarkResult:
     """Run every point of `job` (in worker processes with `isolate`), confirm, analyse.
 
     `settings` (measurement.settings.RunSettings), or its fields by name as `options`

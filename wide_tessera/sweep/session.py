@@ -75,7 +75,11 @@ def _run_job(
     """Measure one job (its `share` of the groups in a sharded run), saving `done` and it after
     every point; Ctrl-C saves what was measured and raises Interrupted. `finish` completes each
     result before it is saved (a sharded run names the rank that measured each point)."""
-    if previous is not None and previous.complete and len(point_order(job.sweep, previous.points)) == len(previous.points):
+    if (
+        previous is not None
+        and previous.complete
+        and len(point_order(job.sweep, previous.points)) == len(previous.points)
+    ):
         return previous  # it holds every point this run asks for
 
     def save(result: BenchmarkResult) -> None:

@@ -20,15 +20,14 @@ from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import torch.distributed as dist
 
-from ..core.errors import WideTesseraError
-from ..results import analysis
 from ..core.environment import capture_environment
-from ..core.job import BenchmarkJob
-from ..results.manifest import Manifest
-from ..core.job import group_key, point_key, point_keys
-from .resume import point_order
+from ..core.errors import WideTesseraError
+from ..core.job import BenchmarkJob, group_key, point_key, point_keys
+from ..results import analysis
 from ..results.load import load_results
+from ..results.manifest import Manifest
 from ..results.schema import BenchmarkResult, PointResult, Where
+from .resume import point_order
 
 __all__ = [
     "Shard", "rank_device", "rank_threads", "describe_device", "assign", "shard_path", "leftover_shards",

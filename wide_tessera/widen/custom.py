@@ -11,8 +11,8 @@ from torch import nn
 
 from ..core import trees
 from ..core.capabilities import Needs
-from ..core.job import BenchmarkJob, SweepParams
 from ..core.errors import WideTesseraError, unknown
+from ..core.job import BenchmarkJob, SweepParams
 from .functional import RANDOMNESS, WideFunctional
 from .surgery import WideSurgery, untraceable
 
@@ -102,7 +102,9 @@ InputSpec = Tuple[Tuple[int, ...], Optional[torch.dtype]]
 
 def _input_specs(input_shape: Any, input_dtype: Any, int_high: Optional[int]) -> List[InputSpec]:
     """Each input's shape and dtype, checked: one clear error before any model is built."""
-    several = isinstance(input_shape, list) and bool(input_shape) and all(isinstance(s, (tuple, list)) for s in input_shape)
+    several = (
+        isinstance(input_shape, list) and bool(input_shape) and all(isinstance(s, (tuple, list)) for s in input_shape)
+    )
     shapes = list(input_shape) if several else [input_shape]
     for shape in shapes:
         ok = isinstance(shape, (tuple, list, torch.Size)) and len(shape) > 0
@@ -122,7 +124,8 @@ def _input_specs(input_shape: Any, input_dtype: Any, int_high: Optional[int]) ->
         dtype = INPUT_DTYPES[dtype_name]
         if dtype is not None and dtype != torch.bool and not (isinstance(int_high, int) and int_high > 0):
             raise WideTesseraError(
-                f"input {i} is {dtype_name}: give int_high (--int-high), a positive int, the exclusive bound of its values "
+                f"input {i} is {dtype_name}: give int_high (--int-high), a positive int, the exclusive bound of its "
+                "values "
                 f"(e.g. an embedding's num_embeddings); got {int_high!r}"
             )
         specs.append((tuple(shape), dtype))
@@ -161,13 +164,15 @@ def _check_fits(
     name = model_class.__name__
     try:
         model = model_class(**model_kwargs).train(train)
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001  the user's class's own error, in one line
         raise WideTesseraError(f"cannot build {name}(**{model_kwargs!r}): {type(e).__name__}: {e}") from None
     try:
         x = make_input()
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001  the user's factory's own error, in one line
         raise WideTesseraError(f"input_factory() failed: {type(e).__name__}: {e}") from None
-    if not (isinstance(x, torch.Tensor) or (isinstance(x, tuple) and x and all(isinstance(t, torch.Tensor) for t in x))):
+    if not (
+        isinstance(x, torch.Tensor) or (isinstance(x, tuple) and x and all(isinstance(t, torch.Tensor) for t in x))
+    ):
         raise WideTesseraError(f"input_factory() returned {type(x).__name__}; give a Tensor or a tuple of Tensors")
     outputs = []
     for seed in (1, 2):  # two generator states: a model whose output differs between them draws random numbers
@@ -175,7 +180,7 @@ def _check_fits(
         try:
             with torch.no_grad():
                 outputs.append(trees.call(model, trees.clone(x)))  # a model may change its input in place
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001  the user's model's own error, in one line
             raise WideTesseraError(f"{given} does not fit {name}: {type(e).__name__}: {e}") from None
     leaves, _ = trees.flat(outputs[0])
     if not leaves or not all(isinstance(t, torch.Tensor) for t in leaves):
@@ -186,6 +191,8 @@ def _check_fits(
     same = all(torch.equal(a, b) for a, b in zip(leaves, trees.flat(outputs[1])[0]))
     if not same and randomness == "error":
         raise WideTesseraError(
-            f"{name} draws random numbers (two calls on one input differ{'; dropout in train mode?' if train else ''}): "
-            "give randomness='different' (--randomness different; each model its own draws) or 'same' (one draw for all)"
+            f"{name} draws random numbers (two calls on one input "
+            f"differ{'; dropout in train mode?' if train else ''}): "
+            "give randomness='different' (--randomness different; each model its own draws) or 'same' (one draw for "
+            "all)"
         )

@@ -54,7 +54,9 @@ class WideFunctional(StackedIO, nn.Module):
         self.n, self.randomness = len(modules), randomness
         params, buffers = stack_module_state(list(modules))
         self._param_names, self._buffer_names = list(params), list(buffers)
-        self.stacked_params = nn.ParameterList([nn.Parameter(p.detach(), requires_grad=p.requires_grad) for p in params.values()])
+        self.stacked_params = nn.ParameterList(
+            [nn.Parameter(p.detach(), requires_grad=p.requires_grad) for p in params.values()]
+        )
         for i, b in enumerate(buffers.values()):
             self.register_buffer(f"stacked_buffer_{i}", b)
         # A structure-only copy for functional_call; kept out of the module tree so .to() and

@@ -120,7 +120,9 @@ class _Repeated(nn.Module):
         self.layer, self.mask, self.n = layer, mask, n
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        repeated = (x if st or not isinstance(x, torch.Tensor) else x.expand(self.n, *x.shape) for x, st in zip(args, self.mask))
+        repeated = (
+            x if st or not isinstance(x, torch.Tensor) else x.expand(self.n, *x.shape) for x, st in zip(args, self.mask)
+        )
         return self.layer(*repeated, **kwargs)
 
 
@@ -186,7 +188,11 @@ class WideSurgery(StackedIO, nn.Module):
             elif node.op == "output":
                 # which output leaves no model's input or parameter shaped: the same for all N
                 self.output_stacked = _leaf_flags(
-                    tree_map(lambda a: not isinstance(a, fx.Node) or a in stacked, node.args[0], is_leaf=lambda a: isinstance(a, fx.Node))
+                    tree_map(
+                        lambda a: not isinstance(a, fx.Node) or a in stacked,
+                        node.args[0],
+                        is_leaf=lambda a: isinstance(a, fx.Node),
+                    )
                 )
         self.graph_module = fx.GraphModule(holder, graph, class_name=f"Wide{type(modules[0]).__name__}")
         self.train(modules[0].training)
@@ -214,7 +220,10 @@ class WideSurgery(StackedIO, nn.Module):
         if all(self.output_stacked):
             return out
         leaves, spec = tree_flatten(out)
-        leaves = [x if st or not isinstance(x, torch.Tensor) else x.expand(self.n, *x.shape) for x, st in zip(leaves, self.output_stacked)]
+        leaves = [
+            x if st or not isinstance(x, torch.Tensor) else x.expand(self.n, *x.shape)
+            for x, st in zip(leaves, self.output_stacked)
+        ]
         return tree_unflatten(leaves, spec)
 
 
