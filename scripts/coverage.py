@@ -1,16 +1,22 @@
-"""Do wide_tessera's speedup intervals contain the true ratio, and are its estimates unbiased?
+"""Do wide_tessera's speedup intervals contain the true ratio, and are its estimates unbiased,
+when sampling stops as soon as the decision is made?
 
-For pairs of functions with equal costs and with known ratios, the true ratio comes
-from long torch.utils.benchmark `blocked_autorange` runs, interleaved with ours
-(A, B, then one wide_tessera paired measurement, and again). Each paired measurement
-gives a speedup median(A) / median(B) with its 95% bootstrap interval, exactly as a
-benchmark point does. Prints, per pair: the true ratio, the mean estimate and its
-bias, and how many intervals contain the true ratio.
+For pairs of functions with equal costs and with known ratios, the true ratio comes from long
+torch.utils.benchmark `blocked_autorange` runs, interleaved with ours (A, B, then one
+wide_tessera paired measurement, and again). Each paired measurement stops as a benchmark
+point does: at the first look (10, 20, 40, ... rounds) where the decision rule is settled
+(is B faster than A beyond the 5% margin, known not to be, or within the marginal zone),
+and reports the median of the paired rounds' ratios with its interval at the look's level
+(results.decisions). Optional stopping picks the look by what the data say, which is what
+can break a fixed-sample interval; each look's interval is at 1 - 0.05 / looks, so over every
+look together the intervals hold at 95%. Prints, per pair: the true ratio, the mean estimate
+and its bias, the median rounds, and how many intervals contain the true ratio.
+`--precise` measures the rule that samples until every median is known to 2% (95% intervals).
 Target: at least 90% coverage, bias within 0.5%.
 
 Pin it for a quiet measurement, e.g. `taskset -c 1 python scripts/coverage.py --threads 1`.
 
-    python scripts/coverage.py [--runs 20] [--threads 1]
+    python scripts/coverage.py [--runs 20] [--threads 1] [--precise]
 """
 
 from __future__ import annotations
@@ -23,9 +29,11 @@ import torch
 from torch import nn
 from torch.utils import benchmark as torch_benchmark
 
+from wide_tessera.core.stats import paired_ratio
+from wide_tessera.measurement.settings import RunSettings
 from wide_tessera.measurement.timing import measure_paired
 from wide_tessera.reports.text import format_table
-from wide_tessera.results.analysis import speedup_ci
+from wide_tessera.results.decisions import level_of, stop_rule
 
 Fn = Callable[[], object]
 
@@ -51,21 +59,21 @@ def _blocked_median(fn: Fn, seconds: float) -> float:
     ).median
 
 
-def measure_pair(a: Fn, b: Fn, runs: int, truth_s: float) -> Dict[str, float]:
-    truth_a, truth_b, estimates, covered = [], [], [], 0
-    results = []
+def measure_pair(a: Fn, b: Fn, runs: int, truth_s: float, settings: RunSettings) -> Dict[str, float]:
+    truth_a, truth_b, results, rounds = [], [], [], []
+    level, stop = level_of(settings), stop_rule(["b"], [], settings)
     for _ in range(runs):
         truth_a.append(_blocked_median(a, truth_s))
         truth_b.append(_blocked_median(b, truth_s))
-        stats = measure_paired({"a": a, "b": b}).stats
-        estimate = stats["a"].median_ms / stats["b"].median_ms
-        results.append((estimate, speedup_ci(stats["a"].samples_ms, stats["b"].samples_ms)))
+        stats = measure_paired({"baseline": a, "b": b}, config=settings.timing, stop=stop).stats
+        rounds.append(stats["b"].n_samples)
+        results.append(paired_ratio(stats["baseline"].samples_ms, stats["b"].samples_ms, level))
     true = statistics.median(truth_a) / statistics.median(truth_b)
-    for estimate, (low, high) in results:
-        estimates.append(estimate)
-        covered += low <= true <= high
+    estimates = [estimate for estimate, _, _ in results]
+    covered = sum(low <= true <= high for _, low, high in results)
     mean = statistics.fmean(estimates)
-    return {"true": true, "mean": mean, "bias": mean / true - 1, "covered": covered, "runs": runs}
+    return {"true": true, "mean": mean, "bias": mean / true - 1, "covered": covered, "runs": runs,
+            "rounds": statistics.median(rounds)}  # fmt: skip
 
 
 def main() -> None:
@@ -73,18 +81,28 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--truth-seconds", type=float, default=0.3, help="blocked_autorange time per block")
+    parser.add_argument("--precise", action="store_true", help="sample to 2%% medians instead of to the decision")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    settings = RunSettings(device="cpu", precise=args.precise)
     rows = []
     with torch.no_grad():
         for name, a, b in pairs():
-            r = measure_pair(a, b, args.runs, args.truth_seconds)
-            rows.append(
-                [name, f"{r['true']:.4f}", f"{r['mean']:.4f}", f"{r['bias']:+.2%}", f"{r['covered']}/{r['runs']}"]
-            )
-    print(f"{torch.get_num_threads()} thread(s), {args.runs} runs per pair")
-    print(format_table(["pair", "true ratio", "mean estimate", "bias", "CI contains truth"], rows))
+            r = measure_pair(a, b, args.runs, args.truth_seconds, settings)
+            rows.append([
+                name, f"{r['true']:.4f}", f"{r['mean']:.4f}", f"{r['bias']:+.2%}", f"{r['rounds']:g}",
+                f"{r['covered']}/{r['runs']}",
+            ])  # fmt: skip
+    rule = (
+        "precise (2% medians), 95% intervals"
+        if args.precise
+        else f"decision rule, {100 * level_of(settings):.3g}% per look"
+    )
+    print(f"{torch.get_num_threads()} thread(s), {args.runs} runs per pair, {rule}")
+    print(
+        format_table(["pair", "true ratio", "mean estimate", "bias", "median rounds", "interval contains truth"], rows)
+    )
 
 
 if __name__ == "__main__":

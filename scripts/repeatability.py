@@ -3,27 +3,30 @@
 Runs the same preset twice back to back: the first run on a quiet machine, the
 second with K processes burning a CPU each beside it (`--load K`; 0 runs both
 quietly). Per op, each parameter group is counted as agreeing (the same
-crossover N in both runs), flagged (a run says why its verdicts there may not be
-trusted: a disturbed measurement, an unstable point, an unconverged deciding
-point near the margin), or a *confident disagreement* (a different crossover
-that neither run flags): the one outcome a user could be misled by.
-Target: at least 90% agreement quietly; under load at least 95% of groups agree
-or are flagged, and no confident disagreement.
+crossover in both runs, where a crossover with marginal points is the range of Ns it
+could be: "fuse from N=8; N=4 marginal" is 4 to 8, and ranges that overlap agree), flagged
+(a run says why a decision there could flip: a deciding point disturbed and never measured
+clean, passes that contradict each other, a decision still open), or a *confident
+disagreement* (a different crossover that neither run flags): the one outcome a user could
+be misled by. Each run uses the decision rule with confirmation and the controls, as the
+quick preset does (--precise: sampling to 2% medians instead).
+Target: at least 90% agreement quietly; under load no confident disagreement.
 
-    python scripts/repeatability.py [--preset ci] [--device cpu] [--load K] [--threads T] [ops ...]
+    python scripts/repeatability.py [--preset quick] [--device cpu] [--load K] [--threads T] [ops ...]
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import subprocess
 import sys
 from contextlib import contextmanager
-from typing import Iterator, List
+from typing import Iterator, List, Tuple
 
 import torch
 
-from wide_tessera import TimingConfig, benchmark
+from wide_tessera import benchmark
 from wide_tessera.ops.registry import op_names
 from wide_tessera.reports.text import format_table
 
@@ -48,6 +51,23 @@ def _speedup(point) -> str:
     return f"{best} {point.speedups[best]:.2f}x [{low:.2f},{high:.2f}] ({point.winner})"
 
 
+def crossover_range(group) -> Tuple[float, float]:
+    """The Ns a group's crossover could be: from the smallest N where every larger point fuses or
+    is marginal, to the strict crossover (inf: never)."""
+    high = math.inf if group.crossover_n is None else group.crossover_n
+    low = high
+    for n in sorted(group.n_values, reverse=True):
+        if n < high and n not in group.marginal_n:
+            break
+        low = min(low, n)
+    return low, high
+
+
+def agree_groups(a, b) -> bool:
+    (lo_a, hi_a), (lo_b, hi_b) = crossover_range(a), crossover_range(b)
+    return max(lo_a, lo_b) <= min(hi_a, hi_b)
+
+
 def _disagreement(first, second, params) -> List[str]:
     """The points where one run won and the other did not."""
     a = [p for p in first.points if p.params == params]
@@ -58,7 +78,8 @@ def _disagreement(first, second, params) -> List[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("ops", nargs="*")
-    parser.add_argument("--preset", default="ci")
+    parser.add_argument("--preset", default="quick")
+    parser.add_argument("--precise", action="store_true", help="sample to 2%% medians, not to the decision")
     parser.add_argument("--device", default=None)
     parser.add_argument("--load", type=int, default=0, metavar="K", help="busy processes beside the second run")
     parser.add_argument("--threads", type=int, default=None, help="torch's CPU threads  [default: torch's choice]")
@@ -69,27 +90,27 @@ def main() -> None:
     totals = {"groups": 0, "agree": 0, "flagged": 0, "confident": 0}
     # the full settings over the preset's sweep (the ci preset alone would neither confirm nor
     # sample long): what is under test is the confirmation and the flags, not the smoke run
-    full = dict(device=args.device, verbose=False, timing=TimingConfig(), confirm="deciding", controls=True)
+    full = dict(device=args.device, verbose=False, confirm="deciding", controls=True, precise=args.precise)
     for op in args.ops or op_names():
         first = benchmark(op, preset=args.preset, **full)
         with cpu_burners(args.load):
             second = benchmark(op, preset=args.preset, **full)
-        agree = flagged = confident = 0
+        agreed = flagged = confident = 0
         for a, b in zip(first.groups, second.groups):
-            if a.crossover_n == b.crossover_n:
-                agree += 1
+            if agree_groups(a, b):
+                agreed += 1
             elif a.problems or b.problems:
                 flagged += 1
             else:
                 confident += 1
-            if a.crossover_n != b.crossover_n:
+            if not agree_groups(a, b):
                 mark = "flagged" if a.problems or b.problems else "CONFIDENT DISAGREEMENT"
                 why += [f"  {op} {mark}: {line}" for line in _disagreement(first, second, a.params)]
         n = len(first.groups)
-        for key, value in zip(totals, (n, agree, flagged, confident)):
+        for key, value in zip(totals, (n, agreed, flagged, confident)):
             totals[key] += value
         rows.append(
-            [op, str(n), str(agree), str(flagged), str(confident), f"{first.crossover_n} / {second.crossover_n}",
+            [op, str(n), str(agreed), str(flagged), str(confident), f"{first.crossover_n} / {second.crossover_n}",
              "yes" if second.reliable else "no"]
         )
     print(

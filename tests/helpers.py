@@ -55,3 +55,20 @@ class TroubleLinear(WideLinear):
         if self.strategy == "wrong":
             return torch.zeros(self.n, *x.shape[1:-1], self.out_features)
         return super().forward(x)
+
+
+def synthetic_result(points):
+    """A result of synthetic points, as the runner analyses measured ones."""
+    from wide_tessera.core.environment import capture_environment
+    from wide_tessera.measurement.settings import RunSettings
+    from wide_tessera.results import analysis
+
+    return analysis.result_of(
+        points,
+        op="synthetic",
+        strategies=sorted({s for p in points for s in p.speedups if not s.startswith("loop_")}) or ["a"],
+        environment=capture_environment("cpu"),
+        timer="synthetic",
+        settings=RunSettings(preset="test", device="cpu", timing=TimingConfig()),
+        duration_s=0.0,
+    )

@@ -2,13 +2,13 @@
 
 import numpy as np
 
-from wide_tessera import TimingConfig, TimingStats
+from wide_tessera import TimingStats
 from wide_tessera.core.correctness import Check
-from wide_tessera.core.environment import capture_environment
 from wide_tessera.measurement.health import Health
-from wide_tessera.measurement.settings import RunSettings
 from wide_tessera.measurement.timing import PairedTimings
 from wide_tessera.results import analysis
+
+from .helpers import synthetic_result as result
 
 
 def samples(median_ms, spread=0.002, k=11):
@@ -23,18 +23,6 @@ def point(n, params, baseline_ms, strategy_ms, correct=None, spread=0.002, healt
     stats.update({s: TimingStats.from_samples(samples(ms, spread), "synthetic") for s, ms in strategy_ms.items()})
     checks = {s: Check(correct.get(s, True), 0.0, 1e-4, None if correct.get(s, True) else "wrong") for s in strategy_ms}
     return analysis.measured_point(n, params, PairedTimings(stats, health or Health(11, 0)), checks)
-
-
-def result(points):
-    return analysis.result_of(
-        points,
-        op="synthetic",
-        strategies=["a", "b"],
-        environment=capture_environment("cpu"),
-        timer="synthetic",
-        settings=RunSettings(preset="test", device="cpu", timing=TimingConfig()),
-        duration_s=0.0,
-    )
 
 
 def test_best_is_fastest_correct_strategy():
@@ -145,7 +133,8 @@ def test_a_speedup_inside_the_noise_is_never_a_headline():
     }
     noisy = analysis.measured_point(4, {}, PairedTimings(stats, Health(6, 0)), {"a": Check(True, 0.0, 1e-4)})
     assert noisy.verdicts["a"] == "same" and noisy.best_strategy == "a" and noisy.speedups["a"] > 5
-    assert noisy.best_speedup is None and noisy.winner == "no_difference"
+    # six rounds are too few for the decision rule's first look: undecided, and no headline
+    assert noisy.best_speedup is None and noisy.winner == "open" and noisy.decision.kind == "open"
     r = result([noisy, point(8, {}, 10.0, {"a": 5.0, "b": 20.0})])
     assert r.best_speedup == 2.0
     assert "best speedup: 2.00x" in r.summary()
@@ -180,23 +169,35 @@ def test_confirmation_that_disagrees_makes_the_point_unstable_and_not_a_win():
     assert [p.n for p in analysis.points_to_confirm([first[0], agreed], "all")] == [1]
 
 
-def test_points_near_the_margin_are_confirmed_too():
+def test_the_confirmation_pass_measures_decisions_not_numbers():
     params = {"size": 1}
-    near = point(1, params, 1.045, {"a": 1.0, "b": 2.0})  # 1.045x: within 1% of the 1.05 margin
-    far = point(2, params, 1.0, {"a": 1.0, "b": 2.0})  # the largest N of a group that never crosses
-    small = point(4, params, 1.0, {"a": 1.0, "b": 2.0})
-    todo = analysis.points_to_confirm([near, far, small], "deciding")
-    assert [p.n for p in todo] == [1, 4]
+    near = point(1, params, 1.045, {"a": 1.0, "b": 2.0})  # 1.045x: near the margin, but no crossover rests on it
+    loop = point(2, params, 1.0, {"a": 1.0, "b": 2.0})
+    largest = point(4, params, 1.0, {"a": 1.0, "b": 2.0})  # a group that never crosses: its largest N decides
+    assert [p.n for p in analysis.points_to_confirm([near, loop, largest], "deciding")] == [4]
+    crossing = [point(n, params, ms, {"a": 1.0}) for n, ms in ((1, 1.0), (2, 1.0), (4, 2.0), (8, 2.0), (16, 3.0))]
+    # the crossover (N=4) and the point below it: not the clear wins above
+    assert [p.n for p in analysis.points_to_confirm(crossing, "deciding")] == [2, 4]
 
 
-def test_a_disturbed_measurement_makes_the_result_unreliable_and_says_why():
-    busy = Health(
-        11, 30, other_load_cores=0.9, cores=2, problems=["busy machine: other processes used 0.90 of 2 cores"]
-    )
+def test_a_busy_machine_is_a_note_and_a_disturbed_deciding_point_a_reason():
+    busy = Health(11, 3, other_load_cores=0.9, cores=2, problems=["busy machine: other processes used 0.90 of 2 cores"])
     r = result([point(2, {}, 2.0, {"a": 1.0, "b": 4.0}, health=busy)])
-    assert not r.reliable and "busy machine" in r.unreliable_reasons[0]
-    assert r.health.points_with_problems == 1 and r.health.disturbed_rounds == 30
-    assert result([point(2, {}, 2.0, {"a": 1.0, "b": 4.0})]).reliable
+    assert r.reliable and "busy machine" in r.groups[0].notes[0] and "NOTES" in r.summary()
+    assert r.health.points_with_problems == 1 and r.health.disturbed_rounds == 3
+    disturbed = Health(
+        11, 30, cleaned=False, problems=["disturbed: 30 of 41 rounds waited for a CPU or were throttled"]
+    )
+    r = result([point(2, {}, 2.0, {"a": 1.0, "b": 4.0}, health=disturbed)])
+    assert not r.reliable and "disturbed" in r.unreliable_reasons[0]
+    # the same disturbance at a point no decision rests on (far below the crossover) is a note
+    points = [
+        point(1, {}, 1.0, {"a": 1.0, "b": 4.0}, health=disturbed),
+        point(2, {}, 1.0, {"a": 1.0}),
+        point(4, {}, 2.0, {"a": 1.0}),
+    ]
+    r = result(points)
+    assert r.reliable and r.groups[0].crossover_n == 4 and any("disturbed" in n for n in r.groups[0].notes)
 
 
 def test_the_summary_digests_warnings_into_a_few_lines():

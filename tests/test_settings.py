@@ -27,6 +27,7 @@ CHANGED = {
     "compile": "default",
     "energy": True,
     "timing": wt.TimingConfig(budget_s=0.3),
+    "precise": True,
 }
 
 

@@ -29,9 +29,10 @@ from ..measurement.modes import TRAINING_MODES
 from ..measurement.settings import RunSettings
 from ..measurement.timing import TimingConfig
 from ..ops.registry import get_op, import_ops, op_names
+from ..reports.brief import closing_table
 from ..results.schema import BenchmarkResult
 from ..sweep.progress import Progress
-from ..sweep.runner import check_runnable
+from ..sweep.runner import check_runnable, search_candidates
 from ..sweep.session import (
     Interrupted,
     measure_jobs,
@@ -171,8 +172,10 @@ def custom(
     """
 
     def jobs(settings: RunSettings, texts: Dict[str, List[str]]) -> List[BenchmarkJob]:
-        if "n_values" not in texts:
-            raise WideTesseraError("give the N values to try with --n-values N1,N2,...")
+        if "n_values" not in texts and settings.search is None:
+            raise WideTesseraError("give the N values to try with --n-values N1,N2,... (or --search LO:HI)")
+        if settings.search is not None:
+            texts = {**texts, "n_values": [str(n) for n in search_candidates(settings.search)]}
         if bool(input_shapes) == bool(input_factory):
             raise WideTesseraError(
                 "give --input-shape D1,D2,... (repeat for several inputs) or --input-factory, not both"
@@ -323,14 +326,16 @@ def _measure(
         clock = held.enter_context(CompileClock()) if dump_ir and triton_unavailable_reason("cuda") is None else None
 
         def finished(result: BenchmarkResult, progress: Progress) -> None:
-            progress.echo(result.summary() + "\n")  # each op's summary as soon as it is done
+            progress.echo(result.brief() + "\n")  # each op's answer as soon as it is done
             merged = merge_into(save_dispatch, result) if save_dispatch else None
             if merged:
                 progress.echo(merged + "\n")
 
         try:
             if shard is None:
-                progress = held.enter_context(closing(Progress(points_to_measure(jobs, previous), enabled=not quiet)))
+                progress = held.enter_context(
+                    closing(Progress(points_to_measure(jobs, settings, previous), enabled=not quiet))
+                )
                 kept, results = measure_jobs(
                     jobs, settings, previous, output, progress, lambda r: finished(r, progress)
                 )
@@ -346,6 +351,8 @@ def _measure(
         except Interrupted as stop:
             click.echo(f"\ninterrupted: {stop}" if stop.output else f"\ninterrupted ({stop})", err=True)
             raise SystemExit(130) from None
+        if len(results) > 1:
+            click.echo(closing_table(results))
         code = _report(results, kept, output, dump_ir, strict, errors, clock)
         if shard is not None:
             shard.broadcast(code)

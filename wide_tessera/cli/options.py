@@ -23,6 +23,7 @@ from ..measurement.controls import COMPILE_MODES
 from ..measurement.modes import MODES
 from ..measurement.settings import (
     CONFIRM_MODES,
+    CONTROLS_AT,
     PRESET_RUNS,
     RunSettings,
     default_timing,
@@ -95,6 +96,7 @@ SELECTION = options(
     click.option("--set", "sets", multiple=True, metavar="AXIS=V1,V2", help="Replace a sweep axis (repeatable)."),
     _setting("seed", "--seed", default=0, show_default=True),
     click.option("--threads", type=int, default=None, help="CPU threads for torch  [default: torch's choice]"),
+    _setting("search", "--search", default=None, metavar="LO:HI"),
 )
 
 # How every measuring command samples and guards its points.
@@ -137,6 +139,8 @@ RUN_OPTIONS = options(
     SAMPLING,
     _setting("confirm", "--confirm", type=click.Choice(CONFIRM_MODES), default=None),
     _setting("controls", "--controls/--no-controls", default=None),
+    _setting("controls_at", "--controls-at", type=click.Choice(CONTROLS_AT), default="largest", show_default=True),
+    _setting("precise", "--precise", is_flag=True),
     _setting("roofline", "--roofline", is_flag=True),
     _setting("energy", "--energy", is_flag=True),
     click.option(
@@ -227,6 +231,15 @@ def load_object(spec: str, option: str, what: str) -> Any:
     return obj
 
 
+def parse_search(text: str) -> List[int]:
+    """'1:4096' -> [1, 4096] (the settings check that they are powers of two, in order)."""
+    lo, _, hi = text.partition(":")
+    try:
+        return [int(lo), int(hi)]
+    except ValueError:
+        raise WideTesseraError(f"--search {text!r}: expected LO:HI, powers of two such as 1:4096") from None
+
+
 def choices(text: str, kind: str, valid: Sequence[str]) -> List[str]:
     """'a, b' -> ['a', 'b'], each one of `valid`."""
     chosen = [value.strip() for value in text.split(",")]
@@ -261,6 +274,7 @@ def settings_from(
     cuda_graph: bool,
     timeout_multiplier: float,
     memory_budget: Optional[str],
+    search: Optional[str] = None,
     **settings: Any,
 ) -> RunSettings:
     """The run's settings from the options (the simple ones by their RunSettings names), each
@@ -283,6 +297,7 @@ def settings_from(
             ),
             timeouts=StageTimeouts(multiplier=timeout_multiplier),
             memory_budget=None if memory_budget is None else parse_size(memory_budget),
+            search=None if search is None else parse_search(search),
             **settings,
         )
     except WideTesseraError as e:

@@ -26,7 +26,7 @@ from ..core.errors import WideTesseraError
 from ..core.files import cache_dir, results_target
 from ..core.job import params_text
 from ..core.jsonio import load_document, write_json
-from ..reports.text import n_or_never
+from ..reports.answer import n_or_never
 from ..results.analysis import group_crossover, parameter_groups
 from ..results.manifest import now
 from ..results.schema import BenchmarkResult, PointResult
@@ -53,9 +53,11 @@ TABLE_ENV = "WIDE_TESSERA_DISPATCH"
 # What a measured N says. Only 'fuse' lets a module fuse at that N.
 #   fuse: a strategy was significantly faster, and the confirmation pass agreed
 #   unconfirmed: it was faster, but nothing measured it again (--confirm none or deciding)
+#   marginal: fusing gains about the margin (results.decisions): kept apart from wins, it does not fuse
 #   same: no significant difference; loop: the N separate calls were faster (or no strategy was correct)
-#   unstable: the two passes disagreed; disturbed: the measurement could not be cleaned; failed: no measurement
-VERDICTS = ("fuse", "unconfirmed", "same", "loop", "unstable", "disturbed", "failed")
+#   open: undecided when the budget ran out; unstable: the two passes disagreed; disturbed: the
+#   measurement could not be cleaned; failed: no measurement
+VERDICTS = ("fuse", "unconfirmed", "marginal", "same", "loop", "open", "unstable", "disturbed", "failed")
 
 # A measured entry decides a case only when every size axis is within this factor of the
 # case's: a crossover measured at batch 16 says little about batch 4096.
@@ -220,6 +222,8 @@ def _n_verdict(point: PointResult) -> NVerdict:
         verdict = "unstable"
     elif point.fused_wins:
         verdict = "fuse" if point.confirmation is not None else "unconfirmed"
+    elif point.winner in ("marginal", "open"):
+        verdict = point.winner
     else:
         verdict = "same" if point.winner == "no_difference" else "loop"
     return NVerdict(point.n, verdict, **speed) if best is not None else NVerdict(point.n, verdict)

@@ -16,6 +16,7 @@ import torch
 from dataclasses_json import dataclass_json
 
 from ..core.errors import WideTesseraError, unknown
+from ..core.job import MAX_N
 from ..core.user_input import check_bool, check_instance, check_number, check_seed
 from .controls import COMPILE_MODES
 from .modes import check_mode
@@ -31,9 +32,12 @@ __all__ = [
     "default_timing",
     "default_controls",
     "resolve_device",
+    "check_search",
+    "CONTROLS_AT",
 ]
 
 CONFIRM_MODES = ("deciding", "all", "none")
+CONTROLS_AT = ("largest", "every")
 
 
 @dataclass(frozen=True)
@@ -87,6 +91,18 @@ def resolve_device(device: Any) -> str:
         if d.index is not None and d.index >= torch.cuda.device_count():
             raise WideTesseraError(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
     return str(d)
+
+
+def check_search(search: Any) -> Tuple[int, int]:
+    """(lo, hi) of a crossover search: powers of two, lo < hi, within what this tool builds."""
+    ok = isinstance(search, (list, tuple)) and len(search) == 2
+    ok = ok and all(isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= MAX_N for v in search)
+    if not ok or search[0] >= search[1] or any(v & (v - 1) for v in search):
+        raise WideTesseraError(
+            f"search={search!r}: give (LO, HI), powers of two with 1 <= LO < HI <= {MAX_N} "
+            "(e.g. (1, 4096); --search 1:4096)"
+        )
+    return search[0], search[1]
 
 
 def _setting(
@@ -154,6 +170,25 @@ class RunSettings:
     roofline: bool = _setting(
         False, "Measure the device's peaks (cached) and show timings against the roofline bound.", option="--roofline"
     )
+    precise: bool = _setting(
+        False,
+        "Sample until every median is known within --target-ci (or the budget is spent), not just until the "
+        "point's decision is made: precise times, at several times the cost.",
+        option="--precise",
+        resume=True,
+    )
+    controls_at: str = _setting(
+        "largest",
+        "Where the controls are timed: at each parameter group's largest N, where their answer (fuse or "
+        "capture?) is given, or at every point.",
+        option="--controls-at",
+    )
+    search: Optional[List[int]] = _setting(
+        None,
+        "Find each group's crossover by bisection over the powers of two from LO to HI, instead of "
+        "measuring every N (LO:HI; replaces --n-values).",
+        option="--search",
+    )
 
     def __post_init__(self) -> None:
         def fill(name: str, value: Any) -> None:
@@ -179,6 +214,11 @@ class RunSettings:
             raise unknown("confirm", self.confirm, CONFIRM_MODES)
         check_instance("timing", self.timing, TimingConfig)
         check_instance("timeouts", self.timeouts, StageTimeouts)
+        check_bool("precise", self.precise)
+        if self.controls_at not in CONTROLS_AT:
+            raise unknown("controls_at", self.controls_at, CONTROLS_AT)
+        if self.search is not None:
+            check_search(self.search)
         if self.memory_budget is not None:
             check_number("memory_budget", self.memory_budget, 0, 2**60, integer=True, what="a number of bytes")
 

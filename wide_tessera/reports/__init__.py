@@ -6,9 +6,10 @@ Importing the package gives results their views (`result.summary()`, `.warnings`
 """
 
 from ..results.views import register_view
-from . import text, tidy
+from . import brief, text, tidy
 
 register_view("summary", text.format_summary)
+register_view("brief", brief.brief_summary)
 register_view("warnings", text.warning_lines)
 register_view("rows", tidy.rows)
 register_view("dataframe", tidy.to_dataframe)

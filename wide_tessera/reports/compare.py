@@ -42,8 +42,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from ..core.job import group_key, params_text, point_key
 from ..results.analysis import MIN_EFFECT, speedup_ci, verdict
 from ..results.schema import BenchmarkResult, PointResult
+from .answer import n_or_never
 from .markdown import table as md_table
-from .text import format_table, n_or_never
+from .text import format_table
 
 __all__ = ["Change", "CrossoverChange", "Comparison", "compare", "differences", "between_run_noise", "render"]
 

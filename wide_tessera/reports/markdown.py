@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING, List, Sequence
 from ..core.job import params_text
 from ..core.stats import MIN_EFFECT
 from ..measurement.controls import legend
-from .text import controls_run, first_line, measured_points, n_or_never, no_speedup, winner_cell
+from .answer import crossover_text, decision_cell, interval_legend, n_or_never
+from .text import controls_run, first_line, measured_points, no_speedup
 
 if TYPE_CHECKING:
     from ..results.schema import BenchmarkResult, PointResult
@@ -57,11 +58,11 @@ def result_markdown(result: "BenchmarkResult", level: int = 3) -> str:
     env = result.environment
     axes = list(result.points[0].params) if result.points else []
     shown = [*result.strategies, *controls_run(result)]
-    header = ["N", *axes, "baseline ms", *shown, "winner"]
+    header = ["N", *axes, "baseline ms", *shown, "decision"]
     rows = [
         [p.n, *(p.params[a] for a in axes), f"{p.timings['baseline']:.4g}" if p.timings else "–"]
         + [_speedup_cell(p, s) for s in shown]
-        + [winner_cell(p)]
+        + [decision_cell(p)]
         for p in result.points
     ]
     right = [True, *(False for _ in axes), True, *(False for _ in shown), False]
@@ -73,8 +74,8 @@ def result_markdown(result: "BenchmarkResult", level: int = 3) -> str:
         + ("" if result.compile == "none" else f", torch.compile {result.compile}")
         + f", mode {result.mode}, {result.duration_s:.1f} s{run}",
         table(header, rows, right),
-        f"Speedup over the N separate calls, with its 95% CI. **Bold**: significantly faster (the whole CI "
-        f"above {1 + MIN_EFFECT:.2f}); n.s.: no significant difference."
+        " ".join(interval_legend(result)).replace("speedup [", "Speedup over the N separate calls [")
+        + f" **Bold**: the whole interval above {1 + MIN_EFFECT:.2f}; n.s.: no significant difference."
         + (
             f" Controls make the loop cheaper without fusing ({legend(controls_run(result))}); they never win."
             if len(shown) > len(result.strategies)
@@ -85,8 +86,8 @@ def result_markdown(result: "BenchmarkResult", level: int = 3) -> str:
         provisional = "" if result.complete else " (provisional: the run is incomplete)"
         parts.append(
             table(
-                [*axes, "crossover N"],
-                [[*(g.params[a] for a in axes), n_or_never(g.crossover_n)] for g in result.groups],
+                [*axes, "crossover"],
+                [[*(g.params[a] for a in axes), crossover_text(g)] for g in result.groups],
             )
             if result.groups
             else ""

@@ -7,12 +7,12 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence,
 
 from ..core.job import params_text
 from ..core.roles import CONTROLS
-from ..core.stats import MIN_EFFECT
 from ..measurement.controls import legend
 from ..measurement.roofline import roofline
+from .answer import capture_text, crossover_text, decision_cell, interval_legend, n_or_never
 
 if TYPE_CHECKING:  # only for annotations: the schema imports this module to render itself
-    from ..results.schema import BenchmarkResult, GroupResult, PointResult
+    from ..results.schema import BenchmarkResult, PointResult
 
 __all__ = [
     "format_summary",
@@ -23,8 +23,7 @@ __all__ = [
     "first_line",
     "measured_points",
     "no_speedup",
-    "winner_cell",
-    "n_or_never",
+    "notes_digest",
 ]
 
 # The summary shows this many of the worst warnings; the rest are counted (`show FILE --warnings` lists all).
@@ -79,21 +78,6 @@ def _roofline_line(result: "BenchmarkResult", point: "PointResult", names: Seque
             cells.append(f"{s} {r.percent_of_bound:.1f}% ({r.tflops:.3g} TFLOP/s, {r.gbps:.3g} GB/s)")
     bound = roofline(point.work, 1.0, result.peaks, dtype).bound
     return f"  N={point.n} {params_text(point.params)} [{bound}-bound]: " + "; ".join(cells)
-
-
-def n_or_never(n: Optional[int]) -> str:
-    """A crossover or threshold N as every table writes it: the number, or 'never'."""
-    return "never" if n is None else str(n)
-
-
-def winner_cell(point: "PointResult") -> str:
-    if "point" in point.failures:
-        return "-"
-    if point.unstable:
-        return f"UNSTABLE (then {point.confirmation.winner})"
-    if point.disturbed:
-        return "DISTURBED"
-    return point.winner + (" (confirmed)" if point.confirmation is not None else "")
 
 
 ENERGY_LEGEND = (
@@ -153,15 +137,20 @@ def controls_run(result: "BenchmarkResult") -> List[str]:
     return [c for c in CONTROLS if any(c in p.checks or c in p.failures for p in result.points)]
 
 
-def _fuse_or_capture_line(g: "GroupResult") -> str:
-    f = g.fuse_or_capture
-    answer = {"faster": "fuse", "slower": f"{f.control}, no fusion", "same": "either (no significant difference)"}[
-        f.verdict
+def notes_digest(result: "BenchmarkResult") -> List[str]:
+    """What was seen that could flip no decision (a busy machine, a disturbed point deciding
+    nothing), counted by kind: a note, never a reason."""
+    kinds: Dict[str, List[str]] = {}
+    for g in result.groups:
+        for note in g.notes:
+            n, _, why = note.partition(": ")
+            kinds.setdefault(why.split(":")[0].split(",")[0], []).append(n[2:])
+    if not kinds:
+        return []
+    return [
+        "NOTES (none could flip a decision): "
+        + "; ".join(f"{k} at N={','.join(dict.fromkeys(ns))}" for k, ns in kinds.items())
     ]
-    return (
-        f"  {params_text(g.params)}: at N={f.n} {f.strategy} is {f.speedup:.2f}x "
-        f"[{f.ci[0]:.2f},{f.ci[1]:.2f}] the speed of {f.control}: {answer}"
-    )
 
 
 def _skipped_lines(result: "BenchmarkResult") -> List[str]:
@@ -218,7 +207,7 @@ def _crossover_lines(result: "BenchmarkResult") -> List[str]:
     return [
         f"crossover N per parameter group{provisional.replace(' (', ', ').rstrip(')')} (smallest N from which fusing "
         f"wins, {confirmed}, at every larger N):",
-        *(f"  {params_text(g.params)}: {n_or_never(g.crossover_n)}" for g in result.groups),
+        *(f"  {params_text(g.params)}: {crossover_text(g)}" for g in result.groups),
         f"crossover_n: {n_or_never(result.crossover_n)}{provisional} ({crossed}/{len(result.groups)} groups cross) | "
         f"recommended_threshold: {n_or_never(result.recommended_threshold)} | best speedup: "
         + ("none significant" if result.best_speedup is None else f"{result.best_speedup:.2f}x"),
@@ -235,8 +224,8 @@ def format_summary(result: "BenchmarkResult") -> str:
         "N",
         *axes,
         "baseline ms",
-        *(f"{s}{' (control)' if s in CONTROLS else ''} ms speedup [95% CI]" for s in shown),
-        "winner",
+        *(f"{s}{' (control)' if s in CONTROLS else ''} ms speedup [CI]" for s in shown),
+        "decision",
         "peak MiB (baseline/" + "/".join(shown) + ")",
         "launches/call",
         *(["mJ/call (W)"] if energy else []),
@@ -247,7 +236,7 @@ def format_summary(result: "BenchmarkResult") -> str:
             *(str(p.params[a]) for a in axes),
             _baseline_cell(p),
             *(_cell(p, s) for s in shown),
-            winner_cell(p),
+            decision_cell(p),
             _per_callable_cell(p.peak_memory_bytes, shown, lambda b: f"{b / 2**20:.3g}"),
             _per_callable_cell(p.launches, shown, lambda k: f"{k:g}"),
             *(
@@ -275,8 +264,8 @@ def format_summary(result: "BenchmarkResult") -> str:
         + ("" if result.compile == "none" else f"torch.compile mode {result.compile} on every side, ")
         + f"mode {result.mode}, {result.duration_s:.1f} s",
         format_table(header, rows),
-        f"n.s.: no significant difference from baseline; a win needs the whole CI above {1 + MIN_EFFECT:.2f}; "
-        "loop: the strategy ran a per-model loop"
+        *interval_legend(result),
+        "n.s.: no significant difference from baseline; loop (in a cell): the strategy ran a per-model loop"
         + (
             f"; controls make the loop cheaper without fusing ({legend(controls_run(result))}) and never win"
             if len(shown) > len(result.strategies)
@@ -284,7 +273,7 @@ def format_summary(result: "BenchmarkResult") -> str:
         ),
         *([ENERGY_LEGEND] if energy else []),
         *(["fuse, or just make the loop cheaper? (best strategy against the fastest control):"] if captures else []),
-        *(_fuse_or_capture_line(g) for g in captures),
+        *(f"  {params_text(g.params)}: at N={g.fuse_or_capture.n}: {capture_text(g)}" for g in captures),
         *(
             [f"roofline at the largest N (peaks measured on {result.peaks.device_name}: "
              + ", ".join(f"{d} {t:.3g} TFLOP/s" for d, t in result.peaks.tflops.items())
@@ -294,6 +283,7 @@ def format_summary(result: "BenchmarkResult") -> str:
         ),
         *(_roofline_line(result, p, shown) for p in roof),
         *_crossover_lines(result),
+        *notes_digest(result),
         *warning_digest(result),
     ]
     if result.skipped:

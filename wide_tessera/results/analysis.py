@@ -49,9 +49,11 @@ from scipy import stats
 from ..core.correctness import Check
 from ..core.job import group_key, params_text
 from ..core.roles import CONTROLS
-from ..core.stats import MIN_EFFECT
+from ..core.stats import MIN_EFFECT, paired_ratio
 from ..measurement.health import RunHealth
 from ..measurement.timing import PairedTimings
+from .decisions import Decision, compatible, decide, decide_capture
+from .reliability import feeds_of, judge
 from .schema import BenchmarkResult, Confirmation, Failure, FuseOrCapture, GroupResult, PointResult
 
 __all__ = [
@@ -76,8 +78,6 @@ __all__ = [
 # A significant speedup above this is more often a broken comparison than a kernel
 # (KernelBench flags the same): it is flagged for a second look.
 IMPLAUSIBLE_SPEEDUP = 10.0
-# A speedup interval within this fraction of a margin could fall either side next time.
-NEAR_MARGIN = 0.01
 # The unreliable groups an UNRELIABLE line names; the rest are counted.
 _REASONS_SHOWN = 2
 
@@ -160,20 +160,23 @@ def measured_point(
     params: Dict[str, Any],
     timings: Optional[PairedTimings],
     checks: Dict[str, Check],
-    seed: int = 0,
+    level: float = 0.95,
     peak_memory_bytes: Optional[Dict[str, int]] = None,
     failures: Optional[Dict[str, Failure]] = None,
     first_call_s: Optional[Dict[str, float]] = None,
 ) -> PointResult:
-    """A point from its timings (None when the baseline could not be timed) and checks."""
+    """A point from its timings (None when the baseline could not be timed) and checks: every
+    speedup the median of the paired rounds' ratios with its interval at `level`, and the
+    point's decision (results.decisions)."""
     failures = dict(failures or {})
     if timings is None or "baseline" not in timings.stats:
         return failed_point(n, params, failures, checks, peak_memory_bytes)
     stats_ = timings.stats
     base = stats_["baseline"]
     medians = {s: st.median_ms for s, st in stats_.items()}
-    speedups = {s: base.median_ms / st.median_ms for s, st in stats_.items() if s != "baseline"}
-    cis = {s: list(speedup_ci(base.samples_ms, stats_[s].samples_ms, seed)) for s in speedups}
+    ratios = {s: paired_ratio(base.samples_ms, st.samples_ms, level) for s, st in stats_.items() if s != "baseline"}
+    speedups = {s: r[0] for s, r in ratios.items()}
+    cis = {s: [r[1], r[2]] for s, r in ratios.items()}
     verdicts = {s: verdict(ci) for s, ci in cis.items()}
     correct = _correctness(checks, failures)
     best = pick_best(speedups, verdicts, correct)
@@ -183,6 +186,12 @@ def measured_point(
         if verdicts[s] == "faster" and speedups[s] > IMPLAUSIBLE_SPEEDUP and s not in CONTROLS
     ]
     flags += [f"{s}: {c.fallback}" for s, c in checks.items() if c.fallback]
+    decision = point_decision(
+        {s: st.samples_ms for s, st in stats_.items()},
+        [s for s in speedups if correct.get(s, False) and s not in CONTROLS],
+        [s for s in speedups if correct.get(s, False) and s in CONTROLS],
+        level,
+    )
     trusted = timings.health.cleaned
     return PointResult(
         n,
@@ -198,11 +207,21 @@ def measured_point(
         stats_,
         dict(peak_memory_bytes or {}),
         failures,
-        winner=_winner(best, verdicts) if trusted else "disturbed",
+        winner=_winner(best, verdicts, decision) if trusted else "disturbed",
         health=timings.health,
         flags=flags,
         first_call_s=dict(first_call_s or {}),
+        decision=decision,
     )
+
+
+def point_decision(
+    samples: Dict[str, List[float]], strategies: List[str], controls: List[str], level: float
+) -> Decision:
+    """The Decision the final samples support; settled_at is their round count where it settled."""
+    call = decide(samples, strategies, level, controls)
+    rounds = len(samples["baseline"])
+    return Decision(call, rounds, rounds if call.settled else None, level)
 
 
 def failed_point(
@@ -231,28 +250,56 @@ def _significant(best: Optional[str], speedups: Dict[str, float], verdicts: Dict
     return speedups[best] if best is not None and verdicts[best] == "faster" else None
 
 
-def _winner(best: Optional[str], verdicts: Dict[str, str]) -> str:
+def _winner(best: Optional[str], verdicts: Dict[str, str], decision: Optional[Decision] = None) -> str:
     if best is not None and verdicts[best] == "faster":
         return best
+    if decision is not None and decision.kind in ("marginal", "open"):
+        return decision.kind
     if best is not None and verdicts[best] == "same":
         return "no_difference"
     return "baseline"
 
 
-def _winner_class(winner: str) -> str:
-    return winner if winner in ("baseline", "no_difference", "unstable", "disturbed", "failed") else "fused"
+def _rank(point: PointResult) -> int:
+    """How far a measurement of a point can be trusted: clean and settled, clean and still open,
+    disturbed (or failed). A clean measurement outranks a disturbed one of the same point."""
+    if not point.timings or point.disturbed:
+        return 0
+    return 1 if point.decision is not None and point.decision.kind == "open" else 2
+
+
+def _record(point: PointResult, agrees: bool, replaced: bool = False) -> Confirmation:
+    winner = point.winner if point.timings else "failed"
+    return Confirmation(
+        point.timings, point.speedups, point.speedup_ci, point.verdicts, winner, agrees, point.health,
+        point.decision, replaced,
+    )  # fmt: skip
 
 
 def confirmed(first: PointResult, second: PointResult) -> PointResult:
-    """`first` with the confirmation pass's `second` measurement attached; 'unstable' where they disagree."""
-    second_winner = second.winner if second.timings else "failed"
-    agrees = _winner_class(second_winner) == _winner_class(first.winner)
-    confirmation = Confirmation(
-        second.timings, second.speedups, second.speedup_ci, second.verdicts, second_winner, agrees, second.health
+    """The point as its two passes measured it. The better measurement (_rank) is the point's,
+    the other its record; the point is 'unstable' only where two clean, settled measurements
+    contradict each other's decision (a win against a loop: decisions.compatible)."""
+    if _rank(second) > _rank(first):
+        primary, other, replaced = second, first, True
+    else:
+        primary, other, replaced = first, second, False
+    contradicts = (
+        _rank(other) == 2 == _rank(primary)
+        and primary.decision is not None
+        and other.decision is not None
+        and not compatible(primary.decision.call, other.decision.call)
     )
-    if agrees:
-        return dataclasses.replace(first, confirmation=confirmation)
-    return dataclasses.replace(first, confirmation=confirmation, winner="unstable", best_speedup=None)
+    confirmation = _record(other, not contradicts, replaced)
+    kept = {
+        k: getattr(first, k)
+        for k in ("launches", "work", "energy", "first_call_s", "peak_memory_bytes")
+        if not getattr(primary, k)
+    }
+    point = dataclasses.replace(primary, confirmation=confirmation, **kept)
+    if contradicts:
+        return dataclasses.replace(point, winner="unstable", best_speedup=None)
+    return point
 
 
 def parameter_groups(points: Sequence[PointResult]) -> Iterator[List[PointResult]]:
@@ -266,49 +313,52 @@ def parameter_groups(points: Sequence[PointResult]) -> Iterator[List[PointResult
         yield sorted(ps, key=lambda p: p.n)
 
 
-def _deciding(group: List[PointResult]) -> List[PointResult]:
-    """The points that decide a group's crossover: it and the one below it, or the largest N if none."""
+def deciding(group: Sequence[PointResult]) -> List[PointResult]:
+    """The points a group's crossover turns on, which the confirmation pass measures again: the
+    crossover point and the one below it, or (never crossing) the largest N. The points above a
+    crossover feed it too, but a second pass there buys little: their intervals already hold at
+    95% over every look, and the largest N is the slowest point of the group to measure."""
     cross = group_crossover([(p.n, p.fused_wins) for p in group])
     if cross is None:
-        return group[-1:]
+        return list(group[-1:])
     i = [p.n for p in group].index(cross)
-    return group[max(0, i - 1) : i + 1]
-
-
-def _near_margin(point: PointResult) -> bool:
-    bounds = (1 + MIN_EFFECT, 1 / (1 + MIN_EFFECT))
-    return any(
-        point.correct.get(s, False) and lo <= b * (1 + NEAR_MARGIN) and hi >= b / (1 + NEAR_MARGIN)
-        for s, (lo, hi) in point.speedup_ci.items()
-        for b in bounds
-    )
+    return list(group[max(0, i - 1) : i + 1])
 
 
 def points_to_confirm(points: Sequence[PointResult], mode: str) -> List[PointResult]:
-    """The measured, not yet confirmed points the confirmation pass takes again under `mode`."""
+    """The measured, not yet confirmed points the confirmation pass takes again under `mode`:
+    'all', or ('deciding') those a group's answers turn on (`deciding`)."""
     if mode == "none":
         return []
     measured = [p for p in points if p.timings and p.confirmation is None]
     if mode == "all":
         return measured
-    deciding = {id(p) for g in parameter_groups(points) for p in _deciding(g)}
-    return [p for p in measured if id(p) in deciding or _near_margin(p)]
+    chosen = {id(p) for g in parameter_groups(points) for p in deciding(g)}
+    return [p for p in measured if id(p) in chosen]
 
 
 def result_of(points: List[PointResult], **run_info: Any) -> BenchmarkResult:
-    """An op's result from its points: groups and crossovers, wins, headline, reliability."""
-    group_results = []
+    """An op's result from its points: groups, crossovers and what each point's decision feeds,
+    wins, headline, and reliability judged by decisions (results.reliability)."""
+    group_results, analysed = [], {}
     for ps in parameter_groups(points):
-        deciding = {id(p) for p in _deciding(ps)}
+        feeds = feeds_of(ps)
+        for p, fed in zip(ps, feeds):
+            if p.decision is not None:
+                analysed[id(p)] = dataclasses.replace(p, decision=dataclasses.replace(p.decision, feeds=fed))
+        problems, notes = judge(ps, feeds)
         group_results.append(
             GroupResult(
                 params=ps[0].params,
                 n_values=[p.n for p in ps],
                 crossover_n=group_crossover([(p.n, p.fused_wins) for p in ps]),
-                problems=[f"N={p.n}: {why}" for p in ps for why in _point_problems(p, id(p) in deciding)],
+                problems=problems,
                 fuse_or_capture=fuse_or_capture(ps[-1]),
+                marginal_n=[p.n for p in ps if p.winner == "marginal"],
+                notes=notes,
             )
         )
+    points = [analysed.get(id(p), p) for p in points]
     crossovers = [g.crossover_n for g in group_results]
     speedups = [p.best_speedup for p in points if p.best_speedup is not None]
     troubled = [g for g in group_results if g.problems]
@@ -336,8 +386,11 @@ def fuse_or_capture(point: PointResult) -> Optional[FuseOrCapture]:
     if not controls or best is None or point.disturbed:
         return None
     control = min(controls, key=lambda c: point.timings[c])
-    ci = list(speedup_ci(point.stats[control].samples_ms, point.stats[best].samples_ms))
-    return FuseOrCapture(point.n, best, control, point.timings[control] / point.timings[best], ci, verdict(ci))
+    level = point.decision.level if point.decision is not None else 0.95
+    speedup, lo, hi = paired_ratio(point.stats[control].samples_ms, point.stats[best].samples_ms, level)
+    samples = {name: point.stats[name].samples_ms for name in (best, control)}
+    answer = decide_capture(samples, best, [control], level)
+    return FuseOrCapture(point.n, best, control, speedup, [lo, hi], verdict((lo, hi)), answer)
 
 
 def _problem_digest(problems: List[str]) -> str:
@@ -347,30 +400,6 @@ def _problem_digest(problems: List[str]) -> str:
         n, _, text = line.partition(": ")
         where.setdefault(text.split(":")[0], []).append(n[2:])
     return "; ".join(f"{kind} at N={','.join(dict.fromkeys(ns))}" for kind, ns in where.items())
-
-
-def _point_problems(point: PointResult, deciding: bool) -> List[str]:
-    """Why this point's verdict may not be trusted: a disturbed measurement, disagreeing passes,
-    or (where it decides a crossover) an interval near the margin that did not converge."""
-    problems = [
-        why
-        for health in (point.health, point.confirmation.health if point.confirmation else None)
-        if health is not None
-        for why in health.problems
-    ]
-    if point.unstable:
-        problems.append(f"unstable: first {first_verdict(point)}, then {point.confirmation.winner}")
-    # An unconverged median widens the speedup's interval, which the verdict already takes
-    # into account; it matters where that interval is close enough to a margin to tip.
-    if deciding and point.timings and not _converged(point) and _near_margin(point):
-        problems.append("unconverged near the margin: give a larger --budget or a quieter machine")
-    return problems
-
-
-def _converged(point: PointResult) -> bool:
-    """The baseline's and the best strategy's medians reached the precision asked for."""
-    timed = ["baseline"] + ([point.best_strategy] if point.best_strategy in point.stats else [])
-    return all(point.stats[s].converged for s in timed)
 
 
 def first_verdict(point: PointResult) -> str:

@@ -14,11 +14,13 @@ from ..core.roles import BASELINE, CONTROLS, POINT
 from ..core.user_input import MAX_SEED
 from ..measurement.controls import COMPILE_MODES
 from ..measurement.modes import MODES
+from .decisions import CAPTURE_KINDS, KINDS
 
 if TYPE_CHECKING:
     from ..core.correctness import Check
     from ..core.stats import TimingStats
     from ..measurement.health import Health
+    from .decisions import Decision
     from .schema import BenchmarkResult, Confirmation, Failure, GroupResult, PointResult
 
 __all__ = ["check_result"]
@@ -29,7 +31,7 @@ FAILURE_KINDS = ("error", "timeout", "crash", "skipped")
 # point (failures), and the winners that are no strategy (a statistical tie, verdicts
 # the confirmation contradicted, a measurement that could not be cleaned).
 NO_DIFFERENCE = "no_difference"
-NON_STRATEGY_WINNERS = (BASELINE, NO_DIFFERENCE, "unstable", "disturbed")
+NON_STRATEGY_WINNERS = (BASELINE, NO_DIFFERENCE, "marginal", "open", "unstable", "disturbed")
 CONFIRMATION_WINNERS = (*NON_STRATEGY_WINNERS, "failed")
 
 
@@ -168,6 +170,23 @@ def _check_point(p: "PointResult", strategies: Collection[str], where: str) -> N
         _check_health(p.health, f"{where}.health")
     if p.confirmation is not None:
         _check_confirmation(p.confirmation, strategies, f"{where}.confirmation")
+    if p.decision is not None:
+        _check_decision(p.decision, p.speedups, f"{where}.decision")
+
+
+def _check_decision(d: "Decision", speedups: Collection[str], where: str) -> None:
+    call = d.call
+    _need(call.kind in KINDS, f"{where}.call.kind", f"{call.kind!r} is not one of {', '.join(KINDS)}")
+    for s in [call.strategy, *call.ties, *call.rivals]:
+        _need(s is None or s in speedups, f"{where}.call", f"{s!r} has no speedup")
+    _need(call.capture is None or call.capture in CAPTURE_KINDS, f"{where}.call.capture", f"{call.capture!r}")
+    _need(0.5 <= d.level < 1, f"{where}.level", f"{d.level} is not a confidence level")
+    _positive_int(f"{where}.rounds", d.rounds)
+    _need(
+        d.settled_at is None or 1 <= d.settled_at <= d.rounds,
+        f"{where}.settled_at",
+        f"{d.settled_at} is not in [1, rounds]",
+    )
 
 
 def _check_health(h: "Health", where: str) -> None:
@@ -218,6 +237,7 @@ def _check_group(g: "GroupResult", where: str) -> None:
     for i, n in enumerate(g.n_values):
         _positive_int(f"{where}.n_values[{i}]", n)
     _need(g.crossover_n is None or g.crossover_n in g.n_values, f"{where}.crossover_n", "is not one of its N values")
+    _need(set(g.marginal_n) <= set(g.n_values), f"{where}.marginal_n", "are not all of its N values")
     f = g.fuse_or_capture
     if f is not None:
         _need(f.n in g.n_values, f"{where}.fuse_or_capture.n", "is not one of its N values")

@@ -26,6 +26,7 @@ from ..measurement.health import Health, RunHealth
 from ..measurement.roofline import Peaks
 from ..measurement.settings import RunSettings
 from ..measurement.timing import TimingConfig
+from .decisions import Decision
 from .manifest import Manifest
 from .views import view
 
@@ -77,8 +78,11 @@ class Failure:
 class Confirmation:
     """The confirmation pass's measurement of a point: built afresh from the same seed, later in the run.
 
-    agrees: its verdict on fusing (winner class: a strategy wins, no difference, or
-    the baseline) is the first pass's. When it is not, the point is unstable.
+    agrees: its decision on fusing does not contradict the point's (results.decisions.compatible:
+    a win against a loop does; a marginal or open pass contradicts nothing). When it does, the
+    point is unstable. replaced: this is the first pass, which the confirmation outranked (it
+    was disturbed, or still open, and the confirmation was neither), so the point holds the
+    confirmation's measurement and this one is kept for the record.
     """
 
     timings: Dict[str, float]
@@ -88,6 +92,8 @@ class Confirmation:
     winner: str
     agrees: bool
     health: Optional[Health] = None
+    decision: Optional[Decision] = None
+    replaced: bool = False
 
 
 @dataclass_json
@@ -106,16 +112,21 @@ class PointResult:
     """One N at one parameter combination; `wide_tessera.results.analysis` computes it from measurements.
 
     timings: strategy -> median ms per call ('baseline' included; incorrect strategies are not timed)
-    speedups: strategy -> baseline median / strategy median
-    speedup_ci: strategy -> [low, high], its 95% confidence interval
+    speedups: strategy -> how many times faster than the baseline: the median of the paired
+        rounds' ratios (files before decisions: baseline median / strategy median)
+    speedup_ci: strategy -> [low, high], its confidence interval at `decision.level` (99.4% per
+        look, 95% over all looks; see results.decisions), 95% in files before decisions
     verdicts: strategy -> 'faster', 'slower' or 'same' (no significant difference)
     correct: strategy -> passed the correctness check (False also when it failed to run)
     best_strategy: the fastest correct significantly-faster strategy, else the correct one with
         the highest speedup (None if none is correct)
     best_speedup: its speedup when it is significantly faster, else None: never a headline from noise
-    winner: best_strategy when fusing wins, 'no_difference' on a statistical tie, else 'baseline';
+    winner: best_strategy when fusing wins, 'marginal' when it gains about the margin,
+        'no_difference' on a statistical tie, 'open' when undecided, else 'baseline';
         'unstable' when the confirmation pass disagreed, 'disturbed' when the measurement could not
         be cleaned of disturbance
+    decision: what the point decided (results.decisions.Decision), how many rounds it took and
+        when it settled; None in files from before decisions
     peak_memory_bytes: strategy -> most tensor memory one call held above what was held before
     failures: strategy (or 'point' for the whole point) -> why it has no result
     health: what the machine did while the point was timed
@@ -154,6 +165,7 @@ class PointResult:
     work: Optional[Work] = None
     energy: Dict[str, Energy] = field(default_factory=dict)
     where: Optional[Where] = None
+    decision: Optional[Decision] = None
 
     @property
     def unstable(self) -> bool:
@@ -182,8 +194,11 @@ class PointResult:
 class FuseOrCapture:
     """At a group's largest N: the fastest correct strategy against the fastest control.
 
-    speedup: control median / strategy median, with its 95% CI over the paired rounds, and
-    the verdict by the same rule as every speedup: 'faster' means fusing beats capturing.
+    speedup: how many times faster the strategy is than the control (the median of the paired
+    rounds' ratios), with its interval at the point's level, and the verdict by the same rule as
+    every speedup: 'faster' means fusing beats capturing. answer: 'fuse', 'capture', 'either'
+    (neither gains the margin over the other) or 'open' (results.decisions.decide_capture);
+    empty in files from before decisions.
     """
 
     n: int
@@ -192,6 +207,7 @@ class FuseOrCapture:
     speedup: float
     ci: List[float]
     verdict: str
+    answer: str = ""
 
 
 @dataclass_json
@@ -199,9 +215,12 @@ class FuseOrCapture:
 class GroupResult:
     """All points that share their parameters and differ in N, and where fusing starts to pay.
 
-    problems: why the group's verdicts may not be trusted (disturbed measurements, unstable
-    points, deciding points near the margin that did not converge); empty when they can be.
-    fuse_or_capture: the best strategy against the best control at the largest N, where both ran.
+    crossover_n: the smallest N from which fusing wins at every larger N (None: never).
+    marginal_n: the Ns where fusing gains about the margin, either choice costing little; a
+    crossover reads "fuse from N=8; N=4 marginal". problems: why a decision of the group could
+    flip (results.reliability); empty when none can. notes: what was seen that cannot flip one
+    (a busy machine, a disturbed point that decides nothing). fuse_or_capture: the best
+    strategy against the best control at the largest N, where both ran.
     """
 
     params: Dict[str, Any]
@@ -209,6 +228,8 @@ class GroupResult:
     crossover_n: Optional[int]
     problems: List[str] = field(default_factory=list)
     fuse_or_capture: Optional[FuseOrCapture] = None
+    marginal_n: List[int] = field(default_factory=list)
+    notes: List[str] = field(default_factory=list)
 
 
 @dataclass_json
@@ -315,8 +336,12 @@ class BenchmarkResult:
         return self.settings.energy
 
     def summary(self) -> str:
-        """The text summary a run prints (reports.text)."""
+        """The full text summary (reports.text): every timing, memory, launches, decisions."""
         return view("summary")(self)
+
+    def brief(self) -> str:
+        """The answer in a table that fits a terminal (reports.brief): what a run prints."""
+        return view("brief")(self)
 
     def to_rows(self) -> List[Dict[str, Any]]:
         """The tidy rows: one dict per (N, parameters, strategy); see `reports.tidy`."""

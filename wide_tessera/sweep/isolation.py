@@ -50,12 +50,12 @@ _PR_SET_PDEATHSIG = 1
 
 
 def iter_points_isolated(
-    job: BenchmarkJob, settings: RunSettings, skip: Optional[Set[str]] = None
+    job: BenchmarkJob, settings: RunSettings, skip: Optional[Set[str]] = None, facts: bool = True
 ) -> Iterator[PointResult]:
     points = job.sweep.points()
     start, excluded = 0, {}
     while start < len(points):
-        worker = _Worker(job, settings, start, skip or set(), excluded)
+        worker = _Worker(job, settings, start, skip or set(), excluded, facts)
         try:
             for index, point in worker.points():
                 yield point
@@ -137,7 +137,13 @@ def check_picklable(job: BenchmarkJob) -> None:
 
 class _Worker:
     def __init__(
-        self, job: BenchmarkJob, settings: RunSettings, start: int, skip: Set[str], excluded: Dict[str, Failure]
+        self,
+        job: BenchmarkJob,
+        settings: RunSettings,
+        start: int,
+        skip: Set[str],
+        excluded: Dict[str, Failure],
+        facts: bool,
     ):
         read_fd, write_fd = os.pipe()
         self.functions = _functions(job)
@@ -155,7 +161,7 @@ class _Worker:
             )
         os.close(write_fd)
         self.pipe = os.fdopen(read_fd, "rb", buffering=0)
-        self.proc.stdin.write(pickle.dumps((job, settings, start, skip, excluded, os.getpid())))
+        self.proc.stdin.write(pickle.dumps((job, settings, start, skip, excluded, facts, os.getpid())))
         self.proc.stdin.close()
         self.stage: Optional[Tuple[int, str, Optional[str], float, float]] = None
         self.raised: Optional[Tuple[str, str]] = None
@@ -255,7 +261,7 @@ def _die_with(parent: int) -> None:
 
 
 def _worker_main(write_fd: int, slot_fd: int) -> None:
-    job, settings, start, skip, excluded, parent = pickle.load(sys.stdin.buffer)
+    job, settings, start, skip, excluded, facts, parent = pickle.load(sys.stdin.buffer)
     _die_with(parent)
     out = os.fdopen(write_fd, "wb", buffering=0)
     slot = mmap.mmap(slot_fd, _SLOT.size)
@@ -276,7 +282,8 @@ def _worker_main(write_fd: int, slot_fd: int) -> None:
         slot[: _SLOT.size] = _SLOT.pack(index_of[name])
 
     try:
-        for point in iter_points(job, settings, start, skip, excluded, observer=observe, on_function=timing):
+        points = iter_points(job, settings, start, skip, excluded, observe, timing, facts)
+        for point in points:
             send(("point", current[0], point.to_dict()))
     except (SystemExit, KeyboardInterrupt) as e:  # raised by the measured code: say what it was
         send(("raised", type(e).__name__, str(e)))

@@ -12,6 +12,7 @@ import copy
 import gc
 import time
 import warnings
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set
 
@@ -28,7 +29,7 @@ from ..core.correctness import (
     shares_memory,
     tolerance,
 )
-from ..core.job import DTYPES, BenchmarkJob, point_key
+from ..core.job import DTYPES, BenchmarkJob, group_key, point_key
 from ..core.roles import CONTROLS
 from ..measurement import modes
 from ..measurement.controls import OPTIMIZER_CONTROLS, GraphedLoop, compiled, control_unavailable
@@ -40,6 +41,7 @@ from ..measurement.settings import RunSettings
 from ..measurement.stages import StageObserver, StageTimeout, stage_limit
 from ..measurement.timing import PairedTimings, TimedFunctionError, measure_paired
 from ..results import analysis
+from ..results.decisions import level_of, stop_rule
 from ..results.schema import Failure, PointResult
 
 __all__ = ["iter_points", "INPUT_DRAWS"]
@@ -47,6 +49,20 @@ __all__ = ["iter_points", "INPUT_DRAWS"]
 # Each strategy is checked on this many independent input draws: one draw can hide a
 # strategy that is right only for some inputs (KernelBench runs several trials).
 INPUT_DRAWS = 2
+
+
+@dataclass
+class TimeBank:
+    """Sampling time the settled points of a pass left unused, lent to points still open: a
+    point may sample up to five times its own budget while the bank holds the time."""
+
+    saved_s: float = 0.0
+
+    def allowance(self, budget_s: float) -> float:
+        return min(self.saved_s, 4 * budget_s)
+
+    def account(self, budget_s: float, sampled_s: float) -> None:
+        self.saved_s = max(0.0, self.saved_s + budget_s - sampled_s)
 
 
 def iter_points(
@@ -57,15 +73,23 @@ def iter_points(
     excluded: Optional[Dict[str, Failure]] = None,
     observer: Optional[Callable[[int, str, Optional[str], float], None]] = None,
     on_function: Optional[Callable[[str], None]] = None,
+    facts: bool = True,
 ) -> Iterator[PointResult]:
     """Measure the sweep's points from index `start`, leaving out those whose key is in `skip`.
 
     `excluded` holds strategies already known to fail at point `start` (the isolated
     runner's record of a crash): they are not run again, and their failures are kept.
     `observer(index, stage, strategy, limit)` hears of each stage as it starts, and
-    `on_function(name)` of each function the timer is about to run.
+    `on_function(name)` of each function the timer is about to run. The controls are timed
+    at each group's largest N, where their answer is given, unless settings.controls_at says
+    'every'. Without `facts` (the confirmation pass, which re-measures decisions) the launches
+    and memory peaks, which the first pass recorded, are not measured again.
     """
     skip = skip or set()
+    largest: Dict[str, int] = {}
+    for n, params in job.sweep.points():
+        largest[group_key(params)] = max(n, largest.get(group_key(params), 0))
+    bank = TimeBank()
     # The profiler's first start in a process takes about a second (CPU): pay it here,
     # outside every stage's time limit.
     peak_memory(lambda: None, settings.device)
@@ -74,8 +98,18 @@ def iter_points(
             if index < start or point_key(n, params) in skip:
                 continue
             known = dict(excluded or {}) if index == start else {}
+            controls = settings.controls and (settings.controls_at == "every" or n == largest[group_key(params)])
             yield _measure_point(
-                job, n, params, settings, known, None if observer is None else partial(observer, index), on_function
+                job,
+                n,
+                params,
+                settings,
+                known,
+                None if observer is None else partial(observer, index),
+                on_function,
+                controls,
+                bank,
+                facts,
             )
 
 
@@ -91,6 +125,9 @@ def _measure_point(
     failures: Dict[str, Failure],
     observer: Optional[StageObserver],
     on_function: Optional[Callable[[str], None]] = None,
+    controls: bool = False,
+    bank: Optional[TimeBank] = None,
+    facts: bool = True,
 ) -> PointResult:
     device, timeouts = settings.device, settings.timeouts
     dtype = DTYPES[params.get("dtype", "float32")]
@@ -169,7 +206,7 @@ def _measure_point(
                     reference_side = Side(reference_calls, list, list, modules)
                     outcomes.append(modes.outcome(settings.mode, reference_side, _clones(inputs), weights[i], _call))
             timed = {"baseline": timed_of(loop_side())}
-            peaks = {"baseline": peak_memory(timed["baseline"], device)[1]}
+            peaks = {"baseline": peak_memory(timed["baseline"], device)[1]} if facts else {}
     except Exception as e:  # noqa: BLE001  a point whose baseline fails is a result, not a reason to stop the sweep
         return analysis.failed_point(n, params, {"point": _failure("check", e)})
 
@@ -213,7 +250,8 @@ def _measure_point(
                 return None
             with stage("check", name):  # left as the timed call leaves it: restoring could break a recorded forward
                 call = timed_of(side)
-                peaks[name] = peak_memory(call, device)[1]
+                if facts:
+                    peaks[name] = peak_memory(call, device)[1]
             return call
         except Exception as e:  # noqa: BLE001  a broken strategy is a result to report, not a reason to stop the sweep
             failures[name] = _failure("check", e)
@@ -248,7 +286,7 @@ def _measure_point(
         call = checked(strategy, side, join, seeded_wide and _wide_side(seeded_wide, seeded_wide))
         if call is not None:
             timed[strategy] = call
-    for control in CONTROLS if settings.controls else ():
+    for control in CONTROLS if controls else ():
         if control_unavailable(
             control, device, settings.compile, settings.timing.cuda_graph, job.random, settings.mode
         ):
@@ -262,12 +300,12 @@ def _measure_point(
         if call is not None:
             timed[control] = call
 
-    timings = _measure_until_healthy(timed, settings, failures, stage, on_function)
+    timings = _measure_until_healthy(timed, settings, failures, stage, on_function, bank or TimeBank())
     launches = {}
-    for name in timings.stats if timings is not None else ():
+    for name in timings.stats if timings is not None and facts else ():
         with stage("measure", name):  # after timing: every call counted has run many times already
             launches[name] = count_launches(timed[name], device)
-    point = analysis.measured_point(n, params, timings, checks, settings.seed, peaks, failures, first_call_s)
+    point = analysis.measured_point(n, params, timings, checks, level_of(settings), peaks, failures, first_call_s)
     point.launches, point.work = launches, job.work_factory(n, **params)
     if settings.energy and timings is not None:
         medians = {name: st.median_ms for name, st in timings.stats.items()}
@@ -337,11 +375,20 @@ def _measure_until_healthy(
     failures: Dict[str, Failure],
     stage: Any,
     on_function: Optional[Callable[[str], None]],
+    bank: TimeBank,
 ) -> Optional[PairedTimings]:
-    """Time the functions together; one that fails is recorded and the rest are timed again without it."""
+    """Time the functions together, until the point's decision is settled (results.decisions)
+    or its budget, and what the bank lends it, is spent; one that fails is recorded and the
+    rest are timed again without it."""
     while "baseline" in timed:
+        strategies = [s for s in timed if s != "baseline" and s not in CONTROLS]
+        stop = stop_rule(strategies, [c for c in timed if c in CONTROLS], settings)
+        budget_s = settings.timing.budget_s * len(timed)
+        extra_s = bank.allowance(budget_s) if stop is not None else 0.0
         try:
-            return measure_paired(timed, settings.device, settings.timing, stage, on_function)
+            timings = measure_paired(timed, settings.device, settings.timing, stage, on_function, stop, extra_s)
+            bank.account(budget_s, timings.sampled_s)
+            return timings
         except TimedFunctionError as e:
             culprit = "point" if e.name == "baseline" else e.name
             phase = e.error.stage if isinstance(e.error, StageTimeout) else "measure"

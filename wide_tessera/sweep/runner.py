@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Callable, Dict, Iterator, List, Optional, Set
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set
 
 from ..core.environment import capture_environment
 from ..core.errors import WideTesseraError
@@ -82,6 +82,8 @@ def run_job(
     """
     progress = progress or Progress(0, enabled=False)
     progress.op(job.op)
+    if settings.search is not None:  # every power of two of the range is a candidate; bisection picks
+        job = dataclasses.replace(job, sweep=job.sweep.with_overrides(n_values=search_candidates(settings.search)))
     earlier = previous.points if previous else []
     # Every earlier point is kept, those outside this sweep too (--resume with other N values).
     points: Dict[str, PointResult] = {point_key(p.n, p.params): p for p in earlier}
@@ -108,9 +110,19 @@ def run_job(
         if on_point is not None:
             on_point(result(complete=False))
 
+    def measure_one(n: int, params: Dict[str, Any]) -> PointResult:
+        key = point_key(n, params)
+        if key not in points:
+            for point in _points(job, settings, skip=every - {key}):
+                measured(key, point, f"search {len(points) + 1} {_progress(point)}")
+        return points[key]
+
     try:
-        for point in _points(job, settings, skip=set(points) | (every - sweep)):
-            measured(point_key(point.n, point.params), point, f"{len(points) + 1}/{len(order)} {_progress(point)}")
+        if settings.search is None:
+            for point in _points(job, settings, skip=set(points) | (every - sweep)):
+                measured(point_key(point.n, point.params), point, f"{len(points) + 1}/{len(order)} {_progress(point)}")
+        else:
+            _bisect_every_group(job, sweep, measure_one)
         # A control never decides a verdict, so the second pass leaves the controls out
         # (a gemm+gru quick run: 128 s with them, 119 s without), and the energy, which the
         # first pass measured and no verdict reads.
@@ -119,15 +131,51 @@ def run_job(
             todo = point_keys(analysis.points_to_confirm(ordered(), settings.confirm))
             todo &= sweep  # a point of an earlier run outside this sweep cannot be rebuilt from it
             progress.more(len(todo))
-            for i, second in enumerate(_points(job, again, skip=every - todo), start=1):
+            for i, second in enumerate(_points(job, again, skip=every - todo, facts=False), start=1):
                 key = point_key(second.n, second.params)
                 point = analysis.confirmed(points[key], second)
                 measured(key, point, f"confirm {i}/{len(todo)} {_confirmation_progress(point)}")
             if not todo:
                 break
+            if settings.search is not None:  # a confirmation that moved a crossover reopens its search
+                _bisect_every_group(job, sweep, measure_one)
     except KeyboardInterrupt:
         raise RunInterrupted(result(complete=False)) from None
     return result(complete=True)
+
+
+def search_candidates(search: Sequence[int]) -> List[int]:
+    """The powers of two from LO to HI: the Ns a crossover search may measure."""
+    lo, hi = search
+    return [2**k for k in range(lo.bit_length() - 1, hi.bit_length())]
+
+
+def _bisect_every_group(
+    job: BenchmarkJob, sweep: Set[str], measure: Callable[[int, Dict[str, Any]], PointResult]
+) -> None:
+    for params in job.sweep.param_grid():
+        if point_key(job.sweep.n_values[-1], params) in sweep:
+            bisect(list(job.sweep.n_values), lambda n, params=params: measure(n, params))
+
+
+def bisect(candidates: Sequence[int], measure: Callable[[int], PointResult]) -> None:
+    """Find a group's crossover over `candidates` (increasing Ns), assuming that fusing that wins
+    at some N wins at every larger one: the largest N first (no win there: it never crosses),
+    then the smallest, then halving the range between the largest N that does not win and the
+    smallest that does. `measure(n)` measures a point, or gives it back where it is known, so
+    a search that a confirmation disturbed continues from what it knows. About log2 of the
+    candidates are measured."""
+    if not measure(candidates[-1]).fused_wins:
+        return
+    if measure(candidates[0]).fused_wins:
+        return
+    below, above = 0, len(candidates) - 1  # below: not fused; above: fused
+    while above - below > 1:
+        middle = (below + above) // 2
+        if measure(candidates[middle]).fused_wins:
+            above = middle
+        else:
+            below = middle
 
 
 def check_runnable(job: BenchmarkJob, settings: RunSettings) -> None:
@@ -147,10 +195,10 @@ def check_runnable(job: BenchmarkJob, settings: RunSettings) -> None:
             raise WideTesseraError(f"energy=True (--energy) cannot be measured: {why}")
 
 
-def _points(job: BenchmarkJob, settings: RunSettings, skip: Set[str]) -> Iterator[PointResult]:
+def _points(job: BenchmarkJob, settings: RunSettings, skip: Set[str], facts: bool = True) -> Iterator[PointResult]:
     if settings.isolate:
-        return iter_points_isolated(job, settings, skip)
-    return iter_points(job, settings, skip=skip)
+        return iter_points_isolated(job, settings, skip, facts)
+    return iter_points(job, settings, skip=skip, facts=facts)
 
 
 def _build_result(

@@ -8,6 +8,7 @@ measures and writes; they check the options, show the results and choose the exi
 from __future__ import annotations
 
 import dataclasses
+import math
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -20,7 +21,7 @@ from ..results.load import load_results
 from ..results.schema import BenchmarkResult, save_results
 from .progress import Progress
 from .resume import check_resumable, point_order, points_left
-from .runner import RunInterrupted, run_job
+from .runner import RunInterrupted, run_job, search_candidates
 from .shards import Shard, assign, joined, mark, remove_shards, shard_path, with_shards
 
 __all__ = ["previous_results", "measure_jobs", "measure_shard", "points_to_measure", "Interrupted"]
@@ -51,8 +52,12 @@ def previous_results(path: str, settings: RunSettings, sharded: bool = False) ->
     return previous
 
 
-def points_to_measure(jobs: Sequence[BenchmarkJob], previous: Dict[str, BenchmarkResult]) -> int:
-    """How many points the jobs still measure (before confirmation), given what `previous` holds."""
+def points_to_measure(jobs: Sequence[BenchmarkJob], settings: RunSettings, previous: Dict[str, BenchmarkResult]) -> int:
+    """How many points the jobs still measure (before confirmation), given what `previous` holds;
+    a crossover search, at most about log2 of its candidates per group."""
+    if settings.search is not None:
+        per_group = 1 + math.ceil(math.log2(len(search_candidates(settings.search))))
+        return sum(per_group * len(list(job.sweep.param_grid())) for job in jobs)
     return sum(points_left(job.sweep, previous.get(job.op)) for job in jobs)
 
 

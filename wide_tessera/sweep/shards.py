@@ -181,7 +181,8 @@ def joined(job: BenchmarkJob, results: Sequence[BenchmarkResult], earlier: Seque
         duration_s=max(r.duration_s for r in results),
         memory_method=first.memory_method,
         # a rank that raised leaves its groups out: complete only when every point of the sweep is in
-        complete=all(r.complete for r in results) and {point_key(n, p) for n, p in job.sweep.points()} <= set(points),
+        complete=all(r.complete for r in results)
+        and (first.settings.search is not None or {point_key(n, p) for n, p in job.sweep.points()} <= set(points)),
         peaks=first.peaks,
         runs=_runs(results),
     )

@@ -1,0 +1,207 @@
+"""Decisions: the stopping rule's error rates over repeated looks, marginal points and ties,
+reliability judged by what could flip, the crossover search, the closing table."""
+
+import time
+from typing import List, Optional, Sequence
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from wide_tessera import SweepParams, TimingStats, WideOp, register, run
+from wide_tessera.core.correctness import Check
+from wide_tessera.core.stats import paired_ratio
+from wide_tessera.measurement.health import Health
+from wide_tessera.measurement.timing import PairedTimings, TimingConfig
+from wide_tessera.reports.brief import closing_table
+from wide_tessera.results import analysis
+from wide_tessera.results.decisions import decide, decision_level, looks
+from wide_tessera.sweep.runner import bisect
+
+from .helpers import synthetic_result as result
+
+CONFIG = TimingConfig()
+LEVEL = decision_level(CONFIG)
+
+
+def simulate(ratio: float, rng: np.random.Generator, spread: float = 0.08, rounds: int = CONFIG.max_samples):
+    """Paired rounds of a baseline and a strategy `ratio` times faster, each with lognormal noise
+    of its own and a drift the round shares, as interleaved timings have."""
+    drift = rng.lognormal(0, spread, rounds)
+    base = drift * rng.lognormal(0, spread, rounds)
+    strategy = drift * rng.lognormal(0, spread, rounds) / ratio
+    return base, strategy
+
+
+def stopped(base, strategy):
+    """The Call and the samples at the first look where the rule is settled (or the last)."""
+    for n in looks(CONFIG):
+        samples = {"baseline": base[:n], "s": strategy[:n]}
+        call = decide(samples, ["s"], LEVEL)
+        if call.settled:
+            return call, samples
+    return call, samples
+
+
+@pytest.mark.parametrize("ratio", [1.0, 1.05, 1.2, 0.7])
+def test_the_stopping_rule_keeps_its_error_rate_over_repeated_looks(ratio):
+    rng = np.random.default_rng(0)
+    misses, wrong = 0, 0
+    runs = 300
+    for _ in range(runs):
+        call, samples = stopped(*simulate(ratio, rng))
+        _, lo, hi = paired_ratio(samples["baseline"], samples["s"], LEVEL)
+        misses += not lo <= ratio <= hi
+        wrong += (call.kind == "fuse" and ratio <= 1.05) or (call.kind == "loop" and ratio > 1.05)
+    # every interval at the look it stopped at holds at 95% over all looks: misses stay under 5%
+    assert misses / runs <= 0.05, misses
+    assert wrong / runs <= 0.05, wrong
+
+
+def test_a_clear_decision_stops_at_the_first_look_and_a_margin_one_settles_as_marginal():
+    rng = np.random.default_rng(1)
+    call, samples = stopped(*simulate(1.5, rng, spread=0.03))
+    assert call.kind == "fuse" and len(samples["baseline"]) == 10
+    call, samples = stopped(*simulate(1.05, rng, spread=0.01))
+    assert call.kind == "marginal" and call.settled
+
+
+def test_two_equal_strategies_tie_and_a_slower_one_does_not():
+    rng = np.random.default_rng(2)
+    base, fast = simulate(2.0, rng, spread=0.01)
+    twin = fast * rng.lognormal(0, 0.005, len(fast))
+    slow = fast * 1.3
+    call = decide({"baseline": base[:80], "a": fast[:80], "b": twin[:80], "c": slow[:80]}, ["a", "b", "c"], LEVEL)
+    assert call.kind == "fuse" and call.strategy in ("a", "b") and call.ties == [{"a": "b", "b": "a"}[call.strategy]]
+    assert not call.rivals and call.settled
+
+
+def stats(ms: Sequence[float]) -> TimingStats:
+    return TimingStats.from_samples(list(ms), "synthetic")
+
+
+def point(n, base, strategies, health=None, level=LEVEL):
+    """A point from per-round samples (ms): the baseline's and each strategy's or control's."""
+    timings = {"baseline": stats(base), **{s: stats(v) for s, v in strategies.items()}}
+    checks = {s: Check(True, 0.0, 1e-4) for s in strategies}
+    return analysis.measured_point(n, {}, PairedTimings(timings, health or Health(len(base), 0)), checks, level)
+
+
+def rounds(ms, k=20, rng=None, spread=0.01):
+    rng = rng or np.random.default_rng(int(ms * 1000))
+    return list(ms * rng.lognormal(0, spread, k))
+
+
+def test_a_control_near_the_margin_with_a_clear_decision_is_reliable():
+    base = rounds(4.0)
+    clear = point(16, base, {"a": rounds(2.0), "loop_compiled": [b / 1.05 for b in base]})  # the control at 1.05x
+    r = result([point(1, rounds(1.0), {"a": rounds(2.0)}), clear])
+    assert clear.decision.kind == "fuse" and r.reliable, r.unreliable_reasons
+
+
+def test_a_deciding_point_near_the_margin_with_no_time_left_is_unreliable():
+    rng = np.random.default_rng(3)
+    base = rounds(1.0, rng=rng, spread=0.05)
+    near = point(2, base, {"a": [b / 1.05 * f for b, f in zip(base, rng.lognormal(0, 0.05, 20))]})
+    assert near.decision.kind == "open"
+    r = result([point(1, rounds(1.0), {"a": rounds(2.0)}), near, point(4, rounds(4.0), {"a": rounds(2.0)})])
+    assert not r.reliable and "open at N=2" in r.unreliable_reasons[0]
+
+
+def test_a_disturbed_first_pass_and_a_clean_agreeing_confirmation_is_not_unstable():
+    disturbed = Health(
+        20, 30, cleaned=False, problems=["disturbed: 30 of 50 rounds waited for a CPU or were throttled"]
+    )
+    first = point(4, rounds(4.0), {"a": rounds(2.0)}, health=disturbed)
+    second = point(4, rounds(4.0), {"a": rounds(2.1)})
+    confirmed = analysis.confirmed(first, second)
+    assert not confirmed.unstable and not confirmed.disturbed and confirmed.fused_wins
+    assert confirmed.confirmation.replaced and confirmed.timings == second.timings  # the clean one is the point's
+    r = result([point(1, rounds(1.0), {"a": rounds(2.0)}), confirmed])
+    assert r.reliable and r.groups[0].crossover_n == 4
+
+
+def test_a_marginal_point_is_reported_beside_the_crossover():
+    marginal = point(2, [1.05] * 20, {"a": [1.0] * 20})
+    r = result([point(1, rounds(1.0), {"a": rounds(2.0)}), marginal, point(4, rounds(4.0), {"a": rounds(2.0)})])
+    assert marginal.winner == "marginal" and r.groups[0].crossover_n == 4 and r.groups[0].marginal_n == [2]
+    assert "fuse from N=4; N=2 marginal" in r.summary() and r.reliable
+
+
+def test_bisection_finds_the_crossover_in_about_log2_measurements():
+    measured = []
+
+    class Stub:
+        def __init__(self, n):
+            self.fused_wins = n >= 64
+
+    def measure(n):
+        measured.append(n)
+        return Stub(n)
+
+    candidates = [2**k for k in range(13)]  # 1 .. 4096
+    bisect(candidates, measure)
+    assert 32 in measured and 64 in measured and len(measured) <= 6  # a grid would take 13
+    measured.clear()
+    bisect(candidates, lambda n: measure(n) if n < 4096 else type("Loses", (), {"fused_wins": False})())
+    assert measured == []  # the largest N loses: it never crosses, nothing more to measure
+
+
+def _busy(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+class Busy(nn.Module):
+    def forward(self, x):
+        _busy(60e-6)
+        return x + 1
+
+
+class FixedCost(WideOp, nn.Module):
+    """N calls of 60 us against one wide call of 0.5 ms: fusing wins from N=16 (8.3 calls even)."""
+
+    BENCHMARK_STRATEGIES = ("fixed",)
+    BENCHMARK_SWEEPS = {"test": SweepParams.of([1, 2], d=[4])}
+
+    def __init__(self, n: int, strategy: Optional[str] = None):
+        super().__init__()
+        self.n, self.strategy = n, self.check_strategy(strategy)
+
+    @classmethod
+    def from_modules(cls, modules, strategy=None):
+        return cls(len(modules), strategy)
+
+    def forward(self, x):
+        _busy(5e-4)
+        return x + 1
+
+    @classmethod
+    def bench_model(cls, **_):
+        return Busy()
+
+    @classmethod
+    def bench_inputs(cls, n, d, **_) -> List[torch.Tensor]:
+        return [torch.randn(d) for _ in range(n)]
+
+
+def test_search_finds_a_known_crossover_and_measures_only_what_it_needs():
+    register("test_fixed_cost")(FixedCost)  # leaves with the test (conftest)
+    timing = TimingConfig(warmup_s=0.0, budget_s=0.2, min_sample_s=2e-3)
+    r = run(FixedCost.benchmark_job("test"), timing=timing, verbose=False, search=[1, 256], confirm="none", seed=0)
+    (group,) = r.groups
+    assert group.crossover_n in (16, 32), [(p.n, p.decision.kind) for p in r.points]  # 8.3 calls even: 16 clearly wins
+    assert len(group.n_values) < 9 and 256 in group.n_values and 1 in group.n_values  # not the 9 candidates
+    assert r.settings.search == [1, 256] and "fuse from N=" in r.brief()
+
+
+def test_the_closing_table_answers_per_op_and_group():
+    a = result([point(1, rounds(1.0), {"a": rounds(2.0)}), point(4, rounds(4.0), {"a": rounds(2.0)})])
+    b = result([point(1, rounds(1.0), {"a": rounds(2.0)}), point(4, rounds(4.0), {"a": rounds(8.0)})])
+    table = closing_table([a, b])
+    lines = table.splitlines()
+    assert lines[0] == "ANSWERS (2 of 2 ops RELIABLE)" and len(lines) == 4
+    assert "fuse from N=4" in lines[2] and "N=4: fuse a 1.99x" in lines[2] and "RELIABLE" in lines[2]
+    assert "never" in lines[3] and "N=4: loop" in lines[3]

@@ -1,0 +1,88 @@
+"""A result's answers in words: a point's decision, a group's crossover with its marginal
+points, fuse or capture, and the legend of the intervals. Every table that states an answer
+states it with these."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, List, Optional
+
+from ..core.stats import MARGINAL_ZONE, MIN_EFFECT
+
+if TYPE_CHECKING:
+    from ..results.schema import BenchmarkResult, GroupResult, PointResult
+
+__all__ = ["n_or_never", "decision_cell", "crossover_text", "capture_text", "interval_legend", "level_of_result"]
+
+
+def n_or_never(n: Optional[int]) -> str:
+    """A crossover or threshold N as every table writes it: the number, or 'never'."""
+    return "never" if n is None else str(n)
+
+
+def decision_cell(point: "PointResult", confirmed_mark: bool = True) -> str:
+    """'fuse bmm', 'fuse bmm (tie einsum)', 'marginal', 'loop', 'open', 'UNSTABLE ...',
+    'DISTURBED': what the point decided (the winner, for files from before decisions)."""
+    if "point" in point.failures:
+        return "-"
+    if point.unstable:
+        return f"UNSTABLE (then {point.confirmation.winner})"
+    if point.disturbed:
+        return "DISTURBED"
+    confirmed = " (confirmed)" if confirmed_mark and point.confirmation is not None else ""
+    if point.decision is None:
+        return point.winner + confirmed
+    call = point.decision.call
+    if call.kind == "fuse":
+        ties = f" (tie {', '.join(call.ties)})" if call.ties else ""
+        rivals = f" (or {', '.join(call.rivals)}?)" if call.rivals else ""
+        return f"fuse {call.strategy}{ties}{rivals}{confirmed}"
+    if call.kind == "open":
+        return f"open{confirmed}"
+    return call.kind + confirmed
+
+
+def crossover_text(group: "GroupResult") -> str:
+    """'fuse from N=8; N=4 marginal', 'never', 'never; N=64 marginal'."""
+    text = "never" if group.crossover_n is None else f"fuse from N={group.crossover_n}"
+    if group.marginal_n:
+        text += f"; N={','.join(map(str, group.marginal_n))} marginal"
+    return text
+
+
+def capture_text(group: "GroupResult") -> str:
+    """At a group's largest N: 'fuse (bmm 2.02x [1.97,2.22] the speed of loop_compiled)', or ''."""
+    f = group.fuse_or_capture
+    if f is None:
+        return ""
+    answer = f.answer or {"faster": "fuse", "slower": "capture", "same": "either"}[f.verdict]
+    words = {"fuse": "fuse", "capture": f"{f.control}, no fusion", "either": "either", "open": "open"}[answer]
+    return f"{words} ({f.strategy} {f.speedup:.2f}x [{f.ci[0]:.2f},{f.ci[1]:.2f}] the speed of {f.control})"
+
+
+def level_of_result(result: "BenchmarkResult") -> Optional[float]:
+    """The intervals' level (None for a file from before decisions: 95%)."""
+    levels = [p.decision.level for p in result.points if p.decision is not None]
+    return levels[0] if levels else None
+
+
+def interval_legend(result: "BenchmarkResult") -> List[str]:
+    """What the intervals and the decisions mean, in the words of results.decisions."""
+    level = level_of_result(result)
+    margin = 1 + MIN_EFFECT
+    low, high = margin / (1 + MARGINAL_ZONE), margin * (1 + MARGINAL_ZONE)
+    if level is None or abs(level - 0.95) < 1e-9:
+        precise = (
+            ": --precise, sampled until every median was known within --target-ci" if result.settings.precise else ""
+        )
+        ci = f"speedup [95% CI]{precise}."
+    else:
+        ci = (
+            f"speedup [{100 * level:.3g}% CI]: the median of the paired rounds' ratios; sampling stopped as soon "
+            "as the decision was settled, and each interval holds at 95% over every look it could have stopped at."
+        )
+    return [
+        ci,
+        f"fuse: a strategy's whole interval above {margin:.2f} (and the winner known faster than the rest, or tied); "
+        f"loop: every interval below {margin:.2f}; marginal: within {low:.3f}..{high:.3f}, fusing gains about "
+        f"{100 * MIN_EFFECT:.0f}%, either choice costs little; open: undecided when the budget ran out.",
+    ]

@@ -1,0 +1,268 @@
+"""The decisions a point's measurement is for, and when it has made them.
+
+A point answers: fuse here, and with which strategy? At a group's largest N it also answers:
+fuse, or just make the loop cheaper (capture it in a CUDA graph, compile it)? Each answer
+rests on speedups with confidence intervals, and sampling stops as soon as every answer is
+settled, instead of when every median is known to 2%:
+
+* a strategy **beats the margin** when its whole interval lies above 1 + MIN_EFFECT, and is
+  **known not to** when the whole interval lies below it;
+* the point is **fuse** (strategy S) when a strategy beats the margin and, for the winner's
+  identity, every other strategy is known slower than S or ties with it: their time ratio
+  known to lie within the margin of 1 (an indifference zone, as in Bechhofer's selection of
+  the best: a difference a fusing decision would not act on is no reason to prefer one fused
+  strategy to another either); **loop** when every strategy is known not to beat the
+  margin; **marginal** when the strategies that might beat it are known to lie within
+  MARGINAL_ZONE of the margin (fusing gains about the margin; either choice costs little);
+  else **open**. Given time every point settles: an interval that straddles the margin
+  shrinks until it lies within the zone.
+
+Repeated looks. The rule looks at the data at geometric round counts (10, 20, 40, ... up to
+the timer's max_samples) and once more when the budget is spent, and could stop at any of
+them. Each look's intervals are at level 1 - ALPHA / looks (Bonferroni), so the chance that
+any interval of a speedup misses its true value at any look, the one the run stopped at
+included, is at most ALPHA: optional stopping does not erode the 95%. The intervals a result
+reports are those of the look it stopped at, at that level (`level`). scripts/coverage.py
+measures their coverage under this rule.
+
+The speedup is the median of the per-round ratios (core.stats.paired_ratio), its interval
+from order statistics: distribution-free, and valid at ten rounds.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from dataclasses_json import dataclass_json
+
+from ..core.stats import MARGINAL_ZONE, MIN_EFFECT, paired_ratio
+from ..measurement.settings import RunSettings
+from ..measurement.timing import Look, StopRule, TimingConfig
+
+__all__ = [
+    "ALPHA",
+    "MARGIN",
+    "Call",
+    "Decision",
+    "looks",
+    "decision_level",
+    "level_of",
+    "stop_rule",
+    "classify",
+    "decide",
+    "decide_capture",
+    "compatible",
+    "same_winner",
+    "KINDS",
+    "CAPTURE_KINDS",
+]
+
+# The chance, over all looks, that a reported interval misses its true value.
+ALPHA = 0.05
+MARGIN = 1 + MIN_EFFECT
+_ZONE = 1 + MARGINAL_ZONE
+
+KINDS = ("fuse", "marginal", "loop", "open")
+CAPTURE_KINDS = ("fuse", "capture", "either", "open")
+
+
+def looks(config: TimingConfig) -> List[int]:
+    """The round counts at which the decision rule looks: min_samples, doubling, up to max_samples."""
+    counts = []
+    n = config.min_samples
+    while n <= config.max_samples:
+        counts.append(n)
+        n *= 2
+    return counts
+
+
+def decision_level(config: TimingConfig) -> float:
+    """The confidence of each look's intervals: 1 - ALPHA / (the scheduled looks and the last one
+    when the budget runs out). 0.99375 with the default 10 to 1000 rounds (eight looks)."""
+    return 1 - ALPHA / (len(looks(config)) + 1)
+
+
+def level_of(settings: RunSettings) -> float:
+    """The level of a run's intervals: decision_level, or 95% for --precise, which stops on the
+    medians' precision, not on the speedups (no look at a speedup can stop it)."""
+    return 1 - ALPHA if settings.precise else decision_level(settings.timing)
+
+
+def stop_rule(strategies: Sequence[str], controls: Sequence[str], settings: RunSettings) -> Optional[StopRule]:
+    """The timer's stop rule for a point whose correct `strategies` (and `controls`) are timed:
+    stop at a scheduled look once its Call is settled; None (the precision rule) for --precise."""
+    if settings.precise:
+        return None
+    scheduled, level = set(looks(settings.timing)), level_of(settings)
+
+    def stop(samples: Dict[str, List[float]]) -> Look:
+        if len(samples["baseline"]) not in scheduled:
+            return Look(False)
+        call = decide(samples, strategies, level, controls)
+        return Look(call.settled, frozenset(settled_parts(samples, call, strategies, controls, level)))
+
+    return stop
+
+
+def settled_parts(
+    samples: Samples, call: Call, strategies: Sequence[str], controls: Sequence[str], level: float
+) -> List[str]:
+    """The functions whose part in the point's decisions is settled at this look, so that later
+    rounds may leave them out: a strategy known not to beat the margin, or known slower than
+    the winner; a control, once fuse-or-capture is answered. Their intervals stay those of the
+    look they left at, whose level covers it."""
+    done = []
+    for s in strategies:
+        if s == call.strategy or s not in samples:
+            continue
+        _, lo, hi = paired_ratio(samples["baseline"], samples[s], level)
+        slower = call.kind == "fuse" and s not in call.ties and s not in call.rivals
+        if hi < MARGIN or slower:
+            done.append(s)
+    if call.capture not in (None, "open"):
+        done += [c for c in controls if c in samples]
+    return done
+
+
+@dataclass_json
+@dataclass(frozen=True)
+class Call:
+    """What a point decided about fusing, at the look it stopped at.
+
+    kind: 'fuse' (with `strategy`), 'marginal' (`strategy` the one nearest the margin's zone),
+    'loop' (no strategy beats the margin), or 'open' (undecided when the budget ran out;
+    `strategy` the provisional best). ties: strategies that tie with the winner within
+    the margin. rivals: strategies not yet known slower than the winner nor tied with it
+    (the winner's identity is open). capture: at a group's largest N, the best strategy
+    against the fastest control: 'fuse', 'capture', 'either' or 'open' (None where no control ran).
+    """
+
+    kind: str
+    strategy: Optional[str] = None
+    ties: List[str] = field(default_factory=list)
+    rivals: List[str] = field(default_factory=list)
+    capture: Optional[str] = None
+
+    @property
+    def settled(self) -> bool:
+        return self.kind != "open" and not self.rivals and self.capture != "open"
+
+
+@dataclass_json
+@dataclass(frozen=True)
+class Decision:
+    """A point's decision and how it was reached: the Call; the rounds taken; the round count at
+    which it settled (None: it never did); the intervals' level; the decisions of its group
+    that it feeds ('crossover', 'winner', 'fuse_or_capture'; set when the result is analysed)."""
+
+    call: Call
+    rounds: int
+    settled_at: Optional[int]
+    level: float
+    feeds: List[str] = field(default_factory=list)
+
+    @property
+    def kind(self) -> str:
+        return self.call.kind
+
+
+def classify(lo: float, hi: float) -> str:
+    """Where a speedup interval lies against the margin: 'beats' (wholly above it), 'marginal'
+    (wholly within the zone around it), 'below' (wholly below it), else 'open'."""
+    if lo > MARGIN:
+        return "beats"
+    if MARGIN / _ZONE <= lo and hi <= MARGIN * _ZONE:
+        return "marginal"
+    if hi < MARGIN:
+        return "below"
+    return "open"
+
+
+Samples = Dict[str, Sequence[float]]
+
+
+def decide(samples: Samples, strategies: Sequence[str], level: float, controls: Sequence[str] = ()) -> Call:
+    """The Call the samples (ms per call, paired by round; 'baseline' among them) support at
+    `level`, over the correct `strategies` that were timed; with `controls`, the fuse-or-capture
+    answer too."""
+    timed = [s for s in strategies if s in samples]
+    if not timed:
+        return Call("loop")
+    ratios = {s: paired_ratio(samples["baseline"], samples[s], level) for s in timed}
+    places = {s: classify(lo, hi) for s, (_, lo, hi) in ratios.items()}
+    best = max(timed, key=lambda s: ratios[s][0])
+    beating = [s for s in timed if places[s] == "beats"]
+    if beating:
+        winner = max(beating, key=lambda s: ratios[s][0])
+        # known slower than the winner outright: its whole interval below the winner's
+        below_winner = [s for s in timed if ratios[s][2] < ratios[winner][1]]
+        others = [s for s in timed if s != winner and s not in below_winner]
+        ties, rivals = _against(samples, winner, others, level)
+        call = Call("fuse", winner, ties, rivals)
+    elif all(places[s] == "below" for s in timed):
+        call = Call("loop", best)
+    elif all(places[s] in ("below", "marginal") for s in timed):
+        call = Call("marginal", max((s for s in timed if places[s] == "marginal"), key=lambda s: ratios[s][0]))
+    else:
+        call = Call("open", best)
+    if controls and call.kind != "loop":  # where fusing loses, capturing the loop is all there is to weigh
+        capture = decide_capture(samples, call.strategy or best, controls, level)
+        call = Call(call.kind, call.strategy, call.ties, call.rivals, capture)
+    return call
+
+
+def _against(samples: Samples, winner: str, others: Sequence[str], level: float) -> Tuple[List[str], List[str]]:
+    """Of `others`: those that tie with `winner` (their time ratio known within the margin of 1),
+    and those neither tied nor known slower."""
+    ties, rivals = [], []
+    for s in others:
+        _, lo, hi = paired_ratio(samples[s], samples[winner], level)  # > 1: the winner is faster
+        if lo > 1:  # known slower
+            continue
+        (ties if 1 / MARGIN <= lo and hi <= MARGIN else rivals).append(s)
+    return ties, rivals
+
+
+def decide_capture(samples: Samples, strategy: str, controls: Sequence[str], level: float) -> str:
+    """Fuse with `strategy`, or capture the loop with the fastest control? 'fuse' when the
+    strategy is faster beyond the margin, 'capture' when the control is, 'either' when their
+    ratio is known to lie within the zone around 1 (neither gains the margin), else 'open'."""
+    timed = [c for c in controls if c in samples]
+    if not timed or strategy not in samples:
+        return "either"
+    control = min(timed, key=lambda c: _median(samples[c]))
+    _, lo, hi = paired_ratio(samples[control], samples[strategy], level)
+    if lo > MARGIN:
+        return "fuse"
+    if hi < 1 / MARGIN:
+        return "capture"
+    if 1 / MARGIN / _ZONE <= lo and hi <= MARGIN * _ZONE:
+        return "either"
+    return "open"
+
+
+def _median(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def compatible(first: Call, second: Call) -> bool:
+    """Whether two passes agree on fusing at a point: a win against a loop is a flip; a marginal
+    or open pass contradicts nothing. Which strategy wins is `same_winner`'s question."""
+    kinds = {first.kind, second.kind}
+    return bool(kinds & {"open", "marginal"}) or len(kinds) == 1
+
+
+def same_winner(first: Call, second: Call) -> bool:
+    """Whether two passes that both fuse name one winner (or winners they found tied)."""
+    if first.kind != "fuse" or second.kind != "fuse":
+        return True
+    return first.strategy == second.strategy or second.strategy in first.ties or first.strategy in second.ties
+
+
+def level_text(level: float) -> str:
+    """'99.4%': a level as the tables write it."""
+    return f"{100 * level:.3g}%" if not math.isclose(level, 0.95) else "95%"
