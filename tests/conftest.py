@@ -18,6 +18,12 @@ def _seeded():
 
 
 @pytest.fixture(autouse=True)
+def _runs_kept_apart(monkeypatch, tmp_path_factory):
+    """The runs the measuring commands keep go to a folder of the test's own, not the checkout's."""
+    monkeypatch.setenv("WIDE_TESSERA_RUNS", str(tmp_path_factory.mktemp("kept-runs")))
+
+
+@pytest.fixture(autouse=True)
 def _no_controls(monkeypatch):
     """Controls compile a loop at every point (about 0.3 s each on the CPU): the tests of
     controls ask for them; elsewhere a run leaves them out unless told."""

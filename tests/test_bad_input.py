@@ -116,7 +116,7 @@ CLI_CASES = [
     (["show", "/dev/full"], "/dev/full: is a character device, not a results file"),
     (["show", "{fifo}"], "{fifo}: is a FIFO, not a results file"),
     (["show", "{tmp}"], "{tmp}: is a directory, not a results file"),
-    (["show", "{tmp}/missing.json"], "{tmp}/missing.json: cannot read"),
+    (["show", "{tmp}/missing.json"], "{tmp}/missing.json: no such file, and no run in"),
     (["show", "{bad}"], "{bad}: not a wide_tessera results file"),
 ]
 

@@ -258,7 +258,7 @@ def test_compare_notes_a_different_device_and_a_broken_strategy(tmp_path):
 @pytest.mark.parametrize(
     "args,message",
     [
-        (["compare", "missing.json", "missing.json"], "missing.json: cannot read"),
+        (["compare", "missing.json", "missing.json"], "missing.json: no such file"),
         (["compare", "{base}", "{base}", "--fail-on-regression", "-3"], "--fail-on-regression"),
         (["compare", "{base}", "{other}"], "share no measured point"),
         (["show", "{base}", "--format", "html"], "'html' is not one of"),

@@ -8,6 +8,7 @@ from .measure import benchmark, custom, tune
 from .ops import list_ops
 from .options import parse_override
 from .results import compare_runs, plot, report, show
+from .runs import runs
 
 __all__ = ["cli", "parse_override"]
 
@@ -18,5 +19,5 @@ def cli() -> None:
     """When does fusing N copies of an op beat N separate calls, and which strategy wins?"""
 
 
-for command in (list_ops, benchmark, custom, tune, collectives, show, compare_runs, plot, report):
+for command in (list_ops, benchmark, custom, tune, collectives, runs, show, compare_runs, plot, report):
     cli.add_command(command)

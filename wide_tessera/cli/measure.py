@@ -5,6 +5,7 @@ sweep.session, print what it found and choose the exit status."""
 from __future__ import annotations
 
 import dataclasses
+import uuid
 from contextlib import ExitStack, closing
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -16,6 +17,7 @@ from ..api import build_custom_job, build_job
 from ..core.errors import WideTesseraError
 from ..core.files import results_lock, results_target
 from ..core.job import BenchmarkJob, SweepParams
+from ..core.runs import new_run_path, prepare_runs_dir
 from ..dispatch.table import (
     TABLE_ENV,
     check_table_target,
@@ -30,7 +32,7 @@ from ..measurement.settings import RunSettings
 from ..measurement.timing import TimingConfig
 from ..ops.registry import get_op, import_ops, op_names
 from ..reports.brief import closing_table
-from ..results.schema import BenchmarkResult
+from ..results.schema import BenchmarkResult, save_results
 from ..sweep.progress import Progress
 from ..sweep.runner import check_runnable, search_candidates
 from ..sweep.session import (
@@ -45,6 +47,7 @@ from ..widen.custom import INPUT_DTYPES, RANDOMNESS
 from .options import (
     DEVICE,
     IMPORT,
+    NO_SAVE,
     QUIET,
     RUN_OPTIONS,
     SAMPLING,
@@ -104,7 +107,7 @@ def benchmark(names: Tuple[str, ...], run_all: bool, preset: str, **given: Any) 
             raise WideTesseraError("name one or more ops, or give --all (see `wide_tessera list`)")
         return build_jobs(op_names() if run_all else names, preset, settings.device, texts, not given["quiet"])
 
-    _measure(jobs, preset, **given)
+    _measure(jobs, preset, command="benchmark", **given)
 
 
 benchmark.help += _EXIT_STATUS
@@ -198,7 +201,7 @@ def custom(
         )
         return [job]
 
-    _measure(jobs, "custom", **given)
+    _measure(jobs, "custom", command="custom", **given)
 
 
 custom.help += _EXIT_STATUS
@@ -219,7 +222,7 @@ custom.help += _EXIT_STATUS
 @click.option(
     "--results", default=None, metavar="FILE", help="Also write every result to this JSON file, as benchmark -o does."
 )
-@options(IMPORT, DEVICE, SELECTION, SAMPLING, QUIET)
+@options(IMPORT, DEVICE, SELECTION, SAMPLING, QUIET, NO_SAVE)
 def tune(names: Tuple[str, ...], preset: str, table: Optional[str], results: Optional[str], **given: Any) -> None:
     """Measure ops (all of them when none is named) and write their verdicts to the dispatch
     table that wide_tessera.fuse() reads.
@@ -255,6 +258,8 @@ def tune(names: Tuple[str, ...], preset: str, table: Optional[str], results: Opt
         dump_ir=None,
         strict=False,
         save_dispatch=table,
+        overwrite=True,  # --results rewrites its file: the table is what tune keeps
+        command="tune",
         **given,
     )
 
@@ -266,7 +271,7 @@ tune.help += """
 """
 
 
-def _check_output(path: Optional[str], resume: bool) -> None:
+def _check_output(path: Optional[str], resume: bool, overwrite: bool) -> None:
     if path is None:
         if resume:
             raise WideTesseraError("--resume needs -o FILE: the results file to continue")
@@ -277,6 +282,20 @@ def _check_output(path: Optional[str], resume: bool) -> None:
         raise WideTesseraError(f"-o {e}") from None
     if resume and not Path(path).exists() and not leftover_shards(path):
         raise WideTesseraError(f"--resume: {path} does not exist; run without --resume to start it")
+    if not resume and not overwrite and Path(path).exists() and Path(path).stat().st_size > 0:
+        raise WideTesseraError(
+            f"-o {path}: holds results already; --resume continues it, --overwrite replaces it, or give another file"
+        )
+
+
+def _run_file(command: str, jobs: Sequence[BenchmarkJob], preset: str) -> Optional[str]:
+    """Where this run is kept (core.runs); None, with one line saying why, where it cannot be."""
+    try:
+        prepare_runs_dir()
+        return str(new_run_path(command, [job.op for job in jobs], preset, uuid.uuid4().hex))
+    except WideTesseraError as e:
+        click.echo(f"{e}: this run is not kept (--no-save skips keeping it)", err=True)
+        return None
 
 
 def _measure(
@@ -293,17 +312,23 @@ def _measure(
     strict: bool,
     quiet: bool,
     save_dispatch: Optional[str],
+    command: str,
+    no_save: bool,
+    overwrite: bool = False,
     **given: Any,
 ) -> None:
-    """Check every option, build the jobs, measure them, saving as they go; exit with the run's status."""
+    """Check every option, build the jobs, measure them, saving as they go (to -o FILE, and to
+    the runs folder unless --no-save); exit with the run's status."""
     with ExitStack() as held:
         with usage_errors():
             import_ops(imports)
             texts = override_texts(sets, n_values)
-            _check_output(output, resume)
+            _check_output(output, resume, overwrite)
             if dump_ir:
                 check_directory(dump_ir)
             settings = settings_from(preset, threads=threads, **given)
+            if settings.trace:
+                check_directory(settings.trace, "--trace")
             shard = Shard.from_environment()
             if shard is not None:  # under torchrun: this rank's device, threads and share of the points
                 shard.join(settings.device)
@@ -322,6 +347,9 @@ def _measure(
                 check_table_target(save_dispatch, output)
                 held.enter_context(results_lock(save_dispatch))
             previous = previous_results(output, settings, shard is not None) if resume else {}
+        kept_as = _run_file(command, jobs, preset) if writer and not no_save else None
+        if output is None and kept_as is not None:  # the run file (a name no other run takes) is the results file
+            output, kept_as = kept_as, None
         # --dump-ir: clock every Triton compilation of the run (nothing without triton)
         clock = held.enter_context(CompileClock()) if dump_ir and triton_unavailable_reason("cuda") is None else None
 
@@ -353,6 +381,11 @@ def _measure(
             raise SystemExit(130) from None
         if len(results) > 1:
             click.echo(closing_table(results))
+        if kept_as is not None:  # -o FILE was written; the runs folder keeps the run too
+            try:
+                save_results([*kept, *results], kept_as)
+            except WideTesseraError as e:
+                click.echo(f"{e}: this run is kept in {output} only", err=True)
         code = _report(results, kept, output, dump_ir, strict, errors, clock)
         if shard is not None:
             shard.broadcast(code)
@@ -378,6 +411,11 @@ def _report(
         else:
             written = write_ir(autotuned_kernels(), Path(ir_directory), clock)
             click.echo(f"--dump-ir: wrote {len(written)} file(s) to {ir_directory}", err=True)
+    traces = [path for r in results for p in r.points for path in p.traces]
+    if traces:
+        click.echo(
+            f"{len(traces)} trace(s), for chrome://tracing or ui.perfetto.dev:\n  " + "\n  ".join(traces), err=True
+        )
     failures = [*errors, *(f"{r.op}: {f}" for r in results for f in r.failures)]
     if failures:
         click.echo(f"{len(failures)} failure(s):\n  " + "\n  ".join(failures), err=True)

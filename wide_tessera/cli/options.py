@@ -39,6 +39,7 @@ __all__ = [
     "IMPORT",
     "DEVICE",
     "QUIET",
+    "NO_SAVE",
     "SELECTION",
     "SAMPLING",
     "RUN_OPTIONS",
@@ -89,6 +90,11 @@ IMPORT = click.option(
 )
 DEVICE = _setting("device", "--device", default=None)
 QUIET = click.option("--quiet", is_flag=True, help="No progress on stderr.")
+NO_SAVE = click.option(
+    "--no-save",
+    is_flag=True,
+    help="Do not keep the run in the runs folder (.wide_tessera/runs, or $WIDE_TESSERA_RUNS).",
+)
 
 # What to measure: the N values, other axes, the seed, the threads.
 SELECTION = options(
@@ -128,6 +134,10 @@ RUN_OPTIONS = options(
     click.option(
         "--resume", is_flag=True, help="Continue the incomplete results in -o FILE, skipping measured points."
     ),
+    click.option(
+        "--overwrite", is_flag=True, help="Replace the results -o FILE holds (without it, such a file is refused)."
+    ),
+    NO_SAVE,
     SELECTION,
     click.option(
         "--target-ci",
@@ -143,6 +153,8 @@ RUN_OPTIONS = options(
     _setting("precise", "--precise", is_flag=True),
     _setting("roofline", "--roofline", is_flag=True),
     _setting("energy", "--energy", is_flag=True),
+    _setting("trace", "--trace", default=None, metavar="DIR"),
+    _setting("trace_n", "--trace-n", default=None, metavar="N1,N2,..."),
     click.option(
         "--dump-ir",
         default=None,
@@ -231,6 +243,14 @@ def load_object(spec: str, option: str, what: str) -> Any:
     return obj
 
 
+def parse_ns(text: str, option: str) -> List[int]:
+    """'1,4,16' -> [1, 4, 16]."""
+    try:
+        return [int(v) for v in text.split(",")]
+    except ValueError:
+        raise WideTesseraError(f"{option} {text!r}: expected N values such as 1,4,16") from None
+
+
 def parse_search(text: str) -> List[int]:
     """'1:4096' -> [1, 4096] (the settings check that they are powers of two, in order)."""
     lo, _, hi = text.partition(":")
@@ -249,9 +269,9 @@ def choices(text: str, kind: str, valid: Sequence[str]) -> List[str]:
     return chosen
 
 
-def check_directory(path: str) -> None:
+def check_directory(path: str, option: str = "-o") -> None:
     if Path(path).exists() and not Path(path).is_dir():
-        raise WideTesseraError(f"-o {path}: exists and is not a directory; give a directory")
+        raise WideTesseraError(f"{option} {path}: exists and is not a directory; give a directory")
 
 
 # Names in the settings' own errors -> the options that set them, where they differ.
@@ -275,6 +295,7 @@ def settings_from(
     timeout_multiplier: float,
     memory_budget: Optional[str],
     search: Optional[str] = None,
+    trace_n: Optional[str] = None,
     **settings: Any,
 ) -> RunSettings:
     """The run's settings from the options (the simple ones by their RunSettings names), each
@@ -298,6 +319,7 @@ def settings_from(
             timeouts=StageTimeouts(multiplier=timeout_multiplier),
             memory_budget=None if memory_budget is None else parse_size(memory_budget),
             search=None if search is None else parse_search(search),
+            trace_n=None if trace_n is None else parse_ns(trace_n, "--trace-n"),
             **settings,
         )
     except WideTesseraError as e:

@@ -15,6 +15,7 @@ from ..collectives.cases import rows as collective_rows
 from ..collectives.plots import plot_collectives
 from ..collectives.torchrun import summary
 from ..core.errors import WideTesseraError
+from ..core.runs import resolve_run
 from ..core.user_input import check_number
 from ..reports import markdown, tidy
 from ..reports.compare import compare, render
@@ -22,9 +23,16 @@ from ..reports.page import write_report
 from ..reports.plots import plot_result
 from ..results.load import load_results
 from ..results.schema import BenchmarkResult
-from .options import check_directory
+from .options import check_directory, usage_errors
 
 __all__ = ["show", "compare_runs", "plot", "report"]
+
+
+def _named(paths: Sequence[str]) -> List[str]:
+    """The files the user names: paths, `@-K` (the K-th latest kept run) or a run's id (core.runs);
+    none named: the latest run."""
+    with usage_errors():
+        return [str(resolve_run(name)) for name in (paths or ["@-1"])]
 
 
 def _load_files(paths: Sequence[str]) -> Tuple[List[CollectivesRun], List[BenchmarkResult]]:
@@ -46,7 +54,7 @@ def _load_all(paths: Sequence[str]) -> List[BenchmarkResult]:
 
 
 @click.command()
-@click.argument("paths", nargs=-1, required=True, metavar="FILE...")
+@click.argument("paths", nargs=-1, metavar="[FILE|@-K|ID]...")
 @click.option(
     "--format",
     "fmt",
@@ -60,15 +68,18 @@ def _load_all(paths: Sequence[str]) -> List[BenchmarkResult]:
     "--warnings", "all_warnings", is_flag=True, help="List every warning, not only the digest (table format)."
 )
 def show(paths: Tuple[str, ...], fmt: str, all_warnings: bool) -> None:
-    """Print the results stored in files written by `benchmark -o` (or by `collectives -o`: their table or rows).
+    """Print the results stored in files written by `benchmark -o` (or by `collectives -o`: their table or rows);
+    without a file, the latest kept run (`wide_tessera runs`).
 
     \b
     Examples:
+      wide_tessera show
+      wide_tessera show @-2
       wide_tessera show results.json
       wide_tessera show gemm.json conv.json --format markdown >> $GITHUB_STEP_SUMMARY
       wide_tessera show results.json --format csv > results.csv   (pd.read_csv reads it)
     """
-    runs, results = _load_files(paths)
+    runs, results = _load_files(_named(paths))
     if fmt in ("csv", "json") and runs and results:
         raise click.UsageError(
             "--format csv and json print one kind of row: give results files or collectives files, not both"
@@ -103,8 +114,8 @@ def _write_csv(table: List[Dict[str, Any]], fields: List[str]) -> None:
 
 
 @click.command("compare")
-@click.argument("base", metavar="BASE.json")
-@click.argument("new", metavar="NEW.json")
+@click.argument("base", metavar="[BASE]", required=False)
+@click.argument("new", metavar="[NEW]", required=False)
 @click.option("--format", "fmt", type=click.Choice(["table", "markdown"]), default="table", show_default=True)
 @click.option(
     "--fail-on-regression",
@@ -115,11 +126,14 @@ def _write_csv(table: List[Dict[str, Any]], fields: List[str]) -> None:
     help="Exit 1 when a timing is significantly slower by more than PCT percent, a strategy broke, or a crossover "
         "moved to a larger N.",
 )
-def compare_runs(base: str, new: str, fmt: str, fail_percent: Optional[float]) -> None:
+def compare_runs(base: Optional[str], new: Optional[str], fmt: str, fail_percent: Optional[float]) -> None:
     """Compare two results files point by point: changes in time with their 95% CI, and crossovers.
+    With one file, it against the latest kept run; with none, the latest two kept runs.
 
     \b
     Examples:
+      wide_tessera compare
+      wide_tessera compare main.json
       wide_tessera compare main.json branch.json
       wide_tessera compare main.json branch.json --fail-on-regression 10 --format markdown > comment.md
 
@@ -130,6 +144,9 @@ def compare_runs(base: str, new: str, fmt: str, fail_percent: Optional[float]) -
             check_number("--fail-on-regression", fail_percent, 0, 1e6, low_ok=True)
     except WideTesseraError as e:
         raise click.UsageError(str(e)) from None
+    if base is None:
+        base, new = "@-2", "@-1"
+    base, new = _named([base, new or "@-1"])
     comparison = compare(_load_all([base]), _load_all([new]))
     if not comparison.changes:
         raise click.UsageError(
@@ -141,14 +158,14 @@ def compare_runs(base: str, new: str, fmt: str, fail_percent: Optional[float]) -
 
 
 @click.command()
-@click.argument("paths", nargs=-1, required=True, metavar="FILE...")
+@click.argument("paths", nargs=-1, metavar="[FILE|@-K|ID]...")
 @click.option("-o", "--output", required=True, metavar="DIR", help="Directory for the plots (PNG and SVG).")
 def plot(paths: Tuple[str, ...], output: str) -> None:
     """Draw each op's parameter groups: speedup, time and memory against N, and speed against memory.
 
     Needs matplotlib: pip install 'wide_tessera[plot]'.
     """
-    runs, results = _load_files(paths)
+    runs, results = _load_files(_named(paths))
     try:
         check_directory(output)
         written = [path for r in results for path in plot_result(r, Path(output))]
@@ -159,13 +176,14 @@ def plot(paths: Tuple[str, ...], output: str) -> None:
 
 
 @click.command()
-@click.argument("paths", nargs=-1, required=True, metavar="FILE...")
+@click.argument("paths", nargs=-1, metavar="[FILE|@-K|ID]...")
 @click.option("-o", "--output", required=True, metavar="DIR", help="Directory for README.md and its plots.")
 def report(paths: Tuple[str, ...], output: str) -> None:
     """Write one Markdown page: the environment, the headline per op, the tables and the plots.
 
     DIR/README.md renders on GitHub as it is; without matplotlib it has no plots and says so.
     """
+    paths = _named(paths)
     results = _load_all(paths)
     try:
         check_directory(output)

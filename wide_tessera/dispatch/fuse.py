@@ -20,6 +20,7 @@ from ..core.capabilities import unmet_need
 from ..core.environment import capture_environment
 from ..core.errors import WideTesseraError, unknown
 from ..core.job import DTYPES, params_text
+from ..core.user_input import check_bool
 from ..measurement.controls import COMPILE_MODES
 from ..measurement.modes import check_mode
 from ..ops.base import fusing_ops, wide_module
@@ -124,6 +125,7 @@ def fuse(
         raise unknown("compile mode", compile, COMPILE_MODES)
     if randomness not in RANDOMNESS:
         raise unknown("randomness", randomness, RANDOMNESS)
+    check_bool("cuda_graph", cuda_graph)
     cls = _op_class(modules[0], op)
     name = cls.NAME if cls is not None else type(modules[0]).__name__
     tensors = [*modules[0].parameters(), *modules[0].buffers()]
@@ -146,9 +148,14 @@ def fuse(
         n=len(modules),
     )
     loaded, source = _load_table(table)
-    answer = match(loaded, case)
-    if not answer.entries:
-        _warn_untuned(case, source)
+    unmeasurable = _unmeasurable(modules, dtype)
+    if unmeasurable is not None:  # nothing measured can say: the loop, with one warning
+        answer = Match(False, None, (), None, None, f"{unmeasurable}: not fused")
+        _warn_once(case, f"{unmeasurable}: running the modules as a loop")
+    else:
+        answer = match(loaded, case)
+        if not answer.entries:
+            _warn_untuned(case, source)
     unmet = cls is not None and answer.fuse and unmet_need(
         cls.strategy_needs().get(answer.strategy), device, DTYPES[dtype], {**params, "dtype": dtype}
     )
@@ -160,19 +167,25 @@ def fuse(
             f"measured with {', '.join(map(str, threads))} torch thread(s); this process uses {torch.get_num_threads()}"
         )
         answer = replace(answer, notes=(*answer.notes, note))
+    built: nn.Module = LoopedModules(modules)
     if answer.fuse:
-        built = (
-            wide_module(cls, modules, answer.strategy)
-            if cls is not None
-            else custom_wide(modules, answer.strategy, randomness)
-        )
-    else:
-        built = LoopedModules(modules)
+        try:
+            built = (
+                wide_module(cls, modules, answer.strategy)
+                if cls is not None
+                else custom_wide(modules, answer.strategy, randomness)
+            )
+        except Exception as e:  # noqa: BLE001  a dispatcher in a model's forward path falls back, never breaks it
+            answer = replace(answer, fuse=False, strategy=None, reason=f"{answer.reason}; but building it failed: {e}")
+            _warn_once(case, f"{answer.reason}: running the modules as a loop")
     built.decision = Decision(answer.fuse, answer.strategy, case, answer, source)
     return built
 
 
 def _check_modules(modules: Any) -> List[nn.Module]:
+    """The modules, if they can run as N copies at all: one class, one configuration (every
+    parameter and buffer of the same name, shape, dtype and device). Anything else is the
+    loop's or the table's business, never an error."""
     if not isinstance(modules, (list, tuple, nn.ModuleList)) or len(modules) == 0:
         raise WideTesseraError(f"fuse needs a non-empty list of modules, got {type(modules).__name__}")
     for i, m in enumerate(modules):
@@ -183,7 +196,39 @@ def _check_modules(modules: Any) -> List[nn.Module]:
                 f"fuse: module {i} is a {type(m).__name__} but module 0 is a {type(modules[0]).__name__}; all must be "
                 "of one class"
             )
+    first = _layout(modules[0])
+    for i, m in enumerate(modules[1:], start=1):
+        layout = _layout(m)
+        if layout != first:
+            name = next((k for k in dict.fromkeys([*first, *layout]) if first.get(k) != layout.get(k)), "?")
+            raise WideTesseraError(
+                f"fuse: module {i}'s {name!r} is {_described(layout.get(name))} but module 0's is "
+                f"{_described(first.get(name))}; all must have one configuration"
+            )
     return list(modules)
+
+
+def _layout(module: nn.Module) -> Dict[str, Tuple[Any, ...]]:
+    """Every parameter's and buffer's shape, dtype and device, by name."""
+    tensors = {**dict(module.named_parameters()), **dict(module.named_buffers())}
+    return {name: (tuple(t.shape), t.dtype, t.device) for name, t in tensors.items()}
+
+
+def _described(layout: Optional[Tuple[Any, ...]]) -> str:
+    if layout is None:
+        return "missing"
+    shape, dtype, device = layout
+    return f"{list(shape)} {str(dtype).replace('torch.', '')} on {device}"
+
+
+def _unmeasurable(modules: Sequence[nn.Module], dtype: str) -> Optional[str]:
+    """Why no measurement can decide these modules, or None: a dtype wide_tessera does not
+    measure, or modules in train and eval modes at once (no wide module can be both)."""
+    if dtype not in DTYPES:
+        return f"the modules' dtype {dtype} is not one wide_tessera measures ({', '.join(DTYPES)})"
+    if len({m.training for m in modules}) > 1:
+        return "some of the modules are in train mode and some in eval mode"
+    return None
 
 
 def _op_class(module: nn.Module, op: Union[None, str, type]) -> Optional[type]:
@@ -206,16 +251,13 @@ def _op_class(module: nn.Module, op: Union[None, str, type]) -> Optional[type]:
 
 
 def _dtype_name(module: nn.Module, hint: Any) -> str:
+    """The modules' dtype by name ('float32'; 'float64' too, which nothing measures)."""
     floats = [t.dtype for t in module.parameters() if t.is_floating_point()]
-    names = {v: k for k, v in DTYPES.items()}
     if floats:
-        if floats[0] not in names:
-            raise WideTesseraError(
-                f"fuse: the modules' dtype {floats[0]} is not one wide_tessera measures (valid: {', '.join(DTYPES)})"
-            )
-        if hint is not None and hint != names[floats[0]]:
-            raise WideTesseraError(f"fuse: dtype={hint!r} but the modules' parameters are {names[floats[0]]}")
-        return names[floats[0]]
+        name = str(floats[0]).replace("torch.", "")
+        if hint is not None and hint != name:
+            raise WideTesseraError(f"fuse: dtype={hint!r} but the modules' parameters are {name}")
+        return name
     if hint is None:
         return "float32"
     if hint not in DTYPES:
@@ -259,6 +301,14 @@ def _load_table(table: Union[None, str, Path, DispatchTable]) -> Tuple[DispatchT
     if not path.exists():
         return DispatchTable(), f"{path} (not written yet)"
     return DispatchTable.load(path), str(path)
+
+
+def _warn_once(case: Case, message: str) -> None:
+    """One DispatchWarning per case and message in a process, not one per layer."""
+    key = (case.op, case.device_name, case.dtype, case.mode, case.compile, case.cuda_graph, message)
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(f"{case.op} x{case.n}: {message}", DispatchWarning, stacklevel=4)
 
 
 def _warn_untuned(case: Case, source: Optional[str]) -> None:

@@ -153,13 +153,21 @@ class HealthMonitor:
             disturbed = disturbed or bool(now.slowdowns) or now.sm_clock_ratio < _MIN_CLOCK_RATIO
         return disturbed
 
+    def other_load(self) -> float:
+        """Cores other processes have used on average since the monitor started."""
+        wall = max(time.monotonic() - self._wall0, 1e-9)
+        busy = _busy_s(psutil.cpu_times()) - _busy_s(self._cpu0)
+        return max(0.0, busy - (_own_cpu_s() - self._own0)) / wall
+
+    def busy(self) -> bool:
+        """Whether other processes have been using more than BUSY_CORES so far."""
+        return self.other_load() > BUSY_CORES
+
     def finish(self, rounds: int, disturbed_rounds: int, min_rounds: int = 1) -> Health:
         """What was seen; `rounds` clean ones were kept and fewer than `min_rounds` cannot be cleaned."""
-        wall = max(time.monotonic() - self._wall0, 1e-9)
         cpu1 = psutil.cpu_times()
         cores = psutil.cpu_count() or 1
-        busy = _busy_s(cpu1) - _busy_s(self._cpu0)
-        other = max(0.0, busy - (_own_cpu_s() - self._own0)) / wall
+        other = self.other_load()
         total = sum(cpu1) - sum(self._cpu0)
         steal = (getattr(cpu1, "steal", 0.0) - getattr(self._cpu0, "steal", 0.0)) / total if total > 0 else 0.0
         problems = []

@@ -183,6 +183,15 @@ class RunSettings:
         "capture?) is given, or at every point.",
         option="--controls-at",
     )
+    trace: Optional[str] = _setting(
+        None,
+        "Write a torch.profiler trace (Chrome/Perfetto JSON) of a few calls of each callable at each point to "
+        "DIR, after its timings; on CUDA every timed sample is also an NVTX range of the same name.",
+        option="--trace",
+    )
+    trace_n: Optional[List[int]] = _setting(
+        None, "Trace only the points of these N values (with --trace).", option="--trace-n"
+    )
     search: Optional[List[int]] = _setting(
         None,
         "Find each group's crossover by bisection over the powers of two from LO to HI, instead of "
@@ -219,6 +228,12 @@ class RunSettings:
             raise unknown("controls_at", self.controls_at, CONTROLS_AT)
         if self.search is not None:
             check_search(self.search)
+        if self.trace is not None and (not isinstance(self.trace, str) or not self.trace):
+            raise WideTesseraError(f"trace={self.trace!r}: give the path of a folder for the traces")
+        if self.trace_n is not None and (
+            not isinstance(self.trace_n, list) or not all(isinstance(n, int) and n > 0 for n in self.trace_n)
+        ):
+            raise WideTesseraError(f"trace_n={self.trace_n!r}: give a list of N values (positive integers)")
         if self.memory_budget is not None:
             check_number("memory_budget", self.memory_budget, 0, 2**60, integer=True, what="a number of bytes")
 

@@ -22,6 +22,7 @@ from dataclasses_json import dataclass_json
 from ..core.stats import TimingStats, median_ci_rel_width
 from ..core.user_input import check_bool, check_number
 from .health import Health, HealthMonitor
+from .traces import nvtx_range
 
 __all__ = [
     "TimingConfig",
@@ -137,6 +138,7 @@ def measure_paired(
     on_function: Optional[Callable[[str], None]] = None,
     stop: Optional[StopRule] = None,
     extra_budget_s: float = 0.0,
+    label: Optional[Callable[[str], str]] = None,
 ) -> PairedTimings:
     """Time several functions in interleaved rounds; sample i of each comes from round i.
 
@@ -159,7 +161,8 @@ def measure_paired(
     medians' precision then being whatever the decision needed. The rule may also drop
     functions whose part it has settled (a strategy known slower than another): later rounds
     leave them out, which on moe_experts' quick sweep saved the padded strategy's 19 ms per call.
-    The first function (the baseline) is never dropped.
+    The first function (the baseline) is never dropped. On CUDA, with `label`, every sample
+    is an NVTX range named label(function) (measurement.traces).
     """
     on_function = on_function or (lambda name: None)
     config = config or TimingConfig()
@@ -187,12 +190,13 @@ def measure_paired(
                     taken = {}
                     for current in order:
                         on_function(current)
-                        taken[current] = sampler.sample(current)
+                        with nvtx_range(label(current), device) if label else nullcontext():
+                            taken[current] = sampler.sample(current)
                     clean = not monitor.round_disturbed()
                     for name in active:
                         (samples if clean else disturbed)[name].append(taken[name])
                         (positions if clean else disturbed_positions)[name].append(order.index(name))
-                    look = _look(samples, disturbed, config, time.perf_counter() - started, budget, stop)
+                    look = _look(samples, disturbed, config, time.perf_counter() - started, budget, stop, monitor)
                     if look.stop:
                         break
                     active = [name for name in active if name == names[0] or name not in look.drop]
@@ -228,6 +232,7 @@ def _look(
     elapsed: float,
     budget: float,
     stop: Optional[StopRule],
+    monitor: Optional[HealthMonitor] = None,
 ) -> Look:
     """Stop when `stop` says so (without one: when every median is narrow enough), at
     max_samples, or when the budget is spent; `stop` may drop functions meanwhile.
@@ -250,10 +255,12 @@ def _look(
         if elapsed > budget:
             return Look(True)
         # Disturbed rounds mark a transient, and the clean rounds beside it may share it: such
-        # a measurement stops early only on twice the minimum of clean rounds. (A groupnorm
-        # point with 2 disturbed rounds settled 'loop' at 0.94x on its first 10; measured
-        # again, it was 1.16x [1.08, 1.24].)
-        if look.stop and n_disturbed and rounds < 2 * config.min_samples:
+        # a measurement, or one taken while other processes keep the machine busy, stops early
+        # only on twice the minimum of clean rounds. (A groupnorm point with 2 disturbed rounds
+        # settled 'loop' at 0.94x on its first 10; measured again, it was 1.16x [1.08, 1.24].
+        # An A/A twin beside one busy process was once called faster on its first 10.)
+        early = look.stop and rounds < 2 * config.min_samples
+        if early and (n_disturbed or (monitor is not None and monitor.busy())):
             return Look(False, look.drop)
         return look
     return Look(elapsed > budget or all(_narrow(s, config) for s in clean.values()))

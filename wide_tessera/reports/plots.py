@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, List, Sequence
+from typing import TYPE_CHECKING, Any, Dict, List, Sequence
 
 from ..core.errors import WideTesseraError
 from ..core.job import params_text
@@ -19,7 +19,7 @@ from .text import controls_run, first_line
 if TYPE_CHECKING:
     from ..results.schema import BenchmarkResult, GroupResult, PointResult
 
-__all__ = ["plot_result", "FORMATS", "figure_class", "log_axis", "save_figure"]
+__all__ = ["plot_result", "group_figures", "FORMATS", "figure_class", "log_axis", "save_figure"]
 
 FORMATS = ("png", "svg")
 
@@ -154,6 +154,16 @@ def save_figure(fig, directory: Path, stem: str, formats: Sequence[str]) -> List
     for path in paths:
         fig.savefig(path, dpi=110)
     return paths
+
+
+def group_figures(result: "BenchmarkResult") -> List[Any]:
+    """One figure per parameter group with a measured point (matplotlib Figures, not saved)."""
+    figures = []
+    for group in result.groups:
+        points = _group_points(result, group)
+        if points:
+            figures.append(_draw_group(result, group, points))
+    return figures
 
 
 def plot_result(result: "BenchmarkResult", directory: Path, formats: Sequence[str] = FORMATS) -> List[Path]:

@@ -127,6 +127,7 @@ class PointResult:
         be cleaned of disturbance
     decision: what the point decided (results.decisions.Decision), how many rounds it took and
         when it settled; None in files from before decisions
+    traces: the profiler traces written of its callables (--trace)
     peak_memory_bytes: strategy -> most tensor memory one call held above what was held before
     failures: strategy (or 'point' for the whole point) -> why it has no result
     health: what the machine did while the point was timed
@@ -166,6 +167,7 @@ class PointResult:
     energy: Dict[str, Energy] = field(default_factory=dict)
     where: Optional[Where] = None
     decision: Optional[Decision] = None
+    traces: List[str] = field(default_factory=list)
 
     @property
     def unstable(self) -> bool:
@@ -342,6 +344,13 @@ class BenchmarkResult:
     def brief(self) -> str:
         """The answer in a table that fits a terminal (reports.brief): what a run prints."""
         return view("brief")(self)
+
+    def _repr_html_(self) -> str:
+        """What a notebook cell shows: the answer table and the plots (reports.notebook)."""
+        return view("html")(self)
+
+    def _repr_markdown_(self) -> str:
+        return view("markdown")(self)
 
     def to_rows(self) -> List[Dict[str, Any]]:
         """The tidy rows: one dict per (N, parameters, strategy); see `reports.tidy`."""

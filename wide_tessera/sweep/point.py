@@ -14,6 +14,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set
 
 import torch
@@ -40,6 +41,7 @@ from ..measurement.modes import TRAINING_MODES, Side
 from ..measurement.settings import RunSettings
 from ..measurement.stages import StageObserver, StageTimeout, stage_limit
 from ..measurement.timing import PairedTimings, TimedFunctionError, measure_paired
+from ..measurement.traces import trace_name, write_traces
 from ..results import analysis
 from ..results.decisions import level_of, stop_rule
 from ..results.schema import Failure, PointResult
@@ -300,7 +302,8 @@ def _measure_point(
         if call is not None:
             timed[control] = call
 
-    timings = _measure_until_healthy(timed, settings, failures, stage, on_function, bank or TimeBank())
+    label = partial(trace_name, job.op, n, params)  # the NVTX ranges' names, on CUDA
+    timings = _measure_until_healthy(timed, settings, failures, stage, on_function, bank or TimeBank(), label)
     launches = {}
     for name in timings.stats if timings is not None and facts else ():
         with stage("measure", name):  # after timing: every call counted has run many times already
@@ -316,6 +319,15 @@ def _measure_point(
                 )
         except Exception as e:  # noqa: BLE001  the timings stand without it; say why it is missing
             point.flags.append(f"no energy measured: {type(e).__name__}: {e}")
+    if settings.trace and timings is not None and (settings.trace_n is None or n in settings.trace_n):
+        try:  # after the timings, never inside them
+            with stage("measure"):
+                written = write_traces(
+                    {name: timed[name] for name in timings.stats}, Path(settings.trace), label, device
+                )
+            point.traces = [str(path) for path in written]
+        except Exception as e:  # noqa: BLE001  the timings stand without it; say why it is missing
+            point.flags.append(f"no trace written: {type(e).__name__}: {e}")
     return point
 
 
@@ -376,6 +388,7 @@ def _measure_until_healthy(
     stage: Any,
     on_function: Optional[Callable[[str], None]],
     bank: TimeBank,
+    label: Callable[[str], str],
 ) -> Optional[PairedTimings]:
     """Time the functions together, until the point's decision is settled (results.decisions)
     or its budget, and what the bank lends it, is spent; one that fails is recorded and the
@@ -386,7 +399,7 @@ def _measure_until_healthy(
         budget_s = settings.timing.budget_s * len(timed)
         extra_s = bank.allowance(budget_s) if stop is not None else 0.0
         try:
-            timings = measure_paired(timed, settings.device, settings.timing, stage, on_function, stop, extra_s)
+            timings = measure_paired(timed, settings.device, settings.timing, stage, on_function, stop, extra_s, label)
             bank.account(budget_s, timings.sampled_s)
             return timings
         except TimedFunctionError as e:
