@@ -378,3 +378,26 @@ def test_a_cpu_entry_measured_with_other_threads_says_so():
     assert f"measured with {torch.get_num_threads() + 1} torch thread(s)" in str(decided.decision)
     same = fuse(linears(16), table=DispatchTable([entry(threads=torch.get_num_threads())]), batch=16)
     assert "torch thread" not in str(same.decision)
+
+
+def test_fuse_never_breaks_the_model_and_only_refuses_what_cannot_run():
+    table = DispatchTable([])
+    with pytest.warns(DispatchWarning, match="float64 is not one wide_tessera measures"):
+        doubles = fuse([nn.Linear(7, 3).double() for _ in range(4)], table=table)
+    assert isinstance(doubles, LoopedModules) and "float64" in str(doubles.decision)
+    mixed = [nn.Linear(4, 4) for _ in range(3)]
+    mixed[1].eval()
+    with pytest.warns(DispatchWarning, match="some of the modules are in train mode and some in eval mode"):
+        assert isinstance(fuse(mixed, table=table), LoopedModules)
+    with pytest.warns(DispatchWarning, match="no measured entry"):  # a shape nothing measured
+        assert isinstance(fuse([nn.Linear(5, 9) for _ in range(2)], table=table, batch=3), LoopedModules)
+    with pytest.raises(WideTesseraError, match="non-empty list"):
+        fuse([], table=table)
+    with pytest.raises(WideTesseraError, match="all must be of one class"):
+        fuse([nn.Linear(4, 4), nn.Conv1d(4, 4, 3)], table=table)
+    with pytest.raises(
+        WideTesseraError, match=r"module 1's 'weight' is \[5, 4\] float32 on cpu but module 0's is \[4, 4\]"
+    ):
+        fuse([nn.Linear(4, 4), nn.Linear(4, 5)], table=table)
+    with pytest.raises(WideTesseraError, match="cuda_graph='yes': give True or False"):
+        fuse([nn.Linear(4, 4)], table=table, cuda_graph="yes")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import uuid
 from typing import Optional
 
 import click
@@ -13,10 +14,11 @@ from ..collectives.torchrun import run_collectives
 from ..core.errors import WideTesseraError
 from ..core.files import results_target
 from ..core.job import DTYPES
+from ..core.runs import new_run_path, prepare_runs_dir
 from ..measurement.settings import resolve_device
 from ..measurement.timing import TimingConfig
 from ..sweep.shards import rank_device
-from .options import choices, parse_size, usage_errors
+from .options import NO_SAVE, QUIET, choices, parse_size
 
 __all__ = ["collectives"]
 
@@ -38,10 +40,11 @@ __all__ = ["collectives"]
 @click.option("--budget", type=float, default=0.2, show_default=True, help="Sampling seconds per case.")
 @click.option("--device", default=None, help="cpu (gloo) or cuda (nccl, cuda:LOCAL_RANK)  [default: cuda if available]")
 @click.option("-o", "--output", default=None, metavar="FILE", help="Write every result to this JSON file (rank 0).")
-@click.option("--quiet", is_flag=True, help="No progress on stderr.")
+@QUIET
+@NO_SAVE
 def collectives(
     ops: str, min_bytes: str, max_bytes: str, dtypes: str, placements: str, budget: float, device: Optional[str],
-    output: Optional[str], quiet: bool,
+    output: Optional[str], quiet: bool, no_save: bool,
 ) -> None:
     """Benchmark the collectives under torchrun: all_reduce, all_gather, reduce_scatter,
     all_to_all and broadcast over message sizes, each result checked, with nccl-tests'
@@ -54,12 +57,8 @@ def collectives(
 
     Exit status: 0 when every result was correct; 1 when one was not; 2 for bad input.
     """
-    with usage_errors():
-        if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
-            raise WideTesseraError(
-                "collectives runs under torchrun, one process per rank: "
-                "torchrun --standalone --nproc-per-node 2 -m wide_tessera collectives"
-            )
+    rank = os.environ.get("RANK")
+    try:  # every value, before any process group starts; under torchrun one line, from rank 0
         names = choices(ops, "collective", COLLECTIVES)
         kinds = choices(dtypes, "dtype", DTYPES)
         where = choices(placements, "placement", ("in_place", "out_of_place"))
@@ -70,5 +69,20 @@ def collectives(
         device = rank_device(resolve_device(device))
         if output:
             results_target(output)
+        if rank is None or "WORLD_SIZE" not in os.environ:
+            raise WideTesseraError(
+                "collectives runs under torchrun, one process per rank: "
+                "torchrun --standalone --nproc-per-node 2 -m wide_tessera collectives"
+            )
+    except WideTesseraError as e:
+        if rank not in (None, "0"):  # rank 0 says it
+            sys.exit(2)
+        raise click.UsageError(str(e)) from None
+    if output is None and rank == "0" and not no_save:
+        try:
+            prepare_runs_dir()
+            output = str(new_run_path("collectives", names, "-", uuid.uuid4().hex))
+        except WideTesseraError as e:
+            click.echo(f"{e}: this run is not kept (--no-save skips keeping it)", err=True)
     if not run_collectives(names, sizes(low, high), kinds, where, device, config, output, quiet):
         sys.exit(1)

@@ -20,16 +20,21 @@ from ..core.capabilities import unmet_need
 from ..core.environment import capture_environment
 from ..core.errors import WideTesseraError, unknown
 from ..core.job import DTYPES, params_text
-from ..core.user_input import check_bool
+from ..core.user_input import check_bool, check_number
 from ..measurement.controls import COMPILE_MODES
 from ..measurement.modes import check_mode
 from ..ops.base import fusing_ops, wide_module
 from ..ops.registry import REGISTRY, get_op
 from ..widen.custom import custom_wide
 from ..widen.functional import RANDOMNESS
+from .first_call import FirstCall
 from .table import TABLE_ENV, Case, DispatchTable, Match, default_table_path, match
 
 __all__ = ["fuse", "Decision", "LoopedModules", "DispatchWarning"]
+
+
+# How fuse() decides where the table has no entry: 'table' loops, 'first-call' measures.
+MEASURES = ("table", "first-call")
 
 
 class DispatchWarning(UserWarning):
@@ -101,6 +106,8 @@ def fuse(
     compile: str = "none",
     cuda_graph: bool = False,
     randomness: str = "error",
+    measure: str = "table",
+    time_bound_s: float = 0.5,
     **hints: Any,
 ) -> nn.Module:
     """N modules of one kind as one module: the wide module of the strategy that won on this
@@ -117,7 +124,10 @@ def fuse(
     it, under its class name). mode, compile, cuda_graph: which measurements apply
     (`--mode`, `--compile`, `--cuda-graph` of the tuning run). randomness: vmap's, for a
     custom module that draws random numbers. hints: the values of the op's sweep axes that
-    the modules do not fix (batch=..., seq_len=...), for the nearest entry.
+    the modules do not fix (batch=..., seq_len=...), for the nearest entry. measure:
+    'table' (the table decides; no entry: the loop) or 'first-call' (no entry: the first call
+    measures the loop against the op's strategies on the real input within `time_bound_s`,
+    keeps the winner and writes the entry to the table file; see dispatch.first_call).
     """
     modules = _check_modules(modules)
     check_mode(mode)
@@ -126,6 +136,9 @@ def fuse(
     if randomness not in RANDOMNESS:
         raise unknown("randomness", randomness, RANDOMNESS)
     check_bool("cuda_graph", cuda_graph)
+    if measure not in MEASURES:
+        raise unknown("measure", measure, MEASURES)
+    check_number("time_bound_s", time_bound_s, 0, 3600, what="a number of seconds")
     cls = _op_class(modules[0], op)
     name = cls.NAME if cls is not None else type(modules[0]).__name__
     tensors = [*modules[0].parameters(), *modules[0].buffers()]
@@ -147,13 +160,19 @@ def fuse(
         params=params,
         n=len(modules),
     )
-    loaded, source = _load_table(table)
+    loaded, source = _load_table(table, measure)
     unmeasurable = _unmeasurable(modules, dtype)
     if unmeasurable is not None:  # nothing measured can say: the loop, with one warning
         answer = Match(False, None, (), None, None, f"{unmeasurable}: not fused")
         _warn_once(case, f"{unmeasurable}: running the modules as a loop")
     else:
         answer = match(loaded, case)
+        if not answer.entries and measure == "first-call" and cls is not None and mode == "inference":
+            first = FirstCall(modules, cls, case, _table_file(table), time_bound_s, lambda m: None)
+            reason = "no measured entry: the first call measures the loop against the strategies and decides"
+            first.decision = Decision(False, None, case, Match(False, None, (), None, None, reason), source)
+            first._announce = lambda m: setattr(first, "decision", Decision(m.fuse, m.strategy, case, m, source))
+            return first
         if not answer.entries:
             _warn_untuned(case, source)
     unmet = cls is not None and answer.fuse and unmet_need(
@@ -289,13 +308,29 @@ def _checked_hints(cls: Optional[type], name: str, module: nn.Module, hints: Dic
     return dict(hints)
 
 
-def _load_table(table: Union[None, str, Path, DispatchTable]) -> Tuple[DispatchTable, Optional[str]]:
-    """The table and where it came from; the default file may be missing (nothing tuned yet)."""
+def _table_file(table: Union[None, str, Path, DispatchTable]) -> Optional[str]:
+    """The file a first call's measurement is written to: the table's, or the default one."""
+    if isinstance(table, DispatchTable):
+        return None
+    if table is not None:
+        return str(table)
+    path = default_table_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return str(path)
+
+
+def _load_table(
+    table: Union[None, str, Path, DispatchTable], measure: str
+) -> Tuple[DispatchTable, Optional[str]]:
+    """The table and where it came from; the default file may be missing (nothing tuned yet), and
+    so may a named one that first calls will write."""
     if isinstance(table, DispatchTable):
         return table, None
     if table is not None:
-        if not isinstance(table, (str, Path)):
+        if not isinstance(table, (str, Path)) or not str(table):
             raise WideTesseraError(f"fuse: table={table!r}: give a path or a DispatchTable")
+        if measure == "first-call" and not Path(table).exists():
+            return DispatchTable(), f"{table} (not written yet)"
         return DispatchTable.load(table), str(table)
     path = default_table_path()
     if not path.exists():

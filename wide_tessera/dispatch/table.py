@@ -49,6 +49,8 @@ __all__ = [
 FORMAT = "wide_tessera dispatch table"
 VERSION = 1
 TABLE_ENV = "WIDE_TESSERA_DISPATCH"
+# The preset of an entry that fuse(measure='first-call') measured on the modules' first call.
+FIRST_CALL = "first call"
 
 # What a measured N says. Only 'fuse' lets a module fuse at that N.
 #   fuse: a strategy was significantly faster, and the confirmation pass agreed
@@ -338,11 +340,12 @@ def _at_n(entry: DispatchEntry, n: int) -> Tuple[bool, Optional[str], Optional[i
         return False, None, decider.n, f"fusing won at measured N={decider.n} but not at every larger N ({where})"
     ci = "" if decider.speedup_ci is None else f" [{decider.speedup_ci[0]:.2f}, {decider.speedup_ci[1]:.2f}]"
     speed = f" {decider.speedup:.2f}x{ci}" if decider.speedup is not None else ""
+    how = "measured on a first call" if entry.preset == FIRST_CALL else "confirmed"
     return (
         True,
         decider.strategy,
         decider.n,
-        f"{decider.strategy} won at measured N={decider.n}{speed}, confirmed, and at every larger measured N",
+        f"{decider.strategy} won at measured N={decider.n}{speed}, {how}, and at every larger measured N",
     )
 
 

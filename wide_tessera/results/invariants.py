@@ -244,6 +244,7 @@ def _check_group(g: "GroupResult", where: str) -> None:
         _need(f.control in CONTROLS, f"{where}.fuse_or_capture.control", f"{f.control!r} is not a control")
         _need(f.speedup > 0, f"{where}.fuse_or_capture.speedup", f"{f.speedup} is not positive")
         _need(len(f.ci) == 2 and 0 <= f.ci[0] <= f.ci[1], f"{where}.fuse_or_capture.ci", f"{f.ci} is not [low, high]")
+        _need(f.answer in ("", *CAPTURE_KINDS), f"{where}.fuse_or_capture.answer", f"{f.answer!r} is not an answer")
         _need(
             f.verdict in VERDICTS,
             f"{where}.fuse_or_capture.verdict",

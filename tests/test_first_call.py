@@ -1,0 +1,80 @@
+"""fuse(measure='first-call'): the first call measures on the real input, never chooses a wrong
+strategy, keeps the winner and writes it to the table, which the next process reuses."""
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import wide_tessera as wt
+from wide_tessera import DispatchTable
+from wide_tessera.dispatch.first_call import FirstCall
+from wide_tessera.ops.registry import register
+
+from .helpers import SometimesWrongLinear
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def modules(n=16, d=64):
+    torch.manual_seed(0)
+    return [nn.Linear(d, d) for _ in range(n)]
+
+
+def test_the_first_call_measures_chooses_the_faster_strategy_and_writes_the_table(tmp_path):
+    table = tmp_path / "table.json"
+    mods = modules()
+    fused = wt.fuse(mods, table=table, measure="first-call", batch=16)
+    assert isinstance(fused, FirstCall) and "the first call measures" in str(fused.decision)
+    xs = [torch.randn(16, 64) for _ in range(16)]
+    started = time.perf_counter()
+    out = fused.unpack(fused(fused.pack(xs)))
+    assert time.perf_counter() - started < 5  # a bound of 0.5 s of sampling, plus the checks
+    expected = [m(x) for m, x in zip(mods, xs)]
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(out, expected))
+    assert fused.decision.fused and fused.decision.strategy in ("bmm", "einsum")  # 16 small linears: bmm wins
+    (entry,) = DispatchTable.load(table).entries
+    assert entry.preset == "first call" and entry.verdicts[0].n == 16 and entry.verdicts[0].verdict == "fuse"
+    again = fused.unpack(fused(fused.pack(xs)))  # the winner, without measuring again
+    assert all(torch.allclose(a, b) for a, b in zip(again, out))
+
+
+def test_a_wrong_strategy_is_never_chosen(tmp_path):
+    class Wrong(SometimesWrongLinear):  # 'wrong' returns zeros, 'raises' raises
+        FUSES = None
+
+    register("test_first_call_wrong")(Wrong)  # leaves with the test (conftest)
+    mods = modules(n=4, d=8)
+    fused = wt.fuse(mods, op="test_first_call_wrong", table=tmp_path / "t.json", measure="first-call", batch=4)
+    xs = [torch.randn(4, 8) for _ in range(4)]
+    out = fused.unpack(fused(fused.pack(xs)))  # 'wrong' returns zeros, far faster than anything: not chosen
+    assert fused.decision.strategy != "wrong" and all(torch.allclose(a, m(x)) for a, m, x in zip(out, mods, xs))
+
+
+def test_a_second_process_reuses_the_entry_without_measuring(tmp_path):
+    table = tmp_path / "table.json"
+    mods = modules()
+    fused = wt.fuse(mods, table=table, measure="first-call", batch=16)
+    fused(fused.pack([torch.randn(16, 64) for _ in range(16)]))
+    script = (
+        "import torch, wide_tessera as wt\n"
+        "torch.manual_seed(0)\n"
+        "mods = [torch.nn.Linear(64, 64) for _ in range(16)]\n"
+        f"f = wt.fuse(mods, table={str(table)!r}, measure='first-call', batch=16)\n"
+        "print(type(f).__name__, f.decision.match.reason)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    kind = "LoopedModules" if not fused.decision.fused else "WideLinear"
+    assert r.stdout.startswith(kind) and "FirstCall" not in r.stdout
+    if fused.decision.fused:
+        assert "measured on a first call" in r.stdout
+
+
+def test_measure_is_one_of_its_values():
+    with pytest.raises(wt.WideTesseraError, match="unknown measure 'always'"):
+        wt.fuse(modules(2, 4), measure="always")
