@@ -119,15 +119,15 @@ BAD = [
     ),
     (
         ["benchmark", "gemm", "--preset", "ci", "--memory-budget", "lots"],
-        "--memory-budget 'lots': expected a positive size",
+        "--memory-budget 'lots': expected a size of at least one byte",
     ),
     (
         ["benchmark", "gemm", "--preset", "ci", "--memory-budget", "0MiB"],
-        "--memory-budget '0MiB': expected a positive size",
+        "--memory-budget '0MiB': expected a size of at least one byte",
     ),
     (
         ["benchmark", "gemm", "--preset", "ci", "--memory-budget", "3PB"],
-        "--memory-budget '3PB': expected a positive size",
+        "--memory-budget '3PB': expected a size of at least one byte",
     ),
     (
         ["benchmark", "gemm", "--preset", "ci", "--timeout-multiplier", "0"],

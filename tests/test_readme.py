@@ -26,7 +26,8 @@ def test_an_example_runs(page, i, code, monkeypatch, fast_timing, capsys, tmp_pa
     monkeypatch.chdir(tmp_path)  # the files an example writes
     exec(compile(code, page, "exec"), {"__name__": "readme_example"})  # what it registers leaves with the test
     out = capsys.readouterr().out
-    assert "crossover_n:" in out and "recommended_threshold:" in out
+    if ".summary()" in code:  # an example that prints a summary prints its answer
+        assert "crossover_n:" in out and "recommended_threshold:" in out
 
 
 def test_every_page_the_readme_names_exists():

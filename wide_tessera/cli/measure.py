@@ -15,7 +15,7 @@ import torch
 
 from ..api import build_custom_job, build_job
 from ..core.errors import WideTesseraError
-from ..core.files import results_lock, results_target
+from ..core.files import make_folder, results_lock, results_target
 from ..core.job import BenchmarkJob, SweepParams
 from ..core.runs import new_run_path, prepare_runs_dir
 from ..dispatch.table import (
@@ -56,7 +56,7 @@ from .options import (
     load_object,
     options,
     override_texts,
-    parse_kwarg,
+    parse_kwargs,
     parse_shape,
     settings_from,
     usage_errors,
@@ -191,7 +191,7 @@ def custom(
             overrides.pop("n_values"),
             name,
             overrides.pop("dtype", ["float32"]),
-            dict(map(parse_kwarg, kwargs)),
+            parse_kwargs(kwargs),
             settings,
             input_dtype=list(input_dtypes) or None,
             int_high=int_high,
@@ -244,7 +244,8 @@ def tune(names: Tuple[str, ...], preset: str, table: Optional[str], results: Opt
 
     if table is None:  # the per-user cache file, its folder made on first use
         table = str(default_table_path())
-        Path(table).parent.mkdir(parents=True, exist_ok=True)
+        with usage_errors():
+            make_folder(Path(table).parent, "dispatch table folder")
     _measure(
         jobs,
         preset,
@@ -259,6 +260,7 @@ def tune(names: Tuple[str, ...], preset: str, table: Optional[str], results: Opt
         strict=False,
         save_dispatch=table,
         overwrite=True,  # --results rewrites its file: the table is what tune keeps
+        output_option="--results",
         command="tune",
         **given,
     )
@@ -271,7 +273,7 @@ tune.help += """
 """
 
 
-def _check_output(path: Optional[str], resume: bool, overwrite: bool) -> None:
+def _check_output(path: Optional[str], resume: bool, overwrite: bool, option: str = "-o") -> None:
     if path is None:
         if resume:
             raise WideTesseraError("--resume needs -o FILE: the results file to continue")
@@ -279,12 +281,13 @@ def _check_output(path: Optional[str], resume: bool, overwrite: bool) -> None:
     try:
         results_target(path)
     except WideTesseraError as e:
-        raise WideTesseraError(f"-o {e}") from None
+        raise WideTesseraError(f"{option} {e}") from None
     if resume and not Path(path).exists() and not leftover_shards(path):
         raise WideTesseraError(f"--resume: {path} does not exist; run without --resume to start it")
     if not resume and not overwrite and Path(path).exists() and Path(path).stat().st_size > 0:
         raise WideTesseraError(
-            f"-o {path}: holds results already; --resume continues it, --overwrite replaces it, or give another file"
+            f"{option} {path}: holds results already; --resume continues it, --overwrite replaces it, "
+            "or give another file"
         )
 
 
@@ -315,6 +318,7 @@ def _measure(
     command: str,
     no_save: bool,
     overwrite: bool = False,
+    output_option: str = "-o",
     **given: Any,
 ) -> None:
     """Check every option, build the jobs, measure them, saving as they go (to -o FILE, and to
@@ -323,7 +327,7 @@ def _measure(
         with usage_errors():
             import_ops(imports)
             texts = override_texts(sets, n_values)
-            _check_output(output, resume, overwrite)
+            _check_output(output, resume, overwrite, output_option)
             if dump_ir:
                 check_directory(dump_ir)
             settings = settings_from(preset, threads=threads, **given)
@@ -343,7 +347,7 @@ def _measure(
             writer = shard is None or shard.rank == 0  # rank 0 writes the results file and the table
             if output and writer:
                 held.enter_context(results_lock(output))  # until the last save: one writer per file
-            if save_dispatch and writer:
+            if save_dispatch is not None and writer:
                 check_table_target(save_dispatch, output)
                 held.enter_context(results_lock(save_dispatch))
             previous = previous_results(output, settings, shard is not None) if resume else {}
@@ -355,7 +359,10 @@ def _measure(
 
         def finished(result: BenchmarkResult, progress: Progress) -> None:
             progress.echo(result.brief() + "\n")  # each op's answer as soon as it is done
-            merged = merge_into(save_dispatch, result) if save_dispatch else None
+            try:
+                merged = merge_into(save_dispatch, result) if save_dispatch is not None else None
+            except WideTesseraError as e:  # the table changed under the run: the answer above stands
+                merged = f"dispatch table {save_dispatch}: {result.op} not merged: {e}"
             if merged:
                 progress.echo(merged + "\n")
 
@@ -377,7 +384,8 @@ def _measure(
                 for result in results:
                     finished(result, progress)
         except Interrupted as stop:
-            click.echo(f"\ninterrupted: {stop}" if stop.output else f"\ninterrupted ({stop})", err=True)
+            table = f"; the ops finished before it are in the dispatch table {save_dispatch}" if save_dispatch else ""
+            click.echo(f"\ninterrupted: {stop}{table}" if stop.output else f"\ninterrupted ({stop}){table}", err=True)
             raise SystemExit(130) from None
         if len(results) > 1:
             click.echo(closing_table(results))
@@ -409,8 +417,11 @@ def _report(
         if triton_unavailable_reason("cuda") is not None:  # no triton at all
             click.echo(f"--dump-ir: nothing written: the Triton kernels {triton_unavailable_reason('cuda')}", err=True)
         else:
-            written = write_ir(autotuned_kernels(), Path(ir_directory), clock)
-            click.echo(f"--dump-ir: wrote {len(written)} file(s) to {ir_directory}", err=True)
+            try:
+                written = write_ir(autotuned_kernels(), Path(ir_directory), clock)
+                click.echo(f"--dump-ir: wrote {len(written)} file(s) to {ir_directory}", err=True)
+            except (WideTesseraError, OSError) as e:
+                click.echo(f"--dump-ir: {e}", err=True)
     traces = [path for r in results for p in r.points for path in p.traces]
     if traces:
         click.echo(

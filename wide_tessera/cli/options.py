@@ -61,7 +61,7 @@ def usage_errors() -> Iterator[None]:
     try:
         yield
     except WideTesseraError as e:
-        raise click.UsageError(str(e)) from None
+        raise click.UsageError(" ".join(str(e).split())) from None
 
 
 def options(*decorators: Callable) -> Callable:
@@ -204,8 +204,8 @@ def parse_size(text: str, option: str = "--memory-budget") -> int:
     """'512MiB', '2GB', '1.5g', '1048576' -> bytes (K, M, G are powers of 1024)."""
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
     unit = match.group(2).lower() if match else None
-    if match is None or unit not in _SIZE_UNITS or float(match.group(1)) <= 0:
-        raise WideTesseraError(f"{option} {text!r}: expected a positive size such as 512MiB or 2GiB")
+    if match is None or unit not in _SIZE_UNITS or float(match.group(1)) * _SIZE_UNITS[unit] < 1:
+        raise WideTesseraError(f"{option} {text!r}: expected a size of at least one byte, such as 512MiB or 2GiB")
     return int(float(match.group(1)) * _SIZE_UNITS[unit])
 
 
@@ -227,6 +227,16 @@ def parse_kwarg(text: str) -> Tuple[str, Any]:
         return key.strip(), ast.literal_eval(value)
     except (ValueError, SyntaxError):
         return key.strip(), value
+
+
+def parse_kwargs(texts: Sequence[str]) -> Dict[str, Any]:
+    """Every --kwarg, each name once: a name given twice would silently lose one value."""
+    kwargs: Dict[str, Any] = {}
+    for key, value in map(parse_kwarg, texts):
+        if key in kwargs:
+            raise WideTesseraError(f"--kwarg {key} is given twice ({kwargs[key]!r} and {value!r}); give it once")
+        kwargs[key] = value
+    return kwargs
 
 
 def load_object(spec: str, option: str, what: str) -> Any:
@@ -270,6 +280,8 @@ def choices(text: str, kind: str, valid: Sequence[str]) -> List[str]:
 
 
 def check_directory(path: str, option: str = "-o") -> None:
+    if not path:
+        raise WideTesseraError(f"{option} '': give a folder name")
     if Path(path).exists() and not Path(path).is_dir():
         raise WideTesseraError(f"{option} {path}: exists and is not a directory; give a directory")
 

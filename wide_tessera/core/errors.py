@@ -5,11 +5,23 @@ from __future__ import annotations
 import difflib
 from typing import Iterable
 
-__all__ = ["WideTesseraError", "unknown"]
+__all__ = ["WideTesseraError", "unknown", "one_line"]
 
 
 class WideTesseraError(ValueError):
     """A value the user gave is wrong; the message names it and what would be valid."""
+
+
+def one_line(error: BaseException) -> str:
+    """'TypeError: what it said', on one line, for an error raised by someone else's code: a
+    model's multi-line message is folded, and an exception whose str() itself raises still
+    gets its type named."""
+    try:
+        text = str(error)
+    except Exception:  # noqa: BLE001  its __str__ is broken: the type is all there is
+        text = "(its message could not be read)"
+    text = " ".join(text.split())
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 def unknown(kind: str, value: object, valid: Iterable[str]) -> WideTesseraError:

@@ -14,7 +14,15 @@ from filelock import FileLock, Timeout
 
 from .errors import WideTesseraError
 
-__all__ = ["results_target", "not_a_regular_file", "write_atomic", "results_lock", "lock_path", "cache_dir"]
+__all__ = [
+    "results_target",
+    "not_a_regular_file",
+    "write_atomic",
+    "make_folder",
+    "results_lock",
+    "lock_path",
+    "cache_dir",
+]
 
 _KINDS = (
     (stat.S_ISDIR, "a directory"),
@@ -42,15 +50,43 @@ def results_target(path: Union[str, Path]) -> Path:
     Refuses anything that exists and is not a regular file: writing there would replace a
     device node or a FIFO with a JSON file (`-o /dev/full` once did exactly that).
     """
+    if not str(path):
+        raise WideTesseraError("'': give a file name")
     target = Path(path).resolve()
     kind = not_a_regular_file(target)
     if kind is not None:
         raise WideTesseraError(f"{path}: is {kind}, not a results file; give a regular file path")
+    if len(target.name.encode()) > _name_max(target.parent):
+        raise WideTesseraError(
+            f"{path}: the file name is longer than the {_name_max(target.parent)} bytes this file system takes"
+        )
     if not target.parent.is_dir():
         raise WideTesseraError(f"{path}: folder {str(target.parent)!r} does not exist")
     if not os.access(target.parent, os.W_OK):
         raise WideTesseraError(f"{path}: folder {str(target.parent)!r} is not writable")
     return target
+
+
+def _name_max(folder: Path) -> int:
+    try:
+        return os.pathconf(folder, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        return 255
+
+
+def make_folder(path: Union[str, Path], what: str = "folder") -> Path:
+    """`path` as a folder, made (with its parents) where it is missing; the OS's refusal (a file in
+    the way, a read-only file system, no permission) is one WideTesseraError naming the path."""
+    if not str(path):
+        raise WideTesseraError(f"'': give a {what} name")
+    folder = Path(path)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise WideTesseraError(f"{path}: cannot make this {what} ({e.strerror or e})") from None
+    if not os.access(folder, os.W_OK):
+        raise WideTesseraError(f"{path}: this {what} is not writable")
+    return folder
 
 
 def _new_file_mode(target: Path) -> int:
@@ -70,18 +106,31 @@ def _new_file_mode(target: Path) -> int:
 def write_atomic(path: Union[str, Path], text: str) -> None:
     """Write `text` to a temporary file beside the target and rename it over the target.
 
-    A run killed mid-write leaves the previous complete file, never a truncated one.
+    A run killed mid-write leaves the previous complete file, never a truncated one; a write the
+    OS refuses (a full disk, a read-only file system) is one WideTesseraError saying so, and the
+    previous file, where there was one, is intact.
     """
     target = results_target(path)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    existed = target.exists()
+    try:
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    except OSError as e:
+        raise _refused(path, e, existed) from None
     try:
         with os.fdopen(fd, "w") as f:
             os.fchmod(f.fileno(), _new_file_mode(target))
             f.write(text)
         os.replace(tmp, target)
-    except BaseException:
+    except BaseException as e:
         os.unlink(tmp)
+        if isinstance(e, OSError):
+            raise _refused(path, e, existed) from None
         raise
+
+
+def _refused(path: Union[str, Path], error: OSError, existed: bool) -> WideTesseraError:
+    kept = "the earlier file is intact" if existed else "nothing was written"
+    return WideTesseraError(f"{path}: could not be written ({error.strerror or error}); {kept}")
 
 
 def cache_dir() -> Path:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import List, Sequence
 
 from .errors import WideTesseraError
-from .files import results_target
+from .files import make_folder, results_target
 
 __all__ = ["RUNS_ENV", "runs_dir", "prepare_runs_dir", "new_run_path", "saved_runs", "resolve_run"]
 
@@ -34,7 +34,7 @@ def prepare_runs_dir() -> Path:
     one WideTesseraError naming it and the reason where it cannot be made or written."""
     folder = runs_dir()
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        make_folder(folder, "runs folder")
         ignore = folder / ".gitignore"
         if not ignore.exists():
             ignore.write_text("# wide_tessera's saved runs: this machine's measurements (see `wide_tessera runs`)\n*\n")

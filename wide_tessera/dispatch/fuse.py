@@ -19,6 +19,7 @@ from ..core import trees
 from ..core.capabilities import unmet_need
 from ..core.environment import capture_environment
 from ..core.errors import WideTesseraError, unknown
+from ..core.files import make_folder
 from ..core.job import DTYPES, params_text
 from ..core.user_input import check_bool, check_number
 from ..measurement.controls import COMPILE_MODES
@@ -88,6 +89,10 @@ class LoopedModules(nn.Module):
         return tuple(inputs)
 
     def forward(self, inputs: Tuple[Any, ...]) -> Tuple[Any, ...]:
+        if not isinstance(inputs, tuple) or len(inputs) != len(self.models):  # a tensor would pair rows with modules
+            raise WideTesseraError(
+                f"forward takes what pack gives: a tuple of {len(self.models)} inputs, one per module"
+            )
         return tuple(trees.call(m, x) for m, x in zip(self.models, inputs))
 
     def unpack(self, output: Tuple[Any, ...]) -> List[Any]:
@@ -315,7 +320,7 @@ def _table_file(table: Union[None, str, Path, DispatchTable]) -> Optional[str]:
     if table is not None:
         return str(table)
     path = default_table_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_folder(path.parent, "dispatch table folder")
     return str(path)
 
 

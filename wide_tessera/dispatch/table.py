@@ -135,6 +135,8 @@ class DispatchTable:
     @classmethod
     def load(cls, path: Union[str, Path]) -> "DispatchTable":
         """Read a table; a missing, damaged or foreign file is one WideTesseraError naming it."""
+        if not isinstance(path, (str, Path)):
+            raise WideTesseraError(f"DispatchTable.load: path={path!r}: give the path of a dispatch table")
         return load_document(
             path,
             DispatchTable,
@@ -146,16 +148,26 @@ class DispatchTable:
         )
 
     def save(self, path: Union[str, Path]) -> None:
+        _check_entries_are(self.entries, "DispatchTable.save")
+        _check_entries(self)  # what load would refuse is never written
         write_json(path, self.to_dict())
 
     def merged(self, entries: Sequence[DispatchEntry]) -> "DispatchTable":
         """This table with `entries` added; of two measurements of one entry the newer is kept."""
+        _check_entries_are(entries, "DispatchTable.merged")
         by_key = {e.key(): e for e in self.entries}
         for e in entries:
             old = by_key.get(e.key())
             if old is None or e.measured_at >= old.measured_at:  # ISO 8601 in UTC: text order is time order
                 by_key[e.key()] = e
         return DispatchTable(sorted(by_key.values(), key=lambda e: (e.op, e.device_name, e.dtype, e.key())))
+
+
+def _check_entries_are(entries: Any, what: str) -> None:
+    if not isinstance(entries, (list, tuple)) or not all(isinstance(e, DispatchEntry) for e in entries):
+        raise WideTesseraError(
+            f"{what}: entries={entries!r:.60}: give a list of DispatchEntry (entries_of(result) makes them)"
+        )
 
 
 def _check_entries(table: DispatchTable) -> None:
@@ -234,6 +246,8 @@ def _n_verdict(point: PointResult) -> NVerdict:
 def entries_of(result: BenchmarkResult) -> List[DispatchEntry]:
     """A result's dispatch entries, one per parameter group and dtype; points skipped by the
     memory budget are left out (they were not measured)."""
+    if not isinstance(result, BenchmarkResult):
+        raise WideTesseraError(f"entries_of: give one BenchmarkResult, got {type(result).__name__}")
     run = result.runs[-1] if result.runs else None
     measured_at = (run.finished or run.started) if run is not None else now()
     entries = []

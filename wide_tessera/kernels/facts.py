@@ -19,6 +19,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
+from ..core.files import make_folder
+
 __all__ = [
     "KernelFacts",
     "AutotuneFacts",
@@ -163,7 +165,7 @@ def dump_ir(kernels: Dict[str, Any], directory: Path, clock: Optional[CompileClo
     not run, or ran in the interpreter) is named in README.txt with the reason. `clock`:
     the CompileClock that ran while they compiled, for their compile times.
     """
-    directory.mkdir(parents=True, exist_ok=True)
+    make_folder(directory, "IR folder")
     written, facts, idle = [], [], []
     for name, kernel in kernels.items():
         found = list(compiled_kernels(kernel))

@@ -18,7 +18,7 @@ from dataclasses_json import dataclass_json
 
 from ..core.environment import capture_environment
 from ..core.errors import WideTesseraError
-from ..core.files import cache_dir
+from ..core.files import cache_dir, make_folder
 from ..core.job import Work
 from ..core.jsonio import read_json, write_json
 from .timing import TimingConfig, measure
@@ -115,7 +115,7 @@ def load_or_calibrate(device: str) -> Peaks:
             pass
     peaks = calibrate(device)
     cached[key] = asdict(peaks)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_folder(path.parent, "cache folder")
     write_json(path, cached)
     return peaks
 

@@ -14,6 +14,7 @@ from typing import Callable, ContextManager, Dict, Iterator, List
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from ..core.files import make_folder
 from .memory import stderr_silenced
 
 __all__ = ["trace_name", "write_traces", "nvtx_range"]
@@ -33,7 +34,7 @@ def write_traces(
 ) -> List[Path]:
     """One trace per callable, of TRACED_CALLS calls, in `directory` (made where missing); the
     paths written."""
-    directory.mkdir(parents=True, exist_ok=True)
+    make_folder(directory, "traces folder")
     cuda = torch.device(device).type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     written = []

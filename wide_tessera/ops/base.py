@@ -12,7 +12,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from ..core.capabilities import Needs
 from ..core.errors import WideTesseraError, unknown
 from ..core.job import DTYPES, BenchmarkJob, SweepParams, Work
-from .registry import REGISTRY, RESERVED_STRATEGY_NAMES, outside_strategies
+from .registry import REGISTRY, RESERVED_STRATEGY_NAMES, op_names, outside_strategies
 
 __all__ = ["WideOp", "WideChannelsOp", "shared_config", "load_joined_parameters", "fusing_ops", "wide_module", "TRITON"]
 
@@ -275,6 +275,7 @@ def _frozen_as_in(modules: Sequence[nn.Module], wide: nn.Module) -> nn.Module:
 
 def fusing_ops() -> Dict[type, type]:
     """Module class -> the registered op that fuses it (its FUSES): what surgery swaps, what fuse() finds."""
+    op_names()  # the installed plugins' ops first: one may fuse the class asked about
     return {cls.FUSES: cls for cls in REGISTRY.values() if getattr(cls, "FUSES", None) is not None}
 
 

@@ -10,7 +10,7 @@ from importlib.metadata import entry_points
 from typing import Any, Callable, Dict, List, Optional, Sequence, TypeVar
 
 from ..core.capabilities import Needs
-from ..core.errors import WideTesseraError, unknown
+from ..core.errors import WideTesseraError, one_line, unknown
 from ..core.roles import RESERVED_NAMES
 
 __all__ = [
@@ -122,8 +122,8 @@ def import_ops(modules: Sequence[str]) -> None:
     for module in modules:
         try:
             importlib.import_module(module)
-        except Exception as e:  # noqa: BLE001  the plugin's own error, in one line
-            raise WideTesseraError(f"cannot import {module!r}: {type(e).__name__}: {e}") from None
+        except (Exception, SystemExit) as e:  # noqa: BLE001  its own error, in one line; sys.exit(3) is no exit status of ours
+            raise WideTesseraError(f"cannot import {module!r}: {one_line(e)}") from None
 
 
 _plugins_loaded = False
@@ -138,10 +138,9 @@ def _load_entry_points() -> None:
     for point in entry_points(group=ENTRY_POINT_GROUP):
         try:
             point.load()
-        except Exception as e:  # noqa: BLE001  a plugin's own error, in one line
+        except (Exception, SystemExit) as e:  # noqa: BLE001  a plugin's own error, in one line
             raise WideTesseraError(
-                f"the {ENTRY_POINT_GROUP} entry point {point.name!r} ({point.value}) failed to load: "
-                f"{type(e).__name__}: {e}"
+                f"the {ENTRY_POINT_GROUP} entry point {point.name!r} ({point.value}) failed to load: {one_line(e)}"
             ) from None
 
 

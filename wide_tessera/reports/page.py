@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, List, Sequence
 
 from ..core.errors import WideTesseraError
+from ..core.files import make_folder, write_atomic
 from ..results.manifest import now
 from . import markdown
 
@@ -70,7 +71,7 @@ def write_report(results: Sequence["BenchmarkResult"], directory: Path, sources:
     if not results:
         raise WideTesseraError("report: no results to report")
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
+    make_folder(directory, "report folder")
     try:
         from .plots import plot_result
 
@@ -104,5 +105,5 @@ def write_report(results: Sequence["BenchmarkResult"], directory: Path, sources:
             + "\n\n</details>"
         )
     page = directory / "README.md"
-    page.write_text("\n\n".join(parts) + "\n")
+    write_atomic(page, "\n\n".join(parts) + "\n")
     return page

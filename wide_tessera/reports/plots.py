@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Sequence
 
 from ..core.errors import WideTesseraError
+from ..core.files import make_folder
 from ..core.job import params_text
 from ..core.roles import CONTROLS
 from ..core.stats import MIN_EFFECT
@@ -149,7 +150,7 @@ def _draw_group(result: "BenchmarkResult", group: "GroupResult", points: Sequenc
 
 
 def save_figure(fig, directory: Path, stem: str, formats: Sequence[str]) -> List[Path]:
-    directory.mkdir(parents=True, exist_ok=True)
+    make_folder(directory, "plots folder")
     paths = [directory / f"{_slug(stem)}.{fmt}" for fmt in formats]
     for path in paths:
         fig.savefig(path, dpi=110)

@@ -136,6 +136,10 @@ def rows(results: Sequence["BenchmarkResult"]) -> List[Dict[str, Any]]:
     Every row of a result has the same keys (COLUMNS with the op's parameters after `n`);
     a value the point lacks (a strategy that failed, the baseline's speedup) is None.
     """
+    if not isinstance(results, (list, tuple)) or not all(type(r).__name__ == "BenchmarkResult" for r in results):
+        raise WideTesseraError(
+            f"give a list of BenchmarkResult (load_results(path) reads a file), got {type(results).__name__}"
+        )
     out = []
     for result in results:
         names = ["baseline", *result.strategies, *controls_run(result)]

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Collection, Dict, Iterable, Optional
 
 from ..core.errors import WideTesseraError
+from ..core.job import MAX_N
 from ..core.roles import BASELINE, CONTROLS, POINT
 from ..core.user_input import MAX_SEED
 from ..measurement.controls import COMPILE_MODES
@@ -104,6 +105,7 @@ def _check_point(p: "PointResult", strategies: Collection[str], where: str) -> N
     strategies = [*strategies, *CONTROLS]  # a control is timed, checked and reported like a strategy
     timed = [BASELINE, *strategies]
     _positive_int(f"{where}.n", p.n)
+    _need(p.n <= MAX_N, f"{where}.n", f"{p.n} is more than {MAX_N}, the most copies this tool builds")
     _params(f"{where}.params", p.params)
     _keys(f"{where}.timings", p.timings, timed)
     expected_timed = {BASELINE, *p.speedups} if p.timings or p.speedups else set()

@@ -30,6 +30,7 @@ from ..core.correctness import (
     shares_memory,
     tolerance,
 )
+from ..core.errors import one_line
 from ..core.job import DTYPES, BenchmarkJob, group_key, point_key
 from ..core.roles import CONTROLS
 from ..measurement import modes
@@ -414,7 +415,7 @@ def _measure_until_healthy(
 def _failure(stage: str, error: BaseException) -> Failure:
     if isinstance(error, StageTimeout):
         return Failure(error.stage, "timeout", "Timeout", str(error), error.elapsed_s, error.limit_s)
-    return Failure(stage, "error", type(error).__name__, str(error))
+    return Failure(stage, "error", type(error).__name__, one_line(error).partition(": ")[2])
 
 
 def _release_memory(device: str) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -87,9 +88,16 @@ def _run_job(
     ):
         return previous  # it holds every point this run asks for
 
+    unsaved: List[str] = []
+
     def save(result: BenchmarkResult) -> None:
         if output:
-            save_results([*done, finish(result)], output)
+            try:
+                save_results([*done, finish(result)], output)
+            except WideTesseraError as e:  # the file or its folder changed under the run
+                if str(e) not in unsaved:  # one line per problem; the measuring goes on
+                    unsaved.append(str(e))
+                    print(f"{e}: the points measured are still printed at the end of each op", file=sys.stderr)
 
     try:
         result = finish(run_job(job, settings, previous, on_point=save, progress=progress, share=share))

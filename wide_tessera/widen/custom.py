@@ -11,7 +11,7 @@ from torch import nn
 
 from ..core import trees
 from ..core.capabilities import Needs
-from ..core.errors import WideTesseraError, unknown
+from ..core.errors import WideTesseraError, one_line, unknown
 from ..core.job import BenchmarkJob, SweepParams
 from .functional import RANDOMNESS, WideFunctional
 from .surgery import WideSurgery, untraceable
@@ -53,6 +53,8 @@ def custom_job(
     input first; `run_check(check)` runs that try (the API runs it in a worker process
     under `isolate`, so a module that crashes or hangs cannot take the caller with it).
     """
+    if name is not None and (not isinstance(name, str) or not name.strip()):
+        raise WideTesseraError(f"name={name!r}: give the result's name as a non-empty string")
     if not (isinstance(model_class, type) and issubclass(model_class, nn.Module)):
         raise WideTesseraError(f"model_class must be an nn.Module subclass, got {model_class!r}")
     if randomness not in RANDOMNESS:
@@ -165,11 +167,11 @@ def _check_fits(
     try:
         model = model_class(**model_kwargs).train(train)
     except Exception as e:  # noqa: BLE001  the user's class's own error, in one line
-        raise WideTesseraError(f"cannot build {name}(**{model_kwargs!r}): {type(e).__name__}: {e}") from None
+        raise WideTesseraError(f"cannot build {name}(**{model_kwargs!r}): {one_line(e)}") from None
     try:
         x = make_input()
     except Exception as e:  # noqa: BLE001  the user's factory's own error, in one line
-        raise WideTesseraError(f"input_factory() failed: {type(e).__name__}: {e}") from None
+        raise WideTesseraError(f"input_factory() failed: {one_line(e)}") from None
     if not (
         isinstance(x, torch.Tensor) or (isinstance(x, tuple) and x and all(isinstance(t, torch.Tensor) for t in x))
     ):
@@ -181,14 +183,15 @@ def _check_fits(
             with torch.no_grad():
                 outputs.append(trees.call(model, trees.clone(x)))  # a model may change its input in place
         except Exception as e:  # noqa: BLE001  the user's model's own error, in one line
-            raise WideTesseraError(f"{given} does not fit {name}: {type(e).__name__}: {e}") from None
+            raise WideTesseraError(f"{given} does not fit {name}: {one_line(e)}") from None
     leaves, _ = trees.flat(outputs[0])
     if not leaves or not all(isinstance(t, torch.Tensor) for t in leaves):
         raise WideTesseraError(
             f"{name}.forward returns {type(outputs[0]).__name__} holding non-tensors; benchmark_custom needs a Tensor, "
             "or a tuple, list or dict of them"
         )
-    same = all(torch.equal(a, b) for a, b in zip(leaves, trees.flat(outputs[1])[0]))
+    # equal_nan: a model whose output is NaN gives NaN twice, which is no sign of random numbers
+    same = all(_same(a, b) for a, b in zip(leaves, trees.flat(outputs[1])[0]))
     if not same and randomness == "error":
         raise WideTesseraError(
             f"{name} draws random numbers (two calls on one input "
@@ -196,3 +199,11 @@ def _check_fits(
             "give randomness='different' (--randomness different; each model its own draws) or 'same' (one draw for "
             "all)"
         )
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.is_floating_point() or a.is_complex():
+        return bool(torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num()))
+    return torch.equal(a, b)

@@ -1,0 +1,206 @@
+"""What an adversary tried (issue 31, item 6), one case per row: one line, the right exit status,
+nothing lost. CLI rows run the real command line; API rows call the library."""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+from torch import nn
+
+import wide_tessera as wt
+from wide_tessera.cli import cli
+from wide_tessera.dispatch.fuse import LoopedModules
+from wide_tessera.dispatch.table import DispatchTable, entries_of
+
+from .helpers import Expert
+
+GEMM = ["benchmark", "gemm", "--preset", "ci", "--device", "cpu", "--n-values", "1", "--budget", "0.005", "--quiet"]
+
+
+@pytest.fixture
+def places(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    results = tmp_path / "r.json"
+    CliRunner().invoke(cli, [*GEMM, "-o", str(results)])
+    bad_module = tmp_path / "exits.py"
+    bad_module.write_text("import sys\nsys.exit(3)\n")
+    return {"tmp": str(tmp_path), "blocker": str(blocker), "results": str(results), "long": "x" * 300}
+
+
+CLI_CASES = [
+    # output paths the OS refuses
+    (["plot", "{results}", "-o", "{blocker}/plots"], "cannot make this plots folder"),
+    (["report", "{results}", "-o", "{blocker}/report"], "cannot make this report folder"),
+    (["tune", "gemm", "--preset", "ci", "--n-values", "1", "-o", "{tmp}/{long}.json"], "the file name is longer than"),
+    ([*GEMM, "--trace", "{blocker}"], "--trace {blocker}: exists and is not a directory"),
+    # empty paths are not "not given"
+    (["tune", "gemm", "--preset", "ci", "--n-values", "1", "-o", ""], "'': give a file name"),
+    ([*GEMM, "--save-dispatch", ""], "'': give a file name"),
+    (["plot", "{results}", "-o", ""], "-o '': give a folder name"),
+    (["tune", "gemm", "--preset", "ci", "--n-values", "1", "--results", ""], "--results '': give a file name"),
+    # values that cannot be right
+    ([*GEMM, "--memory-budget", "0.0000001"], "expected a size of at least one byte"),
+    (
+        [
+            "custom",
+            "tests.helpers:Expert",
+            "--input-shape",
+            "2,16",
+            "--n-values",
+            "2",
+            "--kwarg",
+            "d=16",
+            "--kwarg",
+            "d=32",
+        ],
+        "--kwarg d is given twice",
+    ),
+    # an imported module that calls sys.exit is an import that failed, not an exit status of ours
+    (["benchmark", "--import", "exits", "gemm"], "cannot import 'exits': SystemExit: 3"),
+    # -o over results: refused, nothing lost
+    ([*GEMM, "-o", "{results}"], "holds results already"),
+    # collectives: checked before any process group, outside torchrun too
+    (["collectives", "--ops", "bogus"], "unknown collective 'bogus'"),
+    (["collectives", "--min-bytes", "1GiB", "--max-bytes", "1KiB"], "--min-bytes 1GiB is larger than --max-bytes 1KiB"),
+    (["collectives", "--dtype", "float64"], "unknown dtype 'float64'"),
+]
+
+
+@pytest.mark.parametrize("args,message", CLI_CASES, ids=[" ".join(a)[:60] for a, _ in CLI_CASES])
+def test_the_cli_answers_hostile_input_with_one_line(args, message, places, monkeypatch):
+    monkeypatch.chdir(places["tmp"])
+    monkeypatch.syspath_prepend(places["tmp"])
+    before = Path(places["results"]).read_text()
+    r = CliRunner().invoke(cli, [a.format(**places) for a in args])
+    assert r.exit_code == 2, r.output
+    assert message.format(**places) in r.output and "Traceback" not in r.output
+    assert len([line for line in r.output.splitlines() if line.startswith("Error:")]) == 1
+    assert Path(places["results"]).read_text() == before  # nothing lost
+
+
+def test_a_cache_folder_that_is_a_file_is_one_line(places, monkeypatch):
+    monkeypatch.setenv("WIDE_TESSERA_CACHE_DIR", places["blocker"])
+    r = CliRunner().invoke(cli, ["tune", "gemm", "--preset", "ci", "--n-values", "1", "--quiet"])
+    assert r.exit_code == 2 and "cannot make this dispatch table folder" in r.output and "Traceback" not in r.output
+
+
+def test_a_full_disk_says_which_file_and_that_the_earlier_one_is_intact(tmp_path):
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full here")
+    result = wt.load_results(Path(__file__).parent / "golden" / "schema6.json")
+    import wide_tessera.core.files as files
+
+    path = tmp_path / "kept.json"
+    wt.save_results(result, path)
+    before = path.read_text()
+    real = files.tempfile.mkstemp
+
+    def full_disk(*args, **kwargs):
+        fd, name = real(*args, **kwargs)
+        os.dup2(os.open("/dev/full", os.O_WRONLY), fd)
+        return fd, name
+
+    files.tempfile.mkstemp = full_disk
+    try:
+        with pytest.raises(
+            wt.WideTesseraError,
+            match=r"kept.json: could not be written \(No space left on device\); the earlier file is intact",
+        ):
+            wt.save_results(result, path)
+    finally:
+        files.tempfile.mkstemp = real
+    assert path.read_text() == before
+
+
+def test_a_results_file_replaced_by_a_folder_mid_run_keeps_the_answer_printed(tmp_path, monkeypatch):
+    from wide_tessera.sweep import session
+
+    out = tmp_path / "r.json"
+    real = session.save_results
+    calls = []
+
+    def replaced(results, path):
+        calls.append(path)
+        if len(calls) == 2:  # after the first point, someone puts a folder where the file was
+            Path(path).unlink()
+            Path(path).mkdir()
+        real(results, path)
+
+    monkeypatch.setattr(session, "save_results", replaced)
+    args = ["benchmark", "gemm", "--preset", "ci", "--device", "cpu", "--n-values", "1,2", "--budget", "0.005"]
+    r = CliRunner().invoke(cli, [*args, "--quiet", "-o", str(out)])
+    assert "is a directory" in r.stderr and r.stderr.count("is a directory") == 1
+    assert "== gemm" in r.stdout and "Traceback" not in r.output  # the answer is printed
+
+
+API_CASES = [
+    ("load_results(None)", lambda: wt.load_results(None), "give the path of a results file"),
+    ("DispatchTable.load(5)", lambda: DispatchTable.load(5), "give the path of a dispatch table"),
+    ("entries_of('gemm')", lambda: entries_of("gemm"), "give one BenchmarkResult, got str"),
+    ("to_dataframe('gemm.json')", lambda: wt.to_dataframe("gemm.json"), "give a list of BenchmarkResult"),
+    ("merged([1, 2])", lambda: DispatchTable().merged([1, 2]), "give a list of DispatchEntry"),
+    ("DispatchTable(None).save", lambda: DispatchTable(entries=None).save("t.json"), "give a list of DispatchEntry"),
+    (
+        "benchmark_custom(name=5)",
+        lambda: wt.benchmark_custom(Expert, (2, 16), [2], name=5),
+        "name=5: give the result's name",
+    ),
+    (
+        "LoopedModules(tensor)",
+        lambda: LoopedModules([nn.Linear(2, 2)] * 2)(torch.randn(2, 2)),
+        "forward takes what pack gives",
+    ),
+    (
+        "fuse(cuda_graph='yes')",
+        lambda: wt.fuse([nn.Linear(2, 2)], cuda_graph="yes"),
+        "cuda_graph='yes': give True or False",
+    ),
+]
+
+
+@pytest.mark.parametrize("name,call,message", API_CASES, ids=[c[0] for c in API_CASES])
+def test_the_api_checks_its_arguments_at_the_door(name, call, message, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(wt.WideTesseraError, match=message.replace("(", r"\(").replace(")", r"\)")) as info:
+        call()
+    assert "\n" not in str(info.value)
+
+
+def test_files_with_impossible_numbers_do_not_load(tmp_path):
+    doc = json.loads((Path(__file__).parent / "golden" / "schema6.json").read_text())
+    doc["results"][0]["points"][0]["timings"]["baseline"] = 1e400  # JSON reads it as infinity
+    (tmp_path / "inf.json").write_text(json.dumps(doc).replace("Infinity", "1e400"))
+    with pytest.raises(wt.WideTesseraError, match="not a finite number"):
+        wt.load_results(tmp_path / "inf.json")
+    doc = json.loads((Path(__file__).parent / "golden" / "schema6.json").read_text())
+    doc["results"][0]["points"][0]["n"] = 10**30
+    (tmp_path / "huge.json").write_text(json.dumps(doc))
+    with pytest.raises(wt.WideTesseraError, match="is more than 4096"):
+        wt.load_results(tmp_path / "huge.json")
+
+
+def test_a_model_whose_output_is_nan_is_not_called_random():
+    class Nan(nn.Module):
+        def forward(self, x):
+            return x * float("nan")
+
+    r = wt.benchmark_custom(Nan, (2, 3), [2], device="cpu", verbose=False)
+    assert (
+        "draws random numbers" not in str(r.points[0].failures)
+        and r.points[0].failures["point"].error_type == "Unjudgeable"
+    )
+
+
+def test_a_multi_line_error_of_a_model_is_one_line():
+    class Loud(nn.Module):
+        def __init__(self):
+            super().__init__()
+            raise ValueError("first line\nsecond line")
+
+    with pytest.raises(wt.WideTesseraError) as info:
+        wt.benchmark_custom(Loud, (2, 3), [2])
+    assert "\n" not in str(info.value) and "first line second line" in str(info.value)
