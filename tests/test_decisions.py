@@ -77,6 +77,16 @@ def test_two_equal_strategies_tie_and_a_slower_one_does_not():
     assert not call.rivals and call.settled
 
 
+def test_a_strategy_that_may_be_faster_by_more_than_the_margin_is_a_rival_not_a_tie():
+    rng = np.random.default_rng(4)
+    base, fast = simulate(2.0, rng, spread=0.05)
+    near = fast * rng.lognormal(0, 0.05, len(fast))  # as fast: tied once known not faster by the margin
+    call = decide({"baseline": base[:10], "a": fast[:10], "b": near[:10]}, ["a", "b"], LEVEL)
+    assert call.kind == "fuse" and call.rivals and not call.settled  # ten noisy rounds cannot tell
+    call = decide({"baseline": base, "a": fast, "b": near}, ["a", "b"], LEVEL)
+    assert call.strategy in ("a", "b") and call.ties and call.settled
+
+
 def stats(ms: Sequence[float]) -> TimingStats:
     return TimingStats.from_samples(list(ms), "synthetic")
 
@@ -120,6 +130,33 @@ def test_a_disturbed_first_pass_and_a_clean_agreeing_confirmation_is_not_unstabl
     assert confirmed.confirmation.replaced and confirmed.timings == second.timings  # the clean one is the point's
     r = result([point(1, rounds(1.0), {"a": rounds(2.0)}), confirmed])
     assert r.reliable and r.groups[0].crossover_n == 4
+
+
+def test_a_point_disturbed_in_both_passes_is_unreliable_and_says_so_once():
+    def disturbed(k):
+        return Health(20, k, cleaned=False, problems=[f"disturbed: {k} of {20 + k} rounds waited for a CPU"])
+
+    first = point(4, rounds(4.0), {"a": rounds(2.0)}, health=disturbed(30))
+    second = point(4, rounds(4.0), {"a": rounds(2.0)}, health=disturbed(25))
+    both = analysis.confirmed(first, second)
+    r = result([point(1, rounds(1.0), {"a": rounds(2.0)}), both])
+    (reason,) = r.groups[0].problems
+    assert not r.reliable and both.disturbed
+    assert reason == (
+        "N=4: disturbed: 30 of 50 rounds waited for a CPU; in the confirmation 25 of 45 (never measured clean)"
+    )
+
+
+@pytest.mark.parametrize(
+    "fused_over_captured, answer",
+    [(1.3, "fuse"), (1.01, "capture"), (0.8, "capture"), (1.05, "either")],
+)
+def test_fuse_or_capture_follows_the_fuse_rule_with_the_control_as_baseline(fused_over_captured, answer):
+    rng = np.random.default_rng(5)
+    base, control = rounds(8.0, k=40, rng=rng), rounds(4.0, k=40, rng=rng, spread=0.002)
+    fused = [c / fused_over_captured for c in control]
+    call = decide({"baseline": base, "a": fused, "loop_compiled": control}, ["a"], LEVEL, ["loop_compiled"])
+    assert call.kind == "fuse" and call.capture == answer
 
 
 def test_a_marginal_point_is_reported_beside_the_crossover():

@@ -8,14 +8,16 @@ settled, instead of when every median is known to 2%:
 * a strategy **beats the margin** when its whole interval lies above 1 + MIN_EFFECT, and is
   **known not to** when the whole interval lies below it;
 * the point is **fuse** (strategy S) when a strategy beats the margin and, for the winner's
-  identity, every other strategy is known slower than S or ties with it: their time ratio
-  known to lie within the margin of 1 (an indifference zone, as in Bechhofer's selection of
-  the best: a difference a fusing decision would not act on is no reason to prefer one fused
-  strategy to another either); **loop** when every strategy is known not to beat the
+  identity, every other strategy is known slower than S or ties with it: not known slower,
+  but known not faster than S by more than the margin (an indifference zone, as in
+  Bechhofer's selection of the best: choosing S costs at most the margin, a difference a
+  fusing decision would not act on either); **loop** when every strategy is known not to beat the
   margin; **marginal** when the strategies that might beat it are known to lie within
   MARGINAL_ZONE of the margin (fusing gains about the margin; either choice costs little);
   else **open**. Given time every point settles: an interval that straddles the margin
-  shrinks until it lies within the zone.
+  shrinks until it lies within the zone. Fuse or capture follows the same rule with the
+  fastest control in the baseline's place: 'fuse', 'capture' (fusing is known not to gain
+  the margin over the captured loop), 'either' (it gains about the margin) or 'open'.
 
 Repeated looks. The rule looks at the data at geometric round counts (10, 20, 40, ... up to
 the timer's max_samples) and once more when the budget is spent, and could stop at any of
@@ -133,10 +135,11 @@ class Call:
 
     kind: 'fuse' (with `strategy`), 'marginal' (`strategy` the one nearest the margin's zone),
     'loop' (no strategy beats the margin), or 'open' (undecided when the budget ran out;
-    `strategy` the provisional best). ties: strategies that tie with the winner within
-    the margin. rivals: strategies not yet known slower than the winner nor tied with it
-    (the winner's identity is open). capture: at a group's largest N, the best strategy
-    against the fastest control: 'fuse', 'capture', 'either' or 'open' (None where no control ran).
+    `strategy` the provisional best). ties: strategies not known slower than the winner,
+    but known not faster by more than the margin. rivals: strategies that may be faster
+    than the winner by more than the margin (the winner's identity is open). capture: at a
+    group's largest N, the best strategy against the fastest control: 'fuse', 'capture',
+    'either' or 'open' (None where no control ran).
     """
 
     kind: str
@@ -214,33 +217,29 @@ def decide(samples: Samples, strategies: Sequence[str], level: float, controls: 
 
 
 def _against(samples: Samples, winner: str, others: Sequence[str], level: float) -> Tuple[List[str], List[str]]:
-    """Of `others`: those that tie with `winner` (their time ratio known within the margin of 1),
-    and those neither tied nor known slower."""
+    """Of `others`: those that tie with `winner` (not known slower, but known not faster than it
+    by the margin: choosing the winner costs at most the margin, Bechhofer's indifference zone),
+    and its rivals (not known slower, and possibly faster by more than the margin)."""
     ties, rivals = [], []
     for s in others:
-        _, lo, hi = paired_ratio(samples[s], samples[winner], level)  # > 1: the winner is faster
+        _, lo, _ = paired_ratio(samples[s], samples[winner], level)  # > 1: the winner is faster
         if lo > 1:  # known slower
             continue
-        (ties if 1 / MARGIN <= lo and hi <= MARGIN else rivals).append(s)
+        (ties if lo >= 1 / MARGIN else rivals).append(s)
     return ties, rivals
 
 
 def decide_capture(samples: Samples, strategy: str, controls: Sequence[str], level: float) -> str:
-    """Fuse with `strategy`, or capture the loop with the fastest control? 'fuse' when the
-    strategy is faster beyond the margin, 'capture' when the control is, 'either' when their
-    ratio is known to lie within the zone around 1 (neither gains the margin), else 'open'."""
+    """Fuse with `strategy`, or capture the loop with the fastest control? The fuse decision's
+    rule with the control in the baseline's place: 'fuse' when the strategy is known faster
+    beyond the margin, 'capture' when it is known not to be (capturing the loop is enough),
+    'either' when the speedup is known to lie in the zone around the margin, else 'open'."""
     timed = [c for c in controls if c in samples]
     if not timed or strategy not in samples:
         return "either"
     control = min(timed, key=lambda c: _median(samples[c]))
     _, lo, hi = paired_ratio(samples[control], samples[strategy], level)
-    if lo > MARGIN:
-        return "fuse"
-    if hi < 1 / MARGIN:
-        return "capture"
-    if 1 / MARGIN / _ZONE <= lo and hi <= MARGIN * _ZONE:
-        return "either"
-    return "open"
+    return {"beats": "fuse", "below": "capture", "marginal": "either", "open": "open"}[classify(lo, hi)]
 
 
 def _median(values: Sequence[float]) -> float:

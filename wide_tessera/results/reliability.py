@@ -50,10 +50,10 @@ def judge(group: Sequence[PointResult], feeds: Sequence[List[str]]) -> Tuple[Lis
         where = f"N={p.n}"
         health = [h for h in (p.health, p.confirmation.health if p.confirmation else None) if h is not None]
         if p.disturbed:
-            line = (
-                f"{where}: disturbed: {'; '.join(h.problems[0] for h in health if h.problems)} (never measured clean)"
-            )
-            (problems if fed else notes).append(line)
+            why = next(h.problems[0] for h in health if h.problems).removeprefix("disturbed: ")
+            again = [f"{h.disturbed_rounds} of {h.rounds + h.disturbed_rounds}" for h in health[1:] if not h.cleaned]
+            then = f"; in the confirmation {again[0]}" if again else ""
+            (problems if fed else notes).append(f"{where}: disturbed: {why}{then} (never measured clean)")
         notes += [f"{where}: {why}" for h in health for why in h.problems if not why.startswith("disturbed")]
         if p.unstable:
             problems.append(f"{where}: unstable: the passes contradict each other ({_calls(p)})")

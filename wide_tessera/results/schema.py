@@ -198,8 +198,9 @@ class FuseOrCapture:
 
     speedup: how many times faster the strategy is than the control (the median of the paired
     rounds' ratios), with its interval at the point's level, and the verdict by the same rule as
-    every speedup: 'faster' means fusing beats capturing. answer: 'fuse', 'capture', 'either'
-    (neither gains the margin over the other) or 'open' (results.decisions.decide_capture);
+    every speedup: 'faster' means fusing beats capturing. answer: 'fuse' (known to gain more than
+    the margin over capturing), 'capture' (known not to), 'either' (it gains about the margin)
+    or 'open' (results.decisions.decide_capture);
     empty in files from before decisions.
     """
 
