@@ -40,8 +40,6 @@ def prepare_runs_dir() -> Path:
             ignore.write_text("# wide_tessera's saved runs: this machine's measurements (see `wide_tessera runs`)\n*\n")
     except OSError as e:
         raise WideTesseraError(f"runs folder {folder}: cannot write there ({e.strerror or e})") from None
-    if not os.access(folder, os.W_OK):
-        raise WideTesseraError(f"runs folder {folder}: is not writable")
     return folder
 
 
