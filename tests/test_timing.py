@@ -108,6 +108,26 @@ def test_a_noisy_function_runs_out_of_budget_and_says_so():
     assert any("high spread" in w for w in stats.warnings)
 
 
+def _first_look(monkeypatch, call_s, disturbed):
+    """A measurement for a decision (a rule that stops at its first look) of two functions
+    that sleep call_s, on a machine whose every round is disturbed, or none."""
+    monkeypatch.setattr(timing.HealthMonitor, "round_disturbed", lambda self: disturbed)
+    config = TimingConfig(warmup_s=0.0, budget_s=0.05)  # 0.1 s for the two
+    fns = {"a": lambda: time.sleep(call_s), "b": lambda: time.sleep(call_s)}
+    return measure_paired(fns, "cpu", config, stop=lambda clean: timing.Look(True))
+
+
+def test_a_slow_decision_spends_up_to_ten_budgets_to_reach_its_first_look(monkeypatch):
+    paired = _first_look(monkeypatch, call_s=0.03, disturbed=False)  # ten rounds: 0.6 s, six budgets
+    assert paired.stats["a"].n_samples == 10 and paired.sampled_s > 0.5
+
+
+def test_a_decision_whose_rounds_are_all_disturbed_gives_up_at_twice_its_budget(monkeypatch):
+    paired = _first_look(monkeypatch, call_s=0.002, disturbed=True)
+    assert paired.health.disturbed_rounds >= 10 and not paired.health.cleaned
+    assert 0.2 <= paired.sampled_s < 0.6  # two budgets, not ten (1 s)
+
+
 def test_median_ci_covers_the_true_median_about_95_percent_of_the_time():
     rng = np.random.default_rng(1)
     for n in (10, 50, 200):

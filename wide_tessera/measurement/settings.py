@@ -54,9 +54,11 @@ class PresetRun:
 # 2-core CPU (controls compiled at every point, deciding points measured twice, 0.5 s per
 # function); with these, 59 s. Its verdicts keep their intervals, its header says they are
 # unconfirmed, and any of the three can be asked back (--budget, --confirm, --controls).
-# `quick`, the README's first command, keeps confirmation and controls and samples 0.25 s:
-# 512 s for its 121 CPU points. Five minutes would mean no confirmation, as in ci (a gemm+gru
-# quick run: 128 s, 71 s without it), and verdicts no longer confirmed.
+# `quick`, the README's first command, keeps confirmation and controls (at each group's
+# largest N) with 0.25 s per function as the cap, not the aim: sampling stops where the
+# decisions settle. Its 121 CPU points took 512 s when they sampled to 2% medians; with the
+# decision rule the whole run took 2 min 27 s (2026-11-24, `wide_tessera benchmark --all
+# --preset quick`, 2-core CPU, quiet), confirmation included.
 PRESET_RUNS = {"ci": PresetRun(budget_s=0.1, confirm="none", controls=False), "quick": PresetRun(budget_s=0.25)}
 
 

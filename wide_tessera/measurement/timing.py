@@ -247,8 +247,12 @@ def _look(
     if rounds < config.min_samples:
         # A decision's first look needs min_samples clean rounds, whatever one round costs: a
         # point of 20 ms calls used its 0.25 s budgets in 6 rounds and was judged on none
-        # (moe_experts at N=32). Precise times keep the old bound, twice the budget.
-        limit = (2 if stop is None else _FIRST_LOOK_BUDGETS) * budget
+        # (moe_experts at N=32). Precise times keep the old bound, twice the budget, and so do
+        # rounds mostly disturbed: there time buys no clean rounds. (Beside one busy process,
+        # torch's two threads on the 2-core machine had nearly every quick point disturbed; each
+        # spent its ten budgets and ended DISTURBED all the same, 20 minutes for the preset.)
+        slow_but_clean = stop is not None and n_disturbed <= rounds
+        limit = (_FIRST_LOOK_BUDGETS if slow_but_clean else 2) * budget
         return Look(elapsed > limit and rounds + n_disturbed >= config.min_samples)
     if stop is not None:
         look = stop(clean)
