@@ -1,6 +1,7 @@
 """Decisions: the stopping rule's error rates over repeated looks, marginal points and ties,
 reliability judged by what could flip, the crossover search, the closing table."""
 
+import re
 import time
 from typing import List, Optional, Sequence
 
@@ -243,3 +244,21 @@ def test_the_closing_table_answers_per_op_and_group():
     assert lines[0] == "ANSWERS (2 of 2 ops RELIABLE)" and len(lines) == 4
     assert "fuse from N=4" in lines[2] and "N=4: fuse a 1.99x" in lines[2] and "RELIABLE" in lines[2]
     assert "never" in lines[3] and "N=4: loop" in lines[3]
+
+
+def test_a_group_whose_largest_n_was_never_measured_clean_does_not_say_never():
+    disturbed = Health(5, 15, cleaned=False, problems=["disturbed: 15 of 20 rounds waited for a CPU"])
+    r = result([point(1, rounds(1.0), {"a": rounds(2.0)}), point(4, rounds(4.0), {"a": rounds(2.0)}, health=disturbed)])
+    (group,) = r.groups
+    assert group.crossover_n is None and group.undecided_n == [4] and not r.reliable
+    _, _, crossover, threshold, *_ = re.split(r"\s{2,}", closing_table([r]).splitlines()[2])
+    assert (crossover, threshold) == ("not known; N=4 undecided", "not known")
+    assert "recommended_threshold: not known" in r.summary()
+
+
+def test_an_undecided_point_below_a_clear_crossover_is_named_beside_it():
+    rng = np.random.default_rng(3)
+    base = rounds(1.0, rng=rng, spread=0.05)
+    near = point(2, base, {"a": [b / 1.05 * f for b, f in zip(base, rng.lognormal(0, 0.05, 20))]})  # open
+    r = result([point(1, rounds(1.0), {"a": rounds(2.0)}), near, point(4, rounds(4.0), {"a": rounds(2.0)})])
+    assert "fuse from N=4; N=2 undecided" in r.summary() and "recommended_threshold: 4" in r.summary()

@@ -11,7 +11,16 @@ from ..core.stats import MARGINAL_ZONE, MIN_EFFECT
 if TYPE_CHECKING:
     from ..results.schema import BenchmarkResult, GroupResult, PointResult
 
-__all__ = ["n_or_never", "decision_cell", "crossover_text", "capture_text", "interval_legend", "level_of_result"]
+__all__ = [
+    "n_or_never",
+    "decision_cell",
+    "crossover_known",
+    "crossover_text",
+    "threshold_text",
+    "capture_text",
+    "interval_legend",
+    "level_of_result",
+]
 
 
 def n_or_never(n: Optional[int]) -> str:
@@ -41,12 +50,30 @@ def decision_cell(point: "PointResult", confirmed_mark: bool = True) -> str:
     return call.kind + confirmed
 
 
+def crossover_known(group: "GroupResult") -> bool:
+    """False when the group never crosses only because its largest N was not decided: fusing
+    may win there, and 'never' would be a claim nothing measured."""
+    return group.crossover_n is not None or group.n_values[-1:] != group.undecided_n[-1:]
+
+
 def crossover_text(group: "GroupResult") -> str:
-    """'fuse from N=8; N=4 marginal', 'never', 'never; N=64 marginal'."""
+    """'fuse from N=8; N=4 marginal', 'never', 'never; N=64 marginal', 'fuse from N=16; N=8
+    undecided', 'not known; N=32 undecided'."""
     text = "never" if group.crossover_n is None else f"fuse from N={group.crossover_n}"
+    if not crossover_known(group):
+        text = "not known"
     if group.marginal_n:
         text += f"; N={','.join(map(str, group.marginal_n))} marginal"
+    if group.undecided_n:
+        text += f"; N={','.join(map(str, group.undecided_n))} undecided"
     return text
+
+
+def threshold_text(result: "BenchmarkResult") -> str:
+    """The recommended threshold, or 'not known' where no group crosses and one may."""
+    if result.recommended_threshold is None and not all(crossover_known(g) for g in result.groups):
+        return "not known"
+    return n_or_never(result.recommended_threshold)
 
 
 def capture_text(group: "GroupResult") -> str:

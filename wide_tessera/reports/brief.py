@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Sequence
 
 from ..core.job import params_text
 from ..core.roles import CONTROLS
-from .answer import capture_text, crossover_text, decision_cell, interval_legend, n_or_never
+from .answer import capture_text, crossover_text, decision_cell, interval_legend, threshold_text
 from .text import controls_run, first_line, format_table, measured_points, no_speedup, notes_digest
 
 if TYPE_CHECKING:
@@ -75,7 +75,7 @@ def brief_summary(result: "BenchmarkResult") -> str:
         lines.append(
             "crossover: "
             + "; ".join(f"{label(g)}: {crossover_text(g)}" for g in result.groups)
-            + f" | threshold {n_or_never(result.recommended_threshold)}"
+            + f" | threshold {threshold_text(result)}"
             + (" | unconfirmed: --confirm none" if result.confirm == "none" else f" | {confirmed} point(s) confirmed")
         )
         captures = [g for g in result.groups if g.fuse_or_capture is not None]
@@ -116,7 +116,7 @@ def closing_table(results: Sequence["BenchmarkResult"]) -> str:
                     r.op,
                     label,
                     crossover_text(g),
-                    n_or_never(r.recommended_threshold),
+                    threshold_text(r),
                     _winner_text(g, r),
                     capture,
                     reasons,

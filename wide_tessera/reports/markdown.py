@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, List, Sequence
 from ..core.job import params_text
 from ..core.stats import MIN_EFFECT
 from ..measurement.controls import legend
-from .answer import crossover_text, decision_cell, interval_legend, n_or_never
+from .answer import crossover_text, decision_cell, interval_legend, n_or_never, threshold_text
 from .text import controls_run, first_line, measured_points, no_speedup
 
 if TYPE_CHECKING:
@@ -45,7 +45,7 @@ def headline(result: "BenchmarkResult") -> List[object]:
         result.op,
         first_line(result).split(":")[0],  # the reasons have a column of their own
         n_or_never(result.crossover_n) + provisional if measured else "–",
-        n_or_never(result.recommended_threshold) + provisional if measured else "–",
+        threshold_text(result) + provisional if measured else "–",
         "none significant" if result.best_speedup is None else f"{result.best_speedup:.2f}x",
     ]
 
@@ -95,7 +95,7 @@ def result_markdown(result: "BenchmarkResult", level: int = 3) -> str:
         best = "none significant" if result.best_speedup is None else f"{result.best_speedup:.2f}x"
         parts.append(
             f"crossover N: **{n_or_never(result.crossover_n)}**{provisional} · recommended threshold: "
-            f"**{n_or_never(result.recommended_threshold)}** · best significant speedup: **{best}**"
+            f"**{threshold_text(result)}** · best significant speedup: **{best}**"
         )
     else:
         parts.append("Nothing was measured: no verdict on fusing.")

@@ -9,7 +9,7 @@ from ..core.job import params_text
 from ..core.roles import CONTROLS
 from ..measurement.controls import legend
 from ..measurement.roofline import roofline
-from .answer import capture_text, crossover_text, decision_cell, interval_legend, n_or_never
+from .answer import capture_text, crossover_text, decision_cell, interval_legend, n_or_never, threshold_text
 
 if TYPE_CHECKING:  # only for annotations: the schema imports this module to render itself
     from ..results.schema import BenchmarkResult, PointResult
@@ -209,7 +209,7 @@ def _crossover_lines(result: "BenchmarkResult") -> List[str]:
         f"wins, {confirmed}, at every larger N):",
         *(f"  {params_text(g.params)}: {crossover_text(g)}" for g in result.groups),
         f"crossover_n: {n_or_never(result.crossover_n)}{provisional} ({crossed}/{len(result.groups)} groups cross) | "
-        f"recommended_threshold: {n_or_never(result.recommended_threshold)} | best speedup: "
+        f"recommended_threshold: {threshold_text(result)} | best speedup: "
         + ("none significant" if result.best_speedup is None else f"{result.best_speedup:.2f}x"),
         "wins: " + ", ".join(f"{s} {k}" for s, k in wins),
     ]
@@ -275,9 +275,11 @@ def format_summary(result: "BenchmarkResult") -> str:
         *(["fuse, or just make the loop cheaper? (best strategy against the fastest control):"] if captures else []),
         *(f"  {params_text(g.params)}: at N={g.fuse_or_capture.n}: {capture_text(g)}" for g in captures),
         *(
-            [f"roofline at the largest N (peaks measured on {result.peaks.device_name}: "
-             + ", ".join(f"{d} {t:.3g} TFLOP/s" for d, t in result.peaks.tflops.items())
-             + f", copy {result.peaks.copy_gbps:.4g} GB/s):"]
+            [
+                f"roofline at the largest N (peaks measured on {result.peaks.device_name}: "
+                + ", ".join(f"{d} {t:.3g} TFLOP/s" for d, t in result.peaks.tflops.items())
+                + f", copy {result.peaks.copy_gbps:.4g} GB/s):"
+            ]
             if roof
             else []
         ),

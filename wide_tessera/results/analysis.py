@@ -356,6 +356,7 @@ def result_of(points: List[PointResult], **run_info: Any) -> BenchmarkResult:
                 fuse_or_capture=fuse_or_capture(ps[-1]),
                 marginal_n=[p.n for p in ps if p.winner == "marginal"],
                 notes=notes,
+                undecided_n=[p.n for p, fed in zip(ps, feeds) if "crossover" in fed and _undecided(p)],
             )
         )
     points = [analysed.get(id(p), p) for p in points]
@@ -377,6 +378,12 @@ def result_of(points: List[PointResult], **run_info: Any) -> BenchmarkResult:
         health=RunHealth.of([p.health for p in points if p.health is not None]),
         **run_info,
     )
+
+
+def _undecided(point: PointResult) -> bool:
+    """No fuse decision can be drawn from the point: disturbed, unstable or still open."""
+    open_ = point.decision is not None and point.decision.call.kind == "open"
+    return point.disturbed or point.unstable or open_
 
 
 def fuse_or_capture(point: PointResult) -> Optional[FuseOrCapture]:

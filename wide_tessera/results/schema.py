@@ -223,7 +223,9 @@ class GroupResult:
     crossover reads "fuse from N=8; N=4 marginal". problems: why a decision of the group could
     flip (results.reliability); empty when none can. notes: what was seen that cannot flip one
     (a busy machine, a disturbed point that decides nothing). fuse_or_capture: the best
-    strategy against the best control at the largest N, where both ran.
+    strategy against the best control at the largest N, where both ran. undecided_n: the Ns
+    the crossover rests on whose decision is not known (disturbed and never measured clean,
+    unstable, or open at the budget); with the largest N among them, "never" is not known.
     """
 
     params: Dict[str, Any]
@@ -233,6 +235,7 @@ class GroupResult:
     fuse_or_capture: Optional[FuseOrCapture] = None
     marginal_n: List[int] = field(default_factory=list)
     notes: List[str] = field(default_factory=list)
+    undecided_n: List[int] = field(default_factory=list)
 
 
 @dataclass_json
