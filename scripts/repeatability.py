@@ -4,7 +4,8 @@ Runs the same preset twice back to back: the first run on a quiet machine, the
 second with K processes burning a CPU each beside it (`--load K`; 0 runs both
 quietly). Per op, each parameter group is counted as agreeing (the same
 crossover in both runs, where a crossover with marginal points is the range of Ns it
-could be: "fuse from N=8; N=4 marginal" is 4 to 8, and ranges that overlap agree), flagged
+could be: "fuse from N=8; N=4 marginal" is 4 to 8, and ranges that overlap agree; a
+crossover that is "not known", its largest N undecided, agrees with nothing), flagged
 (a run says why a decision there could flip: a deciding point disturbed and never measured
 clean, passes that contradict each other, a decision still open), or a *confident
 disagreement* (a different crossover that neither run flags): the one outcome a user could
@@ -28,6 +29,7 @@ import torch
 
 from wide_tessera import benchmark
 from wide_tessera.ops.registry import op_names
+from wide_tessera.reports.answer import crossover_known
 from wide_tessera.reports.text import format_table
 
 
@@ -97,13 +99,14 @@ def main() -> None:
             second = benchmark(op, preset=args.preset, **full)
         agreed = flagged = confident = 0
         for a, b in zip(first.groups, second.groups):
-            if agree_groups(a, b):
+            same = crossover_known(a) and crossover_known(b) and agree_groups(a, b)
+            if same:
                 agreed += 1
             elif a.problems or b.problems:
                 flagged += 1
             else:
                 confident += 1
-            if not agree_groups(a, b):
+            if not same:
                 mark = "flagged" if a.problems or b.problems else "CONFIDENT DISAGREEMENT"
                 why += [f"  {op} {mark}: {line}" for line in _disagreement(first, second, a.params)]
         n = len(first.groups)

@@ -7,7 +7,7 @@ import click
 from ..collectives.cases import is_collectives_file, load_collectives
 from ..core.errors import WideTesseraError
 from ..core.runs import runs_dir, saved_runs
-from ..reports.answer import threshold_text
+from ..reports.answer import result_n_text
 from ..reports.text import format_table
 from ..results.load import load_results
 
@@ -56,7 +56,7 @@ def runs() -> None:
         rows.append([
             index, run_id, when, ",".join(r.op for r in results), first.preset, first.device,
             f"{reliable}/{len(results)} reliable{complete}",
-            " ".join(f"{r.op}:{threshold_text(r)}" for r in results),
+            " ".join(f"{r.op}:{result_n_text(r, r.recommended_threshold)}" for r in results),
         ])  # fmt: skip
     if not rows:
         click.echo(f"no run kept in {runs_dir()} yet: benchmark, custom, tune and collectives keep theirs there")

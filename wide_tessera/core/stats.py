@@ -126,7 +126,7 @@ class TimingStats:
         lo, hi = median_ci(a)
         warnings = []
         if cv > HIGH_CV:
-            warnings.append(f"high spread: coefficient of variation {cv:.0%} (above {HIGH_CV:.0%})")
+            warnings.append(f"high spread: coefficient of variation {cv:.1%} (above {HIGH_CV:.0%})")
         if not converged:
             warnings.append(
                 f"did not converge: the median's 95% CI spans {_rel_width(lo, hi, median):.1%} of it "

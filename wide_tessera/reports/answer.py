@@ -16,7 +16,7 @@ __all__ = [
     "decision_cell",
     "crossover_known",
     "crossover_text",
-    "threshold_text",
+    "result_n_text",
     "capture_text",
     "interval_legend",
     "level_of_result",
@@ -69,11 +69,12 @@ def crossover_text(group: "GroupResult") -> str:
     return text
 
 
-def threshold_text(result: "BenchmarkResult") -> str:
-    """The recommended threshold, or 'not known' where no group crosses and one may."""
-    if result.recommended_threshold is None and not all(crossover_known(g) for g in result.groups):
+def result_n_text(result: "BenchmarkResult", n: Optional[int]) -> str:
+    """A result's crossover_n or recommended_threshold: the number, 'never', or 'not known'
+    where it is None and a group whose largest N decided nothing may yet cross."""
+    if n is None and not all(crossover_known(g) for g in result.groups):
         return "not known"
-    return n_or_never(result.recommended_threshold)
+    return n_or_never(n)
 
 
 def capture_text(group: "GroupResult") -> str:

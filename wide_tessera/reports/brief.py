@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Sequence
 
 from ..core.job import params_text
 from ..core.roles import CONTROLS
-from .answer import capture_text, crossover_text, decision_cell, interval_legend, threshold_text
+from .answer import capture_text, crossover_text, decision_cell, interval_legend, result_n_text
 from .text import controls_run, first_line, format_table, measured_points, no_speedup, notes_digest
 
 if TYPE_CHECKING:
@@ -75,7 +75,7 @@ def brief_summary(result: "BenchmarkResult") -> str:
         lines.append(
             "crossover: "
             + "; ".join(f"{label(g)}: {crossover_text(g)}" for g in result.groups)
-            + f" | threshold {threshold_text(result)}"
+            + f" | threshold {result_n_text(result, result.recommended_threshold)}"
             + (" | unconfirmed: --confirm none" if result.confirm == "none" else f" | {confirmed} point(s) confirmed")
         )
         captures = [g for g in result.groups if g.fuse_or_capture is not None]
@@ -116,7 +116,7 @@ def closing_table(results: Sequence["BenchmarkResult"]) -> str:
                     r.op,
                     label,
                     crossover_text(g),
-                    threshold_text(r),
+                    result_n_text(r, r.recommended_threshold),
                     _winner_text(g, r),
                     capture,
                     reasons,

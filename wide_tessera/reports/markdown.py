@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, List, Sequence
 from ..core.job import params_text
 from ..core.stats import MIN_EFFECT
 from ..measurement.controls import legend
-from .answer import crossover_text, decision_cell, interval_legend, n_or_never, threshold_text
+from .answer import crossover_text, decision_cell, interval_legend, result_n_text
 from .text import controls_run, first_line, measured_points, no_speedup
 
 if TYPE_CHECKING:
@@ -44,8 +44,8 @@ def headline(result: "BenchmarkResult") -> List[object]:
     return [
         result.op,
         first_line(result).split(":")[0],  # the reasons have a column of their own
-        n_or_never(result.crossover_n) + provisional if measured else "–",
-        threshold_text(result) + provisional if measured else "–",
+        result_n_text(result, result.crossover_n) + provisional if measured else "–",
+        result_n_text(result, result.recommended_threshold) + provisional if measured else "–",
         "none significant" if result.best_speedup is None else f"{result.best_speedup:.2f}x",
     ]
 
@@ -94,8 +94,8 @@ def result_markdown(result: "BenchmarkResult", level: int = 3) -> str:
         )
         best = "none significant" if result.best_speedup is None else f"{result.best_speedup:.2f}x"
         parts.append(
-            f"crossover N: **{n_or_never(result.crossover_n)}**{provisional} · recommended threshold: "
-            f"**{threshold_text(result)}** · best significant speedup: **{best}**"
+            f"crossover N: **{result_n_text(result, result.crossover_n)}**{provisional} · recommended threshold: "
+            f"**{result_n_text(result, result.recommended_threshold)}** · best significant speedup: **{best}**"
         )
     else:
         parts.append("Nothing was measured: no verdict on fusing.")

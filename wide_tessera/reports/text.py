@@ -9,7 +9,7 @@ from ..core.job import params_text
 from ..core.roles import CONTROLS
 from ..measurement.controls import legend
 from ..measurement.roofline import roofline
-from .answer import capture_text, crossover_text, decision_cell, interval_legend, n_or_never, threshold_text
+from .answer import capture_text, crossover_text, decision_cell, interval_legend, result_n_text
 
 if TYPE_CHECKING:  # only for annotations: the schema imports this module to render itself
     from ..results.schema import BenchmarkResult, PointResult
@@ -208,8 +208,9 @@ def _crossover_lines(result: "BenchmarkResult") -> List[str]:
         f"crossover N per parameter group{provisional.replace(' (', ', ').rstrip(')')} (smallest N from which fusing "
         f"wins, {confirmed}, at every larger N):",
         *(f"  {params_text(g.params)}: {crossover_text(g)}" for g in result.groups),
-        f"crossover_n: {n_or_never(result.crossover_n)}{provisional} ({crossed}/{len(result.groups)} groups cross) | "
-        f"recommended_threshold: {threshold_text(result)} | best speedup: "
+        f"crossover_n: {result_n_text(result, result.crossover_n)}{provisional} "
+        f"({crossed}/{len(result.groups)} groups cross) | "
+        f"recommended_threshold: {result_n_text(result, result.recommended_threshold)} | best speedup: "
         + ("none significant" if result.best_speedup is None else f"{result.best_speedup:.2f}x"),
         "wins: " + ", ".join(f"{s} {k}" for s, k in wins),
     ]
