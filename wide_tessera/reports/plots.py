@@ -15,6 +15,7 @@ from ..core.files import make_folder
 from ..core.job import params_text
 from ..core.roles import CONTROLS
 from ..core.stats import MIN_EFFECT
+from .answer import crossover_text, level_of_result
 from .text import controls_run, first_line
 
 if TYPE_CHECKING:
@@ -92,9 +93,10 @@ def _draw_group(result: "BenchmarkResult", group: "GroupResult", points: Sequenc
             group.crossover_n, color="black", linewidth=1.2, linestyle="-.", label=f"crossover N={group.crossover_n}"
         )
     hollow = "; hollow: no verdict (disturbed or unstable)" if any(p.unstable or p.disturbed for p in points) else ""
-    crossing = "never crosses" if group.crossover_n is None else f"crossover N={group.crossover_n}"
+    level = level_of_result(result) or 0.95  # the decision rule's per-look level; 95% in older files
     speed.set_title(
-        f"speedup over N separate calls, {crossing}\n(band: 95% CI; dotted: ±5% significance margin{hollow})",
+        f"speedup over N separate calls: {crossover_text(group)}\n"
+        f"(band: {100 * level:.3g}% CI; dotted: ±5% significance margin{hollow})",
         fontsize=9,
     )
     speed.set_ylabel("speedup (x)")
