@@ -59,9 +59,10 @@ def crossover_known(group: "GroupResult") -> bool:
 def crossover_text(group: "GroupResult") -> str:
     """'fuse from N=8; N=4 marginal', 'never', 'never; N=64 marginal', 'fuse from N=16; N=8
     undecided', 'not known; N=32 undecided'."""
-    text = "never" if group.crossover_n is None else f"fuse from N={group.crossover_n}"
     if not crossover_known(group):
         text = "not known"
+    else:
+        text = "never" if group.crossover_n is None else f"fuse from N={group.crossover_n}"
     if group.marginal_n:
         text += f"; N={','.join(map(str, group.marginal_n))} marginal"
     if group.undecided_n:
