@@ -22,6 +22,7 @@ from ..core.capabilities import unmet_need
 from ..core.correctness import check_outputs, tolerance
 from ..core.files import results_lock
 from ..core.job import DTYPES
+from ..core.stats import paired_ratio
 from ..measurement.settings import RunSettings
 from ..measurement.timing import TimingConfig, measure_paired
 from ..ops.base import wide_module
@@ -102,11 +103,7 @@ class FirstCall(nn.Module):
             self._chosen = self._loop
         verdict = {"fuse": "fuse", "marginal": "marginal", "open": "open"}.get(call.kind, "loop")
         best = call.strategy
-        speedup = None
-        if best is not None:
-            base, other = samples["baseline"], samples[best]
-            ordered = sorted(b / s for b, s in zip(base, other))
-            speedup = ordered[len(ordered) // 2]
+        speedup = None if best is None else paired_ratio(samples["baseline"], samples[best])[0]
         entry = DispatchEntry(
             op=case.op, device=case.device, device_name=case.device_name, dtype=case.dtype, mode=case.mode,
             compile=case.compile, cuda_graph=case.cuda_graph, params=case.params,
