@@ -173,10 +173,10 @@ def fuse(
     else:
         answer = match(loaded, case)
         if not answer.entries and measure == "first-call" and cls is not None and mode == "inference":
-            first = FirstCall(modules, cls, case, _table_file(table), time_bound_s, lambda m: None)
+            decided = lambda m: setattr(first, "decision", Decision(m.fuse, m.strategy, case, m, source))  # noqa: E731
+            first = FirstCall(modules, cls, case, _table_file(table), time_bound_s, decided)
             reason = "no measured entry: the first call measures the loop against the strategies and decides"
-            first.decision = Decision(False, None, case, Match(False, None, (), None, None, reason), source)
-            first._announce = lambda m: setattr(first, "decision", Decision(m.fuse, m.strategy, case, m, source))
+            decided(Match(False, None, (), None, None, reason))
             return first
         if not answer.entries:
             _warn_untuned(case, source)
