@@ -111,7 +111,8 @@ SAMPLING = options(
         "--budget",
         type=float,
         default=None,
-        help=f"Sampling seconds per function.  [default: {TimingConfig.budget_s}; preset quick: "
+        help="At most this many seconds of sampling per function (a point stops sooner once its decision is "
+        f"made).  [default: {TimingConfig.budget_s}; preset quick: "
         f"{PRESET_RUNS['quick'].budget_s}, ci: {PRESET_RUNS['ci'].budget_s}]",
     ),
     click.option("--cuda-graph", is_flag=True, help="CUDA only: time CUDA-graph replays, without launch overhead."),
