@@ -29,7 +29,7 @@ def _no_controls(monkeypatch):
     controls ask for them; elsewhere a run leaves them out unless told."""
     from wide_tessera.measurement import settings
 
-    monkeypatch.setattr(settings, "default_controls", lambda preset=None: False)
+    monkeypatch.setattr(settings, "default_controls", lambda preset=None, device="cpu": False)
 
 
 @pytest.fixture(autouse=True)

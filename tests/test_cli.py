@@ -264,20 +264,14 @@ def test_the_ci_preset_is_a_smoke_run_unless_told_otherwise(tmp_path, options, b
     assert unconfirmed == (confirm == "none")
 
 
-def test_presets_other_than_ci_confirm_and_control_as_always():
+def test_presets_other_than_ci_confirm_and_control_as_always_and_quick_controls_on_a_gpu():
     from wide_tessera.measurement.settings import PRESET_RUNS, RunSettings, preset_run
 
     assert preset_run("full") == preset_run(None) == preset_run("custom")
-    assert (preset_run("full").budget_s, preset_run("full").confirm, preset_run("full").controls) == (
-        0.5,
-        "deciding",
-        True,
-    )
-    assert (preset_run("quick").budget_s, preset_run("quick").confirm, preset_run("quick").controls) == (
-        0.25,
-        "deciding",
-        True,
-    )
+    assert (preset_run("full").budget_s, preset_run("full").confirm) == (0.5, "deciding")
+    assert (preset_run("quick").budget_s, preset_run("quick").confirm) == (0.25, "deciding")
+    # (the tests' own default leaves controls out: conftest)
+    assert preset_run("full").controls == ("cpu", "cuda") and preset_run("quick").controls == ("cuda",)
     assert not PRESET_RUNS["ci"].controls
     assert RunSettings(preset="ci").confirm == "none" and RunSettings(preset="ci", confirm="all").confirm == "all"
     assert RunSettings(preset="full").confirm == "deciding"

@@ -133,6 +133,33 @@ def test_a_disturbed_first_pass_and_a_clean_agreeing_confirmation_is_not_unstabl
     assert r.reliable and r.groups[0].crossover_n == 4
 
 
+@pytest.mark.parametrize("third_ratio, kind", [(2.0, "fuse"), (0.5, "loop"), (1.05, "marginal")])
+def test_passes_that_contradict_each_other_are_decided_by_a_third(third_ratio, kind):
+    rng = np.random.default_rng(6)
+    first = point(4, rounds(4.0, rng=rng), {"a": rounds(2.0, rng=rng)})
+    second = point(4, rounds(4.0, rng=rng), {"a": rounds(8.0, rng=rng)})
+    assert analysis.confirmed(first, second).unstable
+    base = rounds(4.0, k=80, rng=rng, spread=0.002)
+    noise = rounds(1.0, k=80, rng=rng, spread=0.002)
+    third = point(4, base, {"a": [b / third_ratio * f for b, f in zip(base, noise)]})
+    decided = analysis.settled_by_third(first, second, third)
+    assert not decided.unstable and decided.decision.kind == kind and decided.fused_wins == (kind == "fuse")
+    assert decided.flags[-1] == (
+        f"the first two passes contradicted each other (fuse then loop); a third on fresh models decided {kind}"
+    )
+    r = result([point(1, rounds(1.0), {"a": rounds(2.0)}), decided])
+    assert r.reliable
+
+
+def test_a_third_pass_that_cannot_settle_leaves_the_point_unstable():
+    rng = np.random.default_rng(7)
+    first = point(4, rounds(4.0, rng=rng), {"a": rounds(2.0, rng=rng)})
+    second = point(4, rounds(4.0, rng=rng), {"a": rounds(8.0, rng=rng)})
+    disturbed = Health(20, 30, cleaned=False, problems=["disturbed: 30 of 50 rounds waited for a CPU"])
+    third = point(4, rounds(4.0, rng=rng), {"a": rounds(2.0, rng=rng)}, health=disturbed)
+    assert analysis.settled_by_third(first, second, third).unstable
+
+
 def test_a_point_disturbed_in_both_passes_is_unreliable_and_says_so_once():
     def disturbed(k):
         return Health(20, k, cleaned=False, problems=[f"disturbed: {k} of {20 + k} rounds waited for a CPU"])

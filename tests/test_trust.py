@@ -189,12 +189,14 @@ def test_vmap_falling_back_to_a_loop_is_reported(fast_timing):
 
 
 class Flaky(WideOp, nn.Module):
-    """Fast when first built for a point, slow when built again: the confirmation pass must notice."""
+    """Fast when built for a point, slow when built again for its confirmation, and fast in a third
+    pass (`slow_builds` says which builds are slow): passes that contradict each other must be noticed."""
 
     NAME = "test_flaky"
     BENCHMARK_STRATEGIES = ("flaky",)
     BENCHMARK_SWEEPS = {"test": SweepParams.of([8], d=[64])}
     builds = 0
+    slow_builds = (2,)
 
     def __init__(self, w: torch.Tensor, slow: bool):
         super().__init__()
@@ -203,7 +205,7 @@ class Flaky(WideOp, nn.Module):
     @classmethod
     def from_modules(cls, modules, strategy=None):
         cls.builds += 1
-        return cls(torch.stack([m.w.detach() for m in modules]).unsqueeze(1), slow=cls.builds > 1)
+        return cls(torch.stack([m.w.detach() for m in modules]).unsqueeze(1), slow=cls.builds in cls.slow_builds)
 
     def forward(self, x):
         if self.slow:
@@ -220,17 +222,28 @@ class Flaky(WideOp, nn.Module):
         return [torch.randn(256, d) for _ in range(n)]
 
 
-def test_a_confirmation_pass_that_flips_the_verdict_makes_the_point_unstable():
+def _flaky_run(slow_builds):
     register("test_flaky")(Flaky)
+    Flaky.builds, Flaky.slow_builds = 0, slow_builds
     try:
-        r = run(Flaky.benchmark_job("test"), timing=TIMING, verbose=False)
+        return run(Flaky.benchmark_job("test"), timing=TIMING, verbose=False)
     finally:
         del REGISTRY["test_flaky"]
+
+
+def test_a_confirmation_pass_that_flips_the_verdict_gets_a_third_pass_that_decides():
+    r = _flaky_run(slow_builds=(2,))
     p = r.points[0]
-    assert p.verdicts["flaky"] == "faster" and p.confirmation.verdicts["flaky"] == "slower"
-    assert p.unstable and p.winner == "unstable" and not p.fused_wins
-    assert r.crossover_n is None and r.best_speedup is None and not r.reliable
-    assert "UNSTABLE" in r.summary()
+    assert Flaky.builds == 3 and not p.unstable and p.fused_wins and r.reliable
+    assert p.verdicts["flaky"] == "faster" and p.confirmation.verdicts["flaky"] == "faster"
+    assert "a third on fresh models decided fuse" in p.flags[-1]
+
+
+def test_a_third_pass_that_sides_with_the_confirmation_makes_the_point_a_loop():
+    r = _flaky_run(slow_builds=(2, 3))  # the third pass sides with the second: a loop
+    p = r.points[0]
+    assert not p.unstable and not p.fused_wins and p.decision.kind == "loop"
+    assert p.confirmation.verdicts["flaky"] == "slower"
 
 
 class FakeNvml:
@@ -296,7 +309,7 @@ def test_cli_strict_exits_3_on_an_unreliable_result_and_show_lists_every_warning
     from wide_tessera.cli import cli
     from wide_tessera.measurement import health
 
-    monkeypatch.setattr(health, "MAX_WAIT_FRACTION", -1.0)  # every round counts as disturbed: no clean decision
+    monkeypatch.setattr(health, "MAX_LOST_FRACTION", -1.0)  # every round counts as disturbed: no clean decision
     path = tmp_path / "r.json"
     args = ["benchmark", "gemm", "--preset", "ci", "--device", "cpu", "--n-values", "1,2", "--budget", "0.01"]
     result = CliRunner().invoke(cli, [*args, "--confirm", "none", "-o", str(path), "--strict"])

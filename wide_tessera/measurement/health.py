@@ -39,8 +39,8 @@ BUSY_CORES = 0.25
 # When more than this fraction of the rounds was disturbed, the clean rounds that remain
 # are a selection from a bad time, not a measurement of the normal one.
 MAX_DISTURBED_FRACTION = 0.5
-# A CPU round is disturbed when its threads waited this fraction of it on the run queue.
-MAX_WAIT_FRACTION = 0.01
+# A CPU round is disturbed when its most delayed thread waited this fraction of it on the run queue.
+MAX_LOST_FRACTION = 0.01
 _SCHEDSTAT = "/proc/self/task"
 # NVML clock-event reasons that mean the GPU slowed itself down (nvml.h values):
 # HW slowdown, SW thermal, HW thermal, HW power brake. Idle and the SW power cap are not.
@@ -121,7 +121,7 @@ class HealthMonitor:
         self._cpu0 = psutil.cpu_times()
         self._own0 = _own_cpu_s()
         self._switches = 0
-        self._waited = 0.0
+        self._waited: Dict[str, float] = {}
         self._round_started = 0.0
         self.slowdowns: List[str] = []
         self.min_clock_ratio: Optional[float] = None
@@ -131,16 +131,29 @@ class HealthMonitor:
 
     def round_started(self) -> None:
         self._switches = resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw
-        self._waited = _run_queue_wait_s() or 0.0
+        self._waited = _run_queue_waits_s() or {}
         self._round_started = time.perf_counter()
+
+    def round_lost(self) -> Optional[float]:
+        """The fraction of the round since `round_started` that this process's most delayed
+        thread spent runnable but not running; None where Linux schedstat is not there.
+
+        The most delayed thread, not the sum over threads: torch's threads meet at the end of
+        every parallel region, so a round loses what its slowest thread waited, and two
+        threads each waiting the same microseconds lose them once, not twice."""
+        waited = _run_queue_waits_s()
+        if waited is None:
+            return None
+        lost = max((w - self._waited.get(tid, 0.0) for tid, w in waited.items()), default=0.0)
+        return lost / max(time.perf_counter() - self._round_started, 1e-9)
 
     def round_disturbed(self) -> bool:
         """Whether the round since `round_started` was disturbed; called once per round."""
-        waited = _run_queue_wait_s()
-        if waited is None:  # no schedstat: any preemption counts
+        lost = self.round_lost()
+        if lost is None:  # no schedstat: any preemption counts
             disturbed = resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw > self._switches
         else:
-            disturbed = waited - self._waited > MAX_WAIT_FRACTION * (time.perf_counter() - self._round_started)
+            disturbed = lost > MAX_LOST_FRACTION
         if self.gpu is not None:
             now = self.gpu.read()
             self.slowdowns += [s for s in now.slowdowns if s not in self.slowdowns]
@@ -216,20 +229,21 @@ def _extreme(pick: Callable[[float, float], float], seen: Optional[float], now: 
     return pick(seen, now)
 
 
-def _run_queue_wait_s() -> Optional[float]:
-    """Seconds this process's threads have waited on the run queue (Linux schedstat); None elsewhere."""
+def _run_queue_waits_s() -> Optional[Dict[str, float]]:
+    """Seconds each thread of this process has waited on the run queue (Linux schedstat), by
+    thread id; None elsewhere."""
     try:
         threads = os.listdir(_SCHEDSTAT)
     except OSError:
         return None
-    total = 0
+    waits = {}
     for tid in threads:
         try:
             with open(f"{_SCHEDSTAT}/{tid}/schedstat") as f:
-                total += int(f.read().split()[1])
+                waits[tid] = int(f.read().split()[1]) / 1e9
         except (OSError, ValueError, IndexError):  # a thread that has just ended
             continue
-    return total / 1e9
+    return waits
 
 
 def _cpu_freq_ratio() -> Optional[float]:

@@ -46,7 +46,8 @@ class PresetRun:
 
     budget_s: float = TimingConfig.budget_s
     confirm: str = "deciding"
-    controls: bool = True
+    # the device types on which the controls are timed unless the caller says
+    controls: Tuple[str, ...] = ("cpu", "cuda")
 
 
 # The `ci` preset is a smoke run of every op: does each strategy run and compute what the N
@@ -54,12 +55,15 @@ class PresetRun:
 # 2-core CPU (controls compiled at every point, deciding points measured twice, 0.5 s per
 # function); with these, 59 s. Its verdicts keep their intervals, its header says they are
 # unconfirmed, and any of the three can be asked back (--budget, --confirm, --controls).
-# `quick`, the README's first command, keeps confirmation and controls (at each group's
-# largest N) with 0.25 s per function as the cap, not the aim: sampling stops where the
-# decisions settle. Its 121 CPU points took 512 s when they sampled to 2% medians; with the
-# decision rule the whole run took 2 min 27 s (2026-11-24, `wide_tessera benchmark --all
-# --preset quick`, 2-core CPU, quiet), confirmation included.
-PRESET_RUNS = {"ci": PresetRun(budget_s=0.1, confirm="none", controls=False), "quick": PresetRun(budget_s=0.25)}
+# `quick`, the README's first command, keeps confirmation with 0.25 s per function as the
+# cap, not the aim: sampling stops where the decisions settle. Its 121 CPU points took 512 s
+# when they sampled to 2% medians; with the decision rule the whole run took 2 min 27 s
+# (2026-11-24, `wide_tessera benchmark --all --preset quick`, 2-core CPU, quiet), confirmation
+# included. It times the controls on a GPU, where "fuse, or capture the loop in a CUDA
+# graph?" is the question; on a CPU, where no graph captures anything, the compiled loop
+# was 40% of a first run: every op compiled it afresh with an empty inductor cache (conv2d
+# 25.6 s with it, 10.8 s without; 2026-11-25, 2-core CPU). --controls asks for them there.
+PRESET_RUNS = {"ci": PresetRun(budget_s=0.1, confirm="none", controls=()), "quick": PresetRun(0.25, controls=("cuda",))}
 
 
 def preset_run(preset: Optional[str]) -> PresetRun:
@@ -71,9 +75,9 @@ def default_timing(preset: Optional[str] = None) -> TimingConfig:
     return TimingConfig(budget_s=preset_run(preset).budget_s)
 
 
-def default_controls(preset: Optional[str] = None) -> bool:
-    """Whether a run that does not say times the controls; one place, so tests can leave them out."""
-    return preset_run(preset).controls
+def default_controls(preset: Optional[str] = None, device: str = "cpu") -> bool:
+    """Whether a run on `device` that does not say times the controls; one place, so tests can leave them out."""
+    return torch.device(device).type in preset_run(preset).controls
 
 
 def resolve_device(device: Any) -> str:
@@ -166,7 +170,8 @@ class RunSettings:
     controls: Optional[bool] = _setting(
         None,
         "Also time the baseline loop in one CUDA graph (CUDA) and compiled, and in train_step stepped by "
-        "one foreach or fused optimizer: cheaper loops that do not fuse.  [default: controls; preset ci: no-controls]",
+        "one foreach or fused optimizer: cheaper loops that do not fuse.  "
+        "[default: controls; preset ci: no-controls; preset quick: on a GPU only]",
         option="--controls",
     )
     roofline: bool = _setting(
@@ -213,7 +218,7 @@ class RunSettings:
         if self.timing is None:
             fill("timing", default_timing(self.preset))
         if self.controls is None:
-            fill("controls", default_controls(self.preset))
+            fill("controls", default_controls(self.preset, self.device))
         if self.confirm is None:
             fill("confirm", preset_run(self.preset).confirm)
         check_seed(self.seed)

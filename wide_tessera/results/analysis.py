@@ -291,15 +291,41 @@ def confirmed(first: PointResult, second: PointResult) -> PointResult:
         and not compatible(primary.decision.call, other.decision.call)
     )
     confirmation = _record(other, not contradicts, replaced)
-    kept = {
-        k: getattr(first, k)
-        for k in ("launches", "work", "energy", "first_call_s", "peak_memory_bytes")
-        if not getattr(primary, k)
-    }
-    point = dataclasses.replace(primary, confirmation=confirmation, **kept)
+    point = _with_facts(dataclasses.replace(primary, confirmation=confirmation), first)
     if contradicts:
         return dataclasses.replace(point, winner="unstable", best_speedup=None)
     return point
+
+
+def _with_facts(point: PointResult, source: PointResult) -> PointResult:
+    """`point` with what only the first pass measures (launches, work, energy, first call,
+    memory) taken from `source` where `point` lacks it."""
+    kept = {
+        k: getattr(source, k)
+        for k in ("launches", "work", "energy", "first_call_s", "peak_memory_bytes")
+        if not getattr(point, k)
+    }
+    return dataclasses.replace(point, **kept)
+
+
+def settled_by_third(first: PointResult, second: PointResult, third: PointResult) -> PointResult:
+    """The point whose first two passes contradicted each other (`confirmed` called it unstable),
+    decided by a third measurement on fresh models and inputs: two passes of three that agree.
+
+    A third pass that settles cleanly on a win or a loop sides with the pass it agrees with; one
+    that settles on marginal says the speedup lies about the margin, which explains both earlier
+    passes, and is the point's answer. A third pass that is disturbed or still open decides
+    nothing: the point stays unstable."""
+    if _rank(third) < 2:
+        return confirmed(first, second)
+    assert third.decision is not None  # rank 2: settled
+    agreeing = [p for p in (first, second) if p.decision is not None and p.decision.kind == third.decision.kind]
+    partner = agreeing[0] if agreeing else first
+    point = _with_facts(confirmed(third, partner), first)
+    said = " then ".join(p.decision.kind if p.decision else "nothing" for p in (first, second))
+    note = f"the first two passes contradicted each other ({said}); a third on fresh models decided "
+    note += third.decision.kind
+    return dataclasses.replace(point, flags=[*point.flags, note])
 
 
 def parameter_groups(points: Sequence[PointResult]) -> Iterator[List[PointResult]]:

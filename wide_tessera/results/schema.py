@@ -76,7 +76,8 @@ class Failure:
 @dataclass_json
 @dataclass(frozen=True)
 class Confirmation:
-    """The confirmation pass's measurement of a point: built afresh from the same seed, later in the run.
+    """The confirmation pass's measurement of a point: later in the run, on models and inputs built
+    afresh from a seed of its own.
 
     agrees: its decision on fusing does not contradict the point's (results.decisions.compatible:
     a win against a loop does; a marginal or open pass contradicts nothing). When it does, the

@@ -144,7 +144,7 @@ def _measure_point(
             if over is not None:
                 return analysis.failed_point(n, params, {"point": over})
             # Seeded per point, so a point's models and inputs do not depend on which points
-            # ran before it, and the confirmation pass rebuilds exactly the same point.
+            # ran before it; the confirmation pass measures with a seed of its own.
             torch.manual_seed(settings.seed)
             training = settings.mode in TRAINING_MODES
             train = job.train or training

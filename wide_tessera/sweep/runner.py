@@ -126,19 +126,34 @@ def run_job(
         # A control never decides a verdict, so the second pass leaves the controls out
         # (a gemm+gru quick run: 128 s with them, 119 s without), and the energy, which the
         # first pass measured and no verdict reads.
-        again = dataclasses.replace(settings, controls=False, energy=False)
+        # Each pass builds its models and inputs afresh from a seed of its own, so that two passes
+        # are independent measurements, as two runs of the tool would be: the same seed rebuilt
+        # the same weights, inputs and allocations, and a difference that came from them (an
+        # input's alignment, one draw of routing) agreed with itself in both passes.
+        again = dataclasses.replace(settings, controls=False, energy=False, seed=settings.seed + 1)
+        passes: Dict[str, List[PointResult]] = {}
         for _ in range(_CONFIRM_ROUNDS):
             todo = point_keys(analysis.points_to_confirm(ordered(), settings.confirm))
             todo &= sweep  # a point of an earlier run outside this sweep cannot be rebuilt from it
             progress.more(len(todo))
             for i, second in enumerate(_points(job, again, skip=every - todo, facts=False), start=1):
                 key = point_key(second.n, second.params)
+                passes[key] = [points[key], second]
                 point = analysis.confirmed(points[key], second)
                 measured(key, point, f"confirm {i}/{len(todo)} {_confirmation_progress(point)}")
             if not todo:
                 break
             if settings.search is not None:  # a confirmation that moved a crossover reopens its search
                 _bisect_every_group(job, sweep, measure_one)
+        # Passes that contradict each other get a third, which decides: an UNRELIABLE flag is
+        # the answer only where the third pass cannot settle either.
+        todo = {key for key in passes if points[key].winner == "unstable"}
+        progress.more(len(todo))
+        third = dataclasses.replace(again, seed=settings.seed + 2)
+        for i, last in enumerate(_points(job, third, skip=every - todo, facts=False), start=1):
+            key = point_key(last.n, last.params)
+            point = analysis.settled_by_third(*passes[key], last)
+            measured(key, point, f"third pass {i}/{len(todo)} {_confirmation_progress(point)}")
     except KeyboardInterrupt:
         raise RunInterrupted(result(complete=False)) from None
     return result(complete=True)

@@ -1,0 +1,120 @@
+"""How often the disturbance rule cries wolf on a quiet machine, and how often it catches a round that lost time.
+
+    python scripts/disturbance.py [--rounds 300] [--threads T] [--loads 0,1,2]
+
+For each load (K processes beside it that each keep a CPU busy), rounds of three
+workloads are timed as the timer times them (a round: one sample of a loop of N
+small linears, then one of the bmm that fuses them, each sample at least 1 ms),
+and the health monitor measures each round's lost fraction: the share of the round
+its most delayed thread spent runnable but not running (HealthMonitor.round_lost).
+A round *lost time* when it took more than 5% longer than the quiet run's median
+round of the same workload. For each candidate threshold of the rule ("disturbed
+when the lost fraction exceeds it") the table gives the share of rounds called
+disturbed (at load 0: the false-alarm rate) and the share of the rounds that lost
+more than 5% that it catches (the detection rate).
+
+Targets (issue 38): at most 1% of rounds called disturbed on a quiet machine; with
+one busy process, at least 90% of the rounds that lost more than 5% caught.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from typing import Callable, Dict, Iterator, List, Tuple
+
+import torch
+
+from wide_tessera.measurement.health import MAX_LOST_FRACTION, HealthMonitor
+from wide_tessera.measurement.timing import TimingConfig, _CpuSampler
+from wide_tessera.reports.text import format_table
+
+THRESHOLDS = (0.01, 0.02, 0.05, 0.1)
+LOST = 0.05
+
+
+@contextmanager
+def cpu_burners(k: int) -> Iterator[None]:
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(k)]
+    time.sleep(0.2 if k else 0.0)
+    try:
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def workloads() -> Dict[str, Tuple[Callable[[], object], Callable[[], object]]]:
+    """name: (N separate linears, one bmm): rounds of about 2, 8 and 40 ms."""
+    torch.manual_seed(0)
+    cases = {}
+    for n, tokens, d in ((8, 64, 64), (8, 256, 256), (16, 512, 256)):
+        x, w = torch.randn(n, tokens, d), torch.randn(n, d, d)
+        cases[f"N={n} {tokens}x{d}"] = (
+            lambda x=x, w=w: [x[i] @ w[i] for i in range(len(w))],
+            lambda x=x, w=w: torch.bmm(x, w),
+        )
+    return cases
+
+
+def rounds_of(fns: Tuple[Callable[[], object], Callable[[], object]], count: int) -> List[Tuple[float, float]]:
+    """(duration s, lost fraction) of `count` rounds, as the timer takes them."""
+    sampler = _CpuSampler(TimingConfig())
+    for i, fn in enumerate(fns):
+        sampler.prepare(str(i), fn)
+    monitor = HealthMonitor("cpu")
+    seen = []
+    for r in range(count):
+        monitor.round_started()
+        started = time.perf_counter()
+        for i in (0, 1) if r % 2 == 0 else (1, 0):
+            sampler.sample(str(i))
+        duration = time.perf_counter() - started
+        lost = monitor.round_lost()
+        if lost is None:
+            sys.exit("disturbance: this machine has no Linux schedstat; the rule falls back to counting switches")
+        seen.append((duration, lost))
+    return seen
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=300, help="rounds per workload and load")
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch threads")
+    parser.add_argument("--loads", default="0,1,2", help="numbers of busy processes, 0 first")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    loads = [int(k) for k in args.loads.split(",")]
+    if loads[0] != 0:
+        sys.exit("disturbance: --loads must start with 0: the quiet rounds are what 'lost time' is measured against")
+    cases = workloads()
+    quiet: Dict[str, float] = {}
+    rows = []
+    for k in loads:
+        with cpu_burners(k):
+            seen = {name: rounds_of(fns, args.rounds) for name, fns in cases.items()}
+        if k == 0:
+            quiet = {name: statistics.median(d for d, _ in s) for name, s in seen.items()}
+        all_rounds = [(d / quiet[name] - 1, lost) for name, s in seen.items() for d, lost in s]
+        lost_time = [lost for slower, lost in all_rounds if slower > LOST]
+        row = [str(k), str(len(all_rounds)), f"{len(lost_time)} ({len(lost_time) / len(all_rounds):.0%})"]
+        for t in THRESHOLDS:
+            flagged = sum(lost > t for _, lost in all_rounds) / len(all_rounds)
+            caught = f"{sum(lost > t for lost in lost_time) / len(lost_time):.0%}" if lost_time else "-"
+            row.append(f"{flagged:.1%} / {caught}")
+        rows.append(row)
+    print(f"torch threads {args.threads}, {args.rounds} rounds per workload, workloads: {', '.join(cases)}")
+    print(f"a round lost time when it took more than {LOST:.0%} longer than the quiet median; the rule now: "
+          f"disturbed above {MAX_LOST_FRACTION:.0%}")
+    header = ["busy processes", "rounds", f"lost > {LOST:.0%}"]
+    header += [f"above {t:.0%}: disturbed / caught" for t in THRESHOLDS]
+    print(format_table(header, rows))
+
+
+if __name__ == "__main__":
+    main()
