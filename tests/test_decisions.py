@@ -1,6 +1,7 @@
 """Decisions: the stopping rule's error rates over repeated looks, marginal points and ties,
 reliability judged by what could flip, the crossover search, the closing table."""
 
+import dataclasses
 import re
 import time
 from typing import List, Optional, Sequence
@@ -281,6 +282,14 @@ def test_a_group_whose_largest_n_was_never_measured_clean_does_not_say_never():
     _, _, crossover, threshold, *_ = re.split(r"\s{2,}", closing_table([r]).splitlines()[2])
     assert (crossover, threshold) == ("not known; N=4 undecided", "not known")
     assert "crossover_n: not known" in r.summary() and "recommended_threshold: not known" in r.summary()
+
+
+def test_a_reason_shared_by_several_points_of_a_group_is_said_once_in_the_closing_table():
+    r = result([point(1, rounds(1.0), {"a": rounds(2.0)}), point(4, rounds(4.0), {"a": rounds(8.0)})])
+    unstable = "unstable: the passes contradict each other (fuse a then loop)"
+    r.groups[0] = dataclasses.replace(r.groups[0], problems=[f"N={n}: {unstable}" for n in (2, 4, 8)])
+    reasons = re.split(r"\s{2,}", closing_table([r]).splitlines()[2])[-1]
+    assert reasons == unstable
 
 
 def test_an_undecided_point_below_a_clear_crossover_is_named_beside_it():

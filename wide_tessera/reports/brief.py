@@ -109,7 +109,8 @@ def closing_table(results: Sequence["BenchmarkResult"]) -> str:
         axes = _varying([g.params for g in r.groups])
         for g in r.groups:
             label = params_text({a: g.params[a] for a in axes}) or "-"
-            reasons = "; ".join(p.split(": ", 1)[1] for p in g.problems) if g.problems else "RELIABLE"
+            # one reason once: three points unstable alike said so three times in one cell
+            reasons = "; ".join(dict.fromkeys(p.split(": ", 1)[1] for p in g.problems)) or "RELIABLE"
             capture = capture_text(g).split(" (")[0] or "-"
             rows.append(
                 [
