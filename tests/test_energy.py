@@ -91,8 +91,10 @@ def test_a_run_with_energy_records_it_per_callable_and_keeps_it_in_its_files(mon
         assert set(p.energy) == set(p.timings)  # the baseline, every strategy that was timed
         for name, e in p.energy.items():
             assert e.watts == pytest.approx(100, rel=0.2)
-            # mJ = W x ms: the energy loop's calls take about what the timer measured
-            assert 0.5 < e.mj_per_call / (100 * p.timings[name]) < 2, (name, e, p.timings[name])
+            # mJ = W x ms: the energy loop's calls take about what the timer measured. Within 4x, not
+            # 2x: the timer throws disturbed rounds away and the energy loop cannot, so a busy
+            # process beside the test made them differ by 2x; a unit or a per-window slip is 1000x.
+            assert 0.25 < e.mj_per_call / (100 * p.timings[name]) < 4, (name, e, p.timings[name])
     assert "mJ/call (W)" in r.summary()
     path = tmp_path / "r.json"
     save_results([r], path)
