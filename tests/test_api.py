@@ -36,6 +36,7 @@ class NormedConv(nn.Module):
         return self.norm(self.conv(x))
 
 
+@pytest.mark.slow
 def test_benchmark_overrides_replace_sweep_values():
     r = benchmark("conv1d", preset="ci", device="cpu", verbose=False, n_values=[2, 3], channels=[4], length=16)
     assert [p.n for p in r.points] == [2, 3]
@@ -50,6 +51,7 @@ def test_alias_and_default_device():
 
 
 @pytest.mark.parametrize("model,shape,kwargs", [(Expert, (5, 16), {"hidden": 24}), (NormedConv, (2, 4, 10), {})])
+@pytest.mark.slow
 def test_benchmark_custom_fuses_any_module(model, shape, kwargs):
     r = benchmark_custom(model, shape, [1, 3], device="cpu", verbose=False, model_kwargs=kwargs)
     assert r.op == model.__name__ and r.strategies == ["vmap", "surgery"]  # named after the class, not "custom"

@@ -31,6 +31,7 @@ def test_list_shows_every_op_with_strategies_presets_and_axes():
     assert "kernel_size=" in r.output and "quick" in r.output
 
 
+@pytest.mark.slow
 def test_benchmark_writes_a_loadable_file_with_every_result(tmp_path):
     out = tmp_path / "results.json"
     r = invoke(
@@ -70,6 +71,7 @@ def test_set_and_quiet(tmp_path):
     assert "bfloat16" in r.stdout and "batch=3" in r.stdout
 
 
+@pytest.mark.slow
 def test_all_runs_every_op(tmp_path):
     out = tmp_path / "all.json"
     r = invoke("benchmark", "--all", "--preset", "ci", "--device", "cpu", "--n-values", "1", "--quiet", "-o", str(out))
@@ -198,6 +200,7 @@ def test_parse_override():
         parse_override("=3")
 
 
+@pytest.mark.slow
 def test_python_dash_m_works():
     r = subprocess.run([sys.executable, "-m", "wide_tessera", "list"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "flash_attention" in r.stdout

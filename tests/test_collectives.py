@@ -75,6 +75,7 @@ def test_a_collective_that_computes_the_wrong_thing_is_incorrect(monkeypatch):
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_two_ranks_under_torchrun_check_and_time_every_collective(tmp_path):
     out = tmp_path / "coll.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

@@ -44,6 +44,7 @@ class GatedLinear(WideLinear):
         return super().forward(x)
 
 
+@pytest.mark.slow
 def test_compiled_strategy_is_what_is_checked(fast_timing):
     r = run(CompiledWrongLinear.benchmark_job("test"), timing=fast_timing, verbose=False, compile="default")
     assert r.compile == "default"
@@ -126,6 +127,7 @@ def test_optimizer_controls_step_all_n_models_together_in_train_step_only(mode, 
         assert "loop_fused: the N calls, all N models stepped by one fused optimizer" in r.summary()
 
 
+@pytest.mark.slow
 def test_controls_are_timed_in_an_isolated_worker_too(fast_timing):
     """The worker names each function it times by its index among those a point may time
     (a control missing there failed every control with a KeyError under --isolate)."""
@@ -143,6 +145,7 @@ def test_controls_are_timed_in_an_isolated_worker_too(fast_timing):
     assert {"loop_compiled", "loop_foreach", "loop_fused"} <= set(p.timings)
 
 
+@pytest.mark.slow
 def test_an_optimizer_control_that_steps_wrong_is_caught(monkeypatch, fast_timing):
     def fused_steps_twice_as_far(params, **implementation):
         return torch.optim.SGD(params, lr=0.02 if implementation.get("fused") else 0.01, momentum=0.9, **implementation)
@@ -215,6 +218,7 @@ def test_needs_must_be_needs():
         Bad.check_contract()
 
 
+@pytest.mark.slow
 def test_cli_compile_default_end_to_end_and_resume_refuses_another_mode(tmp_path):
     out = tmp_path / "r.json"
     args = ["benchmark", "gemm", "--preset", "ci", "--n-values", "1,2", "--device", "cpu", "--budget", "0.01"]

@@ -304,6 +304,7 @@ def test_the_default_table_comes_from_the_environment_else_the_cache(tmp_path, m
 # --- a real tune, then fuse -------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_tune_then_fuse_chooses_what_was_measured(tmp_path):
     table_path, results_path = tmp_path / "table.json", tmp_path / "results.json"
     args = ["tune", "gemm", "--preset", "ci", "--device", "cpu", "--n-values", "1,16", "--set", "in_features=64",

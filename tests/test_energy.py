@@ -81,6 +81,7 @@ def test_energy_unavailable_on_a_cpu_says_why():
     assert "this run is on cpu" in energy.energy_unavailable("cpu")
 
 
+@pytest.mark.slow
 def test_a_run_with_energy_records_it_per_callable_and_keeps_it_in_its_files(monkeypatch, fast_timing, tmp_path):
     board = Board(idle_w=100.0)  # 100 W whatever runs: a call's energy is 100 W times its time
     monkeypatch.setattr(energy, "open_meter", lambda device: (board, ""))

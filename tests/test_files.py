@@ -157,6 +157,7 @@ def test_ctrl_c_while_jobs_are_built_exits_130_without_a_traceback(monkeypatch, 
     assert "Traceback" not in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_two_quick_ctrl_cs_exit_130_and_leave_a_loadable_file(tmp_path):
     out = tmp_path / "r.json"
     proc = cli_process(*RUN[:-3], "--n-values", "1,2,3,4,5,6", "-o", str(out))

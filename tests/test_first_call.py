@@ -55,6 +55,7 @@ def test_a_wrong_strategy_is_never_chosen(tmp_path):
     assert fused.decision.strategy != "wrong" and all(torch.allclose(a, m(x)) for a, m, x in zip(out, mods, xs))
 
 
+@pytest.mark.slow
 def test_a_second_process_reuses_the_entry_without_measuring(tmp_path):
     table = tmp_path / "table.json"
     mods = modules()

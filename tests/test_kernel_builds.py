@@ -31,6 +31,7 @@ def builds_in_child(code: str, path: str = "") -> list:
     return json.loads(done.stdout.splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_every_config_of_every_kernel_builds_for_hopper_without_spilling():
     builds = builds_in_child(
         """
@@ -56,6 +57,7 @@ def test_every_config_of_every_kernel_builds_for_hopper_without_spilling():
         assert b["copies"] == ("tma" if b["kernel"].endswith("_tma") else "cp.async"), where
 
 
+@pytest.mark.slow
 def test_an_ampere_build_has_no_tma_kernel():
     builds = builds_in_child(
         """
@@ -67,6 +69,7 @@ def test_an_ampere_build_has_no_tma_kernel():
     assert all(b["error"] is None and b["copies"] == "cp.async" for b in builds)
 
 
+@pytest.mark.slow
 def test_the_build_is_specialized_as_a_launch_is():
     """With the runtime's alignment marks the GEMM's loads are pipelined: a buffer per stage
     (without them: one buffer, no asynchronous copies)."""

@@ -64,6 +64,7 @@ def _assert_loads_or_refuses(path):
     return "loaded"
 
 
+@pytest.mark.slow
 def test_single_field_mutations_load_or_raise_the_one_line_error(saved_results, tmp_path, capsys):
     doc = json.loads(saved_results.read_text())
     path = tmp_path / "mutated.json"

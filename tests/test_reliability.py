@@ -36,6 +36,7 @@ class SleepyLinear(WideLinear):
         return super().forward(x)
 
 
+@pytest.mark.slow
 def test_isolated_run_records_each_kind_of_trouble_and_keeps_the_healthy_results(fast_timing):
     r = run(
         TroubleLinear.benchmark_job("test"),
@@ -76,6 +77,7 @@ class TimedTroubleLinear(WideLinear):
         return super().forward(x)
 
 
+@pytest.mark.slow
 def test_isolated_crash_or_hang_while_timed_costs_only_that_strategy(fast_timing):
     r = run(
         TimedTroubleLinear.benchmark_job("test"),
@@ -94,6 +96,7 @@ def test_isolated_crash_or_hang_while_timed_costs_only_that_strategy(fast_timing
         assert "a strategy called sys.exit" in exits.message
 
 
+@pytest.mark.slow
 def test_the_worker_dies_with_its_parent(tmp_path):
     psutil = pytest.importorskip("psutil")
     script = (
@@ -117,6 +120,7 @@ def test_the_worker_dies_with_its_parent(tmp_path):
         parent.kill()
 
 
+@pytest.mark.slow
 def test_in_process_stage_limit_interrupts_a_python_hang(fast_timing):
     r = run(SleepyLinear.benchmark_job("test"), timing=fast_timing, verbose=False, timeouts=StageTimeouts(check_s=0.5))
     assert [p.n for p in r.points] == [1, 2]  # the run went on to the next point
@@ -156,6 +160,7 @@ def cli(*args, **kw):
     )
 
 
+@pytest.mark.slow
 def test_ctrl_c_saves_an_incomplete_result_that_resume_completes(tmp_path):
     out = tmp_path / "r.json"
     # No controls: once in a full suite run, a SIGINT that landed while torch.compile built the
@@ -239,6 +244,7 @@ class HangingModule(torch.nn.Module):
         (HangingModule, "did not finish within 2 s"),
     ],
 )
+@pytest.mark.slow
 def test_benchmark_custom_under_isolate_tries_the_module_in_a_worker(model, match):
     from wide_tessera import WideTesseraError, benchmark_custom
 

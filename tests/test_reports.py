@@ -278,6 +278,7 @@ def test_bad_input_to_the_report_commands_is_one_line_and_exit_2(tmp_path, args,
 # --- plots and the report -----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_plots_one_figure_per_group_in_png_and_svg(tmp_path, every_op):
     _, path = every_op
     out = invoke("plot", path, "-o", tmp_path / "plots")
@@ -353,6 +354,7 @@ def test_manifest_inside_a_git_repository_and_outside_one(tmp_path, monkeypatch)
     assert "PATH" not in m.env  # only what changes timings
 
 
+@pytest.mark.slow
 def test_every_result_carries_its_manifest_and_a_resume_adds_one(tmp_path):
     path = tmp_path / "r.json"
     command = [

@@ -89,6 +89,7 @@ def test_an_op_and_its_alias_run_once(tmp_path):
         (["--target-ci", "0.4"], "timing target_rel_ci=0.5; this run asks for timing target_rel_ci=0.4"),
     ],
 )
+@pytest.mark.slow
 def test_a_file_measured_with_other_settings_is_refused(tmp_path, args, message):
     out = tmp_path / "r.json"
     assert bench(out, "gemm", "--n-values", "1", "--threads", "2").exit_code == 0

@@ -21,6 +21,7 @@ def invoke(*args):
     return CliRunner().invoke(cli, list(args), catch_exceptions=False)
 
 
+@pytest.mark.slow
 def test_a_run_without_o_is_kept_listed_shown_plotted_and_reported(tmp_path):
     r = invoke(*GEMM)
     assert r.exit_code == 0, r.output
@@ -50,6 +51,7 @@ def test_compare_takes_the_latest_two_and_one_file_against_the_latest(tmp_path):
     assert invoke("compare", "@-2", "@-1").output == both.output
 
 
+@pytest.mark.slow
 def test_no_save_keeps_nothing_and_o_still_writes_where_asked(tmp_path):
     assert invoke(*GEMM, "--no-save").exit_code == 0 and saved_runs() == []
     out = tmp_path / "r.json"
@@ -83,6 +85,7 @@ def test_a_damaged_file_hides_no_other_run(tmp_path):
     assert invoke("show", "@-9").exit_code == 2
 
 
+@pytest.mark.slow
 def test_concurrent_runs_are_both_kept(tmp_path):
     env = dict(os.environ, WIDE_TESSERA_RUNS=str(tmp_path / "runs"))
     command = [sys.executable, "-m", "wide_tessera", *GEMM]

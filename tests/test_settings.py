@@ -44,6 +44,7 @@ def test_every_setting_that_changes_a_measurement_is_refused_by_resume(fast_timi
     check_resumable(result, "r.json", free, env)
 
 
+@pytest.mark.slow
 def test_the_api_and_the_command_line_build_the_same_settings(tmp_path, fast_timing):
     out = tmp_path / "r.json"
     args = ["benchmark", "gemm", "--preset", "ci", "--n-values", "1", "--device", "cpu", "--seed", "3"]
@@ -59,6 +60,7 @@ def test_the_api_and_the_command_line_build_the_same_settings(tmp_path, fast_tim
     assert from_api.settings == RunSettings(preset="ci", device="cpu", seed=3, mode="forward", confirm="all")
 
 
+@pytest.mark.slow
 def test_benchmark_custom_takes_every_run_setting_and_keeps_the_models_arguments_apart(fast_timing):
     r = wt.benchmark_custom(
         Expert,

@@ -5,6 +5,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 from click.testing import CliRunner
 
 import wide_tessera as wt
@@ -36,6 +37,7 @@ def keys(results):
     return {r.op: sorted(point_key(p.n, p.params) for p in r.points) for r in results}
 
 
+@pytest.mark.slow
 def test_two_ranks_write_one_file_with_every_point_once(tmp_path):
     r = torchrun([*RUN, "-o", "sharded.json", "--quiet"], tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -51,6 +53,7 @@ def test_two_ranks_write_one_file_with_every_point_once(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["sharded.json", "sharded.json.lock", "single.json", "single.json.lock"]
 
 
+@pytest.mark.slow
 def test_a_rank_that_raises_loses_no_other_points_and_resume_completes_the_file(tmp_path):
     (tmp_path / "rank_breaker.py").write_text(textwrap.dedent('''
         import os
@@ -78,6 +81,7 @@ def test_a_rank_that_raises_loses_no_other_points_and_resume_completes_the_file(
     assert done[0].points == kept.points  # rank 0's points kept as they were
 
 
+@pytest.mark.slow
 def test_a_rank_that_dies_leaves_its_points_in_its_shard_for_resume(tmp_path):
     (tmp_path / "rank_killer.py").write_text(textwrap.dedent('''
         import os

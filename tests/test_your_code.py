@@ -245,6 +245,7 @@ def test_import_adds_strategies_and_ops_on_the_command_line(tmp_path, monkeypatc
     assert bad.exit_code == 2 and "cannot import 'user_nothing': ModuleNotFoundError" in bad.output
 
 
+@pytest.mark.slow
 def test_an_installed_plugin_offers_ops_through_its_entry_point(tmp_path):
     site = tmp_path / "site"
     subprocess.run(
@@ -324,6 +325,7 @@ def test_custom_command_end_to_end_with_output_resume_and_exit_codes(tmp_path, m
         assert r.exit_code == 2 and message in r.output, r.output
 
 
+@pytest.mark.slow
 def test_progress_is_a_bar_on_a_terminal_plain_lines_elsewhere_and_nothing_when_quiet():
     command = [sys.executable, "-m", "wide_tessera", "benchmark", "gemm", "--preset", "ci", "--n-values", "1,2"]
     command += [*FAST_FLAGS, "--confirm", "none"]
@@ -353,6 +355,7 @@ def test_progress_is_a_bar_on_a_terminal_plain_lines_elsewhere_and_nothing_when_
     assert quiet.returncode == 0 and "[gemm]" not in quiet.stderr and "point" not in quiet.stderr
 
 
+@pytest.mark.slow
 def test_a_custom_run_of_several_inputs_and_dropout_runs_isolated(fast_timing):
     # The job is pickled to a worker process: every factory in it must be an importable function.
     r = benchmark_custom(
