@@ -33,7 +33,7 @@ from wide_tessera.measurement.health import MAX_LOST_FRACTION, HealthMonitor
 from wide_tessera.measurement.timing import TimingConfig, _CpuSampler
 from wide_tessera.reports.text import format_table
 
-THRESHOLDS = (0.01, 0.02, 0.05, 0.1)
+THRESHOLDS = (0.01, 0.02, 0.05, 0.1)  # the rule's own, MAX_LOST_FRACTION, among them
 LOST = 0.05
 
 

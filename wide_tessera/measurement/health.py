@@ -1,9 +1,9 @@
 """Evidence that a measurement was disturbed, gathered while sampling, so that it is acted on, not guessed.
 
 A round of samples is *disturbed* when something outside the timed code took
-the processor or slowed the device during it: on a CPU, this process's threads
-spent more than 1% of the round waiting on the run queue, runnable but not
-running (Linux schedstat; elsewhere, any involuntary context switch counts); on a
+the processor or slowed the device during it: on a CPU, this process's most
+delayed thread spent more than 5% of the round waiting on the run queue, runnable
+but not running (Linux schedstat; elsewhere, any involuntary context switch counts); on a
 GPU, NVML reports a thermal or power slowdown or clocks below 75% of their
 maximum. The timer throws disturbed rounds away and takes new ones within its
 budget, as nvbench does with throttled samples. Across the whole measurement the
@@ -17,6 +17,12 @@ one busy process beside it, 62% of 3 ms samples saw an involuntary switch, a
 machine a kernel thread preempts a 60 ms round of flash_attention for
 microseconds often enough that more than half the rounds were thrown away and
 the point called disturbed. Time spent waiting says how much the round lost.
+With the threads' waits added up and a 1% threshold, 5.9% of an idle quick run's
+rounds were still called disturbed (2026-11-25): two threads on two cores wait
+for every kernel thread. The loss is the most delayed thread's wait, since torch's
+threads meet at the end of each parallel region, and the threshold is the 5% the
+decisions' margin is made of; scripts/disturbance.py measures the false alarms
+on an idle machine and the detections beside busy ones.
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ BUSY_CORES = 0.25
 # are a selection from a bad time, not a measurement of the normal one.
 MAX_DISTURBED_FRACTION = 0.5
 # A CPU round is disturbed when its most delayed thread waited this fraction of it on the run queue.
-MAX_LOST_FRACTION = 0.01
+MAX_LOST_FRACTION = 0.05
 _SCHEDSTAT = "/proc/self/task"
 # NVML clock-event reasons that mean the GPU slowed itself down (nvml.h values):
 # HW slowdown, SW thermal, HW thermal, HW power brake. Idle and the SW power cap are not.
