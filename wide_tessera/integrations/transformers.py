@@ -36,6 +36,7 @@ from ..ops.hf_experts import (
     TRANSFORMERS_MISSING,
     WideHFExperts,
     experts_forward,
+    experts_sizes,
     route,
     split_experts,
 )
@@ -81,7 +82,7 @@ class ExpertsDispatch:
         self, experts: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
     ) -> torch.Tensor:
         key = (
-            type(experts), experts.num_experts, token_bucket(hidden_states.shape[0]), top_k_index.shape[-1],
+            type(experts), experts.down_proj.shape, token_bucket(hidden_states.shape[0]), top_k_index.shape[-1],
             hidden_states.dtype, hidden_states.device,
         )  # fmt: skip
         run = self._index.get(key)
@@ -115,7 +116,7 @@ class ExpertsDispatch:
             split_experts(experts, case.params["model_type"]), WideHFExperts, case, self.path, self.time_bound_s,
             decided.append,
         )  # fmt: skip
-        first(first.pack(route(*call, experts.num_experts)))
+        first(first.pack(route(*call, case.n)))
         return decided[-1]
 
     def _warn_untuned(self, case: Case) -> None:
@@ -135,6 +136,7 @@ def _case(
     experts: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
 ) -> Case:
     device = hidden_states.device
+    n, hidden, intermediate = experts_sizes(experts)
     return Case(
         op=WideHFExperts.NAME,
         device=device.type,
@@ -147,10 +149,10 @@ def _case(
             model_type=experts.config.model_type,
             tokens=token_bucket(hidden_states.shape[0]),
             top_k=top_k_index.shape[-1],
-            hidden=experts.hidden_dim,
-            intermediate=experts.intermediate_dim,
+            hidden=hidden,
+            intermediate=intermediate,
         ),
-        n=experts.num_experts,
+        n=n,
     )
 
 

@@ -38,6 +38,7 @@ __all__ = [
     "build_experts",
     "route",
     "split_experts",
+    "experts_sizes",
     "experts_forward",
     "OWN_STRATEGIES",
     "TRANSFORMERS_MISSING",
@@ -127,16 +128,15 @@ def build_experts(model_type: str, n: int, hidden: int, intermediate: int) -> nn
         setattr(config, attr, n)
     if sizes:
         setattr(config, sizes[0], intermediate)
-    if hasattr(config, "num_experts_per_tok"):
+    if isinstance(getattr(config, "num_experts_per_tok", None), int):  # some defaults leave it None
         config.num_experts_per_tok = min(config.num_experts_per_tok, n)
     config._experts_implementation = "eager"
     experts = cls(config)
-    got = (getattr(experts, "num_experts", None), getattr(experts, "hidden_dim", None))
-    got_i = getattr(experts, "intermediate_dim", None)
-    if got != (n, hidden) or got_i != intermediate:
+    got = experts_sizes(experts)
+    if got != (n, hidden, intermediate):
         raise WideTesseraError(
             f"model_type {model_type!r}: {cls.__name__} built {got[0]} experts of hidden {got[1]}, intermediate "
-            f"{got_i} from a config asked for {n}, {hidden}, {intermediate}: its config names them otherwise"
+            f"{got[2]} from a config asked for {n}, {hidden}, {intermediate}: its config names them otherwise"
         )
     with torch.no_grad():
         for m in experts.modules():
@@ -147,9 +147,17 @@ def build_experts(model_type: str, n: int, hidden: int, intermediate: int) -> nn
     return experts
 
 
+def experts_sizes(experts: nn.Module) -> Tuple[int, int, int]:
+    """(experts, hidden, intermediate) of a family's experts module, read from its down projection
+    ([N, hidden, intermediate], or transposed): the families name these attributes differently."""
+    n, rows, cols = experts.down_proj.shape
+    return (n, cols, rows) if experts.is_transposed else (n, rows, cols)
+
+
 def _per_expert(experts: nn.Module) -> List[str]:
     """The names of `experts`' parameters that hold one slice per expert (its 3-D weights, 2-D biases)."""
-    return [name for name, p in experts.named_parameters(recurse=False) if p.shape[0] == experts.num_experts]
+    n = experts_sizes(experts)[0]
+    return [name for name, p in experts.named_parameters(recurse=False) if p.shape[0] == n]
 
 
 class HFExpert(nn.Module):
@@ -170,7 +178,8 @@ class HFExpert(nn.Module):
 
 def split_experts(experts: nn.Module, model_type: str) -> List[HFExpert]:
     """The N experts of a family's experts module, each an HFExpert with a copy of its slices."""
-    ones = [HFExpert(model_type, experts.hidden_dim, experts.intermediate_dim) for _ in range(experts.num_experts)]
+    n, hidden, intermediate = experts_sizes(experts)
+    ones = [HFExpert(model_type, hidden, intermediate) for _ in range(n)]
     shared = dict(experts.named_parameters())
     with torch.no_grad():
         for i, one in enumerate(ones):
@@ -258,7 +267,7 @@ def experts_forward(how: str) -> Callable[..., torch.Tensor]:
     ) -> torch.Tensor:
         top_k = top_k_index.shape[-1]
         ids, order = top_k_index.reshape(-1).sort(stable=True)
-        sizes = torch.bincount(ids, minlength=experts.num_experts).tolist()
+        sizes = torch.bincount(ids, minlength=experts_sizes(experts)[0]).tolist()
         y = _own_sorted(experts, how, hidden_states[order // top_k], sizes, top_k_weights.reshape(-1)[order])
         out = torch.empty_like(y).index_copy_(0, order, y)
         return out.view(-1, top_k, y.shape[-1]).sum(dim=1).to(hidden_states.dtype)
@@ -327,8 +336,8 @@ class WideHFExperts(WideOp, nn.Module):
         ),
         "quick": SweepParams.of(
             [8, 32],
-            model_type=["mixtral", "qwen2_moe", "olmoe"],
-            tokens=[4, 256],
+            model_type=["mixtral", "qwen2_moe"],
+            tokens=[4, 128],
             top_k=[2],
             hidden=[128],
             intermediate=[256],
@@ -375,7 +384,7 @@ class WideHFExperts(WideOp, nn.Module):
         return cls(experts, config["model_type"], strategy)
 
     def pack(self, inputs: Sequence[Tuple[torch.Tensor, torch.Tensor]]) -> Tuple[torch.Tensor, ...]:
-        n = self.experts.num_experts
+        n = experts_sizes(self.experts)[0]
         if not isinstance(inputs, (list, tuple)) or len(inputs) != n:
             raise WideTesseraError(f"pack needs a list of {n} (rows, weights) pairs, one per expert")
         self.sizes = [x.shape[0] for x, _ in inputs]
