@@ -24,6 +24,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
+from ..core.advice import Advice, register_advice
 from ..core.capabilities import Needs
 from ..core.errors import WideTesseraError, unknown
 from ..core.job import SweepParams, Work
@@ -418,3 +419,29 @@ class WideHFExperts(WideOp, nn.Module):
     ) -> List[Tuple[torch.Tensor, torch.Tensor]]:
         index, weights = _router_choice(tokens, n, top_k, skew)
         return route(torch.randn(tokens, hidden), index, weights, n)
+
+
+def _phase(params: Dict[str, Any]) -> str:
+    """Decode steps route a few tokens (1 to 8 per sequence batch); anything longer is a prefill."""
+    return "decode" if params["tokens"] <= 8 else "prefill"
+
+
+def _implementation_name(strategy: str) -> str:
+    """A strategy as a person chooses it: transformers' name, or ours through the integration."""
+    return f"wide_tessera ({strategy})" if strategy in OWN_STRATEGIES else strategy
+
+
+register_advice(
+    "hf_experts",
+    Advice(
+        title="which experts_implementation to use on this machine (speedup over eager and over transformers' "
+        "default grouped_mm: geometric mean of the ratios of median times over the cell's points; "
+        "wide_tessera (...): register() of wide_tessera.integrations.transformers runs it)",
+        rows=("model_type", "n"),
+        column=_phase,
+        columns=("decode", "prefill"),
+        choices=WideHFExperts.BENCHMARK_STRATEGIES,
+        references=("eager", "grouped_mm"),
+        label=_implementation_name,
+    ),
+)
