@@ -179,3 +179,17 @@ def test_a_shape_is_looked_up_in_the_table_once(tmp_path, monkeypatch):
         for tokens in (1, 1, 2, 3, 4):  # buckets 1, 2, 4
             experts(*_call(tokens=tokens))
     assert len(looked) == 3 and len(dispatch.chosen) == 3
+
+
+def test_without_transformers_the_op_is_an_error_by_name_and_a_skip_in_a_run_of_every_op(monkeypatch, capsys):
+    from wide_tessera.cli.measure import build_jobs
+    from wide_tessera.core.errors import MissingDependency
+    from wide_tessera.ops import hf_experts
+
+    monkeypatch.setattr(hf_experts, "_has_transformers", lambda: False)
+    with pytest.raises(MissingDependency, match=r"pip install 'wide_tessera\[transformers\]'"):
+        build_jobs(["hf_experts"], "ci", "cpu", {}, False)
+    jobs = build_jobs(["gemm", "hf_experts"], "ci", "cpu", {}, False, every_op=True)
+    assert [j.op for j in jobs] == ["gemm"] and "[hf_experts] SKIPPED: hf_experts needs transformers" in (
+        capsys.readouterr().err
+    )

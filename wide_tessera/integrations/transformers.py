@@ -26,7 +26,7 @@ from torch import nn
 
 from ..core.capabilities import unmet_need
 from ..core.environment import capture_environment
-from ..core.errors import WideTesseraError, unknown
+from ..core.errors import MissingDependency, WideTesseraError, unknown
 from ..core.user_input import check_number
 from ..dispatch.first_call import FirstCall
 from ..dispatch.fuse import DispatchWarning, tune_command
@@ -183,7 +183,7 @@ def register(
     try:
         from transformers.integrations.moe import ExpertsInterface
     except ImportError:
-        raise WideTesseraError(TRANSFORMERS_MISSING) from None
+        raise MissingDependency(TRANSFORMERS_MISSING) from None
     dispatch = ExpertsDispatch(table, measure, time_bound_s)
     ExpertsInterface.register(NAME, dispatch)
     return dispatch

@@ -26,7 +26,7 @@ from torch import nn
 
 from ..core.advice import Advice, register_advice
 from ..core.capabilities import Needs
-from ..core.errors import WideTesseraError, unknown
+from ..core.errors import MissingDependency, WideTesseraError, unknown
 from ..core.job import SweepParams, Work
 from .base import TRITON, WideOp, itemsize, shared_config
 from .experts import padded_rows
@@ -96,7 +96,7 @@ def experts_families() -> Tuple[str, ...]:
 def experts_class(model_type: str) -> type:
     """The class of `model_type`'s modeling file that `@use_experts_implementation` decorated."""
     if not _has_transformers():
-        raise WideTesseraError(TRANSFORMERS_MISSING)
+        raise MissingDependency(TRANSFORMERS_MISSING)
     if model_type not in experts_families():
         raise unknown("model_type (a transformers family with an experts class)", model_type, experts_families())
     import transformers.integrations.moe as moe
@@ -366,7 +366,7 @@ class WideHFExperts(WideOp, nn.Module):
     @classmethod
     def check_params(cls, model_type: str, top_k: int, **params: Any) -> None:
         if not _has_transformers():
-            raise WideTesseraError(TRANSFORMERS_MISSING)
+            raise MissingDependency(TRANSFORMERS_MISSING)
         experts_class(model_type)  # an unknown family is one line naming the valid ones, before measuring
 
     @classmethod
