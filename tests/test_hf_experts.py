@@ -13,6 +13,7 @@ pytest.importorskip("transformers")
 from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
 
 from wide_tessera.core.errors import WideTesseraError  # noqa: E402
+from wide_tessera.dispatch.table import DispatchTable  # noqa: E402
 from wide_tessera.integrations import transformers as integration  # noqa: E402
 from wide_tessera.ops.hf_experts import (  # noqa: E402
     OWN_STRATEGIES,
@@ -23,6 +24,8 @@ from wide_tessera.ops.hf_experts import (  # noqa: E402
     route,
     split_experts,
 )
+
+from .helpers import entry  # noqa: E402
 
 # Each family stands for a layout: mixtral (gate and up concatenated), qwen2_moe (its own intermediate
 # size attribute), gpt_oss (transposed, biases, interleaved gate and up, a clamped gate of its own).
@@ -58,7 +61,7 @@ def test_every_strategy_equals_the_separate_eager_calls(model_type, strategy):
     assert any(x.shape[0] == 0 for x, _ in inputs)  # an expert with no tokens, as routers leave them
     reference = [m(x, w) for m, (x, w) in zip(modules, inputs)]
     wide = WideHFExperts.from_modules(modules, strategy)
-    got = wide.unpack(wide(*wide.pack(inputs)))
+    got = wide.unpack(wide(wide.pack(inputs)))
     for a, b in zip(got, reference):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
@@ -193,3 +196,24 @@ def test_without_transformers_the_op_is_an_error_by_name_and_a_skip_in_a_run_of_
     assert [j.op for j in jobs] == ["gemm"] and "[hf_experts] SKIPPED: hf_experts needs transformers" in (
         capsys.readouterr().err
     )
+
+
+@pytest.mark.parametrize(
+    "verdicts,expected",
+    [("fuse:8", "foreach_mm"), ("loop:8", "eager"), ("same:8", "eager"), ("disturbed:8", "grouped_mm"),
+     ("unconfirmed:8", "grouped_mm")],
+)  # fmt: skip
+def test_a_tuned_table_decides_per_shape_and_an_inconclusive_entry_runs_the_default(verdicts, expected):
+    params = dict(model_type="mixtral", tokens=4, top_k=2, hidden=32, intermediate=48, skew=0.0)
+    prefill = {**params, "tokens": 256}
+    table = DispatchTable(
+        [entry("hf_experts", params, verdicts, strategy="foreach_mm"),
+         entry("hf_experts", prefill, "fuse:8", strategy="padded")]
+    )  # fmt: skip
+    dispatch = integration.register(table=table)
+    experts = build_experts("mixtral", 8, 32, 48)
+    experts.config._experts_implementation = "wide_tessera"
+    for tokens in (3, 200):
+        experts(*_call(tokens=tokens))
+    chosen = {key[2]: name for key, (name, _) in dispatch.chosen.items()}
+    assert chosen == {4: expected, 256: "padded"}

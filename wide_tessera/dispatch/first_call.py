@@ -81,7 +81,7 @@ class FirstCall(nn.Module):
                     continue
                 try:
                     wide = wide_module(self._op, list(self.models), strategy)
-                    out = wide.unpack(trees.call(wide, wide.pack([trees.clone(x) for x in inputs])))
+                    out = wide.unpack(wide(wide.pack([trees.clone(x) for x in inputs])))
                 except Exception:  # noqa: BLE001  a strategy that cannot run here is not chosen
                     continue
                 if check_outputs(out, reference, tol).correct:  # a wrong strategy is never chosen
@@ -89,7 +89,7 @@ class FirstCall(nn.Module):
             timed: Dict[str, Callable[[], object]] = {"baseline": lambda: self._loop(inputs)}
             for strategy, wide in candidates.items():
                 packed = wide.pack(inputs)
-                timed[strategy] = lambda wide=wide, packed=packed: trees.call(wide, packed)
+                timed[strategy] = lambda wide=wide, packed=packed: wide(packed)
             settings = RunSettings(device=device, timing=TimingConfig(budget_s=self._bound / len(timed)))
             stop = stop_rule(list(candidates), [], settings)
             stats = measure_paired(timed, device, settings.timing, stop=stop).stats
@@ -98,7 +98,7 @@ class FirstCall(nn.Module):
         if call.kind == "fuse":
             self._wide = candidates[call.strategy]
             wide = self._wide
-            self._chosen = lambda xs: wide.unpack(trees.call(wide, wide.pack(xs)))
+            self._chosen = lambda xs: wide.unpack(wide(wide.pack(xs)))
         else:
             self._chosen = self._loop
         verdict = {"fuse": "fuse", "marginal": "marginal", "open": "open"}.get(call.kind, "loop")

@@ -9,7 +9,8 @@ A call's shape is its family, number of experts, tokens (bucketed to the next po
 decode and prefill are looked up apart), top_k, hidden and intermediate sizes, dtype and device.
 Its implementation is read from the dispatch table once per shape, by the table's own rule
 (`dispatch.table.match`): the winning strategy where fusing was measured to win, transformers'
-`eager` where the separate calls did as well. Every later call of the shape is one dict lookup.
+`eager` where the separate calls did as well, transformers' default where the measurement was not
+conclusive (a disturbed machine, say). Every later call of the shape is one dict lookup.
 No entry: with measure="first-call" the call is measured on its real input (`dispatch.first_call`,
 every strategy checked against eager) and the entry written to the table for the next process;
 else transformers' default implementation, with one warning naming the `tune` command.
@@ -48,6 +49,8 @@ NAME = "wide_tessera"
 # (PreTrainedModel.get_correct_experts_implementation, transformers 5.24).
 DEFAULT = "grouped_mm"
 MEASURES = ("table", "first-call")
+# The table's verdicts that measured the separate calls as fast as any strategy (dispatch.table.VERDICTS).
+LOOP_VERDICTS = {"loop", "same", "marginal"}
 
 Key = Tuple[Any, ...]
 
@@ -94,7 +97,7 @@ class ExpertsDispatch:
         case = _case(experts, *call)
         answer = match(self.table, case)
         if answer.entries:
-            name, why = (answer.strategy, answer.reason) if answer.fuse else ("eager", answer.reason)
+            name, why = _measured_choice(answer)
         elif self.measure == "first-call":
             answer = self._first_call(case, experts, *call)
             name, why = (answer.strategy if answer.fuse else "eager"), answer.reason
@@ -130,6 +133,18 @@ class ExpertsDispatch:
             DispatchWarning,
             stacklevel=4,
         )
+
+
+def _measured_choice(answer: Match) -> Tuple[str, str]:
+    """What a table's answer runs: its strategy where fusing won; eager where the separate calls
+    were measured as fast (eager is their loop over the experts); else, where the measurement was
+    not conclusive (disturbed, open, unstable, unconfirmed), transformers' default."""
+    if answer.fuse:
+        return answer.strategy, answer.reason
+    verdicts = {v.verdict for e in answer.entries for v in e.verdicts if v.n == answer.measured_n}
+    if verdicts and verdicts <= LOOP_VERDICTS:
+        return "eager", answer.reason
+    return DEFAULT, f"{answer.reason}: not conclusive, transformers' default"
 
 
 def _case(

@@ -38,6 +38,7 @@ __all__ = [
     "experts_families",
     "build_experts",
     "route",
+    "router_choice",
     "split_experts",
     "experts_sizes",
     "experts_forward",
@@ -203,12 +204,12 @@ def route(
     return inputs
 
 
-def _router_choice(tokens: int, n: int, top_k: int, skew: float) -> Tuple[torch.Tensor, torch.Tensor]:
+def router_choice(tokens: int, n: int, top_k: int, skew: float) -> Tuple[torch.Tensor, torch.Tensor]:
     """A router's top_k experts per token and their weights (softmax over the top_k logits, as
     Mixtral's router). `skew` is a Zipf exponent set through the logits: expert i's logit is
-    shifted by -skew ln(i + 1), so its share of the softmax falls as (i + 1) ** -skew."""
-    if top_k > n:
-        raise WideTesseraError(f"top_k={top_k} needs at least as many experts; N={n}")
+    shifted by -skew ln(i + 1), so its share of the softmax falls as (i + 1) ** -skew. With fewer
+    experts than top_k (N=1 of a sweep) every token goes to all N."""
+    top_k = min(top_k, n)
     bias = -skew * torch.log(torch.arange(1, n + 1, dtype=torch.float32))
     values, index = (torch.randn(tokens, n) + bias).topk(top_k, dim=-1)
     return index, values.softmax(dim=-1)
@@ -310,7 +311,7 @@ class WideHFExperts(WideOp, nn.Module):
     transformers experts implementation (grouped_mm, batched_mm, ...) or one of ours
     (OWN_STRATEGIES: 'padded' batched matmuls over groups padded to the largest,
     'foreach_mm' torch._foreach_mm over the groups, 'triton' our ragged grouped GEMM, CUDA).
-    Wide layout: pack's (rows sorted by expert, expert ids [S, 1], weights [S, 1])."""
+    Wide layout: pack's [rows sorted by expert, expert ids [S, 1], weights [S, 1]]."""
 
     # 'eager' over all N at once is what transformers runs by default for `eager`: the separate
     # calls (each expert's own eager call) pay eager's routing bookkeeping once per expert, which
@@ -384,19 +385,22 @@ class WideHFExperts(WideOp, nn.Module):
                 p.copy_(torch.cat(own) if name in per_expert else own[0])
         return cls(experts, config["model_type"], strategy)
 
-    def pack(self, inputs: Sequence[Tuple[torch.Tensor, torch.Tensor]]) -> Tuple[torch.Tensor, ...]:
+    def pack(self, inputs: Sequence[Tuple[torch.Tensor, torch.Tensor]]) -> List[torch.Tensor]:
+        """[rows sorted by expert, their expert ids [S, 1], their weights [S, 1]]: one value, a list,
+        as every fused module's forward takes one (`fused(fused.pack(inputs))`)."""
         n = experts_sizes(self.experts)[0]
         if not isinstance(inputs, (list, tuple)) or len(inputs) != n:
             raise WideTesseraError(f"pack needs a list of {n} (rows, weights) pairs, one per expert")
         self.sizes = [x.shape[0] for x, _ in inputs]
         device = inputs[0][0].device
         ids = torch.repeat_interleave(torch.arange(n, device=device), torch.tensor(self.sizes, device=device))
-        return torch.cat([x for x, _ in inputs]), ids[:, None], torch.cat([w for _, w in inputs])[:, None]
+        return [torch.cat([x for x, _ in inputs]), ids[:, None], torch.cat([w for _, w in inputs])[:, None]]
 
     def unpack(self, output: torch.Tensor) -> List[torch.Tensor]:
         return list(output.split(self.sizes))
 
-    def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    def forward(self, packed: List[torch.Tensor]) -> torch.Tensor:
+        x, ids, weights = packed
         if self.strategy in OWN_STRATEGIES:
             return _own_sorted(self.experts, self.strategy, x, self.sizes, weights[:, 0])
         self.experts.config._experts_implementation = self.strategy
@@ -417,7 +421,7 @@ class WideHFExperts(WideOp, nn.Module):
     def bench_inputs(
         cls, n: int, tokens: int, top_k: int, hidden: int, skew: float, **_: Any
     ) -> List[Tuple[torch.Tensor, torch.Tensor]]:
-        index, weights = _router_choice(tokens, n, top_k, skew)
+        index, weights = router_choice(tokens, n, top_k, skew)
         return route(torch.randn(tokens, hidden), index, weights, n)
 
 
