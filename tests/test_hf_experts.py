@@ -217,3 +217,18 @@ def test_a_tuned_table_decides_per_shape_and_an_inconclusive_entry_runs_the_defa
         experts(*_call(tokens=tokens))
     chosen = {key[2]: name for key, (name, _) in dispatch.chosen.items()}
     assert chosen == {4: expected, 256: "padded"}
+
+
+def test_a_run_ends_with_which_experts_implementation_to_use_for_decode_and_prefill():
+    from wide_tessera import benchmark
+
+    from .helpers import FAST
+
+    result = benchmark(
+        "hf_experts", "ci", verbose=False, device="cpu", timing=FAST, n_values=[4], tokens=[2, 64], skew=[0.0]
+    )
+    lines = result.summary().splitlines()
+    title = next(i for i, line in enumerate(lines) if line.startswith("which experts_implementation"))
+    header, row = lines[title + 1].split(), lines[title + 2]
+    assert header == ["model_type", "N", "decode", "prefill"] and row.startswith("mixtral")
+    assert row.count("x eager") == 2 and row.count("x grouped_mm") == 2
