@@ -99,8 +99,7 @@ class ExpertsDispatch:
         if answer.entries:
             name, why = _measured_choice(answer)
         elif self.measure == "first-call":
-            answer = self._first_call(case, experts, *call)
-            name, why = (answer.strategy if answer.fuse else "eager"), answer.reason
+            name, why = _measured_choice(self._first_call(case, experts, *call))  # as the next process reads it
         else:
             name, why = DEFAULT, "no measured entry: transformers' default"
             self._warn_untuned(case)
