@@ -29,7 +29,7 @@ from torch import nn
 
 from ..core.advice import Advice, register_advice
 from ..core.capabilities import Needs
-from ..core.errors import MissingDependency, WideTesseraError, unknown
+from ..core.errors import MissingDependency, WideTesseraError, one_line, unknown
 from ..core.job import SweepParams, Work
 from .base import TRITON, WideOp, itemsize, shared_config
 from .experts import padded_rows
@@ -185,11 +185,11 @@ def split_experts(experts: nn.Module, model_type: str) -> List[HFExpert]:
     """The N experts of a family's experts module, each an HFExpert with a copy of its slices."""
     n, hidden, intermediate = experts_sizes(experts)
     ones = [HFExpert(model_type, hidden, intermediate) for _ in range(n)]
-    shared = dict(experts.named_parameters())
+    shared, per_expert = dict(experts.named_parameters()), set(_per_expert(experts))
+    ref = experts.down_proj
     with torch.no_grad():
         for i, one in enumerate(ones):
-            one.to(device=next(experts.parameters()).device, dtype=next(experts.parameters()).dtype)
-            per_expert = set(_per_expert(experts))
+            one.to(device=ref.device, dtype=ref.dtype)
             for name, p in one.experts.named_parameters():
                 p.copy_(shared[name][i : i + 1] if name in per_expert else shared[name])
     return ones
@@ -312,7 +312,7 @@ def _hf_reason(name: str, device: str, dtype: torch.dtype, model_type: str, hidd
     try:
         experts(x, ids, torch.ones(4, 1, device=device, dtype=dtype))
     except Exception as e:  # noqa: BLE001  whatever it raises, it cannot run here
-        return f"transformers' {name} does not run here ({type(e).__name__}: {str(e).splitlines()[0][:160]})"
+        return f"transformers' {name} does not run here ({one_line(e)[:200]})"
     return None
 
 
