@@ -2,7 +2,9 @@
 
     python scripts/gpu_check.py [-o DIR] [--preset quick] [--budget S] [--deadline S]
 
-1. the Triton kernels against torch at large sizes: median, paired speedup CI, TFLOP/s,
+1. the Triton kernels against torch at large sizes, and transformers' experts implementations
+   (grouped_mm, batched_mm, eager) against our Triton grouped GEMM in bfloat16 at decode and
+   prefill sizes (hf_experts): median, paired speedup CI, TFLOP/s,
    percentage of the roofline bound (peaks calibrated on this device), kernels launched
    per call, and energy per call and power from NVML's energy counter (measurement.energy);
 2. the GPU tests (pytest -m gpu);
@@ -18,10 +20,12 @@ function of step 4 is shortened to --budget seconds.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 from typing import Callable, Dict, List, Tuple
 
@@ -118,6 +122,7 @@ def kernel_cases() -> List[Tuple[str, str, Dict[str, Callable[[], object]], floa
                 "padded",
             )
         )
+    cases += hf_experts_cases()
     # contiguous q, k, v; then, as the flash_attention op lays them, strided views of one
     # [Z, L, 3, H, D] projection, which both sides read where they lie
     for length, views in ((2048, False), (4096, False), (2048, True)):
@@ -139,6 +144,45 @@ def kernel_cases() -> List[Tuple[str, str, Dict[str, Callable[[], object]], floa
                 4.0 * z * h * length * length * hd / 2,
                 2.0 * 4 * q.numel(),
                 "sdpa",
+            )
+        )
+    return cases
+
+
+def hf_experts_cases() -> List[Tuple[str, str, Dict[str, Callable[[], object]], float, float, str]]:
+    """transformers' experts (Qwen2-MoE's sizes: 60 experts of hidden 2048, intermediate 1408, top 4)
+    in bfloat16, called as its MoE block calls them, at decode and prefill sizes: transformers'
+    grouped_mm (its default, the reference), batched_mm and eager against our Triton ragged grouped
+    GEMM and our other strategies as experts implementations (ops.hf_experts.experts_forward)."""
+    if importlib.util.find_spec("transformers") is None:
+        print("hf_experts: transformers is not installed; its cases are left out", flush=True)
+        return []
+    from wide_tessera.integrations.transformers import implementation
+    from wide_tessera.ops.hf_experts import build_experts, router_choice
+
+    dev, bf16 = "cuda", torch.bfloat16
+    n, hidden, inter, top_k = 60, 2048, 1408, 4
+    experts = build_experts("qwen2_moe", n, hidden, inter).to(device=dev, dtype=bf16)
+    cases = []
+    for tokens in (1, 8, 512, 4096):
+        torch.manual_seed(0)
+        index, weights = router_choice(tokens, n, top_k, 0.0)
+        call = (torch.randn(tokens, hidden, device=dev, dtype=bf16), index.to(dev), weights.to(dev, bf16))
+        names = ["grouped_mm", "eager", "triton", "padded", "foreach_mm"]
+        # batched_mm gathers both weight matrices for every routed row: 3 x hidden x inter x 2 bytes each
+        if tokens * top_k * 3 * hidden * inter * 2 < 8 * 2**30:
+            names.insert(1, "batched_mm")
+        sides = {name: partial(implementation(name), experts, *call) for name in names}
+        rows = tokens * top_k
+        cases.append(
+            (
+                f"hf_experts qwen2_moe N={n} {tokens} tokens top_k={top_k} {hidden}x{inter} "
+                f"({'decode' if tokens <= 8 else 'prefill'})",
+                "bfloat16",
+                sides,
+                6.0 * rows * hidden * inter,
+                2.0 * (3 * n * hidden * inter + 2 * tokens * hidden),
+                "grouped_mm",
             )
         )
     return cases

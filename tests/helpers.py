@@ -9,6 +9,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from wide_tessera import SweepParams, TimingConfig, WideLinear
+from wide_tessera.core.environment import cpu_name
+from wide_tessera.dispatch.table import DispatchEntry, NVerdict
+from wide_tessera.results.analysis import group_crossover
 
 # Timing is not under test in most tests: sample briefly so the suite stays fast.
 FAST = TimingConfig(warmup_s=0.0, budget_s=0.005, min_samples=3, min_sample_s=1e-4)
@@ -72,3 +75,26 @@ def synthetic_result(points):
         settings=RunSettings(preset="test", device="cpu", timing=TimingConfig()),
         duration_s=0.0,
     )
+
+
+def entry(op="gemm", params=None, verdicts="loop:1 fuse:4 fuse:16", strategy="bmm", device_name=None, **fields):
+    """A synthetic entry measured on this CPU: verdicts as 'VERDICT:N ...'."""
+    vs = [NVerdict(int(n), v, strategy if v == "fuse" else None) for v, n in (t.split(":") for t in verdicts.split())]
+    values = dict(
+        op=op,
+        device="cpu",
+        device_name=cpu_name() if device_name is None else device_name,
+        dtype="float32",
+        mode="inference",
+        compile="none",
+        cuda_graph=False,
+        params={"batch": 16, "in_features": 32, "out_features": 32} if params is None else params,
+        verdicts=vs,
+        crossover_n=group_crossover([(v.n, v.verdict == "fuse") for v in vs]),
+        measured_at="2026-11-01T00:00:00+00:00",
+        versions={"torch": torch.__version__},
+        threads=1,
+        preset="ci",
+    )
+    values.update(fields)
+    return DispatchEntry(**values)

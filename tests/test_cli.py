@@ -77,8 +77,9 @@ def test_all_runs_every_op(tmp_path):
     r = invoke("benchmark", "--all", "--preset", "ci", "--device", "cpu", "--n-values", "1", "--quiet", "-o", str(out))
     assert r.exit_code == 0, r.output
     assert [x.op for x in load_results(out)] == [
-        "gemm", "conv1d", "conv2d", "conv3d", "conv_transpose2d", "flash_attention", "moe_experts", "mlp", "layernorm",
-        "batchnorm1d", "batchnorm2d", "instancenorm1d", "instancenorm2d", "groupnorm", "embedding", "gru", "lstm",
+        "gemm", "conv1d", "conv2d", "conv3d", "conv_transpose2d", "flash_attention", "moe_experts", "hf_experts", "mlp",
+        "layernorm", "batchnorm1d", "batchnorm2d", "instancenorm1d", "instancenorm2d", "groupnorm", "embedding", "gru",
+        "lstm",
     ]
 
 

@@ -10,18 +10,16 @@ from torch import nn
 
 import wide_tessera as wt
 from wide_tessera.cli import cli
-from wide_tessera.core.environment import cpu_name
 from wide_tessera.core.errors import WideTesseraError
 from wide_tessera.dispatch import fuse as fusing
 from wide_tessera.dispatch.fuse import DispatchWarning, LoopedModules, fuse
 from wide_tessera.dispatch.table import (
-    DispatchEntry,
     DispatchTable,
-    NVerdict,
     entries_of,
 )
 from wide_tessera.ops.registry import get_op, op_names
-from wide_tessera.results.analysis import group_crossover
+
+from .helpers import entry
 
 
 @pytest.fixture(autouse=True)
@@ -30,29 +28,6 @@ def _own_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("WIDE_TESSERA_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("WIDE_TESSERA_DISPATCH", raising=False)
     fusing._warned.clear()
-
-
-def entry(op="gemm", params=None, verdicts="loop:1 fuse:4 fuse:16", strategy="bmm", device_name=None, **fields):
-    """A synthetic entry measured on this CPU: verdicts as 'VERDICT:N ...'."""
-    vs = [NVerdict(int(n), v, strategy if v == "fuse" else None) for v, n in (t.split(":") for t in verdicts.split())]
-    values = dict(
-        op=op,
-        device="cpu",
-        device_name=cpu_name() if device_name is None else device_name,
-        dtype="float32",
-        mode="inference",
-        compile="none",
-        cuda_graph=False,
-        params={"batch": 16, "in_features": 32, "out_features": 32} if params is None else params,
-        verdicts=vs,
-        crossover_n=group_crossover([(v.n, v.verdict == "fuse") for v in vs]),
-        measured_at="2026-11-01T00:00:00+00:00",
-        versions={"torch": torch.__version__},
-        threads=1,
-        preset="ci",
-    )
-    values.update(fields)
-    return DispatchEntry(**values)
 
 
 def linears(n, d=32):

@@ -15,6 +15,7 @@ from wide_tessera import (
     WideLinear,
     WideTesseraError,
 )
+from wide_tessera.core import trees
 from wide_tessera.core.capabilities import unmet_need
 from wide_tessera.core.correctness import check_outputs, tolerance
 from wide_tessera.core.job import DTYPES
@@ -28,6 +29,15 @@ def random_params(op: str, rng: random.Random, strategy: str = "") -> dict:
         # torch._grouped_mm takes rows of a multiple of 16 bytes only
         width = (lambda: 8 * rng.randint(1, 3)) if strategy == "grouped_mm" else (lambda: rng.randint(1, 20))
         return dict(tokens=rng.randint(1, 9), d_model=width(), hidden=width(), skew=rng.choice([0, 1, 2.5]))
+    if op == "hf_experts":  # one family per layout (gpt_oss: transposed, with biases); top_k 1, as N may be 1
+        return dict(
+            model_type=rng.choice(["mixtral", "qwen2_moe", "olmoe", "gpt_oss"]),
+            tokens=rng.randint(1, 9),
+            top_k=1,
+            hidden=8 * rng.randint(1, 3),
+            intermediate=8 * rng.randint(1, 3),
+            skew=rng.choice([0, 1, 2.5]),
+        )
     if op == "mlp":
         return dict(tokens=rng.randint(1, 9), d_model=rng.randint(1, 40), hidden=rng.randint(1, 40))
     if op == "layernorm":
@@ -93,11 +103,11 @@ def test_strategy_matches_separate_calls(op, strategy, dtype, seed):
     n = rng.randint(1, 6)
     torch_dtype = DTYPES[dtype]
     modules = [cls.bench_model(**params).to(torch_dtype).eval() for _ in range(n)]
-    inputs = [x.to(torch_dtype) if x.is_floating_point() else x for x in cls.bench_inputs(n, **params)]  # ids stay ids
+    inputs = [trees.cast(x, "cpu", torch_dtype) for x in cls.bench_inputs(n, **params)]  # ids stay ids
     with torch.no_grad():
-        reference = [m(x) for m, x in zip(modules, inputs)]
+        reference = [trees.call(m, x) for m, x in zip(modules, inputs)]  # a tuple is several inputs
         wide = cls.from_modules(modules, strategy)
-        outputs = wide.unpack(wide(wide.pack(inputs)))
+        outputs = wide.unpack(trees.call(wide, wide.pack(inputs)))
     check = check_outputs(outputs, reference, tolerance(torch_dtype, "cpu"))
     assert check.correct, (params, n, check)
 

@@ -14,7 +14,7 @@ import click
 import torch
 
 from ..api import build_custom_job, build_job
-from ..core.errors import WideTesseraError
+from ..core.errors import MissingDependency, WideTesseraError
 from ..core.files import make_folder, results_lock, results_target
 from ..core.job import BenchmarkJob, SweepParams
 from ..core.runs import new_run_path, prepare_runs_dir
@@ -74,14 +74,23 @@ MakeJobs = Callable[[RunSettings, Dict[str, List[str]]], List[BenchmarkJob]]
 
 
 def build_jobs(
-    names: Sequence[str], preset: str, device: str, texts: Dict[str, List[str]], verbose: bool
+    names: Sequence[str], preset: str, device: str, texts: Dict[str, List[str]], verbose: bool, every_op: bool = False
 ) -> List[BenchmarkJob]:
-    """One job per op (an op named twice, or by an alias too, runs once), its overrides read by its own axes."""
-    ops = dict.fromkeys(get_op(name).NAME for name in names)
-    return [
-        build_job(op, preset, device, get_op(op).benchmark_job(preset).sweep.parse_overrides(texts), verbose)
-        for op in ops
-    ]
+    """One job per op (an op named twice, or by an alias too, runs once), its overrides read by its own axes.
+
+    every_op: a run of every registered op, which skips, with the reason, an op missing an optional package.
+    """
+    jobs = []
+    for op in dict.fromkeys(get_op(name).NAME for name in names):
+        try:
+            jobs.append(
+                build_job(op, preset, device, get_op(op).benchmark_job(preset).sweep.parse_overrides(texts), verbose)
+            )
+        except MissingDependency as e:
+            if not every_op:
+                raise
+            click.echo(f"[{op}] SKIPPED: {e}", err=True)
+    return jobs
 
 
 @click.command()
@@ -105,7 +114,9 @@ def benchmark(names: Tuple[str, ...], run_all: bool, preset: str, **given: Any) 
     def jobs(settings: RunSettings, texts: Dict[str, List[str]]) -> List[BenchmarkJob]:
         if run_all == bool(names):
             raise WideTesseraError("name one or more ops, or give --all (see `wide_tessera list`)")
-        return build_jobs(op_names() if run_all else names, preset, settings.device, texts, not given["quiet"])
+        return build_jobs(
+            op_names() if run_all else names, preset, settings.device, texts, not given["quiet"], every_op=run_all
+        )
 
     _measure(jobs, preset, command="benchmark", **given)
 
@@ -240,7 +251,7 @@ def tune(names: Tuple[str, ...], preset: str, table: Optional[str], results: Opt
     """
 
     def jobs(settings: RunSettings, texts: Dict[str, List[str]]) -> List[BenchmarkJob]:
-        return build_jobs(names or op_names(), preset, settings.device, texts, not given["quiet"])
+        return build_jobs(names or op_names(), preset, settings.device, texts, not given["quiet"], not names)
 
     if table is None:  # the per-user cache file, its folder made on first use
         table = str(default_table_path())

@@ -5,11 +5,16 @@ from __future__ import annotations
 import difflib
 from typing import Iterable
 
-__all__ = ["WideTesseraError", "unknown", "one_line"]
+__all__ = ["WideTesseraError", "MissingDependency", "unknown", "one_line"]
 
 
 class WideTesseraError(ValueError):
     """A value the user gave is wrong; the message names it and what would be valid."""
+
+
+class MissingDependency(WideTesseraError):
+    """An op needs an optional package that is not installed: asked for by name, an error; in a run of
+    every op (`--all`), a skip with this message."""
 
 
 def one_line(error: BaseException) -> str:

@@ -31,7 +31,7 @@ from ..widen.functional import RANDOMNESS
 from .first_call import FirstCall
 from .table import TABLE_ENV, Case, DispatchTable, Match, default_table_path, match
 
-__all__ = ["fuse", "Decision", "LoopedModules", "DispatchWarning"]
+__all__ = ["fuse", "Decision", "LoopedModules", "DispatchWarning", "tune_command"]
 
 
 # How fuse() decides where the table has no entry: 'table' loops, 'first-call' measures.
@@ -351,18 +351,22 @@ def _warn_once(case: Case, message: str) -> None:
         warnings.warn(f"{case.op} x{case.n}: {message}", DispatchWarning, stacklevel=4)
 
 
+def tune_command(case: Case, n_values: Sequence[int]) -> str:
+    """The `wide_tessera tune` command that measures `case` at `n_values`."""
+    sets = "".join(f" --set {k}={v}" for k, v in case.params.items())
+    mode = "" if case.mode == "inference" else f" --mode {case.mode}"
+    return (
+        f"wide_tessera tune {case.op} --device {case.device}{sets} --set dtype={case.dtype} "
+        f"--n-values {','.join(map(str, n_values))}{mode}"
+    )
+
+
 def _warn_untuned(case: Case, source: Optional[str]) -> None:
     key = (case.op, case.device_name, case.dtype, case.mode, case.compile, case.cuda_graph)
     if key in _warned:
         return
     _warned.add(key)
-    sets = "".join(f" --set {k}={v}" for k, v in case.params.items())
-    n_values = sorted({1, case.n, *(2**i for i in range(1, case.n.bit_length() + 1))})
-    mode = "" if case.mode == "inference" else f" --mode {case.mode}"
-    command = (
-        f"wide_tessera tune {case.op} --device {case.device}{sets} --set dtype={case.dtype} "
-        f"--n-values {','.join(map(str, n_values))}{mode}"
-    )
+    command = tune_command(case, sorted({1, case.n, *(2**i for i in range(1, case.n.bit_length() + 1))}))
     if REGISTRY.get(case.op) is None:
         command = f"wide_tessera custom MODULE:{case.op} ... --save-dispatch TABLE"
     warnings.warn(

@@ -5,6 +5,7 @@ from .gemm import WideLinear  # isort: skip
 from .conv import WideConv1d, WideConv2d, WideConv3d, WideConvTranspose2d  # isort: skip
 from .attention import AttentionBlock, WideAttention  # isort: skip
 from .experts import Expert, WideExperts  # isort: skip
+from .hf_experts import WideHFExperts  # isort: skip
 from .mlp import WideMLP  # isort: skip
 from .norms import (
     WideBatchNorm1d,
@@ -30,6 +31,7 @@ __all__ = [
     "WideAttention",
     "Expert",
     "WideExperts",
+    "WideHFExperts",
     "WideMLP",
     "WideLayerNorm",
     "WideBatchNorm1d",

@@ -15,7 +15,7 @@ from .base import TRITON, WideOp, itemsize, shared_config
 from .gemm import WideLinear
 from .registry import register
 
-__all__ = ["Expert", "WideExperts", "expert_sizes", "routing_sizes"]
+__all__ = ["Expert", "WideExperts", "expert_sizes", "routing_sizes", "padded_rows"]
 
 
 class Expert(nn.Module):
@@ -47,6 +47,14 @@ def routing_sizes(n: int, total: int, skew: float) -> List[int]:
     for i in range(total - sum(sizes)):  # the remainder, one token each, to the largest shares
         sizes[i % n] += 1
     return sizes
+
+
+def padded_rows(sizes: Sequence[int], device: torch.device) -> torch.Tensor:
+    """Where each row of groups of `sizes` rows, laid end to end, sits in the padded [groups,
+    largest group] layout, so that padding and unpadding are one scatter and one gather, with no
+    host synchronization."""
+    largest = max(sizes)
+    return torch.cat([torch.arange(s) + g * largest for g, s in enumerate(sizes)]).to(device)
 
 
 def _grouped_mm_probe(device: torch.device, dtype: torch.dtype, params: Dict[str, Any]) -> Optional[str]:
@@ -140,10 +148,7 @@ class WideExperts(WideOp, nn.Module):
         self.sizes = [x.shape[0] for x in inputs]
         device = inputs[0].device
         self.group_sizes = torch.tensor(self.sizes, dtype=torch.int32, device=device)
-        # Where each token sits in the padded [N, largest group] layout, so that padding and
-        # unpadding are one scatter and one gather, with no host synchronization.
-        largest = max(self.sizes)
-        self.padded_rows = torch.cat([torch.arange(s) + g * largest for g, s in enumerate(self.sizes)]).to(device)
+        self.padded_rows = padded_rows(self.sizes, device)
         return torch.cat(list(inputs))
 
     def unpack(self, output: torch.Tensor) -> List[torch.Tensor]:

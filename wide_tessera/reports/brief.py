@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Sequence
 from ..core.job import params_text
 from ..core.roles import CONTROLS
 from .answer import capture_text, crossover_text, decision_cell, interval_legend, result_n_text
-from .text import controls_run, first_line, format_table, measured_points, no_speedup, notes_digest
+from .text import advice_lines, controls_run, first_line, format_table, measured_points, no_speedup, notes_digest
 
 if TYPE_CHECKING:
     from ..results.schema import BenchmarkResult, GroupResult, PointResult
@@ -85,7 +85,7 @@ def brief_summary(result: "BenchmarkResult") -> str:
     skipped = Counter(f.message for p in points for s, f in p.failures.items() if f.kind == "skipped")
     lines += [f"skipped: {why}" + (f" ({k} points)" if k > 1 else "") for why, k in skipped.items()]
     lines += [f"FAILED: {f}" for f in result.failures]
-    return "\n".join(lines)
+    return "\n".join([*lines, *advice_lines(result)])
 
 
 def _winner_text(group: "GroupResult", result: "BenchmarkResult") -> str:

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, List, Sequence
 from ..core.job import params_text
 from ..core.stats import MIN_EFFECT
 from ..measurement.controls import legend
+from .advice import advice_table
 from .answer import crossover_text, decision_cell, interval_legend, result_n_text
 from .text import controls_run, first_line, measured_points, no_speedup
 
@@ -99,6 +100,10 @@ def result_markdown(result: "BenchmarkResult", level: int = 3) -> str:
         )
     else:
         parts.append("Nothing was measured: no verdict on fusing.")
+    advice = advice_table(result)
+    if advice is not None:
+        title, header, rows = advice
+        parts += [_escape(title), table(header, rows)]
     return "\n\n".join(p for p in parts if p) + "\n"
 
 

@@ -9,6 +9,7 @@ from ..core.job import params_text
 from ..core.roles import CONTROLS
 from ..measurement.controls import legend
 from ..measurement.roofline import roofline
+from .advice import advice_table
 from .answer import capture_text, crossover_text, decision_cell, interval_legend, result_n_text
 
 if TYPE_CHECKING:  # only for annotations: the schema imports this module to render itself
@@ -297,4 +298,13 @@ def format_summary(result: "BenchmarkResult") -> str:
         lines.extend(f"  {f}" for f in result.failures)
     if not result.complete:
         lines.append(f"INCOMPLETE: the run stopped after {len(result.points)} points; --resume continues it")
-    return "\n".join(lines)
+    return "\n".join([*lines, *advice_lines(result)])
+
+
+def advice_lines(result: "BenchmarkResult") -> List[str]:
+    """The op's advice table (reports.advice), as the text reports end with it; none without one."""
+    advice = advice_table(result)
+    if advice is None:
+        return []
+    title, header, rows = advice
+    return [title, format_table(header, rows)]

@@ -1,0 +1,234 @@
+"""hf_experts over transformers' experts classes, and the 'wide_tessera' experts implementation."""
+
+import json
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
+
+from wide_tessera.core.errors import WideTesseraError  # noqa: E402
+from wide_tessera.dispatch.table import DispatchTable  # noqa: E402
+from wide_tessera.integrations import transformers as integration  # noqa: E402
+from wide_tessera.ops.hf_experts import (  # noqa: E402
+    OWN_STRATEGIES,
+    WideHFExperts,
+    build_experts,
+    experts_families,
+    experts_forward,
+    route,
+    split_experts,
+)
+
+from .helpers import entry  # noqa: E402
+
+# Each family stands for a layout: mixtral (gate and up concatenated), qwen2_moe (its own intermediate
+# size attribute), gpt_oss (transposed, biases, interleaved gate and up, a clamped gate of its own).
+FAMILIES = ["mixtral", "qwen2_moe", "olmoe", "gpt_oss"]
+RUNS_ON_CPU = ["grouped_mm", "batched_mm", "eager", "padded", "foreach_mm"]
+
+
+def _call(n=8, tokens=6, top_k=2, hidden=32, seed=0):
+    torch.manual_seed(seed)
+    x = torch.randn(tokens, hidden)
+    index = torch.stack([torch.randperm(n)[:top_k] for _ in range(tokens)])
+    return x, index, torch.rand(tokens, top_k).softmax(-1)
+
+
+def test_families_are_found_in_the_installed_transformers_not_listed_by_us():
+    families = experts_families()
+    assert {"mixtral", "qwen2_moe", "olmoe", "gpt_oss", "deepseek_v3"} <= set(families)
+    assert "llama" not in families  # no experts class
+
+
+def test_an_unknown_model_type_is_one_line_naming_the_valid_ones_before_measuring():
+    with pytest.raises(WideTesseraError, match="model_type.*'nope'.*mixtral"):
+        WideHFExperts.benchmark_job("ci", model_type=["nope"])
+
+
+@pytest.mark.parametrize("model_type", FAMILIES)
+@pytest.mark.parametrize("strategy", RUNS_ON_CPU)
+def test_every_strategy_equals_the_separate_eager_calls(model_type, strategy):
+    torch.manual_seed(0)
+    n = 8
+    modules = [WideHFExperts.bench_model(model_type, hidden=32, intermediate=48) for _ in range(n)]
+    inputs = WideHFExperts.bench_inputs(n, tokens=6, top_k=2, hidden=32, skew=1.0)
+    assert any(x.shape[0] == 0 for x, _ in inputs)  # an expert with no tokens, as routers leave them
+    reference = [m(x, w) for m, (x, w) in zip(modules, inputs)]
+    wide = WideHFExperts.from_modules(modules, strategy)
+    got = wide.unpack(wide(wide.pack(inputs)))
+    for a, b in zip(got, reference):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_skew_is_set_through_the_router_logits():
+    counts = [x.shape[0] for x, _ in WideHFExperts.bench_inputs(8, 512, 2, 16, skew=2.0)]
+    uniform = [x.shape[0] for x, _ in WideHFExperts.bench_inputs(8, 512, 2, 16, skew=0.0)]
+    assert counts[0] > 3 * counts[-1] and max(uniform) < 2 * min(uniform)
+    assert sum(counts) == 512 * 2
+
+
+@pytest.mark.parametrize("model_type", ["mixtral", "gpt_oss"])
+@pytest.mark.parametrize("how", ["padded", "foreach_mm"])
+def test_our_strategies_as_transformers_implementations_equal_eager(model_type, how):
+    torch.manual_seed(0)
+    experts = build_experts(model_type, 8, 32, 48)
+    call = _call()
+    eager = type(experts).forward.__wrapped__(experts, *call)
+    torch.testing.assert_close(experts_forward(how)(experts, *call), eager, rtol=1e-5, atol=1e-6)
+
+
+def test_split_experts_and_route_are_the_separate_calls_of_the_whole_module():
+    torch.manual_seed(0)
+    experts = build_experts("olmoe", 8, 32, 48)
+    x, index, weights = _call()
+    parts = [m(*inp) for m, inp in zip(split_experts(experts, "olmoe"), route(x, index, weights, 8))]
+    total = torch.zeros_like(x)
+    for i, part in enumerate(parts):
+        token, _ = torch.where(index == i)
+        total.index_add_(0, token, part)
+    torch.testing.assert_close(total, type(experts).forward.__wrapped__(experts, x, index, weights))
+
+
+def _tiny_model(model_type):
+    config = AutoConfig.for_model(
+        model_type, hidden_size=32, intermediate_size=48, moe_intermediate_size=48, shared_expert_intermediate_size=48,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=64, num_local_experts=8,
+        num_experts=8, num_experts_per_tok=2, eos_token_id=None, pad_token_id=0,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config).eval()
+
+
+def _generate(model, implementation):
+    model.set_experts_implementation(implementation)
+    torch.manual_seed(1)
+    prompt = torch.randint(1, 64, (1, 10))
+    return model.generate(prompt, max_new_tokens=6, do_sample=False, min_new_tokens=6)
+
+
+@pytest.mark.parametrize("model_type", ["mixtral", "qwen2_moe", "olmoe"])
+def test_generate_gives_eagers_tokens_with_what_the_first_call_measured(model_type, tmp_path):
+    table = tmp_path / "dispatch.json"
+    dispatch = integration.register(table=str(table), measure="first-call", time_bound_s=0.05)
+    model = _tiny_model(model_type)
+    expected = _generate(model, "eager")
+    assert torch.equal(_generate(model, "wide_tessera"), expected)
+    chosen = {key[2]: name for key, (name, _) in dispatch.chosen.items()}
+    assert set(chosen) == {1, 16}  # decode and the 10-token prompt, looked up apart
+    entries = json.loads(table.read_text())["entries"]
+    assert {e["params"]["tokens"] for e in entries} == {1, 16} and all(e["preset"] == "first call" for e in entries)
+    for name in {*OWN_STRATEGIES[:2], "grouped_mm", "batched_mm"}:  # whatever it chose, any measured one is right
+        dispatch._index = {key: integration.implementation(name) for key in dispatch._index}
+        assert torch.equal(_generate(model, "wide_tessera"), expected), name
+
+
+SECOND_PROCESS = """
+import sys, warnings, torch
+warnings.simplefilter("error")
+from wide_tessera.dispatch import first_call
+first_call.FirstCall._decide = lambda *a: sys.exit("measured again")
+from wide_tessera.integrations.transformers import register
+from wide_tessera.ops.hf_experts import build_experts
+d = register(table=sys.argv[1], measure="first-call")
+torch.manual_seed(0)
+experts = build_experts("mixtral", 8, 32, 48)
+experts.config._experts_implementation = "wide_tessera"
+experts(torch.randn(3, 32), torch.tensor([[0, 1], [2, 3], [1, 5]]), torch.rand(3, 2))
+print(list(d.chosen.values()))
+"""
+
+
+def test_a_first_call_entry_is_reused_by_the_next_process_without_measuring(tmp_path):
+    table = str(tmp_path / "dispatch.json")
+    dispatch = integration.register(table=table, measure="first-call", time_bound_s=0.05)
+    experts = build_experts("mixtral", 8, 32, 48)
+    experts.config._experts_implementation = "wide_tessera"
+    experts(*_call(tokens=3))
+    (name, why), = dispatch.chosen.values()
+    assert "measured on its first call" in why
+    done = subprocess.run([sys.executable, "-c", SECOND_PROCESS, table], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert name in done.stdout and "measured on its first call" not in done.stdout
+
+
+def test_nothing_measured_runs_transformers_default_with_one_warning_naming_tune(tmp_path):
+    dispatch = integration.register(table=str(tmp_path / "none.json"))
+    experts = build_experts("qwen2_moe", 8, 32, 48)
+    experts.config._experts_implementation = "wide_tessera"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        outs = [experts(*_call(tokens=t)) for t in (1, 1, 200)]
+    assert len(caught) == 1 and "wide_tessera tune hf_experts" in str(caught[0].message)
+    assert {name for name, _ in dispatch.chosen.values()} == {integration.DEFAULT}
+    experts.config._experts_implementation = integration.DEFAULT
+    torch.testing.assert_close(outs[0], experts(*_call(tokens=1)), rtol=0, atol=0)
+
+
+def test_a_shape_is_looked_up_in_the_table_once(tmp_path, monkeypatch):
+    dispatch = integration.register(table=str(tmp_path / "none.json"))
+    looked = []
+    real = integration.match
+    monkeypatch.setattr(integration, "match", lambda *a: looked.append(1) or real(*a))
+    experts = build_experts("mixtral", 8, 32, 48)
+    experts.config._experts_implementation = "wide_tessera"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for tokens in (1, 1, 2, 3, 4):  # buckets 1, 2, 4
+            experts(*_call(tokens=tokens))
+    assert len(looked) == 3 and len(dispatch.chosen) == 3
+
+
+def test_without_transformers_the_op_is_an_error_by_name_and_a_skip_in_a_run_of_every_op(monkeypatch, capsys):
+    from wide_tessera.cli.measure import build_jobs
+    from wide_tessera.core.errors import MissingDependency
+    from wide_tessera.ops import hf_experts
+
+    monkeypatch.setattr(hf_experts, "_has_transformers", lambda: False)
+    with pytest.raises(MissingDependency, match=r"pip install 'wide_tessera\[transformers\]'"):
+        build_jobs(["hf_experts"], "ci", "cpu", {}, False)
+    jobs = build_jobs(["gemm", "hf_experts"], "ci", "cpu", {}, False, every_op=True)
+    assert [j.op for j in jobs] == ["gemm"] and "[hf_experts] SKIPPED: hf_experts needs transformers" in (
+        capsys.readouterr().err
+    )
+
+
+@pytest.mark.parametrize(
+    "verdicts,expected",
+    [("fuse:8", "foreach_mm"), ("loop:8", "eager"), ("same:8", "eager"), ("disturbed:8", "grouped_mm"),
+     ("unconfirmed:8", "grouped_mm")],
+)  # fmt: skip
+def test_a_tuned_table_decides_per_shape_and_an_inconclusive_entry_runs_the_default(verdicts, expected):
+    params = dict(model_type="mixtral", tokens=4, top_k=2, hidden=32, intermediate=48, skew=0.0)
+    prefill = {**params, "tokens": 256}
+    table = DispatchTable(
+        [entry("hf_experts", params, verdicts, strategy="foreach_mm"),
+         entry("hf_experts", prefill, "fuse:8", strategy="padded")]
+    )  # fmt: skip
+    dispatch = integration.register(table=table)
+    experts = build_experts("mixtral", 8, 32, 48)
+    experts.config._experts_implementation = "wide_tessera"
+    for tokens in (3, 200):
+        experts(*_call(tokens=tokens))
+    chosen = {key[2]: name for key, (name, _) in dispatch.chosen.items()}
+    assert chosen == {4: expected, 256: "padded"}
+
+
+def test_a_run_ends_with_which_experts_implementation_to_use_for_decode_and_prefill():
+    from wide_tessera import benchmark
+
+    from .helpers import FAST
+
+    result = benchmark(
+        "hf_experts", "ci", verbose=False, device="cpu", timing=FAST, n_values=[4], tokens=[2, 64], skew=[0.0]
+    )
+    lines = result.summary().splitlines()
+    title = next(i for i, line in enumerate(lines) if line.startswith("which experts_implementation"))
+    header, row = lines[title + 1].split(), lines[title + 2]
+    assert header == ["model_type", "N", "decode", "prefill"] and row.startswith("mixtral")
+    assert row.count("x eager") == 2 and row.count("x grouped_mm") == 2

@@ -1,0 +1,1 @@
+"""wide_tessera's measurements put to work inside other libraries' models (transformers)."""
