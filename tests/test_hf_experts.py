@@ -113,6 +113,7 @@ def _generate(model, implementation):
 
 
 @pytest.mark.parametrize("model_type", ["mixtral", "qwen2_moe", "olmoe"])
+@pytest.mark.slow
 def test_generate_gives_eagers_tokens_with_what_the_first_call_measured(model_type, tmp_path):
     table = tmp_path / "dispatch.json"
     dispatch = integration.register(table=str(table), measure="first-call", time_bound_s=0.05)
@@ -144,6 +145,7 @@ print(list(d.chosen.values()))
 """
 
 
+@pytest.mark.slow
 def test_a_first_call_entry_is_reused_by_the_next_process_without_measuring(tmp_path):
     table = str(tmp_path / "dispatch.json")
     dispatch = integration.register(table=table, measure="first-call", time_bound_s=0.05)
