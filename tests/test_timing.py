@@ -5,6 +5,7 @@ import random
 import sys
 import time
 import types
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ import wide_tessera
 from wide_tessera import TimingConfig, measure
 from wide_tessera.core.stats import median_ci, median_ci_rel_width
 from wide_tessera.measurement import timing
-from wide_tessera.measurement.timing import measure_paired
+from wide_tessera.measurement.timing import measure_paired, round_order
 
 
 def test_measure_keeps_samples_and_statistics():
@@ -59,19 +60,30 @@ def test_gpu_path_asks_do_bench_for_every_sample_in_ms(monkeypatch):
 def test_paired_rounds_interleave():
     log = []
     fns = {name: (lambda name=name: log.append(name)) for name in "abc"}
-    config = TimingConfig(warmup_s=0.0, min_sample_s=0.0, min_samples=5, max_samples=5)
+    config = TimingConfig(warmup_s=0.0, min_sample_s=0.0, min_samples=6, max_samples=6)
     stats = measure_paired(fns, device="cpu", config=config).stats
     assert all(s.calls_per_sample == 1 for s in stats.values())
     clean = stats["a"].n_samples
-    assert clean >= 5 and all(s.n_samples == clean for s in stats.values())
-    # calibration (three timings each), then rounds whose order rotates: ABC BCA CAB ABC ...
-    # (every sample is one untimed warming call and one timed call)
+    assert clean >= 6 and all(s.n_samples == clean for s in stats.values())
+    # calibration (three timings each), then rounds in a Williams design: ABC BCA CAB, then the
+    # same reversed (k is odd), CBA ACB BAC (every sample is one untimed warming call and one timed call)
     assert log[:9] == list("aaabbbccc")
     rounds = ["".join(log[i : i + 6 : 2]) for i in range(9, len(log), 6)]
-    assert rounds[:4] == ["abc", "bca", "cab", "abc"]
+    assert rounds[:6] == ["abc", "bca", "cab", "cba", "acb", "bac"]
     assert all(log[i] == log[i + 1] for i in range(9, len(log), 2))
     # each kept round records where every function ran in it
     assert all(sorted(places) == [0, 1, 2] for places in zip(*(stats[n].positions for n in "abc")))
+
+
+@pytest.mark.parametrize("k", [2, 3, 4, 5, 6])
+def test_every_function_starts_a_round_and_follows_every_other_equally_often(k):
+    names = [str(i) for i in range(k)]
+    period = k if k % 2 == 0 else 2 * k
+    rows = [round_order(names, r) for r in range(period)]
+    assert all(sorted(row) == names for row in rows)
+    assert Counter(row[0] for row in rows) == {name: period // k for name in names}
+    pairs = Counter((a, b) for row in rows for a, b in zip(row, row[1:]))
+    assert set(pairs.values()) == {period // k} and len(pairs) == k * (k - 1)
 
 
 def busy(iterations):

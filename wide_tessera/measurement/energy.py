@@ -10,7 +10,7 @@ side would be charged the average power of all of them. Here each callable runs 
 window of at least WINDOW_S, opened and closed on steps of the counter while it is already
 running: the energy between two steps is then its own, and the calls made in between are
 counted to within one batch (BATCH_S) at either end, errors of opposite sign. The windows of
-the callables take turns in ROUNDS rounds, the order rotating as the timer's does, so that a
+the callables take turns in ROUNDS rounds, the order changing as the timer's does, so that a
 GPU warming up over the measurement is charged to each alike; each callable's figure is the
 median of its windows, with their range beside it.
 
@@ -31,7 +31,7 @@ import torch
 from dataclasses_json import dataclass_json
 
 from .health import Nvml
-from .timing import capture_graph, rotated
+from .timing import capture_graph, round_order
 
 __all__ = ["Energy", "EnergyUnavailable", "measure_energy", "open_meter", "energy_unavailable"]
 
@@ -114,7 +114,7 @@ def measure_energy(
         batches[name] = _batch(fn, calls, sync)
     windows: Dict[str, list] = {name: [] for name in names}
     for r in range(rounds):
-        for name in rotated(names, r):
+        for name in round_order(names, r):
             if on_function is not None:
                 on_function(name)
             windows[name].append(_window(batches[name], meter, window_s))
