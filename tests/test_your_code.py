@@ -11,6 +11,8 @@ import subprocess
 import sys
 import termios
 import textwrap
+import warnings
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -29,6 +31,7 @@ from wide_tessera import (
     run,
 )
 from wide_tessera.cli import cli
+from wide_tessera.sweep.isolation import call_isolated
 from wide_tessera.widen.custom import custom_job
 from wide_tessera.widen.functional import WideFunctional
 
@@ -111,6 +114,51 @@ def test_benchmark_custom_fuses_the_modules_people_have(model, kwargs, fast_timi
     r = benchmark_custom(model, n_values=[1, 3], device="cpu", verbose=False, timing=fast_timing, **kwargs)
     assert r.op == model.__name__ and r.all_correct, r.summary()
     assert all(p.correct == {"vmap": True, "surgery": True} for p in r.points)
+
+
+def make_layer(d=8):
+    """A factory function, as most code builds models."""
+    return nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
+
+
+def same_every_time():
+    torch.manual_seed(0)  # a fixed seed inside: every model it builds is the same
+    return nn.Linear(8, 8)
+
+
+def test_a_factory_function_builds_the_models_and_an_instance_is_refused(fast_timing):
+    r = benchmark_custom(make_layer, (3, 8), [2], device="cpu", verbose=False, timing=fast_timing)
+    assert r.op == "make_layer" and r.points[0].correct == {"vmap": True, "surgery": True}, r.summary()
+    with pytest.raises(WideTesseraError, match="got an instance of `Sequential`; pass the class, or a function"):
+        benchmark_custom(make_layer(), (3, 8), [2], verbose=False)
+    with pytest.raises(WideTesseraError, match=r"<lambda>\(\*\*\{\}\) returned Tensor, not an nn.Module"):
+        benchmark_custom(lambda: torch.zeros(2), (3, 8), [2], verbose=False)
+
+
+def test_identical_models_from_a_seeded_factory_are_a_warning_isolated_or_not():
+    isolated = partial(call_isolated, limit_s=60, what="trying same_every_time")
+    for run_check in (lambda check: check(), isolated):
+        with pytest.warns(UserWarning, match="every Linear built is the same .* fixed seed inside"):
+            custom_job(same_every_time, (3, 8), [2], None, "float32", {}, run_check)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        custom_job(make_layer, (3, 8), [2], None, "float32", {})
+
+
+def test_a_transformers_layer_from_its_config_on_the_command_line():
+    pytest.importorskip("transformers")
+    layer = "transformers.models.llama.modeling_llama:LlamaMLP"
+    sizes = ["--config-kwarg", "hidden_size=16", "--config-kwarg", "intermediate_size=32"]
+    args = ["custom", layer, "--config", "transformers:LlamaConfig", *sizes, "--config-kwarg", "num_attention_heads=2"]
+    r = CliRunner().invoke(cli, [*args, "--input-shape", "3,16", "--n-values", "2", "--no-save", *FAST_FLAGS])
+    assert r.exit_code == 0 and "== LlamaMLP (preset custom)" in r.stdout, r.output
+    for bad, message in [
+        ([layer, *sizes], "--config-kwarg is an argument of --config's class: give --config MODULE:CLASS too"),
+        ([layer, "--config", "transformers:LlamaConfig", "--config-kwarg", "hidden_size=15"], "cannot build it from"),
+        ([layer, "--config", "transformers:LlamaConfig", "--kwarg", "config=1"], "not both"),
+    ]:
+        r = CliRunner().invoke(cli, ["custom", *bad, "--input-shape", "3,16", "--n-values", "2"])
+        assert r.exit_code == 2 and message in r.output, r.output
 
 
 class IdsAndValues(Tagger):

@@ -3,6 +3,7 @@ strategies, `vmap` (the whole model under torch.func's vmap) and `surgery` (laye
 
 from __future__ import annotations
 
+import warnings
 from functools import partial
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -16,7 +17,7 @@ from ..core.job import BenchmarkJob, SweepParams
 from .functional import RANDOMNESS, WideFunctional
 from .surgery import WideSurgery, untraceable
 
-__all__ = ["custom_job", "custom_wide", "CUSTOM_STRATEGIES", "RANDOMNESS", "INPUT_DTYPES"]
+__all__ = ["custom_job", "custom_wide", "factory_name", "CUSTOM_STRATEGIES", "RANDOMNESS", "INPUT_DTYPES"]
 
 # vmap: the whole model under vmap; surgery: layers an op fuses swapped for its wide module.
 CUSTOM_STRATEGIES = ("vmap", "surgery")
@@ -32,7 +33,7 @@ INPUT_DTYPES: Dict[str, Optional[torch.dtype]] = {
 
 
 def custom_job(
-    model_class: type,
+    model_class: Callable[..., nn.Module],
     input_shape: Any,
     n_values: Sequence[int],
     name: Optional[str],
@@ -47,6 +48,9 @@ def custom_job(
 ) -> BenchmarkJob:
     """A job for N copies of `model_class(**model_kwargs)`, each fed its own input.
 
+    `model_class` is anything that returns a new nn.Module when called: the class, or a
+    function (`make_layer`, `timm.create_model`); the N models it builds must differ, or
+    a strategy that mixes them up could not be caught, so identical ones are a warning.
     One model's input is `input_shape` (a shape, or a list of shapes for several inputs)
     with `input_dtype` (one name of INPUT_DTYPES, or one per input), or whatever
     `input_factory()` returns (a tensor or a tuple of them). The module is tried on one
@@ -55,8 +59,14 @@ def custom_job(
     """
     if name is not None and (not isinstance(name, str) or not name.strip()):
         raise WideTesseraError(f"name={name!r}: give the result's name as a non-empty string")
-    if not (isinstance(model_class, type) and issubclass(model_class, nn.Module)):
-        raise WideTesseraError(f"model_class must be an nn.Module subclass, got {model_class!r}")
+    if isinstance(model_class, nn.Module):  # one model, where N new ones are needed
+        raise WideTesseraError(
+            f"got an instance of `{type(model_class).__name__}`; pass the class, or a function returning a new model"
+        )
+    if not callable(model_class):
+        raise WideTesseraError(
+            f"model_class={model_class!r} is not callable; pass an nn.Module class, or a function returning a new model"
+        )
     if randomness not in RANDOMNESS:
         raise unknown("randomness", randomness, RANDOMNESS)
     if not isinstance(train, bool):
@@ -74,9 +84,11 @@ def custom_job(
         extra["randomness"] = [randomness]
     sweep = SweepParams.of([1], **extra, dtype=["float32"]).with_overrides(n_values=n_values, dtype=dtype)
     given = "the input of input_factory()" if input_factory is not None else f"input_shape {input_shape}"
-    run_check(partial(_check_fits, model_class, make_input, given, model_kwargs, randomness, train))
+    same = run_check(partial(_check_fits, model_class, make_input, given, model_kwargs, randomness, train))
+    if same:
+        warnings.warn(same, stacklevel=3)
     return BenchmarkJob(
-        op=name or model_class.__name__,
+        op=name or factory_name(model_class),
         preset="custom",
         strategies=list(CUSTOM_STRATEGIES),
         sweep=sweep,
@@ -149,25 +161,42 @@ def _inputs(make_input: Callable[[], Any], n: int, **_: Any) -> List[Any]:
     return [make_input() for _ in range(n)]
 
 
-def _build_model(model_class: type, model_kwargs: Dict[str, Any], **_: Any) -> nn.Module:
+def _build_model(model_class: Callable[..., nn.Module], model_kwargs: Dict[str, Any], **_: Any) -> nn.Module:
     return model_class(**model_kwargs)
 
 
+def factory_name(model_class: Callable[..., nn.Module]) -> str:
+    """What builds the models, as a user wrote it: `Expert`, `make_layer`, `partial(...)`'s function."""
+    target = getattr(model_class, "func", model_class)  # functools.partial
+    return getattr(target, "__name__", type(target).__name__)
+
+
 def _check_fits(
-    model_class: type,
+    model_class: Callable[..., nn.Module],
     make_input: Callable[[], Any],
     given: str,
     model_kwargs: Dict[str, Any],
     randomness: str,
     train: bool,
-) -> None:
+) -> Optional[str]:
     """Build one model and call it on one input (`given` names where it came from); a clear
-    error for what would fail every point."""
-    name = model_class.__name__
-    try:
-        model = model_class(**model_kwargs).train(train)
-    except Exception as e:  # noqa: BLE001  the user's class's own error, in one line
-        raise WideTesseraError(f"cannot build {name}(**{model_kwargs!r}): {one_line(e)}") from None
+    error for what would fail every point. Returns a warning when two builds are identical."""
+    name = factory_name(model_class)
+    builds = []
+    for seed in (1, 2):  # two generator states: models built from them differ unless a seed is fixed inside
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            try:
+                builds.append(model_class(**model_kwargs))
+            except Exception as e:  # noqa: BLE001  the user's class's own error, in one line
+                raise WideTesseraError(f"cannot build {name}(**{model_kwargs!r}): {one_line(e)}") from None
+        if not isinstance(builds[-1], nn.Module):
+            raise WideTesseraError(
+                f"{name}(**{model_kwargs!r}) returned {type(builds[-1]).__name__}, not an nn.Module; pass an "
+                "nn.Module class, or a function returning a new model"
+            )
+    model = builds[0].train(train)
+    name = type(model).__name__
     try:
         x = make_input()
     except Exception as e:  # noqa: BLE001  the user's factory's own error, in one line
@@ -199,6 +228,20 @@ def _check_fits(
             "give randomness='different' (--randomness different; each model its own draws) or 'same' (one draw for "
             "all)"
         )
+    return _identical(*builds)
+
+
+def _identical(a: nn.Module, b: nn.Module) -> Optional[str]:
+    """A warning when two models built from different generator states have the same weights."""
+    first, second = a.state_dict(), b.state_dict()
+    weights = [k for k, t in first.items() if t.is_floating_point() and t.numel() > 1]
+    if not weights or any(not _same(first[k], second[k]) for k in weights):
+        return None
+    return (
+        f"every {type(a).__name__} built is the same (the same initial weights, whatever the random state: a fixed "
+        "seed inside?), so the N models are identical and a strategy that mixes them up passes the check; build "
+        "each with its own weights"
+    )
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -279,16 +279,18 @@ def _method(name: str) -> Callable:
 
 
 @lru_cache(maxsize=32)
-def _trace_problem(model_class: type, kwargs_items: tuple) -> Optional[str]:
+def _trace_problem(model_class: Callable[..., nn.Module], kwargs_items: tuple) -> Optional[str]:
+    model = model_class(**dict(kwargs_items))
     try:
-        fx.symbolic_trace(model_class(**dict(kwargs_items)))
+        fx.symbolic_trace(model)
     except Exception as e:  # noqa: BLE001
-        return f"torch.fx cannot trace {model_class.__name__}: {' '.join(str(e).split())[:200]}"
+        return f"torch.fx cannot trace {type(model).__name__}: {' '.join(str(e).split())[:200]}"
     return None
 
 
-def untraceable(model_class: type, model_kwargs: Dict[str, Any], *_: Any) -> Optional[str]:
-    """Why `surgery` cannot run `model_class(**model_kwargs)` (a Needs probe), or None when it can."""
+def untraceable(model_class: Callable[..., nn.Module], model_kwargs: Dict[str, Any], *_: Any) -> Optional[str]:
+    """Why `surgery` cannot run `model_class(**model_kwargs)` (a Needs probe; a class or a
+    function returning the model), or None when it can."""
     try:
         return _trace_problem(model_class, tuple(sorted(model_kwargs.items())))
     except TypeError:  # an unhashable argument: trace without the cache
