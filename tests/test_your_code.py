@@ -212,7 +212,7 @@ def test_a_random_module_refuses_compile_and_needs_a_randomness_mode():
         (dict(input_shape=[(2, 5), (2, 0)]), r"each input_shape must be .* got \(2, 0\)"),
         (dict(input_shape=[(2, 5), (2,)], input_dtype=["int64"], int_high=5), "give one per input"),
         (dict(input_shape=(2, 5), input_factory=lambda: torch.zeros(2)), "not both"),
-        (dict(input_shape=None, input_factory=lambda: [torch.zeros(2)]), "returned list; give a Tensor or a tuple"),
+        (dict(input_shape=None, input_factory=lambda: [torch.zeros(2)]), "returned list; give a Tensor, a tuple"),
         (dict(input_shape=(2, 5), randomness="sometimes"), "unknown randomness 'sometimes'"),
     ],
 )
@@ -500,6 +500,49 @@ def test_surgery_is_checked_like_every_strategy(model, shape, fast_timing):
     r = benchmark_custom(model, shape, [1, 4], device="cpu", verbose=False, timing=fast_timing, **ids)
     assert r.strategies == ["vmap", "surgery"] and r.all_correct, r.summary()
     assert all(p.correct["surgery"] for p in r.points)
+
+
+class Rotary(nn.Module):
+    """Called as transformers layers are: keyword inputs, a (cos, sin) pair, an optional mask left at
+    None, and an output that holds a None."""
+
+    def __init__(self):
+        super().__init__()
+        self.q, self.o = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, hidden_states, position_embeddings, attention_mask=None):
+        cos, sin = position_embeddings
+        q = self.q(hidden_states) * cos + sin
+        return {"out": self.o(F.scaled_dot_product_attention(q, q, q, attn_mask=attention_mask)), "cache": None}
+
+
+ROPE = (torch.randn(4, 8), torch.randn(4, 8))  # tables every model gets: passed once
+
+
+def rotary_inputs():
+    return {"hidden_states": torch.randn(2, 4, 8), "position_embeddings": ROPE}
+
+
+def test_the_wide_input_passes_shared_tensors_once_and_leaves_none_as_it_is():
+    from wide_tessera import WideSurgery
+
+    models = [Rotary() for _ in range(3)]
+    inputs = [(*rotary_inputs().values(), None) for _ in range(3)]
+    for wide in (WideFunctional(models), WideSurgery(models)):
+        x, (cos, sin), mask = wide.pack(inputs)
+        assert x.shape == (3, 2, 4, 8) and cos.shape == (3, 4, 8) and cos.stride(0) == 0 and mask is None
+        for got, model, one in zip(wide.unpack(wide(x, (cos, sin), mask)), models, inputs):
+            assert got["cache"] is None and torch.allclose(got["out"], model(*one)["out"], atol=1e-6)
+    with pytest.raises(WideTesseraError, match="pack: model 1's input is shaped"):
+        wide.pack([inputs[0], inputs[1][:2]])
+
+
+@pytest.mark.parametrize("mode", ["inference", "train_step"])
+def test_keyword_inputs_shared_tables_and_optional_arguments(mode, fast_timing):
+    r = benchmark_custom(
+        Rotary, None, [3], input_factory=rotary_inputs, mode=mode, device="cpu", verbose=False, timing=fast_timing
+    )
+    assert r.points[0].correct == {"vmap": True, "surgery": True}, r.summary()
 
 
 class Recurrent(nn.Module):

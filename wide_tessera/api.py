@@ -114,7 +114,8 @@ def benchmark_custom(
     several inputs; each of the N models gets its own. `input_dtype` is 'float' (the run's
     dtype; the default), 'int64', 'int32' or 'bool', one for all inputs or a list of one per
     input; integer inputs are drawn from [0, int_high). Or `input_factory()` (with
-    input_shape=None) returns one model's input: a tensor or a tuple of tensors.
+    input_shape=None) returns one model's input: a tensor, a tuple of positional arguments or a dict
+    of keyword arguments (a tensor that is the same object for every model is passed once).
     `randomness` is vmap's ('error', 'different', 'same') for models that draw random
     numbers; `train` runs the models in train mode (dropout active) in the inference mode too
     (the training modes always do). `name` defaults to the class's (or function's) name. `options` are the

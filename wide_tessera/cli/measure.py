@@ -136,7 +136,8 @@ benchmark.help += _EXIT_STATUS
     "--input-factory",
     default=None,
     metavar="MODULE:FUNCTION",
-    help="A function of no arguments returning one model's input (a tensor or a tuple), instead of --input-shape.",
+    help="A function of no arguments returning one model's input (a tensor, a tuple of positional arguments or a "
+    "dict of keyword arguments), instead of --input-shape.",
 )
 @click.option(
     "--randomness",

@@ -53,8 +53,8 @@ def custom_job(
     a strategy that mixes them up could not be caught, so identical ones are a warning.
     One model's input is `input_shape` (a shape, or a list of shapes for several inputs)
     with `input_dtype` (one name of INPUT_DTYPES, or one per input), or whatever
-    `input_factory()` returns (a tensor or a tuple of them). The module is tried on one
-    input first; `run_check(check)` runs that try (the API runs it in a worker process
+    `input_factory()` returns (a tensor, a tuple of positional or a dict of keyword arguments).
+    The module is tried on one input first; `run_check(check)` runs that try (the API runs it in a worker process
     under `isolate`, so a module that crashes or hangs cannot take the caller with it).
     """
     if name is not None and (not isinstance(name, str) or not name.strip()):
@@ -201,10 +201,11 @@ def _check_fits(
         x = make_input()
     except Exception as e:  # noqa: BLE001  the user's factory's own error, in one line
         raise WideTesseraError(f"input_factory() failed: {one_line(e)}") from None
-    if not (
-        isinstance(x, torch.Tensor) or (isinstance(x, tuple) and x and all(isinstance(t, torch.Tensor) for t in x))
-    ):
-        raise WideTesseraError(f"input_factory() returned {type(x).__name__}; give a Tensor or a tuple of Tensors")
+    if not isinstance(x, (torch.Tensor, tuple, dict)) or not trees.tensors(x):
+        raise WideTesseraError(
+            f"input_factory() returned {type(x).__name__}; give a Tensor, a tuple of positional arguments or a dict "
+            "of keyword arguments, holding tensors"
+        )
     outputs = []
     for seed in (1, 2):  # two generator states: a model whose output differs between them draws random numbers
         torch.manual_seed(seed)
@@ -213,14 +214,13 @@ def _check_fits(
                 outputs.append(trees.call(model, trees.clone(x)))  # a model may change its input in place
         except Exception as e:  # noqa: BLE001  the user's model's own error, in one line
             raise WideTesseraError(f"{given} does not fit {name}: {one_line(e)}") from None
-    leaves, _ = trees.flat(outputs[0])
-    if not leaves or not all(isinstance(t, torch.Tensor) for t in leaves):
+    if not trees.tensors(outputs[0]):
         raise WideTesseraError(
-            f"{name}.forward returns {type(outputs[0]).__name__} holding non-tensors; benchmark_custom needs a Tensor, "
-            "or a tuple, list or dict of them"
+            f"{name}.forward returns {type(outputs[0]).__name__} holding no tensor; benchmark_custom needs a Tensor, "
+            "or a tuple, list, dict or ModelOutput holding them"
         )
     # equal_nan: a model whose output is NaN gives NaN twice, which is no sign of random numbers
-    same = all(_same(a, b) for a, b in zip(leaves, trees.flat(outputs[1])[0]))
+    same = all(_same(a, b) for a, b in zip(trees.tensors(outputs[0]), trees.tensors(outputs[1])))
     if not same and randomness == "error":
         raise WideTesseraError(
             f"{name} draws random numbers (two calls on one input "

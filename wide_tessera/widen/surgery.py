@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import operator
 from functools import lru_cache
-from typing import Any, Callable, Dict, List, Optional, Sequence, Set
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -31,7 +31,7 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from ..core.errors import WideTesseraError
 from ..ops.base import WideOp, fusing_ops
-from .functional import StackedIO, WideFunctional
+from .functional import StackedIO, WideFunctional, tensors_only, vmap_dims, with_others
 
 __all__ = ["WideSurgery", "untraceable"]
 
@@ -62,7 +62,23 @@ class _Vmapped(nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         fn = self.fn
-        return vmap(lambda a, k: fn(*a, **k), in_dims=self.in_dims, randomness=self.randomness)(args, kwargs)
+        values, dims = _fit(self.in_dims, (args, kwargs))
+        kept: List[Any] = []
+        out = vmap(tensors_only(lambda a, k: fn(*a, **k), kept), in_dims=dims, randomness=self.randomness)(*values)
+        return with_others(out, kept)
+
+
+def _fit(dims: Any, value: Any) -> Tuple[Any, Any]:
+    """(values, in_dims) for a call's arguments, where the graph says which are stacked (`dims`):
+    within a stacked argument only its tensors are mapped (an optional one may be None at run
+    time), and a tensor passed once for all models (expanded) is not."""
+    if isinstance(dims, dict):
+        pairs = {k: _fit(d, value[k]) for k, d in dims.items()}
+        return {k: p[0] for k, p in pairs.items()}, {k: p[1] for k, p in pairs.items()}
+    if isinstance(dims, (tuple, list)):
+        pairs = [_fit(d, v) for d, v in zip(dims, value)]
+        return type(dims)(p[0] for p in pairs), type(dims)(p[1] for p in pairs)
+    return (value, None) if dims is None else vmap_dims(value)
 
 
 class _Elementwise(_Vmapped):
@@ -215,8 +231,8 @@ class WideSurgery(StackedIO, nn.Module):
         looped = WideFunctional(subs, self.randomness)
         return looped if all(args_mask) and not node.kwargs else _Repeated(looped, args_mask, self.n)
 
-    def forward(self, *inputs: Any) -> Any:
-        out = self.graph_module(*inputs)
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        out = self.graph_module(*args, **kwargs)
         if all(self.output_stacked):
             return out
         leaves, spec = tree_flatten(out)
