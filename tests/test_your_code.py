@@ -197,6 +197,49 @@ def test_dropout_in_train_mode_is_checked_with_comparable_draws(fast_timing):
     assert run(job, timing=fast_timing, verbose=False).points[0].correct == {"vmap": False, "surgery": False}
 
 
+@pytest.mark.parametrize("randomness", ["different", "same"])
+def test_the_optimizer_controls_are_the_separate_calls_and_draw_what_they_draw(randomness, fast_timing):
+    r = benchmark_custom(
+        Dropped,
+        (4, 8),
+        [3],
+        mode="train_step",
+        randomness=randomness,
+        controls=True,
+        confirm="none",
+        device="cpu",
+        verbose=False,
+        timing=fast_timing,
+    )
+    correct = r.points[0].correct
+    assert correct["loop_foreach"] and correct["loop_fused"] and correct["vmap"], r.summary()
+
+
+class Zeros(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.fc(x) * 0
+
+
+class Ignores(Zeros):
+    def forward(self, x):
+        return x.tanh() + self.fc.weight.sum() * 0
+
+
+@pytest.mark.parametrize(
+    "model,why",
+    [(Zeros, "every output is constant, whatever the parameters"), (Ignores, "the output does not depend on the")],
+)
+def test_a_check_that_cannot_tell_right_from_wrong_says_so_and_verifies_nothing(model, why, fast_timing):
+    r = benchmark_custom(model, (4, 8), [2], device="cpu", verbose=False, timing=fast_timing)
+    point = r.points[0]
+    assert not any(point.correct.values()) and not r.all_correct
+    assert f"cannot judge correctness: {why}" in point.failures["point"].message
+
+
 def test_a_random_module_refuses_compile_and_needs_a_randomness_mode():
     with pytest.raises(WideTesseraError, match="Dropped draws random numbers .*dropout in train mode"):
         benchmark_custom(Dropped, (4, 8), [2], verbose=False, train=True)
