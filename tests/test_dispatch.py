@@ -196,6 +196,34 @@ def test_any_module_fuses_the_way_benchmark_custom_measured_it():
         fuse(modules, table=table, batch=5)
 
 
+class Gated(nn.Module):
+    """Two inputs, one of them a keyword with a default: what a fused module must still take."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.drop = nn.Linear(16, 8), nn.Linear(4, 8), nn.Dropout(0.0)
+
+    def forward(self, x, gate, scale=None):
+        y = self.a(x) * torch.sigmoid(self.b(gate))
+        return self.drop(y if scale is None else y * scale)
+
+
+@pytest.mark.parametrize("strategy", ["vmap", "surgery"])
+@pytest.mark.parametrize("train", [False, True])
+def test_a_fused_module_of_several_inputs_takes_what_its_pack_gives(strategy, train):
+    table = DispatchTable([entry(op="Gated", params={}, strategy=strategy, verdicts="fuse:2 fuse:4")])
+    modules = [Gated().train(train) for _ in range(3)]
+    fused = fuse(modules, table=table).train(train)
+    assert fused.decision.strategy == strategy
+    inputs = [(torch.randn(5, 16), torch.randn(5, 4)) for _ in range(3)]
+    assert_same_as_separate_calls(fused, modules, inputs)
+    by_keyword = [{"x": x, "gate": g} for x, g in inputs]
+    outputs = fused.unpack(fused(fused.pack(by_keyword)))
+    assert all(torch.allclose(o, m(**k), atol=1e-5) for o, m, k in zip(outputs, modules, by_keyword))
+    sum(o.sum() for o in outputs).backward()  # it trains: the stacked weights get gradients
+    assert all(p.grad is not None for p in fused.parameters())
+
+
 def test_the_loop_keeps_the_interface_and_the_modules():
     modules = linears(3)
     with pytest.warns(DispatchWarning):

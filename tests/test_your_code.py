@@ -572,9 +572,10 @@ def test_the_wide_input_passes_shared_tensors_once_and_leaves_none_as_it_is():
     models = [Rotary() for _ in range(3)]
     inputs = [(*rotary_inputs().values(), None) for _ in range(3)]
     for wide in (WideFunctional(models), WideSurgery(models)):
-        x, (cos, sin), mask = wide.pack(inputs)
+        packed = wide.pack(inputs)
+        x, (cos, sin), mask = packed.args
         assert x.shape == (3, 2, 4, 8) and cos.shape == (3, 4, 8) and cos.stride(0) == 0 and mask is None
-        for got, model, one in zip(wide.unpack(wide(x, (cos, sin), mask)), models, inputs):
+        for got, model, one in zip(wide.unpack(wide(packed)), models, inputs):
             assert got["cache"] is None and torch.allclose(got["out"], model(*one)["out"], atol=1e-6)
     with pytest.raises(WideTesseraError, match="pack: model 1's input is shaped"):
         wide.pack([inputs[0], inputs[1][:2]])

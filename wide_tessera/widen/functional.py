@@ -3,21 +3,50 @@
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
-from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
+from torch.utils._pytree import register_dataclass, tree_flatten, tree_map, tree_unflatten
 
 from ..core.errors import WideTesseraError, unknown
 from ..ops.base import WideOp, shared_config
 
-__all__ = ["StackedIO", "WideFunctional", "RANDOMNESS", "vmap_dims", "tensors_only", "with_others"]
+__all__ = [
+    "Packed",
+    "unpacked",
+    "StackedIO",
+    "WideFunctional",
+    "RANDOMNESS",
+    "vmap_dims",
+    "tensors_only",
+    "with_others",
+]
 
 # vmap's randomness modes: 'error' refuses random ops; 'different' gives each model its own
 # draws (N dropout masks, as N separate calls have); 'same' draws once for all N models.
 RANDOMNESS = ("error", "different", "same")
+
+
+@dataclass
+class Packed:
+    """The wide input of a model of several or keyword inputs: one value, so that `wide(wide.pack(xs))`
+    calls it as `wide(*args, **kwargs)`, whatever the model's signature (a tree of tensors for torch)."""
+
+    args: Tuple[Any, ...]
+    kwargs: Dict[str, Any]
+
+
+register_dataclass(Packed)
+
+
+def unpacked(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Tuple[Tuple[Any, ...], Dict[str, Any]]:
+    """A wide forward's arguments, with one Packed opened."""
+    if len(args) == 1 and not kwargs and isinstance(args[0], Packed):
+        return args[0].args, args[0].kwargs
+    return args, kwargs
 
 
 class StackedIO(WideOp):
@@ -27,7 +56,8 @@ class StackedIO(WideOp):
     on a new leading axis N. A tensor that is the same object for every model (a mask, RoPE
     tables) is passed once: `expand`ed to N, a view of the one tensor, and what takes the wide
     input may run it once for all (see `vmap_dims`). Each tensor of the output (a tensor, or a
-    tuple, list, dict or ModelOutput of them) has N leading."""
+    tuple, list, dict or ModelOutput of them) has N leading. `pack` gives a model of one tensor
+    input its stacked tensor, and any other a Packed: the wide module takes either as one value."""
 
     n: int
 
@@ -42,7 +72,10 @@ class StackedIO(WideOp):
                     f"pack: model {i}'s input is shaped {spec}, model 0's {flat[0][1]}; all must have the same"
                 )
         leaves = [self._stack([f[0][j] for f in flat], j) for j in range(len(flat[0][0]))]
-        return tree_unflatten(leaves, flat[0][1])
+        wide = tree_unflatten(leaves, flat[0][1])
+        if isinstance(wide, tuple):
+            return Packed(wide, {})
+        return Packed((), wide) if isinstance(wide, dict) else wide
 
     def _stack(self, values: List[Any], j: int) -> Any:
         """One argument of every model: stacked tensors, one shared tensor expanded, or a value all share."""
@@ -135,6 +168,7 @@ class WideFunctional(StackedIO, nn.Module):
         return params, buffers
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        args, kwargs = unpacked(args, kwargs)
         skeleton = self._skeleton[0].train(self.training)
 
         def one(params: Dict[str, torch.Tensor], buffers: Dict[str, torch.Tensor], a: tuple, k: dict) -> Any:

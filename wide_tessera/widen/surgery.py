@@ -19,6 +19,7 @@ at N=4, 1.91x at N=16 and 1.34x at N=64 (scripts/surgery.py).
 
 from __future__ import annotations
 
+import inspect
 import operator
 from functools import lru_cache
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
@@ -31,7 +32,7 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from ..core.errors import WideTesseraError
 from ..ops.base import WideOp, fusing_ops
-from .functional import StackedIO, WideFunctional, tensors_only, vmap_dims, with_others
+from .functional import StackedIO, WideFunctional, tensors_only, unpacked, vmap_dims, with_others
 
 __all__ = ["WideSurgery", "untraceable"]
 
@@ -156,7 +157,7 @@ class WideSurgery(StackedIO, nn.Module):
         super().__init__()
         self.n, self.randomness = len(modules), randomness
         try:
-            traced = fx.symbolic_trace(modules[0])
+            traced = _trace(modules[0])
         except Exception as e:  # noqa: BLE001  whatever stops the tracer: the vmap strategy covers the model
             raise WideTesseraError(f"surgery: torch.fx cannot trace {type(modules[0]).__name__}: {e}") from None
         self.swapped: List[str] = []
@@ -174,7 +175,8 @@ class WideSurgery(StackedIO, nn.Module):
             inputs_stacked = any(a in stacked for a in node.all_input_nodes)
             name = f"n{len(holder._modules) + len(holder._parameters) + len(holder._buffers)}"
             if node.op == "placeholder":
-                stacked.add(node)
+                if node.args != (None,):  # not an argument _trace specialised to None
+                    stacked.add(node)
             elif node.op == "get_attr":
                 try:
                     _hold_stacked(holder, name, [operator.attrgetter(node.target)(m) for m in modules])
@@ -232,6 +234,7 @@ class WideSurgery(StackedIO, nn.Module):
         return looped if all(args_mask) and not node.kwargs else _Repeated(looped, args_mask, self.n)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        args, kwargs = unpacked(args, kwargs)
         out = self.graph_module(*args, **kwargs)
         if all(self.output_stacked):
             return out
@@ -241,6 +244,14 @@ class WideSurgery(StackedIO, nn.Module):
             for x, st in zip(leaves, self.output_stacked)
         ]
         return tree_unflatten(leaves, spec)
+
+
+def _trace(model: nn.Module) -> fx.GraphModule:
+    """torch.fx's graph of `model`, every argument whose default is None traced as None: as a
+    proxy it is never None, so `if mask is None` would take the branch of a given mask. A call
+    that gives one is refused by the graph, with torch.fx's message."""
+    optional = inspect.signature(model.forward).parameters.items()
+    return fx.symbolic_trace(model, concrete_args={k: None for k, p in optional if p.default is None} or None)
 
 
 def _hold_stacked(holder: nn.Module, name: str, values: List[Any]) -> None:
@@ -298,7 +309,7 @@ def _method(name: str) -> Callable:
 def _trace_problem(model_class: Callable[..., nn.Module], kwargs_items: tuple) -> Optional[str]:
     model = model_class(**dict(kwargs_items))
     try:
-        fx.symbolic_trace(model)
+        _trace(model)
     except Exception as e:  # noqa: BLE001
         return f"torch.fx cannot trace {type(model).__name__}: {' '.join(str(e).split())[:200]}"
     return None
