@@ -22,6 +22,7 @@ from wide_tessera.dispatch.table import (
 )
 from wide_tessera.ops.registry import get_op, op_names
 from wide_tessera.results.analysis import group_crossover
+from wide_tessera.widen.custom import model_identity
 
 
 @pytest.fixture(autouse=True)
@@ -186,14 +187,37 @@ class TwoLayer(nn.Module):
         return self.b(torch.relu(self.a(x)))
 
 
+def custom_key(model):
+    """The parameters a custom model's entry is keyed by: its class, qualified, and its layers' shapes."""
+    return {k: v for k, v in model_identity(model).items() if k != "class"}
+
+
 def test_any_module_fuses_the_way_benchmark_custom_measured_it():
-    table = DispatchTable([entry(op="TwoLayer", params={}, strategy="surgery", verdicts="loop:1 fuse:4")])
+    table = DispatchTable([entry(op="TwoLayer", params=custom_key(TwoLayer()), strategy="surgery",
+                                 verdicts="loop:1 fuse:4")])  # fmt: skip
     modules = [TwoLayer() for _ in range(4)]
     fused = fuse(modules, table=table)
     assert isinstance(fused, wt.WideSurgery) and fused.decision.strategy == "surgery"
     assert_same_as_separate_calls(fused, modules, [torch.randn(5, 16) for _ in range(4)])
     with pytest.raises(WideTesseraError, match="give no hints"):
         fuse(modules, table=table, batch=5)
+
+
+def test_an_entry_of_a_custom_class_never_fuses_another_class_of_that_name_or_shape():
+    class TwoLayer(nn.Module):  # the same name, another class
+        def __init__(self, d=16):
+            super().__init__()
+            self.a, self.b = nn.Linear(d, 32), nn.Linear(32, 8)
+
+        def forward(self, x):
+            return self.b(self.a(x))
+
+    key = custom_key(TwoLayer())
+    table = DispatchTable([entry(op="TwoLayer", params=key, verdicts="fuse:2 fuse:4", strategy="vmap")])
+    assert fuse([TwoLayer() for _ in range(4)], table=table).decision.strategy == "vmap"
+    with pytest.warns(DispatchWarning):  # one warning for the case, however many modules fall back
+        assert not fuse([TwoLayer(d=24) for _ in range(4)], table=table).decision.fused  # other shapes
+        assert not fuse([globals()["TwoLayer"]() for _ in range(4)], table=table).decision.fused  # other class
 
 
 class Gated(nn.Module):
@@ -211,7 +235,7 @@ class Gated(nn.Module):
 @pytest.mark.parametrize("strategy", ["vmap", "surgery"])
 @pytest.mark.parametrize("train", [False, True])
 def test_a_fused_module_of_several_inputs_takes_what_its_pack_gives(strategy, train):
-    table = DispatchTable([entry(op="Gated", params={}, strategy=strategy, verdicts="fuse:2 fuse:4")])
+    table = DispatchTable([entry(op="Gated", params=custom_key(Gated()), strategy=strategy, verdicts="fuse:2 fuse:4")])
     modules = [Gated().train(train) for _ in range(3)]
     fused = fuse(modules, table=table).train(train)
     assert fused.decision.strategy == strategy

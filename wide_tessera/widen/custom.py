@@ -3,6 +3,7 @@ strategies, `vmap` (the whole model under torch.func's vmap) and `surgery` (laye
 
 from __future__ import annotations
 
+import hashlib
 import warnings
 from functools import partial
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -17,7 +18,15 @@ from ..core.job import BenchmarkJob, SweepParams
 from .functional import RANDOMNESS, WideFunctional
 from .surgery import WideSurgery, untraceable
 
-__all__ = ["custom_job", "custom_wide", "factory_name", "CUSTOM_STRATEGIES", "RANDOMNESS", "INPUT_DTYPES"]
+__all__ = [
+    "custom_job",
+    "custom_wide",
+    "factory_name",
+    "model_identity",
+    "CUSTOM_STRATEGIES",
+    "RANDOMNESS",
+    "INPUT_DTYPES",
+]
 
 # vmap: the whole model under vmap; surgery: layers an op fuses swapped for its wide module.
 CUSTOM_STRATEGIES = ("vmap", "surgery")
@@ -82,13 +91,15 @@ def custom_job(
     extra: Dict[str, List[Any]] = {"train": [True]} if train else {}
     if randomness != "error":
         extra["randomness"] = [randomness]
-    sweep = SweepParams.of([1], **extra, dtype=["float32"]).with_overrides(n_values=n_values, dtype=dtype)
     given = "the input of input_factory()" if input_factory is not None else f"input_shape {input_shape}"
-    same = run_check(partial(_check_fits, model_class, make_input, given, model_kwargs, randomness, train))
+    same, identity = run_check(partial(_check_fits, model_class, make_input, given, model_kwargs, randomness, train))
     if same:
         warnings.warn(same, stacklevel=3)
+    op = identity.pop("class")
+    fixed = {k: [v] for k, v in identity.items()}  # what a dispatch entry of this model is matched by
+    sweep = SweepParams.of([1], **extra, **fixed, dtype=["float32"]).with_overrides(n_values=n_values, dtype=dtype)
     return BenchmarkJob(
-        op=name or factory_name(model_class),
+        op=name or op,
         preset="custom",
         strategies=list(CUSTOM_STRATEGIES),
         sweep=sweep,
@@ -178,9 +189,10 @@ def _check_fits(
     model_kwargs: Dict[str, Any],
     randomness: str,
     train: bool,
-) -> Optional[str]:
+) -> Tuple[Optional[str], Dict[str, str]]:
     """Build one model and call it on one input (`given` names where it came from); a clear
-    error for what would fail every point. Returns a warning when two builds are identical."""
+    error for what would fail every point. Returns a warning when two builds are identical,
+    and the model's identity (model_identity)."""
     name = factory_name(model_class)
     builds = []
     for seed in (1, 2):  # two generator states: models built from them differ unless a seed is fixed inside
@@ -228,7 +240,17 @@ def _check_fits(
             "give randomness='different' (--randomness different; each model its own draws) or 'same' (one draw for "
             "all)"
         )
-    return _identical(*builds)
+    return _identical(*builds), model_identity(model)
+
+
+def model_identity(model: nn.Module) -> Dict[str, str]:
+    """What a dispatch entry of a custom model is keyed by: its class's name, the class itself
+    (module and qualified name: another class of that name is another model) and a digest of
+    its layers' shapes (another configuration of the class is another model)."""
+    cls = type(model)
+    shapes = sorted((k, tuple(t.shape)) for k, t in [*model.named_parameters(), *model.named_buffers()])
+    digest = hashlib.sha1(repr(shapes).encode()).hexdigest()[:10]
+    return {"class": cls.__name__, "model": f"{cls.__module__}.{cls.__qualname__}", "layers": digest}
 
 
 def _identical(a: nn.Module, b: nn.Module) -> Optional[str]:
