@@ -128,7 +128,7 @@ def same_every_time():
 
 def test_a_factory_function_builds_the_models_and_an_instance_is_refused(fast_timing):
     r = benchmark_custom(make_layer, (3, 8), [2], device="cpu", verbose=False, timing=fast_timing)
-    assert r.op == "make_layer" and r.points[0].correct == {"vmap": True, "surgery": True}, r.summary()
+    assert r.op == "Sequential" and r.points[0].correct == {"vmap": True, "surgery": True}, r.summary()
     with pytest.raises(WideTesseraError, match="got an instance of `Sequential`; pass the class, or a function"):
         benchmark_custom(make_layer(), (3, 8), [2], verbose=False)
     with pytest.raises(WideTesseraError, match=r"<lambda>\(\*\*\{\}\) returned Tensor, not an nn.Module"):

@@ -118,7 +118,7 @@ def benchmark_custom(
     of keyword arguments (a tensor that is the same object for every model is passed once).
     `randomness` is vmap's ('error', 'different', 'same') for models that draw random
     numbers; `train` runs the models in train mode (dropout active) in the inference mode too
-    (the training modes always do). `name` defaults to the class's (or function's) name. `options` are the
+    (the training modes always do). `name` defaults to the model's class's name. `options` are the
     run's settings, as `benchmark`'s (RunSettings); the model's own arguments go in `model_kwargs`.
     """
     given, other = RunSettings.split(options)

@@ -167,7 +167,7 @@ benchmark.help += _EXIT_STATUS
     metavar="NAME=VALUE",
     help="An argument of --config's class (repeatable).",
 )
-@click.option("--name", default=None, help="The result's name  [default: MODEL's name]")
+@click.option("--name", default=None, help="The result's name  [default: the model's class's name]")
 @RUN_OPTIONS
 def custom(
     model: str,
