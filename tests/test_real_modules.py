@@ -1,0 +1,108 @@
+"""Layers of transformers models, as they are: built from tiny configs in code (no download),
+called with their own keyword inputs, RoPE tables and optional arguments left at None, measured
+by benchmark_custom and fused by fuse(), in inference and train_step."""
+
+import warnings
+
+import pytest
+import torch
+
+from wide_tessera import DispatchTable, benchmark_custom, fuse
+from wide_tessera.core import trees
+from wide_tessera.widen.custom import model_identity
+
+from .test_dispatch import entry
+
+T = pytest.importorskip("transformers")
+from transformers.models.bert.modeling_bert import BertLayer  # noqa: E402
+from transformers.models.gpt2.modeling_gpt2 import GPT2Block  # noqa: E402
+from transformers.models.llama.modeling_llama import (  # noqa: E402
+    LlamaDecoderLayer,
+    LlamaMLP,
+    LlamaRotaryEmbedding,
+)
+from transformers.models.t5.modeling_t5 import T5LayerFF  # noqa: E402
+from transformers.models.whisper.modeling_whisper import WhisperEncoderLayer  # noqa: E402
+
+D = 32
+LLAMA = T.LlamaConfig(hidden_size=D, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64)
+# RoPE tables: one pair for every model, passed once
+ROPE = LlamaRotaryEmbedding(LLAMA)(torch.zeros(1, 6, D), torch.arange(6)[None])
+
+
+def hidden():
+    return {"hidden_states": torch.randn(2, 6, D)}
+
+
+def llama_inputs():
+    return {"hidden_states": torch.randn(2, 6, D), "position_embeddings": ROPE}
+
+
+def whisper_inputs():
+    return (torch.randn(2, 6, D), None)  # attention_mask left at None
+
+
+LAYERS = {
+    "BertLayer": (
+        BertLayer, {"config": T.BertConfig(hidden_size=D, num_attention_heads=4, intermediate_size=64)}, hidden
+    ),
+    "GPT2Block": (GPT2Block, {"config": T.GPT2Config(n_embd=D, n_head=4)}, hidden),
+    "LlamaDecoderLayer": (LlamaDecoderLayer, {"config": LLAMA, "layer_idx": 0}, llama_inputs),
+    "LlamaMLP": (LlamaMLP, {"config": LLAMA}, lambda: torch.randn(2, 6, D)),
+    "T5LayerFF": (T5LayerFF, {"config": T.T5Config(d_model=D, d_ff=64, num_heads=4)}, hidden),
+    "WhisperEncoderLayer": (
+        WhisperEncoderLayer,
+        {"config": T.WhisperConfig(d_model=D, encoder_attention_heads=4, encoder_ffn_dim=64)},
+        whisper_inputs,
+    ),
+}
+
+
+@pytest.fixture(autouse=True)
+def _quiet_transformers():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a standalone layer's note on its attention implementation
+        yield
+
+
+@pytest.mark.parametrize("mode", ["inference", "train_step"])
+@pytest.mark.parametrize("name", list(LAYERS))
+def test_benchmark_custom_measures_a_transformers_layer_as_it_is(name, mode, fast_timing):
+    cls, kwargs, inputs = LAYERS[name]
+    r = benchmark_custom(
+        cls, None, [2], model_kwargs=kwargs, input_factory=inputs, mode=mode, device="cpu", verbose=False,
+        timing=fast_timing, confirm="none", controls=mode == "train_step",
+        randomness="different" if mode == "train_step" else "error",  # dropout in train mode
+    )  # fmt: skip
+    point = r.points[0]
+    assert r.op == name and all(point.correct.values()) and point.correct["vmap"], r.summary()
+    # surgery runs where torch.fx traces the layer, and is skipped with torch.fx's reason elsewhere
+    assert point.correct.get("surgery") or "torch.fx cannot trace" in point.failures["surgery"].message
+
+
+@pytest.mark.parametrize("train", [False, True])
+@pytest.mark.parametrize("name", list(LAYERS))
+def test_fuse_gives_the_separate_calls_outputs_and_gradients(name, train):
+    cls, kwargs, inputs = LAYERS[name]
+    torch.manual_seed(0)
+    models = [cls(**kwargs).train(train) for _ in range(3)]
+    for m in models:
+        for p in m.modules():  # the same dropout draws cannot be asked of two sides: train without it
+            if isinstance(p, torch.nn.Dropout):
+                p.p = 0.0
+    key = {k: v for k, v in model_identity(models[0]).items() if k != "class"}
+    table = DispatchTable([entry(op=name, params=key, strategy="vmap", verdicts="fuse:2 fuse:4")])
+    fused = fuse(models, table=table).train(train)
+    assert fused.decision.strategy == "vmap"
+    xs = [inputs() for _ in range(3)]
+    got = fused.unpack(fused(fused.pack(xs)))
+    want = [trees.call(m, x) for m, x in zip(models, xs)]
+    for g, w in zip(got, want):
+        torch.testing.assert_close(trees.tensors(g), trees.tensors(w), rtol=1e-4, atol=1e-5)
+    sum(trees.tensors(g)[0].sum() for g in got).backward()
+    sum(trees.tensors(w)[0].sum() for w in want).backward()
+    stacked = dict(zip(fused._param_names, fused.stacked_params))
+    for i, m in enumerate(models):
+        for k, p in m.named_parameters():
+            if p.grad is not None:
+                torch.testing.assert_close(stacked[k].grad[i], p.grad, rtol=1e-4, atol=1e-5)
