@@ -616,6 +616,33 @@ def test_surgery_swaps_recurrent_layers_and_batch_norms():
     assert WideSurgery([Recurrent(), Recurrent()]).swapped == ["gru", "fc", "bn"]
 
 
+class CastingLinear(nn.Linear):
+    """As timm's Linear: an nn.Linear subclass defined outside torch.nn."""
+
+    def forward(self, x):
+        return F.linear(x, self.weight.to(x.dtype), self.bias)
+
+
+class WithCastingLinear(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = CastingLinear(8, 8)
+
+    def forward(self, x):
+        return self.fc(x).relu()
+
+
+def test_surgery_swaps_a_layer_by_what_it_is_not_its_exact_class():
+    from wide_tessera import WideSurgery
+
+    models = [WithCastingLinear() for _ in range(3)]
+    wide = WideSurgery(models)
+    assert wide.swapped == ["fc"] and wide.looped == []
+    xs = [torch.randn(4, 8) for _ in range(3)]
+    for got, model, x in zip(wide.unpack(wide(wide.pack(xs))), models, xs):
+        assert torch.allclose(got, model(x), atol=1e-6)
+
+
 def test_a_wrong_swap_is_caught(fast_timing, monkeypatch):
     from wide_tessera.widen import surgery
 

@@ -25,7 +25,7 @@ from ..core.job import DTYPES, params_text
 from ..core.user_input import check_bool, check_number
 from ..measurement.controls import COMPILE_MODES
 from ..measurement.modes import check_mode
-from ..ops.base import fusing_ops, wide_module
+from ..ops.base import fusing_ops, op_fusing, wide_module
 from ..ops.registry import REGISTRY, get_op
 from ..widen.custom import CUSTOM_STRATEGIES, custom_wide, model_identity
 from ..widen.functional import RANDOMNESS
@@ -264,7 +264,7 @@ def _unmeasurable(modules: Sequence[nn.Module], dtype: str) -> Optional[str]:
 def _op_class(module: nn.Module, op: Union[None, str, type]) -> Optional[type]:
     """The registered op that fuses `module` (None: the custom way)."""
     if op is None:
-        return fusing_ops().get(type(module))
+        return op_fusing(module, fusing_ops())
     if isinstance(op, type):
         if op not in REGISTRY.values():
             raise WideTesseraError(

@@ -31,7 +31,7 @@ from torch.func import vmap
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from ..core.errors import WideTesseraError
-from ..ops.base import WideOp, fusing_ops
+from ..ops.base import WideOp, fusing_ops, op_fusing
 from .functional import StackedIO, WideFunctional, tensors_only, unpacked, vmap_dims, with_others
 
 __all__ = ["WideSurgery", "untraceable"]
@@ -220,7 +220,7 @@ class WideSurgery(StackedIO, nn.Module):
         args_mask = list(mask[0])
         if isinstance(subs[0], _ELEMENTWISE_MODULES) and not any(p.numel() for p in subs[0].parameters()):
             return _Elementwise(subs[0], mask, self.randomness) if sum(_leaf_flags(mask)) > 1 else subs[0]
-        op = ops.get(type(subs[0]))
+        op = op_fusing(subs[0], ops)
         if op is not None and args_mask == [True] and not node.kwargs:
             try:
                 wide = op.from_modules(subs)
@@ -251,7 +251,21 @@ def _trace(model: nn.Module) -> fx.GraphModule:
     proxy it is never None, so `if mask is None` would take the branch of a given mask. A call
     that gives one is refused by the graph, with torch.fx's message."""
     optional = inspect.signature(model.forward).parameters.items()
-    return fx.symbolic_trace(model, concrete_args={k: None for k, p in optional if p.default is None} or None)
+    concrete = {k: None for k, p in optional if p.default is None}
+    graph = _Tracer(fusing_ops()).trace(model, concrete_args=concrete or None)
+    return fx.GraphModule(model, graph, type(model).__name__)
+
+
+class _Tracer(fx.Tracer):
+    """torch.fx's tracer, keeping whole every layer an op fuses, wherever its class is defined:
+    torch.fx keeps only torch.nn's, and would trace through timm's Linear, so it was never swapped."""
+
+    def __init__(self, ops: Dict[type, type]):
+        super().__init__()
+        self.ops = ops
+
+    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
+        return super().is_leaf_module(m, qualname) or op_fusing(m, self.ops) is not None
 
 
 def _hold_stacked(holder: nn.Module, name: str, values: List[Any]) -> None:
