@@ -5,11 +5,16 @@ from __future__ import annotations
 import difflib
 from typing import Iterable
 
-__all__ = ["WideTesseraError", "unknown", "one_line"]
+__all__ = ["WideTesseraError", "NotApplicable", "unknown", "one_line"]
 
 
 class WideTesseraError(ValueError):
     """A value the user gave is wrong; the message names it and what would be valid."""
+
+
+class NotApplicable(WideTesseraError):
+    """A strategy cannot apply to these models (surgery of a model it cannot capture): found when
+    its wide module is built, once, and the runner skips it with this reason instead of failing it."""
 
 
 def one_line(error: BaseException) -> str:

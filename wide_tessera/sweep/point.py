@@ -32,7 +32,7 @@ from ..core.correctness import (
     tolerance,
     vacuous_reference,
 )
-from ..core.errors import one_line
+from ..core.errors import NotApplicable, one_line
 from ..core.job import DTYPES, BenchmarkJob, group_key, point_key
 from ..core.roles import CONTROLS
 from ..measurement import modes
@@ -292,6 +292,9 @@ def _measure_point(
             with stage("check", strategy):
                 wide = job.wide_factory(modules, strategy)
                 seeded_wide = job.seeded_check_factory and job.seeded_check_factory(modules, strategy)
+        except NotApplicable as e:
+            failures[strategy] = Failure("setup", "skipped", "Unavailable", f"{strategy}: {e}")
+            continue
         except Exception as e:  # noqa: BLE001  a strategy that cannot be built is a result to report
             failures[strategy] = _failure("check", e)
             continue

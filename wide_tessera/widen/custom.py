@@ -12,11 +12,10 @@ import torch
 from torch import nn
 
 from ..core import trees
-from ..core.capabilities import Needs
 from ..core.errors import WideTesseraError, one_line, unknown
 from ..core.job import BenchmarkJob, SweepParams
 from .functional import RANDOMNESS, WideFunctional
-from .surgery import WideSurgery, untraceable
+from .surgery import WideSurgery
 
 __all__ = [
     "custom_job",
@@ -109,8 +108,6 @@ def custom_job(
         wide_factory=partial(custom_wide, randomness=randomness),
         train=train,
         seeded_check_factory=None if randomness == "error" else partial(custom_wide, randomness="same"),
-        # a model torch.fx cannot trace is skipped by surgery with the reason, not failed
-        strategy_needs={"surgery": Needs(probe=partial(untraceable, model_class, model_kwargs))},
     )
 
 

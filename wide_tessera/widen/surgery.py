@@ -21,8 +21,7 @@ from __future__ import annotations
 
 import inspect
 import operator
-from functools import lru_cache
-from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, List, Sequence, Set, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -30,11 +29,11 @@ from torch import fx, nn
 from torch.func import vmap
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
-from ..core.errors import WideTesseraError
+from ..core.errors import NotApplicable, WideTesseraError
 from ..ops.base import WideOp, fusing_ops, op_fusing
 from .functional import StackedIO, WideFunctional, tensors_only, unpacked, vmap_dims, with_others
 
-__all__ = ["WideSurgery", "untraceable"]
+__all__ = ["WideSurgery"]
 
 # Functions that act on each element on its own: applied to stacked tensors of one rank, they
 # give what N separate calls give.
@@ -159,7 +158,8 @@ class WideSurgery(StackedIO, nn.Module):
         try:
             traced = _trace(modules[0])
         except Exception as e:  # noqa: BLE001  whatever stops the tracer: the vmap strategy covers the model
-            raise WideTesseraError(f"surgery: torch.fx cannot trace {type(modules[0]).__name__}: {e}") from None
+            why = " ".join(str(e).split())[:200]
+            raise NotApplicable(f"torch.fx cannot trace {type(modules[0]).__name__}: {why}") from None
         self.swapped: List[str] = []
         self.looped: List[str] = []
         holder = nn.Module()  # what the rewritten graph calls
@@ -317,22 +317,3 @@ def _elementwise(node: fx.Node) -> bool:
 
 def _method(name: str) -> Callable:
     return lambda obj, *a, **k: getattr(obj, name)(*a, **k)
-
-
-@lru_cache(maxsize=32)
-def _trace_problem(model_class: Callable[..., nn.Module], kwargs_items: tuple) -> Optional[str]:
-    model = model_class(**dict(kwargs_items))
-    try:
-        _trace(model)
-    except Exception as e:  # noqa: BLE001
-        return f"torch.fx cannot trace {type(model).__name__}: {' '.join(str(e).split())[:200]}"
-    return None
-
-
-def untraceable(model_class: Callable[..., nn.Module], model_kwargs: Dict[str, Any], *_: Any) -> Optional[str]:
-    """Why `surgery` cannot run `model_class(**model_kwargs)` (a Needs probe; a class or a
-    function returning the model), or None when it can."""
-    try:
-        return _trace_problem(model_class, tuple(sorted(model_kwargs.items())))
-    except TypeError:  # an unhashable argument: trace without the cache
-        return _trace_problem.__wrapped__(model_class, tuple(sorted(model_kwargs.items())))
