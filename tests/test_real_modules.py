@@ -2,7 +2,9 @@
 called with their own keyword inputs, RoPE tables and optional arguments left at None, measured
 by benchmark_custom and fused by fuse(), in inference and train_step."""
 
+import sys
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,49 +15,11 @@ from wide_tessera.widen.custom import model_identity
 
 from .test_dispatch import entry
 
-T = pytest.importorskip("transformers")
-from transformers.models.bert.modeling_bert import BertLayer  # noqa: E402
-from transformers.models.gpt2.modeling_gpt2 import GPT2Block  # noqa: E402
-from transformers.models.llama.modeling_llama import (  # noqa: E402
-    LlamaDecoderLayer,
-    LlamaMLP,
-    LlamaRotaryEmbedding,
-)
-from transformers.models.t5.modeling_t5 import T5LayerFF  # noqa: E402
-from transformers.models.whisper.modeling_whisper import WhisperEncoderLayer  # noqa: E402
+pytest.importorskip("transformers")
+sys.path.insert(0, str(Path(__file__).parents[1] / "scripts"))
+from real_modules import catalogue  # noqa: E402  the catalogue scripts/real_modules.py measures at N=16
 
-D = 32
-LLAMA = T.LlamaConfig(hidden_size=D, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64)
-# RoPE tables: one pair for every model, passed once
-ROPE = LlamaRotaryEmbedding(LLAMA)(torch.zeros(1, 6, D), torch.arange(6)[None])
-
-
-def hidden():
-    return {"hidden_states": torch.randn(2, 6, D)}
-
-
-def llama_inputs():
-    return {"hidden_states": torch.randn(2, 6, D), "position_embeddings": ROPE}
-
-
-def whisper_inputs():
-    return (torch.randn(2, 6, D), None)  # attention_mask left at None
-
-
-LAYERS = {
-    "BertLayer": (
-        BertLayer, {"config": T.BertConfig(hidden_size=D, num_attention_heads=4, intermediate_size=64)}, hidden
-    ),
-    "GPT2Block": (GPT2Block, {"config": T.GPT2Config(n_embd=D, n_head=4)}, hidden),
-    "LlamaDecoderLayer": (LlamaDecoderLayer, {"config": LLAMA, "layer_idx": 0}, llama_inputs),
-    "LlamaMLP": (LlamaMLP, {"config": LLAMA}, lambda: torch.randn(2, 6, D)),
-    "T5LayerFF": (T5LayerFF, {"config": T.T5Config(d_model=D, d_ff=64, num_heads=4)}, hidden),
-    "WhisperEncoderLayer": (
-        WhisperEncoderLayer,
-        {"config": T.WhisperConfig(d_model=D, encoder_attention_heads=4, encoder_ffn_dim=64)},
-        whisper_inputs,
-    ),
-}
+LAYERS = catalogue()
 
 
 @pytest.fixture(autouse=True)
