@@ -3,7 +3,8 @@
 Each layer of a transformers model is built from a tiny config in code (nothing is
 downloaded) and called with its own keyword inputs: LlamaDecoderLayer gets its RoPE tables
 `position_embeddings=(cos, sin)`, passed once for all N models, WhisperEncoderLayer its
-attention mask left at None. One row per layer: the strategies that ran correctly, those
+attention mask left at None; the MoE blocks are made one block of N·E experts by surgery.
+One row per layer: the strategies that ran correctly, those
 skipped or failed (with why), the winner at N, the best strategy's speedup against the N
 separate calls and against them compiled (loop_compiled), and the seconds the run took.
 Pin it for quotable numbers:
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import time
 import warnings
+from functools import partial
 from typing import Any, Callable, Dict, Tuple
 
 import torch
@@ -35,10 +37,15 @@ def catalogue() -> Dict[str, Tuple[Callable[..., nn.Module], Dict[str, Any], Cal
     from transformers.models.bert.modeling_bert import BertLayer
     from transformers.models.gpt2.modeling_gpt2 import GPT2Block
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaMLP, LlamaRotaryEmbedding
+    from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
+    from transformers.models.qwen2_moe.modeling_qwen2_moe import Qwen2MoeSparseMoeBlock
     from transformers.models.t5.modeling_t5 import T5LayerFF
     from transformers.models.whisper.modeling_whisper import WhisperEncoderLayer
 
     llama = T.LlamaConfig(hidden_size=D, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64)
+    mixtral = T.MixtralConfig(hidden_size=D, intermediate_size=64, num_local_experts=4, num_attention_heads=4)
+    qwen_moe = T.Qwen2MoeConfig(hidden_size=D, moe_intermediate_size=32, shared_expert_intermediate_size=64,
+                                num_experts=4, num_attention_heads=4)  # fmt: skip
     rope = LlamaRotaryEmbedding(llama)(torch.zeros(1, 6, D), torch.arange(6)[None])  # one pair for all N models
 
     def hidden() -> Dict[str, torch.Tensor]:
@@ -56,7 +63,18 @@ def catalogue() -> Dict[str, Tuple[Callable[..., nn.Module], Dict[str, Any], Cal
             WhisperEncoderLayer, {"config": T.WhisperConfig(d_model=D, encoder_attention_heads=4, encoder_ffn_dim=64)},
             lambda: (torch.randn(2, 6, D), None),  # attention_mask left at None
         ),
+        # a standalone block's experts are torch.empty: initialised as its model would
+        "MixtralSparseMoeBlock": (partial(initialised, MixtralSparseMoeBlock), {"config": mixtral}, hidden),
+        "Qwen2MoeSparseMoeBlock": (partial(initialised, Qwen2MoeSparseMoeBlock), {"config": qwen_moe}, hidden),
     }  # fmt: skip
+
+
+def initialised(cls: Callable[..., nn.Module], **kwargs: Any) -> nn.Module:
+    """`cls(**kwargs)` with every parameter drawn from N(0, 0.2), as from_pretrained would fill it."""
+    model = cls(**kwargs)
+    for p in model.parameters():
+        nn.init.normal_(p, std=0.2)
+    return model
 
 
 def main() -> None:

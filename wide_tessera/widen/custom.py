@@ -15,6 +15,7 @@ from ..core import trees
 from ..core.errors import WideTesseraError, one_line, unknown
 from ..core.job import BenchmarkJob, SweepParams
 from .functional import RANDOMNESS, WideFunctional
+from .moe import WideSparseMoe, is_sparse_moe
 from .surgery import WideSurgery
 
 __all__ = [
@@ -113,8 +114,8 @@ def custom_job(
 
 def custom_wide(modules: Sequence[nn.Module], strategy: str, randomness: str = "error") -> nn.Module:
     """The wide module of a custom job's strategy."""
-    if strategy == "surgery":
-        return WideSurgery(modules, randomness)
+    if strategy == "surgery":  # a sparse MoE block is swapped whole: N·E experts in one block
+        return (WideSparseMoe if is_sparse_moe(modules[0]) else WideSurgery)(modules, randomness)
     return WideFunctional.from_modules(modules, strategy, randomness)
 
 
