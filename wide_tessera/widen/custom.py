@@ -12,10 +12,10 @@ import torch
 from torch import nn
 
 from ..core import trees
-from ..core.errors import WideTesseraError, one_line, unknown
+from ..core.errors import NotApplicable, WideTesseraError, one_line, unknown
 from ..core.job import BenchmarkJob, SweepParams
 from .functional import RANDOMNESS, WideFunctional
-from .moe import WideSparseMoe, is_sparse_moe
+from .moe import WideSparseMoe, is_sparse_moe, loops_over_experts
 from .surgery import WideSurgery
 
 __all__ = [
@@ -116,6 +116,11 @@ def custom_wide(modules: Sequence[nn.Module], strategy: str, randomness: str = "
     """The wide module of a custom job's strategy."""
     if strategy == "surgery":  # a sparse MoE block is swapped whole: N·E experts in one block
         return (WideSparseMoe if is_sparse_moe(modules[0]) else WideSurgery)(modules, randomness)
+    if loops_over_experts(modules[0]):
+        raise NotApplicable(
+            f"{type(modules[0]).__name__}'s experts loop over the experts a batch hit (aten::nonzero, a shape vmap "
+            "cannot batch); surgery makes the N blocks one of N·E experts"
+        )
     return WideFunctional.from_modules(modules, strategy, randomness)
 
 

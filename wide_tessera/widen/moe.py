@@ -22,7 +22,7 @@ from torch import nn
 from ..core.errors import NotApplicable
 from .functional import StackedIO, WideFunctional, unpacked
 
-__all__ = ["WideSparseMoe", "is_sparse_moe"]
+__all__ = ["WideSparseMoe", "is_sparse_moe", "loops_over_experts"]
 
 
 def is_sparse_moe(module: nn.Module) -> bool:
@@ -35,6 +35,13 @@ def is_sparse_moe(module: nn.Module) -> bool:
         and isinstance(getattr(experts, "num_experts", None), int)
         and any(p.dim() == 3 and p.shape[0] == experts.num_experts for p in experts.parameters(recurse=False))
     )
+
+
+def loops_over_experts(module: nn.Module) -> bool:
+    """A sparse MoE block on transformers' eager experts implementation, which loops over the
+    experts a batch hit (`aten::nonzero`: a shape vmap cannot batch)."""
+    config = getattr(getattr(module, "experts", None), "config", None)
+    return is_sparse_moe(module) and getattr(config, "_experts_implementation", None) in (None, "eager")
 
 
 class WideSparseMoe(StackedIO, nn.Module):
