@@ -80,7 +80,7 @@ class StackedIO(WideOp):
     def _stack(self, values: List[Any], j: int) -> Any:
         """One argument of every model: stacked tensors, one shared tensor expanded, or a value all share."""
         first = values[0]
-        if isinstance(first, torch.Tensor) and all(v is first for v in values):
+        if isinstance(first, torch.Tensor) and len(values) > 1 and all(v is first for v in values):
             return first.expand(len(values), *first.shape)
         if isinstance(first, torch.Tensor):
             return super(StackedIO, self).pack(values)
