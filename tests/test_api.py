@@ -128,7 +128,7 @@ def test_load_rejects_bad_files(tmp_path, content, match):
             r"hidden=8 is not a run setting .*model_kwargs=\{'hidden': 8\}",
         ),
         (lambda: benchmark_custom(Expert, (5, 16), [2], model_kwargs=[8]), r"model_kwargs=\[8\]: give a dict"),
-        (lambda: benchmark_custom("Expert", (5, 16), [2]), "model_class must be an nn.Module subclass"),
+        (lambda: benchmark_custom("Expert", (5, 16), [2]), "model_class='Expert' is not callable; pass an nn.Module"),
     ],
 )
 def test_bad_input_names_the_bad_value(call, match):

@@ -18,6 +18,7 @@ from wide_tessera.dispatch.table import (
     entries_of,
 )
 from wide_tessera.ops.registry import get_op, op_names
+from wide_tessera.widen.custom import model_identity
 
 from .helpers import entry
 
@@ -161,14 +162,65 @@ class TwoLayer(nn.Module):
         return self.b(torch.relu(self.a(x)))
 
 
+def custom_key(model):
+    """The parameters a custom model's entry is keyed by: its class, qualified, and its layers' shapes."""
+    return {k: v for k, v in model_identity(model).items() if k != "class"}
+
+
 def test_any_module_fuses_the_way_benchmark_custom_measured_it():
-    table = DispatchTable([entry(op="TwoLayer", params={}, strategy="surgery", verdicts="loop:1 fuse:4")])
+    table = DispatchTable([entry(op="TwoLayer", params=custom_key(TwoLayer()), strategy="surgery",
+                                 verdicts="loop:1 fuse:4")])  # fmt: skip
     modules = [TwoLayer() for _ in range(4)]
     fused = fuse(modules, table=table)
     assert isinstance(fused, wt.WideSurgery) and fused.decision.strategy == "surgery"
     assert_same_as_separate_calls(fused, modules, [torch.randn(5, 16) for _ in range(4)])
     with pytest.raises(WideTesseraError, match="give no hints"):
         fuse(modules, table=table, batch=5)
+
+
+def test_an_entry_of_a_custom_class_never_fuses_another_class_of_that_name_or_shape():
+    class TwoLayer(nn.Module):  # the same name, another class
+        def __init__(self, d=16):
+            super().__init__()
+            self.a, self.b = nn.Linear(d, 32), nn.Linear(32, 8)
+
+        def forward(self, x):
+            return self.b(self.a(x))
+
+    key = custom_key(TwoLayer())
+    table = DispatchTable([entry(op="TwoLayer", params=key, verdicts="fuse:2 fuse:4", strategy="vmap")])
+    assert fuse([TwoLayer() for _ in range(4)], table=table).decision.strategy == "vmap"
+    with pytest.warns(DispatchWarning):  # one warning for the case, however many modules fall back
+        assert not fuse([TwoLayer(d=24) for _ in range(4)], table=table).decision.fused  # other shapes
+        assert not fuse([globals()["TwoLayer"]() for _ in range(4)], table=table).decision.fused  # other class
+
+
+class Gated(nn.Module):
+    """Two inputs, one of them a keyword with a default: what a fused module must still take."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.drop = nn.Linear(16, 8), nn.Linear(4, 8), nn.Dropout(0.0)
+
+    def forward(self, x, gate, scale=None):
+        y = self.a(x) * torch.sigmoid(self.b(gate))
+        return self.drop(y if scale is None else y * scale)
+
+
+@pytest.mark.parametrize("strategy", ["vmap", "surgery"])
+@pytest.mark.parametrize("train", [False, True])
+def test_a_fused_module_of_several_inputs_takes_what_its_pack_gives(strategy, train):
+    table = DispatchTable([entry(op="Gated", params=custom_key(Gated()), strategy=strategy, verdicts="fuse:2 fuse:4")])
+    modules = [Gated().train(train) for _ in range(3)]
+    fused = fuse(modules, table=table).train(train)
+    assert fused.decision.strategy == strategy
+    inputs = [(torch.randn(5, 16), torch.randn(5, 4)) for _ in range(3)]
+    assert_same_as_separate_calls(fused, modules, inputs)
+    by_keyword = [{"x": x, "gate": g} for x, g in inputs]
+    outputs = fused.unpack(fused(fused.pack(by_keyword)))
+    assert all(torch.allclose(o, m(**k), atol=1e-5) for o, m, k in zip(outputs, modules, by_keyword))
+    sum(o.sum() for o in outputs).backward()  # it trains: the stacked weights get gradients
+    assert all(p.grad is not None for p in fused.parameters())
 
 
 def test_the_loop_keeps_the_interface_and_the_modules():

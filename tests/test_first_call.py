@@ -43,6 +43,29 @@ def test_the_first_call_measures_chooses_the_faster_strategy_and_writes_the_tabl
     assert all(torch.allclose(a, b) for a, b in zip(again, out))
 
 
+class Block(nn.Module):
+    def __init__(self, d=32):
+        super().__init__()
+        self.up, self.down = nn.Linear(d, 2 * d), nn.Linear(2 * d, d)
+
+    def forward(self, x, scale):
+        return self.down(torch.relu(self.up(x))) * scale
+
+
+def test_the_first_call_measures_a_custom_class_like_a_built_in_op(tmp_path):
+    table = tmp_path / "table.json"
+    torch.manual_seed(0)
+    mods = [Block() for _ in range(8)]
+    fused = wt.fuse(mods, table=table, measure="first-call", time_bound_s=0.2)
+    assert isinstance(fused, FirstCall)
+    xs = [(torch.randn(16, 32), torch.rand(1)) for _ in range(8)]
+    out = fused.unpack(fused(fused.pack(xs)))
+    assert all(torch.allclose(a, m(*x), atol=1e-5) for a, m, x in zip(out, mods, xs))
+    (entry,) = DispatchTable.load(table).entries
+    assert entry.op == "Block" and entry.params["model"] == f"{__name__}.Block" and entry.preset == "first call"
+    assert entry.verdicts[0].strategy in (None, "vmap", "surgery")
+
+
 def test_a_wrong_strategy_is_never_chosen(tmp_path):
     class Wrong(SometimesWrongLinear):  # 'wrong' returns zeros, 'raises' raises
         FUSES = None

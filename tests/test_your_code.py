@@ -11,6 +11,8 @@ import subprocess
 import sys
 import termios
 import textwrap
+import warnings
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -29,6 +31,7 @@ from wide_tessera import (
     run,
 )
 from wide_tessera.cli import cli
+from wide_tessera.sweep.isolation import call_isolated
 from wide_tessera.widen.custom import custom_job
 from wide_tessera.widen.functional import WideFunctional
 
@@ -113,6 +116,51 @@ def test_benchmark_custom_fuses_the_modules_people_have(model, kwargs, fast_timi
     assert all(p.correct == {"vmap": True, "surgery": True} for p in r.points)
 
 
+def make_layer(d=8):
+    """A factory function, as most code builds models."""
+    return nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
+
+
+def same_every_time():
+    torch.manual_seed(0)  # a fixed seed inside: every model it builds is the same
+    return nn.Linear(8, 8)
+
+
+def test_a_factory_function_builds_the_models_and_an_instance_is_refused(fast_timing):
+    r = benchmark_custom(make_layer, (3, 8), [2], device="cpu", verbose=False, timing=fast_timing)
+    assert r.op == "Sequential" and r.points[0].correct == {"vmap": True, "surgery": True}, r.summary()
+    with pytest.raises(WideTesseraError, match="got an instance of `Sequential`; pass the class, or a function"):
+        benchmark_custom(make_layer(), (3, 8), [2], verbose=False)
+    with pytest.raises(WideTesseraError, match=r"<lambda>\(\*\*\{\}\) returned Tensor, not an nn.Module"):
+        benchmark_custom(lambda: torch.zeros(2), (3, 8), [2], verbose=False)
+
+
+def test_identical_models_from_a_seeded_factory_are_a_warning_isolated_or_not():
+    isolated = partial(call_isolated, limit_s=60, what="trying same_every_time")
+    for run_check in (lambda check: check(), isolated):
+        with pytest.warns(UserWarning, match="every Linear built is the same .* fixed seed inside"):
+            custom_job(same_every_time, (3, 8), [2], None, "float32", {}, run_check)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        custom_job(make_layer, (3, 8), [2], None, "float32", {})
+
+
+def test_a_transformers_layer_from_its_config_on_the_command_line():
+    pytest.importorskip("transformers")
+    layer = "transformers.models.llama.modeling_llama:LlamaMLP"
+    sizes = ["--config-kwarg", "hidden_size=16", "--config-kwarg", "intermediate_size=32"]
+    args = ["custom", layer, "--config", "transformers:LlamaConfig", *sizes, "--config-kwarg", "num_attention_heads=2"]
+    r = CliRunner().invoke(cli, [*args, "--input-shape", "3,16", "--n-values", "2", "--no-save", *FAST_FLAGS])
+    assert r.exit_code == 0 and "== LlamaMLP (preset custom)" in r.stdout, r.output
+    for bad, message in [
+        ([layer, *sizes], "--config-kwarg is an argument of --config's class: give --config MODULE:CLASS too"),
+        ([layer, "--config", "transformers:LlamaConfig", "--config-kwarg", "hidden_size=15"], "cannot build it from"),
+        ([layer, "--config", "transformers:LlamaConfig", "--kwarg", "config=1"], "not both"),
+    ]:
+        r = CliRunner().invoke(cli, ["custom", *bad, "--input-shape", "3,16", "--n-values", "2"])
+        assert r.exit_code == 2 and message in r.output, r.output
+
+
 class IdsAndValues(Tagger):
     def forward(self, ids, x):
         return self.embed(ids).mean() + x
@@ -149,6 +197,49 @@ def test_dropout_in_train_mode_is_checked_with_comparable_draws(fast_timing):
     assert run(job, timing=fast_timing, verbose=False).points[0].correct == {"vmap": False, "surgery": False}
 
 
+@pytest.mark.parametrize("randomness", ["different", "same"])
+def test_the_optimizer_controls_are_the_separate_calls_and_draw_what_they_draw(randomness, fast_timing):
+    r = benchmark_custom(
+        Dropped,
+        (4, 8),
+        [3],
+        mode="train_step",
+        randomness=randomness,
+        controls=True,
+        confirm="none",
+        device="cpu",
+        verbose=False,
+        timing=fast_timing,
+    )
+    correct = r.points[0].correct
+    assert correct["loop_foreach"] and correct["loop_fused"] and correct["vmap"], r.summary()
+
+
+class Zeros(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.fc(x) * 0
+
+
+class Ignores(Zeros):
+    def forward(self, x):
+        return x.tanh() + self.fc.weight.sum() * 0
+
+
+@pytest.mark.parametrize(
+    "model,why",
+    [(Zeros, "every output is constant, whatever the parameters"), (Ignores, "the output does not depend on the")],
+)
+def test_a_check_that_cannot_tell_right_from_wrong_says_so_and_verifies_nothing(model, why, fast_timing):
+    r = benchmark_custom(model, (4, 8), [2], device="cpu", verbose=False, timing=fast_timing)
+    point = r.points[0]
+    assert not any(point.correct.values()) and not r.all_correct
+    assert f"cannot judge correctness: {why}" in point.failures["point"].message
+
+
 def test_a_random_module_refuses_compile_and_needs_a_randomness_mode():
     with pytest.raises(WideTesseraError, match="Dropped draws random numbers .*dropout in train mode"):
         benchmark_custom(Dropped, (4, 8), [2], verbose=False, train=True)
@@ -164,7 +255,7 @@ def test_a_random_module_refuses_compile_and_needs_a_randomness_mode():
         (dict(input_shape=[(2, 5), (2, 0)]), r"each input_shape must be .* got \(2, 0\)"),
         (dict(input_shape=[(2, 5), (2,)], input_dtype=["int64"], int_high=5), "give one per input"),
         (dict(input_shape=(2, 5), input_factory=lambda: torch.zeros(2)), "not both"),
-        (dict(input_shape=None, input_factory=lambda: [torch.zeros(2)]), "returned list; give a Tensor or a tuple"),
+        (dict(input_shape=None, input_factory=lambda: [torch.zeros(2)]), "returned list; give a Tensor, a tuple"),
         (dict(input_shape=(2, 5), randomness="sometimes"), "unknown randomness 'sometimes'"),
     ],
 )
@@ -457,6 +548,50 @@ def test_surgery_is_checked_like_every_strategy(model, shape, fast_timing):
     assert all(p.correct["surgery"] for p in r.points)
 
 
+class Rotary(nn.Module):
+    """Called as transformers layers are: keyword inputs, a (cos, sin) pair, an optional mask left at
+    None, and an output that holds a None."""
+
+    def __init__(self):
+        super().__init__()
+        self.q, self.o = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, hidden_states, position_embeddings, attention_mask=None):
+        cos, sin = position_embeddings
+        q = self.q(hidden_states) * cos + sin
+        return {"out": self.o(F.scaled_dot_product_attention(q, q, q, attn_mask=attention_mask)), "cache": None}
+
+
+ROPE = (torch.randn(4, 8), torch.randn(4, 8))  # tables every model gets: passed once
+
+
+def rotary_inputs():
+    return {"hidden_states": torch.randn(2, 4, 8), "position_embeddings": ROPE}
+
+
+def test_the_wide_input_passes_shared_tensors_once_and_leaves_none_as_it_is():
+    from wide_tessera import WideSurgery
+
+    models = [Rotary() for _ in range(3)]
+    inputs = [(*rotary_inputs().values(), None) for _ in range(3)]
+    for wide in (WideFunctional(models), WideSurgery(models)):
+        packed = wide.pack(inputs)
+        x, (cos, sin), mask = packed.args
+        assert x.shape == (3, 2, 4, 8) and cos.shape == (3, 4, 8) and cos.stride(0) == 0 and mask is None
+        for got, model, one in zip(wide.unpack(wide(packed)), models, inputs):
+            assert got["cache"] is None and torch.allclose(got["out"], model(*one)["out"], atol=1e-6)
+    with pytest.raises(WideTesseraError, match="pack: model 1's input is shaped"):
+        wide.pack([inputs[0], inputs[1][:2]])
+
+
+@pytest.mark.parametrize("mode", ["inference", "train_step"])
+def test_keyword_inputs_shared_tables_and_optional_arguments(mode, fast_timing):
+    r = benchmark_custom(
+        Rotary, None, [3], input_factory=rotary_inputs, mode=mode, device="cpu", verbose=False, timing=fast_timing
+    )
+    assert r.points[0].correct == {"vmap": True, "surgery": True}, r.summary()
+
+
 class Recurrent(nn.Module):
     """A GRU encoder with a BatchNorm head: vmap has no batching rule for aten::gru."""
 
@@ -482,6 +617,33 @@ def test_surgery_swaps_recurrent_layers_and_batch_norms():
     from wide_tessera import WideSurgery
 
     assert WideSurgery([Recurrent(), Recurrent()]).swapped == ["gru", "fc", "bn"]
+
+
+class CastingLinear(nn.Linear):
+    """As timm's Linear: an nn.Linear subclass defined outside torch.nn."""
+
+    def forward(self, x):
+        return F.linear(x, self.weight.to(x.dtype), self.bias)
+
+
+class WithCastingLinear(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = CastingLinear(8, 8)
+
+    def forward(self, x):
+        return self.fc(x).relu()
+
+
+def test_surgery_swaps_a_layer_by_what_it_is_not_its_exact_class():
+    from wide_tessera import WideSurgery
+
+    models = [WithCastingLinear() for _ in range(3)]
+    wide = WideSurgery(models)
+    assert wide.swapped == ["fc"] and wide.looped == []
+    xs = [torch.randn(4, 8) for _ in range(3)]
+    for got, model, x in zip(wide.unpack(wide(wide.pack(xs))), models, xs):
+        assert torch.allclose(got, model(x), atol=1e-6)
 
 
 def test_a_wrong_swap_is_caught(fast_timing, monkeypatch):

@@ -7,6 +7,7 @@ from functools import partial
 from typing import Any, Callable, Dict, Optional, Sequence
 
 import torch
+from torch import nn
 
 from . import ops  # noqa: F401  (registers the built-in ops)
 from .core.errors import WideTesseraError
@@ -21,7 +22,7 @@ from .ops.registry import get_op
 from .results.schema import BenchmarkResult
 from .sweep.isolation import call_isolated
 from .sweep.runner import run
-from .widen.custom import custom_job
+from .widen.custom import custom_job, factory_name
 
 __all__ = ["benchmark", "benchmark_custom", "measure", "build_job", "build_custom_job"]
 
@@ -87,7 +88,7 @@ def benchmark(name: str, preset: str = "full", *, verbose: bool = True, **option
 
 
 def benchmark_custom(
-    model_class: type,
+    model_class: Callable[..., nn.Module],
     input_shape: Any,
     n_values: Sequence[int],
     *,
@@ -105,14 +106,19 @@ def benchmark_custom(
     """Benchmark N copies of `model_class(**model_kwargs)` made wide two ways: `vmap` (torch.func over
     the whole model) and `surgery` (each layer an op fuses swapped for its wide module).
 
+    `model_class` is an nn.Module class or any function returning a new model (`make_layer`,
+    `timm.create_model` with functools.partial); a transformers layer takes its config as
+    `model_kwargs={'config': LlamaConfig(...)}`.
+
     `input_shape` is the shape of one model's input, or a list of shapes for a module of
     several inputs; each of the N models gets its own. `input_dtype` is 'float' (the run's
     dtype; the default), 'int64', 'int32' or 'bool', one for all inputs or a list of one per
     input; integer inputs are drawn from [0, int_high). Or `input_factory()` (with
-    input_shape=None) returns one model's input: a tensor or a tuple of tensors.
+    input_shape=None) returns one model's input: a tensor, a tuple of positional arguments or a dict
+    of keyword arguments (a tensor that is the same object for every model is passed once).
     `randomness` is vmap's ('error', 'different', 'same') for models that draw random
     numbers; `train` runs the models in train mode (dropout active) in the inference mode too
-    (the training modes always do). `name` defaults to the class's name. `options` are the
+    (the training modes always do). `name` defaults to the model's class's name. `options` are the
     run's settings, as `benchmark`'s (RunSettings); the model's own arguments go in `model_kwargs`.
     """
     given, other = RunSettings.split(options)
@@ -144,7 +150,7 @@ def benchmark_custom(
 
 
 def build_custom_job(
-    model_class: type,
+    model_class: Callable[..., nn.Module],
     input_shape: Any,
     n_values: Sequence[int],
     name: Optional[str],
@@ -159,7 +165,7 @@ def build_custom_job(
     setup stage's time limit, so a module that crashes or hangs cannot take the caller with it.
     """
     limit = settings.timeouts.limit("setup")
-    what = f"trying {getattr(model_class, '__name__', model_class)} on one input"
+    what = f"trying {factory_name(model_class)} on one input"
     run_check = partial(call_isolated, limit_s=limit, what=what) if settings.isolate else (lambda check: check())
     return custom_job(model_class, input_shape, n_values, name, dtype, model_kwargs, run_check, **inputs)
 

@@ -54,9 +54,9 @@ from .options import (
     SELECTION,
     check_directory,
     load_object,
+    model_kwargs,
     options,
     override_texts,
-    parse_kwargs,
     parse_shape,
     settings_from,
     usage_errors,
@@ -147,7 +147,8 @@ benchmark.help += _EXIT_STATUS
     "--input-factory",
     default=None,
     metavar="MODULE:FUNCTION",
-    help="A function of no arguments returning one model's input (a tensor or a tuple), instead of --input-shape.",
+    help="A function of no arguments returning one model's input (a tensor, a tuple of positional arguments or a "
+    "dict of keyword arguments), instead of --input-shape.",
 )
 @click.option(
     "--randomness",
@@ -161,8 +162,23 @@ benchmark.help += _EXIT_STATUS
     is_flag=True,
     help="Run the models in train mode (dropout active) in --mode inference too (without autograd).",
 )
-@click.option("--kwarg", "kwargs", multiple=True, metavar="NAME=VALUE", help="An argument of the class (repeatable).")
-@click.option("--name", default=None, help="The result's name  [default: the class's name]")
+@click.option(
+    "--kwarg", "kwargs", multiple=True, metavar="NAME=VALUE", help="An argument of MODEL (repeatable)."
+)
+@click.option(
+    "--config",
+    default=None,
+    metavar="MODULE:CLASS",
+    help="A config class (transformers:LlamaConfig), built from --config-kwarg and passed to MODEL as config=.",
+)
+@click.option(
+    "--config-kwarg",
+    "config_kwargs",
+    multiple=True,
+    metavar="NAME=VALUE",
+    help="An argument of --config's class (repeatable).",
+)
+@click.option("--name", default=None, help="The result's name  [default: the model's class's name]")
 @RUN_OPTIONS
 def custom(
     model: str,
@@ -173,14 +189,20 @@ def custom(
     randomness: str,
     train: bool,
     kwargs: Tuple[str, ...],
+    config: Optional[str],
+    config_kwargs: Tuple[str, ...],
     name: Optional[str],
     **given: Any,
 ) -> None:
-    """Benchmark N copies of your own nn.Module class, MODULE:CLASS, made wide by vmap and by surgery.
+    """Benchmark N copies of your own model, MODEL (MODULE:CLASS, or MODULE:FUNCTION returning a new
+    nn.Module), made wide by vmap and by surgery.
 
     \b
     Examples:
       wide_tessera custom my_pkg.models:Expert --input-shape 32,256 --n-values 1,4,16 --kwarg d=256
+      wide_tessera custom my_pkg.models:make_layer --input-shape 32,256 --n-values 1,4,16
+      wide_tessera custom transformers.models.llama.modeling_llama:LlamaMLP --config transformers:LlamaConfig
+        --config-kwarg hidden_size=64 --config-kwarg intermediate_size=128 --input-shape 8,64 --n-values 4
       wide_tessera custom my_models:TwoTower --input-shape 8,64 --input-shape 8,32 --n-values 2,8 -o towers.json
       wide_tessera custom my_models:Tagger --input-shape 4,16 --input-dtype int64 --int-high 1000 --n-values 4
     """
@@ -197,12 +219,12 @@ def custom(
         shapes = [parse_shape(text) for text in input_shapes]
         overrides = SweepParams.of([1], dtype=["float32"]).parse_overrides(texts)  # custom runs sweep dtype only
         job = build_custom_job(
-            load_object(model, "MODEL", "an nn.Module class"),
+            load_object(model, "MODEL", "an nn.Module class or a function returning one"),
             (shapes if len(shapes) > 1 else shapes[0]) if shapes else None,
             overrides.pop("n_values"),
             name,
             overrides.pop("dtype", ["float32"]),
-            parse_kwargs(kwargs),
+            model_kwargs(kwargs, config, config_kwargs),
             settings,
             input_dtype=list(input_dtypes) or None,
             int_high=int_high,

@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 
 import click
 
-from ..core.errors import WideTesseraError, unknown
+from ..core.errors import WideTesseraError, one_line, unknown
 from ..core.user_input import check_number
 from ..measurement.controls import COMPILE_MODES
 from ..measurement.modes import MODES
@@ -48,6 +48,7 @@ __all__ = [
     "parse_size",
     "parse_shape",
     "parse_kwarg",
+    "model_kwargs",
     "load_object",
     "choices",
     "check_directory",
@@ -219,25 +220,44 @@ def parse_shape(text: str) -> Tuple[int, ...]:
         ) from None
 
 
-def parse_kwarg(text: str) -> Tuple[str, Any]:
+def parse_kwarg(text: str, option: str = "--kwarg") -> Tuple[str, Any]:
     """'d=256' -> ('d', 256): a Python literal where the value reads as one (256, 0.1, True, (3, 3)), else the text."""
     key, sep, value = text.partition("=")
     if not sep or not key.strip().isidentifier():
-        raise WideTesseraError(f"--kwarg {text!r}: expected NAME=VALUE, e.g. hidden=512")
+        raise WideTesseraError(f"{option} {text!r}: expected NAME=VALUE, e.g. hidden=512")
     try:
         return key.strip(), ast.literal_eval(value)
     except (ValueError, SyntaxError):
         return key.strip(), value
 
 
-def parse_kwargs(texts: Sequence[str]) -> Dict[str, Any]:
+def parse_kwargs(texts: Sequence[str], option: str = "--kwarg") -> Dict[str, Any]:
     """Every --kwarg, each name once: a name given twice would silently lose one value."""
     kwargs: Dict[str, Any] = {}
-    for key, value in map(parse_kwarg, texts):
+    for key, value in (parse_kwarg(text, option) for text in texts):
         if key in kwargs:
-            raise WideTesseraError(f"--kwarg {key} is given twice ({kwargs[key]!r} and {value!r}); give it once")
+            raise WideTesseraError(f"{option} {key} is given twice ({kwargs[key]!r} and {value!r}); give it once")
         kwargs[key] = value
     return kwargs
+
+
+def model_kwargs(kwargs: Sequence[str], config: Optional[str], config_kwargs: Sequence[str]) -> Dict[str, Any]:
+    """The model's arguments: every --kwarg, and `config=` built from --config MODULE:CLASS and its
+    --config-kwarg, as a transformers layer takes it (`LlamaDecoderLayer(config, ...)`)."""
+    given = parse_kwargs(kwargs)
+    if config is None:
+        if config_kwargs:
+            raise WideTesseraError("--config-kwarg is an argument of --config's class: give --config MODULE:CLASS too")
+        return given
+    if "config" in given:
+        raise WideTesseraError("give the model's config by --config MODULE:CLASS or by --kwarg config=..., not both")
+    config_class = load_object(config, "--config", "a config class")
+    arguments = parse_kwargs(config_kwargs, "--config-kwarg")
+    try:
+        built = config_class(**arguments)
+    except Exception as e:  # noqa: BLE001  the config class's own error, in one line
+        raise WideTesseraError(f"--config {config}: cannot build it from {arguments!r}: {one_line(e)}") from None
+    return {**given, "config": built}
 
 
 def load_object(spec: str, option: str, what: str) -> Any:

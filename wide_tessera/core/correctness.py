@@ -18,6 +18,8 @@ __all__ = [
     "check_outputs",
     "merge_checks",
     "nonfinite_reference",
+    "vacuous_reference",
+    "parameters_differ",
     "fallback_note",
     "shares_memory",
 ]
@@ -69,6 +71,31 @@ def nonfinite_reference(reference: Sequence[Any]) -> Optional[str]:
         if any(t.is_floating_point() and not torch.isfinite(t).all() for t in trees.tensors(ref)):
             return f"unjudgeable: the separate call of model {i} gave NaN or Inf"
     return None
+
+
+def vacuous_reference(reference: Sequence[Any], crossed: Optional[Any] = None) -> Optional[str]:
+    """Why the N separate calls' outputs cannot tell a right strategy from a wrong one, or None.
+
+    An output that is constant (all zeros, say) is what a strategy that mixes up or drops the
+    models' parameters also gives. `crossed` is model 0 called on model 1's input: equal to
+    model 1's own output, the output does not depend on the parameters either.
+    """
+    floats = [t for t in trees.tensors(reference) if t.is_floating_point() and t.numel()]
+    if floats and all(bool((t == t.flatten()[0]).all()) for t in floats):
+        return "cannot judge correctness: every output is constant, whatever the parameters"
+    if crossed is not None and len(reference) > 1:
+        mine, theirs = trees.tensors(crossed), trees.tensors(reference[1])
+        if any(t.is_floating_point() for t in mine) and all(
+            a.shape == b.shape and torch.equal(a, b) for a, b in zip(mine, theirs)
+        ):
+            return "cannot judge correctness: the output does not depend on the parameters"
+    return None
+
+
+def parameters_differ(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    """Whether two models' floating-point parameters differ anywhere (a model without any: no)."""
+    pairs = [(p, q) for p, q in zip(a.parameters(), b.parameters()) if p.is_floating_point() and p.numel()]
+    return any(p.shape != q.shape or not torch.equal(p, q) for p, q in pairs)
 
 
 def check_outputs(

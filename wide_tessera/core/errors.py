@@ -5,7 +5,7 @@ from __future__ import annotations
 import difflib
 from typing import Iterable
 
-__all__ = ["WideTesseraError", "MissingDependency", "unknown", "one_line"]
+__all__ = ["WideTesseraError", "MissingDependency", "NotApplicable", "unknown", "one_line"]
 
 
 class WideTesseraError(ValueError):
@@ -15,6 +15,11 @@ class WideTesseraError(ValueError):
 class MissingDependency(WideTesseraError):
     """An op needs an optional package that is not installed: asked for by name, an error; in a run of
     every op (`--all`), a skip with this message."""
+
+
+class NotApplicable(WideTesseraError):
+    """A strategy cannot apply to these models (surgery of a model it cannot capture): found when
+    its wide module is built, once, and the runner skips it with this reason instead of failing it."""
 
 
 def one_line(error: BaseException) -> str:

@@ -17,8 +17,10 @@ __all__ = ["call", "cast", "clone", "tensors", "flat"]
 
 
 def call(model: Callable, x: Any) -> Any:
-    """`model(x)`; a tuple is several positional inputs: `model(*x)`."""
-    return model(*x) if isinstance(x, tuple) else model(x)
+    """`model(x)`; a tuple is several positional inputs, `model(*x)`, and a dict keyword inputs, `model(**x)`."""
+    if isinstance(x, tuple):
+        return model(*x)
+    return model(**x) if isinstance(x, dict) else model(x)
 
 
 def cast(tree: Any, device: str, dtype: torch.dtype) -> Any:

@@ -18,14 +18,13 @@ import torch
 from torch import nn
 
 from ..core import trees
-from ..core.capabilities import unmet_need
+from ..core.capabilities import Needs, unmet_need
 from ..core.correctness import check_outputs, tolerance
 from ..core.files import results_lock
 from ..core.job import DTYPES
 from ..core.stats import paired_ratio
 from ..measurement.settings import RunSettings
 from ..measurement.timing import TimingConfig, measure_paired
-from ..ops.base import wide_module
 from ..results.decisions import decide, level_of, stop_rule
 from ..results.manifest import now
 from .table import FIRST_CALL, Case, DispatchEntry, DispatchTable, Match, NVerdict
@@ -41,15 +40,20 @@ class FirstCall(nn.Module):
     def __init__(
         self,
         modules: Sequence[nn.Module],
-        op: type,
+        strategies: Sequence[str],
+        build: Callable[[List[nn.Module], str], nn.Module],
+        needs: Dict[str, Needs],
         case: Case,
         table_path: Optional[str],
         time_bound_s: float,
         announce: Callable[[Match], Any],
     ):
+        """`strategies` are tried, each built by `build(modules, strategy)` where the run gives
+        what `needs[strategy]` asks: an op's own, or a custom class's vmap and surgery."""
         super().__init__()
         self.models = nn.ModuleList(modules)
-        self._op, self._case, self._table, self._bound = op, case, table_path, time_bound_s
+        self._strategies, self._build, self._needs = tuple(strategies), build, needs
+        self._case, self._table, self._bound = case, table_path, time_bound_s
         self._announce = announce
         self._chosen: Optional[Callable[[List[Any]], List[Any]]] = None
         self._wide: Optional[nn.Module] = None
@@ -76,11 +80,11 @@ class FirstCall(nn.Module):
         with torch.no_grad():
             reference = self._loop([trees.clone(x) for x in inputs])
             tol = tolerance(DTYPES[case.dtype], device)
-            for strategy in self._op.BENCHMARK_STRATEGIES:
-                if unmet_need(self._op.strategy_needs().get(strategy), device, DTYPES[case.dtype], case.params):
+            for strategy in self._strategies:
+                if unmet_need(self._needs.get(strategy), device, DTYPES[case.dtype], case.params):
                     continue
                 try:
-                    wide = wide_module(self._op, list(self.models), strategy)
+                    wide = self._build(list(self.models), strategy)
                     out = wide.unpack(wide(wide.pack([trees.clone(x) for x in inputs])))
                 except Exception:  # noqa: BLE001  a strategy that cannot run here is not chosen
                     continue

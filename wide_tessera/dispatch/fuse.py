@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -24,9 +25,9 @@ from ..core.job import DTYPES, params_text
 from ..core.user_input import check_bool, check_number
 from ..measurement.controls import COMPILE_MODES
 from ..measurement.modes import check_mode
-from ..ops.base import fusing_ops, wide_module
+from ..ops.base import fusing_ops, op_fusing, wide_module
 from ..ops.registry import REGISTRY, get_op
-from ..widen.custom import custom_wide
+from ..widen.custom import CUSTOM_STRATEGIES, custom_wide, model_identity
 from ..widen.functional import RANDOMNESS
 from .first_call import FirstCall
 from .table import TABLE_ENV, Case, DispatchTable, Match, default_table_path, match
@@ -149,8 +150,9 @@ def fuse(
     tensors = [*modules[0].parameters(), *modules[0].buffers()]
     device = str(tensors[0].device) if tensors else "cpu"
     dtype = _dtype_name(modules[0], hints.pop("dtype", None))
+    identity = model_identity(modules[0])
     params = {
-        **(cls.module_params(modules[0]) if cls is not None else {}),
+        **(cls.module_params(modules[0]) if cls is not None else {k: identity[k] for k in ("model", "layers")}),
         **_checked_hints(cls, name, modules[0], hints),
     }
     environment = capture_environment(device)
@@ -172,9 +174,13 @@ def fuse(
         _warn_once(case, f"{unmeasurable}: running the modules as a loop")
     else:
         answer = match(loaded, case)
-        if not answer.entries and measure == "first-call" and cls is not None and mode == "inference":
+        if not answer.entries and measure == "first-call" and mode == "inference":
             decided = lambda m: setattr(first, "decision", Decision(m.fuse, m.strategy, case, m, source))  # noqa: E731
-            first = FirstCall(modules, cls, case, _table_file(table), time_bound_s, decided)
+            if cls is not None:
+                tried = (cls.BENCHMARK_STRATEGIES, partial(wide_module, cls), cls.strategy_needs())
+            else:
+                tried = (CUSTOM_STRATEGIES, partial(custom_wide, randomness=randomness), {})
+            first = FirstCall(modules, *tried, case, _table_file(table), time_bound_s, decided)
             reason = "no measured entry: the first call measures the loop against the strategies and decides"
             decided(Match(False, None, (), None, None, reason))
             return first
@@ -258,7 +264,7 @@ def _unmeasurable(modules: Sequence[nn.Module], dtype: str) -> Optional[str]:
 def _op_class(module: nn.Module, op: Union[None, str, type]) -> Optional[type]:
     """The registered op that fuses `module` (None: the custom way)."""
     if op is None:
-        return fusing_ops().get(type(module))
+        return op_fusing(module, fusing_ops())
     if isinstance(op, type):
         if op not in REGISTRY.values():
             raise WideTesseraError(
@@ -294,8 +300,8 @@ def _checked_hints(cls: Optional[type], name: str, module: nn.Module, hints: Dic
     if cls is None:
         if hints:
             raise WideTesseraError(
-                f"fuse: {name} is measured by benchmark_custom, whose entries have no parameters to match; "
-                f"give no hints (got {', '.join(hints)})"
+                f"fuse: {name} is measured by benchmark_custom, whose entries are matched by the class and its "
+                f"layers' shapes; give no hints (got {', '.join(hints)})"
             )
         return {}
     fixed = cls.module_params(module)

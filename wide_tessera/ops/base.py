@@ -279,6 +279,12 @@ def fusing_ops() -> Dict[type, type]:
     return {cls.FUSES: cls for cls in REGISTRY.values() if getattr(cls, "FUSES", None) is not None}
 
 
+def op_fusing(module: nn.Module, ops: Dict[type, type]) -> Optional[type]:
+    """The op of `ops` (fusing_ops) that fuses `module`: its class's, or that of the nearest class it
+    derives from (timm's Linear is an nn.Linear, and fuses as one)."""
+    return next((ops[c] for c in type(module).__mro__ if c in ops), None)
+
+
 def wide_module(cls: type, modules: Sequence[nn.Module], strategy: str) -> nn.Module:
     """The wide module of `strategy` of op class `cls`, an outside strategy's included."""
     return _wide_module(cls, _outside_builds(cls), modules, strategy)

@@ -78,8 +78,8 @@ def iter_points_isolated(
             start, excluded = index, {**excluded, strategy: failure}
 
 
-def call_isolated(fn: Callable[[], None], limit_s: float, what: str) -> None:
-    """Run `fn()` in a child process under a time limit; its error, crash or hang becomes a WideTesseraError.
+def call_isolated(fn: Callable[[], Any], limit_s: float, what: str) -> Any:
+    """`fn()`, run in a child process under a time limit; its error, crash or hang becomes a WideTesseraError.
 
     For the checks made before a run starts (benchmark_custom's look at the module): under
     `isolate`, a module that segfaults or hangs must not take the caller with it.
@@ -104,18 +104,21 @@ def call_isolated(fn: Callable[[], None], limit_s: float, what: str) -> None:
             child.join()
             raise WideTesseraError(f"{what} crashed the worker process ({_exit_text(child.exitcode)})") from None
     child.join()
-    if message is not None:
-        raise WideTesseraError(message)
+    failed, value = message
+    if failed:
+        raise WideTesseraError(value)
+    return value
 
 
-def _call_and_report(fn: Callable[[], None], send: Any) -> None:
+def _call_and_report(fn: Callable[[], Any], send: Any) -> None:
+    """Sends (False, what fn returned), or (True, its error as text)."""
     send.send("ready")  # fn has been unpickled: its module, and torch, are imported
     try:
-        fn()
+        value = fn()
     except Exception as e:  # noqa: BLE001  the check's own error goes to the parent as text
-        send.send(str(e))
+        send.send((True, str(e)))
         return
-    send.send(None)
+    send.send((False, value))
 
 
 def _exit_text(code: Optional[int]) -> str:

@@ -12,7 +12,7 @@ import copy
 import gc
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set
@@ -27,10 +27,12 @@ from ..core.correctness import (
     fallback_note,
     merge_checks,
     nonfinite_reference,
+    parameters_differ,
     shares_memory,
     tolerance,
+    vacuous_reference,
 )
-from ..core.errors import one_line
+from ..core.errors import NotApplicable, one_line
 from ..core.job import DTYPES, BenchmarkJob, group_key, point_key
 from ..core.roles import CONTROLS
 from ..measurement import modes
@@ -159,10 +161,17 @@ def _measure_point(
     # place (x += self.pos) must not change what the next strategy is checked on.
     separate_calls = partial(_separate_calls, modules)
 
-    def reference_calls(inputs: Sequence[Any]) -> List[Any]:
+    def reference_calls(inputs: Sequence[Any], models: Sequence[torch.nn.Module] = modules) -> List[Any]:
         # Random models: every call starts from the same generator state, as the checked
         # wide call does (see BenchmarkJob.random), so each model draws what the wide call drew.
-        return [_seeded(partial(trees.call, m, x), settings.seed, job.random) for m, x in zip(modules, inputs)]
+        return [_seeded(partial(trees.call, m, x), settings.seed, job.random) for m, x in zip(models, inputs)]
+
+    def crossed_call(inputs: Sequence[Any]) -> Optional[Any]:
+        """Model 0 on model 1's input, where their parameters differ (else None): for vacuous_reference."""
+        if n < 2 or not parameters_differ(modules[0], modules[1]):
+            return None
+        with modes.preserved(modules), torch.no_grad():
+            return _seeded(partial(trees.call, modules[0], trees.clone(inputs[1])), settings.seed, job.random)
 
     def seeded(call: Callable[[], Any]) -> Any:
         return _seeded(call, settings.seed, job.random)
@@ -195,6 +204,8 @@ def _measure_point(
                 with modes.preserved(modules):
                     reference = reference_calls(given)
                 unjudgeable = nonfinite_reference(reference)
+                if unjudgeable is None and i == 0:
+                    unjudgeable = vacuous_reference(reference, crossed_call(inputs))
                 if unjudgeable is not None:
                     return analysis.failed_point(
                         n, params, {"point": Failure("check", "error", "Unjudgeable", unjudgeable)}
@@ -281,6 +292,9 @@ def _measure_point(
             with stage("check", strategy):
                 wide = job.wide_factory(modules, strategy)
                 seeded_wide = job.seeded_check_factory and job.seeded_check_factory(modules, strategy)
+        except NotApplicable as e:
+            failures[strategy] = Failure("setup", "skipped", "Unavailable", f"{strategy}: {e}")
+            continue
         except Exception as e:  # noqa: BLE001  a strategy that cannot be built is a result to report
             failures[strategy] = _failure("check", e)
             continue
@@ -295,7 +309,10 @@ def _measure_point(
         ):
             continue
         if control in OPTIMIZER_CONTROLS:  # the loop as the baseline runs it, compiled or not
-            call = checked(control, loop_side(settings.compile, OPTIMIZER_CONTROLS[control]))
+            side = loop_side(settings.compile, OPTIMIZER_CONTROLS[control])
+            # the N separate calls themselves: checked drawing what the reference's calls drew, model by model
+            same_draws = replace(side, forward=partial(reference_calls, models=side.modules)) if job.random else None
+            call = checked(control, side, check_side=same_draws)
         elif control == "loop_compiled":
             call = checked(control, loop_side("default"))
         else:

@@ -3,6 +3,8 @@ strategies, `vmap` (the whole model under torch.func's vmap) and `surgery` (laye
 
 from __future__ import annotations
 
+import hashlib
+import warnings
 from functools import partial
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -10,13 +12,21 @@ import torch
 from torch import nn
 
 from ..core import trees
-from ..core.capabilities import Needs
-from ..core.errors import WideTesseraError, one_line, unknown
+from ..core.errors import NotApplicable, WideTesseraError, one_line, unknown
 from ..core.job import BenchmarkJob, SweepParams
 from .functional import RANDOMNESS, WideFunctional
-from .surgery import WideSurgery, untraceable
+from .moe import WideSparseMoe, is_sparse_moe, loops_over_experts
+from .surgery import WideSurgery
 
-__all__ = ["custom_job", "custom_wide", "CUSTOM_STRATEGIES", "RANDOMNESS", "INPUT_DTYPES"]
+__all__ = [
+    "custom_job",
+    "custom_wide",
+    "factory_name",
+    "model_identity",
+    "CUSTOM_STRATEGIES",
+    "RANDOMNESS",
+    "INPUT_DTYPES",
+]
 
 # vmap: the whole model under vmap; surgery: layers an op fuses swapped for its wide module.
 CUSTOM_STRATEGIES = ("vmap", "surgery")
@@ -32,7 +42,7 @@ INPUT_DTYPES: Dict[str, Optional[torch.dtype]] = {
 
 
 def custom_job(
-    model_class: type,
+    model_class: Callable[..., nn.Module],
     input_shape: Any,
     n_values: Sequence[int],
     name: Optional[str],
@@ -47,16 +57,25 @@ def custom_job(
 ) -> BenchmarkJob:
     """A job for N copies of `model_class(**model_kwargs)`, each fed its own input.
 
+    `model_class` is anything that returns a new nn.Module when called: the class, or a
+    function (`make_layer`, `timm.create_model`); the N models it builds must differ, or
+    a strategy that mixes them up could not be caught, so identical ones are a warning.
     One model's input is `input_shape` (a shape, or a list of shapes for several inputs)
     with `input_dtype` (one name of INPUT_DTYPES, or one per input), or whatever
-    `input_factory()` returns (a tensor or a tuple of them). The module is tried on one
-    input first; `run_check(check)` runs that try (the API runs it in a worker process
+    `input_factory()` returns (a tensor, a tuple of positional or a dict of keyword arguments).
+    The module is tried on one input first; `run_check(check)` runs that try (the API runs it in a worker process
     under `isolate`, so a module that crashes or hangs cannot take the caller with it).
     """
     if name is not None and (not isinstance(name, str) or not name.strip()):
         raise WideTesseraError(f"name={name!r}: give the result's name as a non-empty string")
-    if not (isinstance(model_class, type) and issubclass(model_class, nn.Module)):
-        raise WideTesseraError(f"model_class must be an nn.Module subclass, got {model_class!r}")
+    if isinstance(model_class, nn.Module):  # one model, where N new ones are needed
+        raise WideTesseraError(
+            f"got an instance of `{type(model_class).__name__}`; pass the class, or a function returning a new model"
+        )
+    if not callable(model_class):
+        raise WideTesseraError(
+            f"model_class={model_class!r} is not callable; pass an nn.Module class, or a function returning a new model"
+        )
     if randomness not in RANDOMNESS:
         raise unknown("randomness", randomness, RANDOMNESS)
     if not isinstance(train, bool):
@@ -72,11 +91,15 @@ def custom_job(
     extra: Dict[str, List[Any]] = {"train": [True]} if train else {}
     if randomness != "error":
         extra["randomness"] = [randomness]
-    sweep = SweepParams.of([1], **extra, dtype=["float32"]).with_overrides(n_values=n_values, dtype=dtype)
     given = "the input of input_factory()" if input_factory is not None else f"input_shape {input_shape}"
-    run_check(partial(_check_fits, model_class, make_input, given, model_kwargs, randomness, train))
+    same, identity = run_check(partial(_check_fits, model_class, make_input, given, model_kwargs, randomness, train))
+    if same:
+        warnings.warn(same, stacklevel=3)
+    op = identity.pop("class")
+    fixed = {k: [v] for k, v in identity.items()}  # what a dispatch entry of this model is matched by
+    sweep = SweepParams.of([1], **extra, **fixed, dtype=["float32"]).with_overrides(n_values=n_values, dtype=dtype)
     return BenchmarkJob(
-        op=name or model_class.__name__,
+        op=name or op,
         preset="custom",
         strategies=list(CUSTOM_STRATEGIES),
         sweep=sweep,
@@ -86,15 +109,18 @@ def custom_job(
         wide_factory=partial(custom_wide, randomness=randomness),
         train=train,
         seeded_check_factory=None if randomness == "error" else partial(custom_wide, randomness="same"),
-        # a model torch.fx cannot trace is skipped by surgery with the reason, not failed
-        strategy_needs={"surgery": Needs(probe=partial(untraceable, model_class, model_kwargs))},
     )
 
 
 def custom_wide(modules: Sequence[nn.Module], strategy: str, randomness: str = "error") -> nn.Module:
     """The wide module of a custom job's strategy."""
-    if strategy == "surgery":
-        return WideSurgery(modules, randomness)
+    if strategy == "surgery":  # a sparse MoE block is swapped whole: N·E experts in one block
+        return (WideSparseMoe if is_sparse_moe(modules[0]) else WideSurgery)(modules, randomness)
+    if loops_over_experts(modules[0]):
+        raise NotApplicable(
+            f"{type(modules[0]).__name__}'s experts loop over the experts a batch hit (aten::nonzero, a shape vmap "
+            "cannot batch); surgery makes the N blocks one of N·E experts"
+        )
     return WideFunctional.from_modules(modules, strategy, randomness)
 
 
@@ -149,33 +175,52 @@ def _inputs(make_input: Callable[[], Any], n: int, **_: Any) -> List[Any]:
     return [make_input() for _ in range(n)]
 
 
-def _build_model(model_class: type, model_kwargs: Dict[str, Any], **_: Any) -> nn.Module:
+def _build_model(model_class: Callable[..., nn.Module], model_kwargs: Dict[str, Any], **_: Any) -> nn.Module:
     return model_class(**model_kwargs)
 
 
+def factory_name(model_class: Callable[..., nn.Module]) -> str:
+    """What builds the models, as a user wrote it: `Expert`, `make_layer`, `partial(...)`'s function."""
+    target = getattr(model_class, "func", model_class)  # functools.partial
+    return getattr(target, "__name__", type(target).__name__)
+
+
 def _check_fits(
-    model_class: type,
+    model_class: Callable[..., nn.Module],
     make_input: Callable[[], Any],
     given: str,
     model_kwargs: Dict[str, Any],
     randomness: str,
     train: bool,
-) -> None:
+) -> Tuple[Optional[str], Dict[str, str]]:
     """Build one model and call it on one input (`given` names where it came from); a clear
-    error for what would fail every point."""
-    name = model_class.__name__
-    try:
-        model = model_class(**model_kwargs).train(train)
-    except Exception as e:  # noqa: BLE001  the user's class's own error, in one line
-        raise WideTesseraError(f"cannot build {name}(**{model_kwargs!r}): {one_line(e)}") from None
+    error for what would fail every point. Returns a warning when two builds are identical,
+    and the model's identity (model_identity)."""
+    name = factory_name(model_class)
+    builds = []
+    for seed in (1, 2):  # two generator states: models built from them differ unless a seed is fixed inside
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            try:
+                builds.append(model_class(**model_kwargs))
+            except Exception as e:  # noqa: BLE001  the user's class's own error, in one line
+                raise WideTesseraError(f"cannot build {name}(**{model_kwargs!r}): {one_line(e)}") from None
+        if not isinstance(builds[-1], nn.Module):
+            raise WideTesseraError(
+                f"{name}(**{model_kwargs!r}) returned {type(builds[-1]).__name__}, not an nn.Module; pass an "
+                "nn.Module class, or a function returning a new model"
+            )
+    model = builds[0].train(train)
+    name = type(model).__name__
     try:
         x = make_input()
     except Exception as e:  # noqa: BLE001  the user's factory's own error, in one line
         raise WideTesseraError(f"input_factory() failed: {one_line(e)}") from None
-    if not (
-        isinstance(x, torch.Tensor) or (isinstance(x, tuple) and x and all(isinstance(t, torch.Tensor) for t in x))
-    ):
-        raise WideTesseraError(f"input_factory() returned {type(x).__name__}; give a Tensor or a tuple of Tensors")
+    if not isinstance(x, (torch.Tensor, tuple, dict)) or not trees.tensors(x):
+        raise WideTesseraError(
+            f"input_factory() returned {type(x).__name__}; give a Tensor, a tuple of positional arguments or a dict "
+            "of keyword arguments, holding tensors"
+        )
     outputs = []
     for seed in (1, 2):  # two generator states: a model whose output differs between them draws random numbers
         torch.manual_seed(seed)
@@ -184,14 +229,13 @@ def _check_fits(
                 outputs.append(trees.call(model, trees.clone(x)))  # a model may change its input in place
         except Exception as e:  # noqa: BLE001  the user's model's own error, in one line
             raise WideTesseraError(f"{given} does not fit {name}: {one_line(e)}") from None
-    leaves, _ = trees.flat(outputs[0])
-    if not leaves or not all(isinstance(t, torch.Tensor) for t in leaves):
+    if not trees.tensors(outputs[0]):
         raise WideTesseraError(
-            f"{name}.forward returns {type(outputs[0]).__name__} holding non-tensors; benchmark_custom needs a Tensor, "
-            "or a tuple, list or dict of them"
+            f"{name}.forward returns {type(outputs[0]).__name__} holding no tensor; benchmark_custom needs a Tensor, "
+            "or a tuple, list, dict or ModelOutput holding them"
         )
     # equal_nan: a model whose output is NaN gives NaN twice, which is no sign of random numbers
-    same = all(_same(a, b) for a, b in zip(leaves, trees.flat(outputs[1])[0]))
+    same = all(_same(a, b) for a, b in zip(trees.tensors(outputs[0]), trees.tensors(outputs[1])))
     if not same and randomness == "error":
         raise WideTesseraError(
             f"{name} draws random numbers (two calls on one input "
@@ -199,6 +243,30 @@ def _check_fits(
             "give randomness='different' (--randomness different; each model its own draws) or 'same' (one draw for "
             "all)"
         )
+    return _identical(*builds), model_identity(model)
+
+
+def model_identity(model: nn.Module) -> Dict[str, str]:
+    """What a dispatch entry of a custom model is keyed by: its class's name, the class itself
+    (module and qualified name: another class of that name is another model) and a digest of
+    its layers' shapes (another configuration of the class is another model)."""
+    cls = type(model)
+    shapes = sorted((k, tuple(t.shape)) for k, t in [*model.named_parameters(), *model.named_buffers()])
+    digest = hashlib.sha1(repr(shapes).encode()).hexdigest()[:10]
+    return {"class": cls.__name__, "model": f"{cls.__module__}.{cls.__qualname__}", "layers": digest}
+
+
+def _identical(a: nn.Module, b: nn.Module) -> Optional[str]:
+    """A warning when two models built from different generator states have the same weights."""
+    first, second = a.state_dict(), b.state_dict()
+    weights = [k for k, t in first.items() if t.is_floating_point() and t.numel() > 1]
+    if not weights or any(not _same(first[k], second[k]) for k in weights):
+        return None
+    return (
+        f"every {type(a).__name__} built is the same (the same initial weights, whatever the random state: a fixed "
+        "seed inside?), so the N models are identical and a strategy that mixes them up passes the check; build "
+        "each with its own weights"
+    )
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:

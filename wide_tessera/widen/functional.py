@@ -3,41 +3,131 @@
 from __future__ import annotations
 
 import copy
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import register_dataclass, tree_flatten, tree_map, tree_unflatten
 
 from ..core.errors import WideTesseraError, unknown
 from ..ops.base import WideOp, shared_config
 
-__all__ = ["StackedIO", "WideFunctional", "RANDOMNESS"]
+__all__ = [
+    "Packed",
+    "unpacked",
+    "StackedIO",
+    "WideFunctional",
+    "RANDOMNESS",
+    "vmap_dims",
+    "tensors_only",
+    "with_others",
+]
 
 # vmap's randomness modes: 'error' refuses random ops; 'different' gives each model its own
 # draws (N dropout masks, as N separate calls have); 'same' draws once for all N models.
 RANDOMNESS = ("error", "different", "same")
 
 
+@dataclass
+class Packed:
+    """The wide input of a model of several or keyword inputs: one value, so that `wide(wide.pack(xs))`
+    calls it as `wide(*args, **kwargs)`, whatever the model's signature (a tree of tensors for torch)."""
+
+    args: Tuple[Any, ...]
+    kwargs: Dict[str, Any]
+
+
+register_dataclass(Packed)
+
+
+def unpacked(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Tuple[Tuple[Any, ...], Dict[str, Any]]:
+    """A wide forward's arguments, with one Packed opened."""
+    if len(args) == 1 and not kwargs and isinstance(args[0], Packed):
+        return args[0].args, args[0].kwargs
+    return args, kwargs
+
+
 class StackedIO(WideOp):
-    """The wide layout of whole models: each input stacked on a new leading axis N (a module of
-    two inputs takes two stacked tensors); each tensor of the output (a tensor, or a tuple,
-    list or dict of them) has N leading."""
+    """The wide layout of whole models. One model's input is a tensor, a tuple of positional
+    arguments or a dict of keyword arguments, nested as the model takes them (None where an
+    optional argument is left out); the wide input has the same structure, each tensor stacked
+    on a new leading axis N. A tensor that is the same object for every model (a mask, RoPE
+    tables) is passed once: `expand`ed to N, a view of the one tensor, and what takes the wide
+    input may run it once for all (see `vmap_dims`). Each tensor of the output (a tensor, or a
+    tuple, list, dict or ModelOutput of them) has N leading. `pack` gives a model of one tensor
+    input its stacked tensor, and any other a Packed: the wide module takes either as one value."""
 
     n: int
 
     def pack(self, inputs: Sequence[Any]) -> Any:
-        """N inputs -> the wide input: a stacked tensor, or for several inputs a tuple of them."""
-        if isinstance(inputs, (list, tuple)) and inputs and all(isinstance(x, tuple) for x in inputs):
-            arity = {len(x) for x in inputs}
-            if len(arity) > 1:
-                raise WideTesseraError(f"pack: the models' inputs have {sorted(arity)} parts; all must have the same")
-            return tuple(super(StackedIO, self).pack([x[j] for x in inputs]) for j in range(len(inputs[0])))
-        return super().pack(inputs)
+        """N inputs -> the wide input."""
+        if not isinstance(inputs, (list, tuple)) or not inputs:
+            raise WideTesseraError(f"pack needs a list of the N models' inputs, got {type(inputs).__name__}")
+        flat = [tree_flatten(x) for x in inputs]
+        for i, (_, spec) in enumerate(flat):
+            if spec != flat[0][1]:
+                raise WideTesseraError(
+                    f"pack: model {i}'s input is shaped {spec}, model 0's {flat[0][1]}; all must have the same"
+                )
+        leaves = [self._stack([f[0][j] for f in flat], j) for j in range(len(flat[0][0]))]
+        wide = tree_unflatten(leaves, flat[0][1])
+        if isinstance(wide, tuple):
+            return Packed(wide, {})
+        return Packed((), wide) if isinstance(wide, dict) else wide
+
+    def _stack(self, values: List[Any], j: int) -> Any:
+        """One argument of every model: stacked tensors, one shared tensor expanded, or a value all share."""
+        first = values[0]
+        if isinstance(first, torch.Tensor) and len(values) > 1 and all(v is first for v in values):
+            return first.expand(len(values), *first.shape)
+        if isinstance(first, torch.Tensor):
+            return super(StackedIO, self).pack(values)
+        if any(isinstance(v, torch.Tensor) or v != first for v in values):
+            raise WideTesseraError(f"pack: argument {j} differs between the models and is not a tensor: {values!r}")
+        return first
 
     def unpack(self, output: Any) -> List[Any]:
-        return [tree_map(lambda t, i=i: t[i], output) for i in range(self.n)]
+        return [tree_map(lambda t, i=i: t[i] if isinstance(t, torch.Tensor) else t, output) for i in range(self.n)]
+
+
+def vmap_dims(tree: Any) -> Tuple[Any, Any]:
+    """(the wide values, vmap's in_dims for them): a stacked tensor is mapped over its N axis; a
+    shared one (expanded, stride 0 on N) goes in once, unmapped; what is not a tensor is passed as it is."""
+
+    def value(x: Any) -> Any:
+        return x[0] if _shared(x) else x
+
+    def dim(x: Any) -> Optional[int]:
+        return 0 if isinstance(x, torch.Tensor) and not _shared(x) else None
+
+    return tree_map(value, tree), tree_map(dim, tree)
+
+
+def _shared(x: Any) -> bool:
+    return isinstance(x, torch.Tensor) and x.dim() > 0 and x.stride(0) == 0 and x.size(0) > 1
+
+
+def tensors_only(fn: Callable[..., Any], kept: List[Any]) -> Callable[..., Tuple[torch.Tensor, ...]]:
+    """`fn` returning only its output's tensors, as vmap needs; `kept` gets (structure, other leaves)."""
+
+    def call(*args: Any, **kwargs: Any) -> Tuple[torch.Tensor, ...]:
+        leaves, spec = tree_flatten(fn(*args, **kwargs))
+        kept[:] = [spec, [_TENSOR if isinstance(t, torch.Tensor) else t for t in leaves]]
+        return tuple(t for t in leaves if isinstance(t, torch.Tensor))
+
+    return call
+
+
+def with_others(tensors: Sequence[torch.Tensor], kept: List[Any]) -> Any:
+    """The output tensors_only split, whole again."""
+    spec, others = kept
+    stream = iter(tensors)
+    return tree_unflatten([next(stream) if o is _TENSOR else o for o in others], spec)
+
+
+_TENSOR = object()  # where tensors_only took a tensor out (an output may hold None itself)
 
 
 class WideFunctional(StackedIO, nn.Module):
@@ -77,10 +167,16 @@ class WideFunctional(StackedIO, nn.Module):
         buffers = {name: getattr(self, f"stacked_buffer_{i}") for i, name in enumerate(self._buffer_names)}
         return params, buffers
 
-    def forward(self, *inputs: torch.Tensor) -> Any:
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        args, kwargs = unpacked(args, kwargs)
         skeleton = self._skeleton[0].train(self.training)
 
-        def one(params: Dict[str, torch.Tensor], buffers: Dict[str, torch.Tensor], *xs: torch.Tensor) -> Any:
-            return functional_call(skeleton, (params, buffers), xs)
+        def one(params: Dict[str, torch.Tensor], buffers: Dict[str, torch.Tensor], a: tuple, k: dict) -> Any:
+            return functional_call(skeleton, (params, buffers), a, k)
 
-        return vmap(one, randomness=self.randomness)(*self._state(), *inputs)
+        (args, kwargs), dims = vmap_dims((args, kwargs))
+        kept: List[Any] = []
+        out = vmap(tensors_only(one, kept), in_dims=(0, 0, *dims), randomness=self.randomness)(
+            *self._state(), args, kwargs
+        )
+        return with_others(out, kept)

@@ -19,9 +19,9 @@ at N=4, 1.91x at N=16 and 1.34x at N=64 (scripts/surgery.py).
 
 from __future__ import annotations
 
+import inspect
 import operator
-from functools import lru_cache
-from typing import Any, Callable, Dict, List, Optional, Sequence, Set
+from typing import Any, Callable, Dict, List, Sequence, Set, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -29,11 +29,11 @@ from torch import fx, nn
 from torch.func import vmap
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
-from ..core.errors import WideTesseraError
-from ..ops.base import WideOp, fusing_ops
-from .functional import StackedIO, WideFunctional
+from ..core.errors import NotApplicable, WideTesseraError
+from ..ops.base import WideOp, fusing_ops, op_fusing
+from .functional import StackedIO, WideFunctional, tensors_only, unpacked, vmap_dims, with_others
 
-__all__ = ["WideSurgery", "untraceable"]
+__all__ = ["WideSurgery"]
 
 # Functions that act on each element on its own: applied to stacked tensors of one rank, they
 # give what N separate calls give.
@@ -62,7 +62,23 @@ class _Vmapped(nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         fn = self.fn
-        return vmap(lambda a, k: fn(*a, **k), in_dims=self.in_dims, randomness=self.randomness)(args, kwargs)
+        values, dims = _fit(self.in_dims, (args, kwargs))
+        kept: List[Any] = []
+        out = vmap(tensors_only(lambda a, k: fn(*a, **k), kept), in_dims=dims, randomness=self.randomness)(*values)
+        return with_others(out, kept)
+
+
+def _fit(dims: Any, value: Any) -> Tuple[Any, Any]:
+    """(values, in_dims) for a call's arguments, where the graph says which are stacked (`dims`):
+    within a stacked argument only its tensors are mapped (an optional one may be None at run
+    time), and a tensor passed once for all models (expanded) is not."""
+    if isinstance(dims, dict):
+        pairs = {k: _fit(d, value[k]) for k, d in dims.items()}
+        return {k: p[0] for k, p in pairs.items()}, {k: p[1] for k, p in pairs.items()}
+    if isinstance(dims, (tuple, list)):
+        pairs = [_fit(d, v) for d, v in zip(dims, value)]
+        return type(dims)(p[0] for p in pairs), type(dims)(p[1] for p in pairs)
+    return (value, None) if dims is None else vmap_dims(value)
 
 
 class _Elementwise(_Vmapped):
@@ -140,9 +156,10 @@ class WideSurgery(StackedIO, nn.Module):
         super().__init__()
         self.n, self.randomness = len(modules), randomness
         try:
-            traced = fx.symbolic_trace(modules[0])
+            traced = _trace(modules[0])
         except Exception as e:  # noqa: BLE001  whatever stops the tracer: the vmap strategy covers the model
-            raise WideTesseraError(f"surgery: torch.fx cannot trace {type(modules[0]).__name__}: {e}") from None
+            why = " ".join(str(e).split())[:200]
+            raise NotApplicable(f"torch.fx cannot trace {type(modules[0]).__name__}: {why}") from None
         self.swapped: List[str] = []
         self.looped: List[str] = []
         holder = nn.Module()  # what the rewritten graph calls
@@ -158,7 +175,8 @@ class WideSurgery(StackedIO, nn.Module):
             inputs_stacked = any(a in stacked for a in node.all_input_nodes)
             name = f"n{len(holder._modules) + len(holder._parameters) + len(holder._buffers)}"
             if node.op == "placeholder":
-                stacked.add(node)
+                if node.args != (None,):  # not an argument _trace specialised to None
+                    stacked.add(node)
             elif node.op == "get_attr":
                 try:
                     _hold_stacked(holder, name, [operator.attrgetter(node.target)(m) for m in modules])
@@ -202,7 +220,7 @@ class WideSurgery(StackedIO, nn.Module):
         args_mask = list(mask[0])
         if isinstance(subs[0], _ELEMENTWISE_MODULES) and not any(p.numel() for p in subs[0].parameters()):
             return _Elementwise(subs[0], mask, self.randomness) if sum(_leaf_flags(mask)) > 1 else subs[0]
-        op = ops.get(type(subs[0]))
+        op = op_fusing(subs[0], ops)
         if op is not None and args_mask == [True] and not node.kwargs:
             try:
                 wide = op.from_modules(subs)
@@ -215,8 +233,9 @@ class WideSurgery(StackedIO, nn.Module):
         looped = WideFunctional(subs, self.randomness)
         return looped if all(args_mask) and not node.kwargs else _Repeated(looped, args_mask, self.n)
 
-    def forward(self, *inputs: Any) -> Any:
-        out = self.graph_module(*inputs)
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        args, kwargs = unpacked(args, kwargs)
+        out = self.graph_module(*args, **kwargs)
         if all(self.output_stacked):
             return out
         leaves, spec = tree_flatten(out)
@@ -225,6 +244,28 @@ class WideSurgery(StackedIO, nn.Module):
             for x, st in zip(leaves, self.output_stacked)
         ]
         return tree_unflatten(leaves, spec)
+
+
+def _trace(model: nn.Module) -> fx.GraphModule:
+    """torch.fx's graph of `model`, every argument whose default is None traced as None: as a
+    proxy it is never None, so `if mask is None` would take the branch of a given mask. A call
+    that gives one is refused by the graph, with torch.fx's message."""
+    optional = inspect.signature(model.forward).parameters.items()
+    concrete = {k: None for k, p in optional if p.default is None}
+    graph = _Tracer(fusing_ops()).trace(model, concrete_args=concrete or None)
+    return fx.GraphModule(model, graph, type(model).__name__)
+
+
+class _Tracer(fx.Tracer):
+    """torch.fx's tracer, keeping whole every layer an op fuses, wherever its class is defined:
+    torch.fx keeps only torch.nn's, and would trace through timm's Linear, so it was never swapped."""
+
+    def __init__(self, ops: Dict[type, type]):
+        super().__init__()
+        self.ops = ops
+
+    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
+        return super().is_leaf_module(m, qualname) or op_fusing(m, self.ops) is not None
 
 
 def _hold_stacked(holder: nn.Module, name: str, values: List[Any]) -> None:
@@ -276,20 +317,3 @@ def _elementwise(node: fx.Node) -> bool:
 
 def _method(name: str) -> Callable:
     return lambda obj, *a, **k: getattr(obj, name)(*a, **k)
-
-
-@lru_cache(maxsize=32)
-def _trace_problem(model_class: type, kwargs_items: tuple) -> Optional[str]:
-    try:
-        fx.symbolic_trace(model_class(**dict(kwargs_items)))
-    except Exception as e:  # noqa: BLE001
-        return f"torch.fx cannot trace {model_class.__name__}: {' '.join(str(e).split())[:200]}"
-    return None
-
-
-def untraceable(model_class: type, model_kwargs: Dict[str, Any], *_: Any) -> Optional[str]:
-    """Why `surgery` cannot run `model_class(**model_kwargs)` (a Needs probe), or None when it can."""
-    try:
-        return _trace_problem(model_class, tuple(sorted(model_kwargs.items())))
-    except TypeError:  # an unhashable argument: trace without the cache
-        return _trace_problem.__wrapped__(model_class, tuple(sorted(model_kwargs.items())))
