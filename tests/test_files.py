@@ -144,7 +144,7 @@ def cli_process(*args):
 
 
 def test_ctrl_c_while_jobs_are_built_exits_130_without_a_traceback(monkeypatch, capsys, tmp_path):
-    def interrupted(*args):
+    def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(measure_commands, "build_jobs", interrupted)

@@ -11,6 +11,7 @@ so that the next process fuses from it without measuring.
 from __future__ import annotations
 
 import warnings
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -25,11 +26,17 @@ from ..core.job import DTYPES
 from ..core.stats import paired_ratio
 from ..measurement.settings import RunSettings
 from ..measurement.timing import TimingConfig, measure_paired
+from ..ops.base import wide_module
 from ..results.decisions import decide, level_of, stop_rule
 from ..results.manifest import now
 from .table import FIRST_CALL, Case, DispatchEntry, DispatchTable, Match, NVerdict
 
-__all__ = ["FirstCall"]
+__all__ = ["FirstCall", "op_trials"]
+
+
+def op_trials(cls: type) -> Tuple[Sequence[str], Callable[[List[nn.Module], str], nn.Module], Dict[str, Needs]]:
+    """What a first call of op `cls` tries: its strategies, how each is built, what each needs."""
+    return cls.BENCHMARK_STRATEGIES, partial(wide_module, cls), cls.strategy_needs()
 
 
 class FirstCall(nn.Module):

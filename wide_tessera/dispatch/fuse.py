@@ -29,7 +29,7 @@ from ..ops.base import fusing_ops, op_fusing, wide_module
 from ..ops.registry import REGISTRY, get_op
 from ..widen.custom import CUSTOM_STRATEGIES, custom_wide, model_identity
 from ..widen.functional import RANDOMNESS
-from .first_call import FirstCall
+from .first_call import FirstCall, op_trials
 from .table import TABLE_ENV, Case, DispatchTable, Match, default_table_path, match
 
 __all__ = ["fuse", "Decision", "LoopedModules", "DispatchWarning", "tune_command"]
@@ -177,7 +177,7 @@ def fuse(
         if not answer.entries and measure == "first-call" and mode == "inference":
             decided = lambda m: setattr(first, "decision", Decision(m.fuse, m.strategy, case, m, source))  # noqa: E731
             if cls is not None:
-                tried = (cls.BENCHMARK_STRATEGIES, partial(wide_module, cls), cls.strategy_needs())
+                tried = op_trials(cls)
             else:
                 tried = (CUSTOM_STRATEGIES, partial(custom_wide, randomness=randomness), {})
             first = FirstCall(modules, *tried, case, _table_file(table), time_bound_s, decided)

@@ -29,7 +29,7 @@ from ..core.capabilities import unmet_need
 from ..core.environment import capture_environment
 from ..core.errors import MissingDependency, WideTesseraError, unknown
 from ..core.user_input import check_number
-from ..dispatch.first_call import FirstCall
+from ..dispatch.first_call import FirstCall, op_trials
 from ..dispatch.fuse import DispatchWarning, tune_command
 from ..dispatch.table import Case, DispatchTable, Match, default_table_path, match
 from ..ops.hf_experts import (
@@ -115,8 +115,8 @@ class ExpertsDispatch:
         in-memory table, for the other layers of this shape."""
         decided = []
         first = FirstCall(
-            split_experts(experts, case.params["model_type"]), WideHFExperts, case, self.path, self.time_bound_s,
-            decided.append,
+            split_experts(experts, case.params["model_type"]), *op_trials(WideHFExperts), case, self.path,
+            self.time_bound_s, decided.append,
         )  # fmt: skip
         first(first.pack(route(*call, case.n)))
         return decided[-1]
