@@ -240,6 +240,17 @@ def test_a_check_that_cannot_tell_right_from_wrong_says_so_and_verifies_nothing(
     assert f"cannot judge correctness: {why}" in point.failures["point"].message
 
 
+def test_a_model_whose_input_is_empty_is_not_taken_for_one_that_ignores_its_parameters():
+    from wide_tessera.core.correctness import vacuous_reference
+
+    torch.manual_seed(0)
+    first, second = nn.Linear(8, 8), nn.Linear(8, 8)
+    empty = torch.randn(0, 8)  # an expert that received no tokens
+    reference = [first(torch.randn(3, 8)), second(empty)]
+    assert vacuous_reference(reference, first(empty)) is None
+    assert vacuous_reference([first(empty), second(empty)], first(empty)) is None
+
+
 def test_a_random_module_refuses_compile_and_needs_a_randomness_mode():
     with pytest.raises(WideTesseraError, match="Dropped draws random numbers .*dropout in train mode"):
         benchmark_custom(Dropped, (4, 8), [2], verbose=False, train=True)
