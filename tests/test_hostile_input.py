@@ -82,10 +82,40 @@ def test_the_cli_answers_hostile_input_with_one_line(args, message, places, monk
     assert Path(places["results"]).read_text() == before  # nothing lost
 
 
-def test_a_cache_folder_that_is_a_file_is_one_line(places, monkeypatch):
-    monkeypatch.setenv("WIDE_TESSERA_CACHE_DIR", places["blocker"])
-    r = CliRunner().invoke(cli, ["tune", "gemm", "--preset", "ci", "--n-values", "1", "--quiet"])
-    assert r.exit_code == 2 and "cannot make this dispatch table folder" in r.output and "Traceback" not in r.output
+# a cache folder the OS refuses: refused before anything is measured
+CACHE_CASES = [
+    ("{blocker}", ["tune", "gemm", "--preset", "ci", "--n-values", "1", "--quiet"], "cannot make this dispatch table"),
+    ("{blocker}", [*GEMM, "--no-save", "--roofline"], "{blocker}: cannot make this roofline cache folder"),
+    ("/proc/nope", [*GEMM, "--no-save", "--roofline"], "/proc/nope: cannot make this roofline cache folder"),
+]
+
+
+@pytest.mark.parametrize("cache,args,message", CACHE_CASES, ids=[f"{c} {a[0]}" for c, a, _ in CACHE_CASES])
+def test_a_cache_folder_that_cannot_be_made_is_one_line(cache, args, message, places, monkeypatch):
+    monkeypatch.setenv("WIDE_TESSERA_CACHE_DIR", cache.format(**places))
+    r = CliRunner().invoke(cli, args)
+    assert r.exit_code == 2 and message.format(**places) in r.output and "Traceback" not in r.output
+
+
+def test_an_error_mid_run_is_one_line_and_the_points_measured_are_kept(tmp_path, monkeypatch):
+    from wide_tessera.sweep import runner
+
+    calls = []
+
+    def cache_gone(device):  # the first op runs; the cache folder vanishes before the second
+        calls.append(device)
+        if len(calls) > 1:
+            raise wt.WideTesseraError("/cache: cannot make this cache folder (No such file or directory)")
+
+    monkeypatch.setattr(runner, "load_or_calibrate", cache_gone)
+    out = tmp_path / "r.json"
+    args = ["benchmark", "gemm", "conv1d", "--preset", "ci", "--device", "cpu", "--n-values", "1", "--budget", "0.005"]
+    r = CliRunner().invoke(cli, [*args, "--quiet", "--roofline", "-o", str(out)])
+    assert r.exit_code == 2 and "Traceback" not in r.output, r.output
+    assert [line for line in r.output.splitlines() if line.startswith("Error:")] == [
+        "Error: /cache: cannot make this cache folder (No such file or directory)"
+    ]
+    assert [result.op for result in wt.load_results(out)] == ["gemm"]
 
 
 def test_a_full_disk_says_which_file_and_that_the_earlier_one_is_intact(tmp_path):

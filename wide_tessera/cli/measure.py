@@ -28,6 +28,7 @@ from ..kernels import autotuned_kernels, triton_unavailable_reason
 from ..kernels.facts import CompileClock
 from ..kernels.facts import dump_ir as write_ir
 from ..measurement.modes import TRAINING_MODES
+from ..measurement.roofline import cache_path
 from ..measurement.settings import RunSettings
 from ..measurement.timing import TimingConfig
 from ..ops.registry import get_op, import_ops, op_names
@@ -366,6 +367,8 @@ def _measure(
             settings = settings_from(preset, threads=threads, **given)
             if settings.trace:
                 check_directory(settings.trace, "--trace")
+            if settings.roofline:  # the measured peaks are cached there once the first job starts
+                make_folder(cache_path().parent, "roofline cache folder")
             shard = Shard.from_environment()
             if shard is not None:  # under torchrun: this rank's device, threads and share of the points
                 shard.join(settings.device)
@@ -399,27 +402,36 @@ def _measure(
             if merged:
                 progress.echo(merged + "\n")
 
-        try:
-            if shard is None:
-                progress = held.enter_context(
-                    closing(Progress(points_to_measure(jobs, settings, previous), enabled=not quiet))
+        # What fails only mid-run (a folder changed or vanished under the run) is one line too,
+        # as bad input is; the points measured by then are in the results file (saved after each).
+        with usage_errors():
+            try:
+                if shard is None:
+                    progress = held.enter_context(
+                        closing(Progress(points_to_measure(jobs, settings, previous), enabled=not quiet))
+                    )
+                    kept, results = measure_jobs(
+                        jobs, settings, previous, output, progress, lambda r: finished(r, progress)
+                    )
+                    errors: List[str] = []
+                else:  # each rank's lines labelled, and no bar: K bars on one terminal overwrite each other
+                    progress = held.enter_context(
+                        closing(Progress(0, enabled=not quiet, label=f"[rank {shard.rank}] "))
+                    )
+                    gathered = measure_shard(jobs, settings, previous, output, progress, shard)
+                    if gathered is None:  # not rank 0: rank 0 reports, and says how the run ends
+                        raise SystemExit(shard.broadcast(None))
+                    kept, results, errors = gathered
+                    for result in results:
+                        finished(result, progress)
+            except Interrupted as stop:
+                table = (
+                    f"; the ops finished before it are in the dispatch table {save_dispatch}" if save_dispatch else ""
                 )
-                kept, results = measure_jobs(
-                    jobs, settings, previous, output, progress, lambda r: finished(r, progress)
+                click.echo(
+                    f"\ninterrupted: {stop}{table}" if stop.output else f"\ninterrupted ({stop}){table}", err=True
                 )
-                errors: List[str] = []
-            else:  # each rank's lines labelled, and no bar: K bars on one terminal overwrite each other
-                progress = held.enter_context(closing(Progress(0, enabled=not quiet, label=f"[rank {shard.rank}] ")))
-                gathered = measure_shard(jobs, settings, previous, output, progress, shard)
-                if gathered is None:  # not rank 0: rank 0 reports, and says how the run ends
-                    raise SystemExit(shard.broadcast(None))
-                kept, results, errors = gathered
-                for result in results:
-                    finished(result, progress)
-        except Interrupted as stop:
-            table = f"; the ops finished before it are in the dispatch table {save_dispatch}" if save_dispatch else ""
-            click.echo(f"\ninterrupted: {stop}{table}" if stop.output else f"\ninterrupted ({stop}){table}", err=True)
-            raise SystemExit(130) from None
+                raise SystemExit(130) from None
         if len(results) > 1:
             click.echo(closing_table(results))
         if kept_as is not None:  # -o FILE was written; the runs folder keeps the run too
