@@ -33,10 +33,12 @@ def places(tmp_path):
 
 CLI_CASES = [
     # output paths the OS refuses
-    (["plot", "{results}", "-o", "{blocker}/plots"], "cannot make this plots folder"),
-    (["report", "{results}", "-o", "{blocker}/report"], "cannot make this report folder"),
+    (["plot", "{results}", "-o", "{blocker}/plots"], "cannot write there: {blocker} is not a directory"),
+    (["report", "{results}", "-o", "{blocker}/report"], "cannot write there: {blocker} is not a directory"),
     (["tune", "gemm", "--preset", "ci", "--n-values", "1", "-o", "{tmp}/{long}.json"], "the file name is longer than"),
     ([*GEMM, "--trace", "{blocker}"], "--trace {blocker}: exists and is not a directory"),
+    ([*GEMM, "--trace", "{blocker}/tr"], "--trace {blocker}/tr: cannot write there: {blocker} is not a directory"),
+    ([*GEMM, "--dump-ir", "{blocker}/ir"], "--dump-ir {blocker}/ir: cannot write there: {blocker} is not a directory"),
     # empty paths are not "not given"
     (["tune", "gemm", "--preset", "ci", "--n-values", "1", "-o", ""], "'': give a file name"),
     ([*GEMM, "--save-dispatch", ""], "'': give a file name"),

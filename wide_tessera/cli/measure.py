@@ -363,7 +363,7 @@ def _measure(
             texts = override_texts(sets, n_values)
             _check_output(output, resume, overwrite, output_option)
             if dump_ir:
-                check_directory(dump_ir)
+                check_directory(dump_ir, "--dump-ir")
             settings = settings_from(preset, threads=threads, **given)
             if settings.trace:
                 check_directory(settings.trace, "--trace")
