@@ -167,6 +167,7 @@ def test_a_results_file_replaced_by_a_folder_mid_run_keeps_the_answer_printed(tm
     r = CliRunner().invoke(cli, [*args, "--quiet", "-o", str(out)])
     assert "is a directory" in r.stderr and r.stderr.count("is a directory") == 1
     assert "== gemm" in r.stdout and "Traceback" not in r.output  # the answer is printed
+    assert r.exit_code == 4 and "the latest points are not in it" in r.stderr  # not kept: not a success
 
 
 API_CASES = [

@@ -67,8 +67,9 @@ __all__ = ["benchmark", "custom", "tune"]
 
 _EXIT_STATUS = """
     Exit status: 0 when every strategy ran and was correct; 1 when any was incorrect,
-    failed, timed out or crashed; 2 for bad input; 3 with --strict when a result is
-    unreliable; 130 when interrupted (what was measured is saved, marked incomplete).
+    failed, timed out or crashed; 2 for bad input; 4 when -o FILE could not be written
+    with the latest points; 3 with --strict when a result is unreliable; 130 when
+    interrupted (what was measured is saved, marked incomplete).
 """
 
 MakeJobs = Callable[[RunSettings, Dict[str, List[str]]], List[BenchmarkJob]]
@@ -302,7 +303,8 @@ def tune(names: Tuple[str, ...], preset: str, table: Optional[str], results: Opt
 
 tune.help += """
     Exit status: 0 when every strategy ran and was correct (the table is written either
-    way); 1 when any was incorrect, failed, timed out or crashed; 2 for bad input; 130
+    way); 1 when any was incorrect, failed, timed out or crashed; 2 for bad input; 4 when
+    --results FILE could not be written with the latest points; 130
     when interrupted (the ops finished before it are in the table).
 """
 
@@ -410,7 +412,7 @@ def _measure(
                     progress = held.enter_context(
                         closing(Progress(points_to_measure(jobs, settings, previous), enabled=not quiet))
                     )
-                    kept, results = measure_jobs(
+                    kept, results, unsaved = measure_jobs(
                         jobs, settings, previous, output, progress, lambda r: finished(r, progress)
                     )
                     errors: List[str] = []
@@ -422,6 +424,7 @@ def _measure(
                     if gathered is None:  # not rank 0: rank 0 reports, and says how the run ends
                         raise SystemExit(shard.broadcast(None))
                     kept, results, errors = gathered
+                    unsaved = []  # rank 0 wrote the joined file above, or raised
                     for result in results:
                         finished(result, progress)
             except Interrupted as stop:
@@ -439,7 +442,7 @@ def _measure(
                 save_results([*kept, *results], kept_as)
             except WideTesseraError as e:
                 click.echo(f"{e}: this run is kept in {output} only", err=True)
-        code = _report(results, kept, output, dump_ir, strict, errors, clock)
+        code = _report(results, kept, output, unsaved, dump_ir, strict, errors, clock)
         if shard is not None:
             shard.broadcast(code)
         if code:
@@ -450,13 +453,15 @@ def _report(
     results: List[BenchmarkResult],
     kept: List[BenchmarkResult],
     output: Optional[str],
+    unsaved: List[str],
     ir_directory: Optional[str],
     strict: bool,
     errors: List[str],
     clock: Optional[CompileClock],
 ) -> int:
-    """Write the IR, list what failed, and say how the run ends: its exit status."""
-    if output:
+    """Write the IR, list what failed, and say how the run ends: its exit status (every one
+    a run can end with is chosen here, and listed in docs/cli.md)."""
+    if output and not unsaved:
         click.echo(f"wrote {len(kept) + len(results)} result(s) to {output}", err=True)
     if ir_directory:
         if triton_unavailable_reason("cuda") is not None:  # no triton at all
@@ -476,6 +481,9 @@ def _report(
     if failures:
         click.echo(f"{len(failures)} failure(s):\n  " + "\n  ".join(failures), err=True)
         return 1
+    if unsaved:  # what was measured is not all kept: worse than an unreliable result
+        click.echo(f"{output}: the latest points are not in it (why is said above); exit status 4", err=True)
+        return 4
     unreliable = [f"{r.op}: {'; '.join(r.unreliable_reasons)}" for r in results if not r.reliable]
     if strict and unreliable:
         click.echo(f"--strict: {len(unreliable)} unreliable result(s):\n  " + "\n  ".join(unreliable), err=True)
