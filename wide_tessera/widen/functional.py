@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from itertools import chain
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -12,6 +13,7 @@ from torch.func import functional_call, stack_module_state, vmap
 from torch.utils._pytree import register_dataclass, tree_flatten, tree_map, tree_unflatten
 
 from ..core.errors import WideTesseraError, unknown
+from ..core.user_input import check_shape
 from ..ops.base import WideOp, shared_config
 
 __all__ = [
@@ -130,6 +132,10 @@ def with_others(tensors: Sequence[torch.Tensor], kept: List[Any]) -> Any:
 _TENSOR = object()  # where tensors_only took a tensor out (an output may hold None itself)
 
 
+def _state_of(module: nn.Module) -> Iterator[Tuple[str, torch.Tensor]]:
+    return chain(module.named_parameters(), module.named_buffers())
+
+
 class WideFunctional(StackedIO, nn.Module):
     """N copies of one module class, run as one vmapped call; the layout is StackedIO's.
     `randomness` is vmap's (see RANDOMNESS)."""
@@ -160,6 +166,12 @@ class WideFunctional(StackedIO, nn.Module):
     ) -> "WideFunctional":
         cls.check_strategy(strategy)
         shared_config(modules, nn.Module, lambda m: dict(cls=type(m).__name__))
+        # stacked below: one of another shape would be torch's "stack expects each tensor to be equal size"
+        first = dict(_state_of(modules[0]))
+        for i, module in enumerate(modules[1:], 1):
+            for name, tensor in _state_of(module):
+                if name in first:
+                    check_shape(f"from_modules: module {i}'s {name}", tensor.shape, list(first[name].shape))
         return cls(modules, randomness)
 
     def _state(self) -> Tuple[Dict[str, torch.Tensor], Dict[str, torch.Tensor]]:
