@@ -17,6 +17,7 @@ from wide_tessera.dispatch.fuse import LoopedModules
 from wide_tessera.dispatch.table import DispatchTable, entries_of
 from wide_tessera.ops.gemm import WideLinear
 from wide_tessera.widen.functional import WideFunctional
+from wide_tessera.widen.surgery import WideSurgery
 
 from .helpers import Expert
 
@@ -205,6 +206,11 @@ API_CASES = [
         "WideFunctional.from_modules(unlike)",
         lambda: WideFunctional.from_modules([nn.Linear(4, 4), nn.Linear(4, 3)]),
         "from_modules: module 1's weight has shape [3, 4]; expected [4, 4]",
+    ),
+    (
+        "WideSurgery(unlike)",
+        lambda: WideSurgery([nn.Sequential(nn.Linear(4, 4)), nn.Sequential(nn.Linear(4, 3))]),
+        "WideSurgery: module 1's 0.weight has shape [3, 4]; expected [4, 4]",
     ),
 ]
 
