@@ -1,6 +1,7 @@
 """Runs are kept: every measuring command saves its result in the runs folder, `runs` lists
 them, and show, plot, report and compare take the latest without a path."""
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -132,6 +133,7 @@ def test_a_result_shows_itself_in_a_notebook():
     assert header == ["N", "batch", "in_features", "out_features", "dtype", "baseline ms", "bmm", "einsum", "decision"]
     assert [row[0] for row in rows] == [str(p.n) for p in result.points]  # one row per point
     assert rows[1][6:] == ["1.14x [1.11,1.48]", "0.68x [0.58,0.87]", "bmm"]
+    assert "<b>== &lt;op&gt; (preset ci)" in dataclasses.replace(result, op="<op>")._repr_html_()  # escaped
     pytest.importorskip("matplotlib")
     assert page.count("data:image/png;base64,") == len(result.groups)
     assert result._repr_markdown_().startswith("### gemm (preset ci)")
