@@ -3,6 +3,7 @@ nothing lost. CLI rows run the real command line; API rows call the library."""
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,9 @@ import wide_tessera as wt
 from wide_tessera.cli import cli
 from wide_tessera.dispatch.fuse import LoopedModules
 from wide_tessera.dispatch.table import DispatchTable, entries_of
+from wide_tessera.ops.gemm import WideLinear
+from wide_tessera.widen.functional import WideFunctional
+from wide_tessera.widen.surgery import WideSurgery
 
 from .helpers import Expert
 
@@ -33,10 +37,12 @@ def places(tmp_path):
 
 CLI_CASES = [
     # output paths the OS refuses
-    (["plot", "{results}", "-o", "{blocker}/plots"], "cannot make this plots folder"),
-    (["report", "{results}", "-o", "{blocker}/report"], "cannot make this report folder"),
+    (["plot", "{results}", "-o", "{blocker}/plots"], "cannot write there: {blocker} is not a directory"),
+    (["report", "{results}", "-o", "{blocker}/report"], "cannot write there: {blocker} is not a directory"),
     (["tune", "gemm", "--preset", "ci", "--n-values", "1", "-o", "{tmp}/{long}.json"], "the file name is longer than"),
     ([*GEMM, "--trace", "{blocker}"], "--trace {blocker}: exists and is not a directory"),
+    ([*GEMM, "--trace", "{blocker}/tr"], "--trace {blocker}/tr: cannot write there: {blocker} is not a directory"),
+    ([*GEMM, "--dump-ir", "{blocker}/ir"], "--dump-ir {blocker}/ir: cannot write there: {blocker} is not a directory"),
     # empty paths are not "not given"
     (["tune", "gemm", "--preset", "ci", "--n-values", "1", "-o", ""], "'': give a file name"),
     ([*GEMM, "--save-dispatch", ""], "'': give a file name"),
@@ -82,10 +88,40 @@ def test_the_cli_answers_hostile_input_with_one_line(args, message, places, monk
     assert Path(places["results"]).read_text() == before  # nothing lost
 
 
-def test_a_cache_folder_that_is_a_file_is_one_line(places, monkeypatch):
-    monkeypatch.setenv("WIDE_TESSERA_CACHE_DIR", places["blocker"])
-    r = CliRunner().invoke(cli, ["tune", "gemm", "--preset", "ci", "--n-values", "1", "--quiet"])
-    assert r.exit_code == 2 and "cannot make this dispatch table folder" in r.output and "Traceback" not in r.output
+# a cache folder the OS refuses: refused before anything is measured
+CACHE_CASES = [
+    ("{blocker}", ["tune", "gemm", "--preset", "ci", "--n-values", "1", "--quiet"], "cannot make this dispatch table"),
+    ("{blocker}", [*GEMM, "--no-save", "--roofline"], "{blocker}: cannot make this roofline cache folder"),
+    ("/proc/nope", [*GEMM, "--no-save", "--roofline"], "/proc/nope: cannot make this roofline cache folder"),
+]
+
+
+@pytest.mark.parametrize("cache,args,message", CACHE_CASES, ids=[f"{c} {a[0]}" for c, a, _ in CACHE_CASES])
+def test_a_cache_folder_that_cannot_be_made_is_one_line(cache, args, message, places, monkeypatch):
+    monkeypatch.setenv("WIDE_TESSERA_CACHE_DIR", cache.format(**places))
+    r = CliRunner().invoke(cli, args)
+    assert r.exit_code == 2 and message.format(**places) in r.output and "Traceback" not in r.output
+
+
+def test_an_error_mid_run_is_one_line_and_the_points_measured_are_kept(tmp_path, monkeypatch):
+    from wide_tessera.sweep import runner
+
+    calls = []
+
+    def cache_gone(device):  # the first op runs; the cache folder vanishes before the second
+        calls.append(device)
+        if len(calls) > 1:
+            raise wt.WideTesseraError("/cache: cannot make this cache folder (No such file or directory)")
+
+    monkeypatch.setattr(runner, "load_or_calibrate", cache_gone)
+    out = tmp_path / "r.json"
+    args = ["benchmark", "gemm", "conv1d", "--preset", "ci", "--device", "cpu", "--n-values", "1", "--budget", "0.005"]
+    r = CliRunner().invoke(cli, [*args, "--quiet", "--roofline", "-o", str(out)])
+    assert r.exit_code == 2 and "Traceback" not in r.output, r.output
+    assert [line for line in r.output.splitlines() if line.startswith("Error:")] == [
+        "Error: /cache: cannot make this cache folder (No such file or directory)"
+    ]
+    assert [result.op for result in wt.load_results(out)] == ["gemm"]
 
 
 def test_a_full_disk_says_which_file_and_that_the_earlier_one_is_intact(tmp_path):
@@ -135,6 +171,7 @@ def test_a_results_file_replaced_by_a_folder_mid_run_keeps_the_answer_printed(tm
     r = CliRunner().invoke(cli, [*args, "--quiet", "-o", str(out)])
     assert "is a directory" in r.stderr and r.stderr.count("is a directory") == 1
     assert "== gemm" in r.stdout and "Traceback" not in r.output  # the answer is printed
+    assert r.exit_code == 4 and "the latest points are not in it" in r.stderr  # not kept: not a success
 
 
 API_CASES = [
@@ -159,13 +196,29 @@ API_CASES = [
         lambda: wt.fuse([nn.Linear(2, 2)], cuda_graph="yes"),
         "cuda_graph='yes': give True or False",
     ),
+    # the public wide modules say what is wrong, not torch from deep in forward
+    (
+        "WideLinear.pack(wrong width)",
+        lambda: WideLinear(2, 4, 3).pack([torch.zeros(2, 5)] * 2),
+        "pack: input 0 has shape [2, 5]; expected [..., 4]",
+    ),
+    (
+        "WideFunctional.from_modules(unlike)",
+        lambda: WideFunctional.from_modules([nn.Linear(4, 4), nn.Linear(4, 3)]),
+        "from_modules: module 1's weight has shape [3, 4]; expected [4, 4]",
+    ),
+    (
+        "WideSurgery(unlike)",
+        lambda: WideSurgery([nn.Sequential(nn.Linear(4, 4)), nn.Sequential(nn.Linear(4, 3))]),
+        "WideSurgery: module 1's 0.weight has shape [3, 4]; expected [4, 4]",
+    ),
 ]
 
 
 @pytest.mark.parametrize("name,call,message", API_CASES, ids=[c[0] for c in API_CASES])
 def test_the_api_checks_its_arguments_at_the_door(name, call, message, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(wt.WideTesseraError, match=message.replace("(", r"\(").replace(")", r"\)")) as info:
+    with pytest.raises(wt.WideTesseraError, match=re.escape(message)) as info:
         call()
     assert "\n" not in str(info.value)
 

@@ -1,9 +1,11 @@
 """Runs are kept: every measuring command saves its result in the runs folder, `runs` lists
 them, and show, plot, report and compare take the latest without a path."""
 
+import dataclasses
 import os
 import subprocess
 import sys
+from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
@@ -98,10 +100,40 @@ def test_concurrent_runs_are_both_kept(tmp_path):
     assert len(kept) == 2 and all(len(wt.load_results(p)) == 1 for p in kept)
 
 
+class _Rows(HTMLParser):
+    """The cells of each <tr> in a page, as text."""
+
+    def __init__(self):
+        super().__init__()
+        self.rows, self.cell = [], None
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "tr":
+            self.rows.append([])
+        elif tag in ("td", "th"):
+            self.cell = ""
+
+    def handle_data(self, data):
+        if self.cell is not None:
+            self.cell += data
+
+    def handle_endtag(self, tag):
+        if tag in ("td", "th"):
+            self.rows[-1].append(self.cell)
+            self.cell = None
+
+
 def test_a_result_shows_itself_in_a_notebook():
     (result,) = wt.load_results(Path(__file__).parent / "golden" / "schema6.json")[:1]
     page = result._repr_html_()
-    assert page.startswith("<div>") and "gemm" in page and "<pre" in page
+    assert page.startswith("<div>") and "== gemm (preset ci)" in page and "<pre" not in page
+    parser = _Rows()
+    parser.feed(page)
+    header, *rows = parser.rows
+    assert header == ["N", "batch", "in_features", "out_features", "dtype", "baseline ms", "bmm", "einsum", "decision"]
+    assert [row[0] for row in rows] == [str(p.n) for p in result.points]  # one row per point
+    assert rows[1][6:] == ["1.14x [1.11,1.48]", "0.68x [0.58,0.87]", "bmm"]
+    assert "<b>== &lt;op&gt; (preset ci)" in dataclasses.replace(result, op="<op>")._repr_html_()  # escaped
     pytest.importorskip("matplotlib")
     assert page.count("data:image/png;base64,") == len(result.groups)
     assert result._repr_markdown_().startswith("### gemm (preset ci)")

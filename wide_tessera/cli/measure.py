@@ -28,6 +28,7 @@ from ..kernels import autotuned_kernels, triton_unavailable_reason
 from ..kernels.facts import CompileClock
 from ..kernels.facts import dump_ir as write_ir
 from ..measurement.modes import TRAINING_MODES
+from ..measurement.roofline import cache_path
 from ..measurement.settings import RunSettings
 from ..measurement.timing import TimingConfig
 from ..ops.registry import get_op, import_ops, op_names
@@ -66,8 +67,9 @@ __all__ = ["benchmark", "custom", "tune"]
 
 _EXIT_STATUS = """
     Exit status: 0 when every strategy ran and was correct; 1 when any was incorrect,
-    failed, timed out or crashed; 2 for bad input; 3 with --strict when a result is
-    unreliable; 130 when interrupted (what was measured is saved, marked incomplete).
+    failed, timed out or crashed; 2 for bad input; 4 when -o FILE could not be written
+    with the latest points; 3 with --strict when a result is unreliable; 130 when
+    interrupted (what was measured is saved, marked incomplete).
 """
 
 MakeJobs = Callable[[RunSettings, Dict[str, List[str]]], List[BenchmarkJob]]
@@ -301,7 +303,8 @@ def tune(names: Tuple[str, ...], preset: str, table: Optional[str], results: Opt
 
 tune.help += """
     Exit status: 0 when every strategy ran and was correct (the table is written either
-    way); 1 when any was incorrect, failed, timed out or crashed; 2 for bad input; 130
+    way); 1 when any was incorrect, failed, timed out or crashed; 2 for bad input; 4 when
+    --results FILE could not be written with the latest points; 130
     when interrupted (the ops finished before it are in the table).
 """
 
@@ -362,10 +365,12 @@ def _measure(
             texts = override_texts(sets, n_values)
             _check_output(output, resume, overwrite, output_option)
             if dump_ir:
-                check_directory(dump_ir)
+                check_directory(dump_ir, "--dump-ir")
             settings = settings_from(preset, threads=threads, **given)
             if settings.trace:
                 check_directory(settings.trace, "--trace")
+            if settings.roofline:  # the measured peaks are cached there once the first job starts
+                make_folder(cache_path().parent, "roofline cache folder")
             shard = Shard.from_environment()
             if shard is not None:  # under torchrun: this rank's device, threads and share of the points
                 shard.join(settings.device)
@@ -399,27 +404,37 @@ def _measure(
             if merged:
                 progress.echo(merged + "\n")
 
-        try:
-            if shard is None:
-                progress = held.enter_context(
-                    closing(Progress(points_to_measure(jobs, settings, previous), enabled=not quiet))
+        # What fails only mid-run (a folder changed or vanished under the run) is one line too,
+        # as bad input is; the points measured by then are in the results file (saved after each).
+        with usage_errors():
+            try:
+                if shard is None:
+                    progress = held.enter_context(
+                        closing(Progress(points_to_measure(jobs, settings, previous), enabled=not quiet))
+                    )
+                    kept, results, unsaved = measure_jobs(
+                        jobs, settings, previous, output, progress, lambda r: finished(r, progress)
+                    )
+                    errors: List[str] = []
+                else:  # each rank's lines labelled, and no bar: K bars on one terminal overwrite each other
+                    progress = held.enter_context(
+                        closing(Progress(0, enabled=not quiet, label=f"[rank {shard.rank}] "))
+                    )
+                    gathered = measure_shard(jobs, settings, previous, output, progress, shard)
+                    if gathered is None:  # not rank 0: rank 0 reports, and says how the run ends
+                        raise SystemExit(shard.broadcast(None))
+                    kept, results, errors = gathered
+                    unsaved = []  # rank 0 wrote the joined file above, or raised
+                    for result in results:
+                        finished(result, progress)
+            except Interrupted as stop:
+                table = (
+                    f"; the ops finished before it are in the dispatch table {save_dispatch}" if save_dispatch else ""
                 )
-                kept, results = measure_jobs(
-                    jobs, settings, previous, output, progress, lambda r: finished(r, progress)
+                click.echo(
+                    f"\ninterrupted: {stop}{table}" if stop.output else f"\ninterrupted ({stop}){table}", err=True
                 )
-                errors: List[str] = []
-            else:  # each rank's lines labelled, and no bar: K bars on one terminal overwrite each other
-                progress = held.enter_context(closing(Progress(0, enabled=not quiet, label=f"[rank {shard.rank}] ")))
-                gathered = measure_shard(jobs, settings, previous, output, progress, shard)
-                if gathered is None:  # not rank 0: rank 0 reports, and says how the run ends
-                    raise SystemExit(shard.broadcast(None))
-                kept, results, errors = gathered
-                for result in results:
-                    finished(result, progress)
-        except Interrupted as stop:
-            table = f"; the ops finished before it are in the dispatch table {save_dispatch}" if save_dispatch else ""
-            click.echo(f"\ninterrupted: {stop}{table}" if stop.output else f"\ninterrupted ({stop}){table}", err=True)
-            raise SystemExit(130) from None
+                raise SystemExit(130) from None
         if len(results) > 1:
             click.echo(closing_table(results))
         if kept_as is not None:  # -o FILE was written; the runs folder keeps the run too
@@ -427,7 +442,7 @@ def _measure(
                 save_results([*kept, *results], kept_as)
             except WideTesseraError as e:
                 click.echo(f"{e}: this run is kept in {output} only", err=True)
-        code = _report(results, kept, output, dump_ir, strict, errors, clock)
+        code = _report(results, kept, output, unsaved, dump_ir, strict, errors, clock)
         if shard is not None:
             shard.broadcast(code)
         if code:
@@ -438,13 +453,15 @@ def _report(
     results: List[BenchmarkResult],
     kept: List[BenchmarkResult],
     output: Optional[str],
+    unsaved: List[str],
     ir_directory: Optional[str],
     strict: bool,
     errors: List[str],
     clock: Optional[CompileClock],
 ) -> int:
-    """Write the IR, list what failed, and say how the run ends: its exit status."""
-    if output:
+    """Write the IR, list what failed, and say how the run ends: its exit status (every one
+    a run can end with is chosen here, and listed in docs/cli.md)."""
+    if output and not unsaved:
         click.echo(f"wrote {len(kept) + len(results)} result(s) to {output}", err=True)
     if ir_directory:
         if triton_unavailable_reason("cuda") is not None:  # no triton at all
@@ -464,6 +481,9 @@ def _report(
     if failures:
         click.echo(f"{len(failures)} failure(s):\n  " + "\n  ".join(failures), err=True)
         return 1
+    if unsaved:  # what was measured is not all kept: worse than an unreliable result
+        click.echo(f"{output}: the latest points are not in it (why is said above); exit status 4", err=True)
+        return 4
     unreliable = [f"{r.op}: {'; '.join(r.unreliable_reasons)}" for r in results if not r.reliable]
     if strict and unreliable:
         click.echo(f"--strict: {len(unreliable)} unreliable result(s):\n  " + "\n  ".join(unreliable), err=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import os
 import re
 import sys
 from contextlib import contextmanager
@@ -301,10 +302,17 @@ def choices(text: str, kind: str, valid: Sequence[str]) -> List[str]:
 
 
 def check_directory(path: str, option: str = "-o") -> None:
+    """A folder the run can make and write, checked without making it: the run writes there
+    only later (a trace once its point is measured), and a refusal then would be lost output."""
     if not path:
         raise WideTesseraError(f"{option} '': give a folder name")
     if Path(path).exists() and not Path(path).is_dir():
         raise WideTesseraError(f"{option} {path}: exists and is not a directory; give a directory")
+    nearest = next(folder for folder in [Path(path), *Path(path).parents] if folder.exists())
+    if not nearest.is_dir():
+        raise WideTesseraError(f"{option} {path}: cannot write there: {nearest} is not a directory")
+    if not os.access(nearest, os.W_OK):
+        raise WideTesseraError(f"{option} {path}: cannot write there: {nearest} is not writable")
 
 
 # Names in the settings' own errors -> the options that set them, where they differ.

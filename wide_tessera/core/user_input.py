@@ -6,11 +6,11 @@ Run before anything is measured: a bad value found after an hour of measuring lo
 from __future__ import annotations
 
 import math
-from typing import Any, Optional, Type, TypeVar
+from typing import Any, Optional, Sequence, Type, TypeVar, Union
 
 from .errors import WideTesseraError
 
-__all__ = ["MAX_SEED", "check_number", "check_seed", "check_bool", "check_instance"]
+__all__ = ["MAX_SEED", "check_number", "check_seed", "check_bool", "check_instance", "check_shape"]
 
 # The seed also seeds numpy's generator for the bootstrap, which takes 0 .. 2**32-1.
 MAX_SEED = 2**32 - 1
@@ -60,3 +60,19 @@ def check_instance(name: str, value: Any, cls: Type[T]) -> Optional[T]:
     if value is not None and not isinstance(value, cls):
         raise WideTesseraError(f"{name}={value!r}: give a {cls.__name__} or None")
     return value
+
+
+def check_shape(what: str, shape: Sequence[int], expected: Sequence[Union[int, str]]) -> None:
+    """That `shape` is `expected`: an int is that size, a name any size, "..." any number of
+    axes (once). A wide module's pack and from_modules call it, so that a wrong shape is this
+    line, naming `what`, and not torch's "shape '[2, -1, 4]' is invalid" from deep in forward."""
+    cut = list(expected).index("...") if "..." in expected else len(expected)
+    head, tail = list(expected[:cut]), list(expected[cut + 1 :])
+    if "..." in expected:
+        fits = len(shape) >= len(head) + len(tail)
+        pairs = [*zip(shape[: len(head)], head), *zip(shape[len(shape) - len(tail) :], tail)]
+    else:
+        fits, pairs = len(shape) == len(head), list(zip(shape, head))
+    if not fits or any(isinstance(want, int) and size != want for size, want in pairs):
+        wanted = ", ".join(str(e) for e in expected)
+        raise WideTesseraError(f"{what} has shape [{', '.join(map(str, shape))}]; expected [{wanted}]")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from functools import partial, wraps
-from typing import Any, Callable, ClassVar, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, ClassVar, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
@@ -12,6 +12,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from ..core.capabilities import Needs
 from ..core.errors import WideTesseraError, unknown
 from ..core.job import DTYPES, BenchmarkJob, SweepParams, Work
+from ..core.user_input import check_shape
 from .registry import REGISTRY, RESERVED_STRATEGY_NAMES, op_names, outside_strategies
 
 __all__ = ["WideOp", "WideChannelsOp", "shared_config", "load_joined_parameters", "fusing_ops", "wide_module", "TRITON"]
@@ -171,8 +172,13 @@ class WideOp:
         """The default wide layout: the N inputs stacked on a new leading axis."""
         return torch.stack(self.check_inputs(inputs))
 
+    def input_shape(self) -> Optional[List[Union[int, str]]]:
+        """Each model's input shape, as core.user_input.check_shape reads it; None where any goes."""
+        return None
+
     def check_inputs(self, inputs: Sequence[torch.Tensor]) -> List[torch.Tensor]:
-        """The inputs as a list, after checking they are N tensors alike in shape, dtype and device.
+        """The inputs as a list, after checking they are N tensors alike in shape, dtype and device,
+        of the shape `input_shape` says.
 
         N is the module's `n` where it records one. Caught here, a wrong count or shape is a
         clear error instead of a silently wrong split of the channels, or a torch error deep in forward.
@@ -191,6 +197,9 @@ class WideOp:
                 raise WideTesseraError(
                     f"pack: input {i} is {_describe_tensor(x)} but input 0 is {_describe_tensor(first)}; all must match"
                 )
+        expected = self.input_shape()
+        if expected is not None and first is not None:  # the inputs are alike: input 0 speaks for all
+            check_shape("pack: input 0", first.shape, expected)
         return list(inputs)
 
     def unpack(self, output: Any) -> List[Any]:
@@ -216,13 +225,11 @@ class WideChannelsOp(WideOp):
         """The layout `pack` gives its output."""
         return torch.contiguous_format
 
+    def input_shape(self) -> Optional[List[Union[int, str]]]:
+        return ["batch", self.in_channels, "..."]
+
     def pack(self, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
-        inputs = self.check_inputs(inputs)
-        if inputs and (inputs[0].dim() < 2 or inputs[0].shape[1] != self.in_channels):
-            raise WideTesseraError(
-                f"pack: inputs of shape {tuple(inputs[0].shape)}; expected [batch, {self.in_channels}, ...]"
-            )
-        return torch.cat(inputs, dim=1).contiguous(memory_format=self.memory_format())
+        return torch.cat(self.check_inputs(inputs), dim=1).contiguous(memory_format=self.memory_format())
 
     def unpack(self, output: torch.Tensor) -> List[torch.Tensor]:
         return list(output.unflatten(1, (self.n, self.out_channels)).unbind(1))

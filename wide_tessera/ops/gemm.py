@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 import torch
 from torch import nn
@@ -54,6 +54,9 @@ class WideLinear(WideOp, nn.Module):
             lambda m: dict(in_features=m.in_features, out_features=m.out_features, bias=m.bias is not None),
         )
         return load_joined_parameters(cls(len(modules), strategy=strategy, **config), modules, torch.stack)
+
+    def input_shape(self) -> Optional[List[Union[int, str]]]:
+        return ["...", self.in_features]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[1:-1]

@@ -5,7 +5,7 @@ prints the full summary (reports.text): every timing, memory, launches and energ
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING, Any, Dict, List, Sequence
+from typing import TYPE_CHECKING, Any, Dict, List, Sequence, Tuple
 
 from ..core.job import params_text
 from ..core.roles import CONTROLS
@@ -15,7 +15,7 @@ from .text import advice_lines, controls_run, first_line, format_table, measured
 if TYPE_CHECKING:
     from ..results.schema import BenchmarkResult, GroupResult, PointResult
 
-__all__ = ["brief_summary", "closing_table"]
+__all__ = ["brief_summary", "closing_table", "headline", "answer_table"]
 
 
 def _varying(params: Sequence[Dict[str, Any]]) -> List[str]:
@@ -32,14 +32,21 @@ def _speedup(point: "PointResult", strategy: str) -> str:
     return f"{point.speedups[strategy]:.2f}x [{lo:.2f},{hi:.2f}]"
 
 
-def brief_summary(result: "BenchmarkResult") -> str:
-    """One op's answer: a line on where it ran and whether it is reliable, the axes every point
-    shares, then per point the baseline's time, every timed strategy's and control's speedup and
-    the decision; the crossover and fuse-or-capture per group; notes, skips and failures."""
+def headline(result: "BenchmarkResult") -> str:
+    """Where the op ran, how, how long, and its answer in a few words."""
     env = result.environment
+    return (
+        f"== {result.op} (preset {result.preset}) on {env.device}: {env.device_name}, {env.threads} threads, "
+        f"torch {env.torch_version}, {result.mode}{'' if result.compile == 'none' else ', compile ' + result.compile}, "
+        f"{result.duration_s:.1f} s: {first_line(result)}"
+    )
+
+
+def answer_table(result: "BenchmarkResult", axes: Sequence[str]) -> Tuple[List[str], List[List[str]]]:
+    """The header and one row per point: N, the point's value of each of `axes`, the baseline's
+    time, every timed strategy's and control's speedup with its interval (a control's name
+    marked *), the decision. The terminal's table and the notebook's are this one."""
     points = result.points
-    axes = _varying([p.params for p in points])
-    fixed = {a: v for a, v in (points[0].params.items() if points else []) if a not in axes}
     # a strategy skipped at every point (a Triton kernel on a CPU) is a line under the table, not a column
     shown = [
         s for s in [*result.strategies, *controls_run(result)]
@@ -56,17 +63,26 @@ def brief_summary(result: "BenchmarkResult") -> str:
         ]
         for p in points
     ]
+    return header, rows
+
+
+def brief_summary(result: "BenchmarkResult") -> str:
+    """One op's answer: a line on where it ran and whether it is reliable, the axes every point
+    shares, then per point the baseline's time, every timed strategy's and control's speedup and
+    the decision; the crossover and fuse-or-capture per group; notes, skips and failures."""
+    points = result.points
+    axes = _varying([p.params for p in points])
+    fixed = {a: v for a, v in (points[0].params.items() if points else []) if a not in axes}
+    header, rows = answer_table(result, axes)
     confirmed = sum(p.confirmation is not None for p in points)
     lines = [
-        f"== {result.op} (preset {result.preset}) on {env.device}: {env.device_name}, {env.threads} threads, "
-        f"torch {env.torch_version}, {result.mode}{'' if result.compile == 'none' else ', compile ' + result.compile}, "
-        f"{result.duration_s:.1f} s: {first_line(result)}",
+        headline(result),
         *([params_text(fixed)] if fixed else []),
         format_table(header, rows),
         *interval_legend(result)[:1],
         *(
             ["*: a control, the loop made cheaper without fusing: it never wins"]
-            if any(s in CONTROLS for s in shown)
+            if any(name.endswith("*") for name in header)
             else []
         ),
     ]

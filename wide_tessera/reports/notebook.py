@@ -1,5 +1,6 @@
-"""A result in a notebook cell: Jupyter shows `_repr_html_` (the verdict, the answer table, the
-speedup plots inline where matplotlib is installed) or `_repr_markdown_` (reports.markdown)."""
+"""A result in a notebook cell: Jupyter shows `_repr_html_` (the verdict, the answer as an HTML
+table, as pandas gives, the speedup plots inline where matplotlib is installed) or
+`_repr_markdown_` (reports.markdown)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import io
 from typing import TYPE_CHECKING, List
 
 from ..core.errors import WideTesseraError
-from .brief import brief_summary
+from .brief import answer_table, headline
 from .plots import group_figures
 
 if TYPE_CHECKING:
@@ -33,12 +34,16 @@ def _images(result: "BenchmarkResult") -> List[str]:
     return images
 
 
+def _row(cells: List[str], tag: str) -> str:
+    return "<tr>" + "".join(f"<{tag}>{html.escape(cell)}</{tag}>" for cell in cells) + "</tr>"
+
+
 def result_html(result: "BenchmarkResult") -> str:
-    """The brief summary (the verdict first, one row per point, the crossover) as preformatted
-    text, then the plots."""
-    lines = brief_summary(result).splitlines()
-    head, rest = lines[0], "\n".join(lines[1:])
+    """The headline, then a table with one row per point (N, every parameter, the baseline's
+    time, each strategy's speedup with its interval, the decision), then the plots."""
+    header, rows = answer_table(result, list(result.points[0].params) if result.points else [])
     return (
-        f"<div><p><b>{html.escape(head)}</b></p>"
-        f"<pre style='font-size:12px'>{html.escape(rest)}</pre>" + "".join(_images(result)) + "</div>"
+        f"<div><p><b>{html.escape(headline(result))}</b></p>"
+        f"<table><thead>{_row(header, 'th')}</thead>"
+        f"<tbody>{''.join(_row(row, 'td') for row in rows)}</tbody></table>" + "".join(_images(result)) + "</div>"
     )

@@ -75,12 +75,14 @@ def _run_job(
     done: List[BenchmarkResult],
     output: Optional[str],
     progress: Progress,
+    unsaved: List[str],
     share: Optional[Callable[[Dict[str, Any]], bool]] = None,
     finish: Callable[[BenchmarkResult], BenchmarkResult] = lambda result: result,
 ) -> BenchmarkResult:
     """Measure one job (its `share` of the groups in a sharded run), saving `done` and it after
     every point; Ctrl-C saves what was measured and raises Interrupted. `finish` completes each
-    result before it is saved (a sharded run names the rank that measured each point)."""
+    result before it is saved (a sharded run names the rank that measured each point). `unsaved`
+    holds why the latest save failed, empty once one succeeds (each save writes everything)."""
     if (
         previous is not None
         and previous.complete
@@ -88,12 +90,11 @@ def _run_job(
     ):
         return previous  # it holds every point this run asks for
 
-    unsaved: List[str] = []
-
     def save(result: BenchmarkResult) -> None:
         if output:
             try:
                 save_results([*done, finish(result)], output)
+                unsaved.clear()
             except WideTesseraError as e:  # the file or its folder changed under the run
                 if str(e) not in unsaved:  # one line per problem; the measuring goes on
                     unsaved.append(str(e))
@@ -115,17 +116,19 @@ def measure_jobs(
     output: Optional[str],
     progress: Progress,
     on_result: Callable[[BenchmarkResult], None],
-) -> Tuple[List[BenchmarkResult], List[BenchmarkResult]]:
+) -> Tuple[List[BenchmarkResult], List[BenchmarkResult], List[str]]:
     """Measure every job in this process; `on_result` hears of each finished one. The results of
-    the file that no job measures, and the jobs' results."""
+    the file that no job measures, the jobs' results, and why `output` lacks the latest of them
+    (empty when the last save succeeded)."""
     kept = _others(previous, jobs)
     results: List[BenchmarkResult] = []
+    unsaved: List[str] = []
     for job in jobs:
-        results.append(_run_job(job, settings, previous.get(job.op), [*kept, *results], output, progress))
+        results.append(_run_job(job, settings, previous.get(job.op), [*kept, *results], output, progress, unsaved))
         on_result(results[-1])
     if output and previous:  # a resumed run's shards are in the file now
         remove_shards(output)
-    return kept, results
+    return kept, results, unsaved
 
 
 def measure_shard(
@@ -152,10 +155,11 @@ def measure_shard(
         return latest[result.op]
 
     error = None
+    unsaved: List[str] = []  # only for --resume: rank 0 gathers the points themselves and saves them
     try:
         for job in jobs:
             share = partial(_owns, owner, job.op, shard.rank)
-            mine.append(_run_job(job, settings, previous.get(job.op), mine, path, progress, share, marked))
+            mine.append(_run_job(job, settings, previous.get(job.op), mine, path, progress, unsaved, share, marked))
     except Exception as e:  # noqa: BLE001  a bug, say: the other ranks' points must not be lost
         error = f"rank {shard.rank}: {type(e).__name__}: {e}"
         mine += [r for op, r in latest.items() if op not in {m.op for m in mine}]

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from itertools import chain
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -12,6 +13,7 @@ from torch.func import functional_call, stack_module_state, vmap
 from torch.utils._pytree import register_dataclass, tree_flatten, tree_map, tree_unflatten
 
 from ..core.errors import WideTesseraError, unknown
+from ..core.user_input import check_shape
 from ..ops.base import WideOp, shared_config
 
 __all__ = [
@@ -23,6 +25,7 @@ __all__ = [
     "vmap_dims",
     "tensors_only",
     "with_others",
+    "check_alike",
 ]
 
 # vmap's randomness modes: 'error' refuses random ops; 'different' gives each model its own
@@ -130,6 +133,20 @@ def with_others(tensors: Sequence[torch.Tensor], kept: List[Any]) -> Any:
 _TENSOR = object()  # where tensors_only took a tensor out (an output may hold None itself)
 
 
+def check_alike(modules: Sequence[nn.Module], where: str) -> None:
+    """That each module's parameters and buffers have module 0's shapes: they are stacked, and
+    one of another shape would be torch's "stack expects each tensor to be equal size"."""
+    first = {name: tensor.shape for name, tensor in _state_of(modules[0])}
+    for i, module in enumerate(modules[1:], 1):
+        for name, tensor in _state_of(module):
+            if name in first:
+                check_shape(f"{where}: module {i}'s {name}", tensor.shape, list(first[name]))
+
+
+def _state_of(module: nn.Module) -> Iterator[Tuple[str, torch.Tensor]]:
+    return chain(module.named_parameters(), module.named_buffers())
+
+
 class WideFunctional(StackedIO, nn.Module):
     """N copies of one module class, run as one vmapped call; the layout is StackedIO's.
     `randomness` is vmap's (see RANDOMNESS)."""
@@ -160,6 +177,7 @@ class WideFunctional(StackedIO, nn.Module):
     ) -> "WideFunctional":
         cls.check_strategy(strategy)
         shared_config(modules, nn.Module, lambda m: dict(cls=type(m).__name__))
+        check_alike(modules, "from_modules")
         return cls(modules, randomness)
 
     def _state(self) -> Tuple[Dict[str, torch.Tensor], Dict[str, torch.Tensor]]:

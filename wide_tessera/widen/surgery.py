@@ -31,7 +31,7 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from ..core.errors import NotApplicable, WideTesseraError
 from ..ops.base import WideOp, fusing_ops, op_fusing
-from .functional import StackedIO, WideFunctional, tensors_only, unpacked, vmap_dims, with_others
+from .functional import StackedIO, WideFunctional, check_alike, tensors_only, unpacked, vmap_dims, with_others
 
 __all__ = ["WideSurgery"]
 
@@ -154,6 +154,7 @@ class WideSurgery(StackedIO, nn.Module):
 
     def __init__(self, modules: Sequence[nn.Module], randomness: str = "error"):
         super().__init__()
+        check_alike(modules, "WideSurgery")
         self.n, self.randomness = len(modules), randomness
         try:
             traced = _trace(modules[0])
