@@ -6,7 +6,8 @@ downloaded) and called with its own keyword inputs: LlamaDecoderLayer gets its R
 attention mask left at None; the MoE blocks are made one block of N·E experts by surgery.
 One row per layer: the strategies that ran correctly, those
 skipped or failed (with why), the winner at N, the best strategy's speedup against the N
-separate calls and against them compiled (loop_compiled), and the seconds the run took.
+separate calls and against them compiled (loop_compiled), surgery's speed against vmap's,
+and the seconds the run took. `--held-out` adds layers the catalogue does not name.
 Pin it for quotable numbers:
 
     taskset -c 1 python scripts/real_modules.py [--n 16] [--threads 1]
@@ -48,25 +49,68 @@ def catalogue() -> Dict[str, Tuple[Callable[..., nn.Module], Dict[str, Any], Cal
                                 num_experts=4, num_attention_heads=4)  # fmt: skip
     rope = LlamaRotaryEmbedding(llama)(torch.zeros(1, 6, D), torch.arange(6)[None])  # one pair for all N models
 
-    def hidden() -> Dict[str, torch.Tensor]:
-        return {"hidden_states": torch.randn(2, 6, D)}
-
     return {
         "BertLayer": (BertLayer, {"config": T.BertConfig(hidden_size=D, num_attention_heads=4, intermediate_size=64)},
-                      hidden),
-        "GPT2Block": (GPT2Block, {"config": T.GPT2Config(n_embd=D, n_head=4)}, hidden),
+                      _hidden),
+        "GPT2Block": (GPT2Block, {"config": T.GPT2Config(n_embd=D, n_head=4)}, _hidden),
         "LlamaDecoderLayer": (LlamaDecoderLayer, {"config": llama, "layer_idx": 0},
                               lambda: {"hidden_states": torch.randn(2, 6, D), "position_embeddings": rope}),
         "LlamaMLP": (LlamaMLP, {"config": llama}, lambda: torch.randn(2, 6, D)),
-        "T5LayerFF": (T5LayerFF, {"config": T.T5Config(d_model=D, d_ff=64, num_heads=4)}, hidden),
+        "T5LayerFF": (T5LayerFF, {"config": T.T5Config(d_model=D, d_ff=64, num_heads=4)}, _hidden),
         "WhisperEncoderLayer": (
             WhisperEncoderLayer, {"config": T.WhisperConfig(d_model=D, encoder_attention_heads=4, encoder_ffn_dim=64)},
             lambda: (torch.randn(2, 6, D), None),  # attention_mask left at None
         ),
         # a standalone block's experts are torch.empty: initialised as its model would
-        "MixtralSparseMoeBlock": (partial(initialised, MixtralSparseMoeBlock), {"config": mixtral}, hidden),
-        "Qwen2MoeSparseMoeBlock": (partial(initialised, Qwen2MoeSparseMoeBlock), {"config": qwen_moe}, hidden),
+        "MixtralSparseMoeBlock": (partial(initialised, MixtralSparseMoeBlock), {"config": mixtral}, _hidden),
+        "Qwen2MoeSparseMoeBlock": (partial(initialised, Qwen2MoeSparseMoeBlock), {"config": qwen_moe}, _hidden),
     }  # fmt: skip
+
+
+def held_out() -> Dict[str, Tuple[Callable[..., nn.Module], Dict[str, Any], Callable[[], Any]]]:
+    """Layers the catalogue does not name, tried the same way (`--held-out`): decoder layers of
+    other families (each with its own RoPE tables) and encoders of text, vision and speech models."""
+    import transformers as T
+    from transformers.models.bart.modeling_bart import BartEncoderLayer
+    from transformers.models.clip.modeling_clip import CLIPEncoderLayer
+    from transformers.models.distilbert.modeling_distilbert import TransformerBlock
+    from transformers.models.gemma.modeling_gemma import GemmaDecoderLayer, GemmaRotaryEmbedding
+    from transformers.models.gpt_neox.modeling_gpt_neox import GPTNeoXLayer, GPTNeoXRotaryEmbedding
+    from transformers.models.mistral.modeling_mistral import MistralDecoderLayer, MistralRotaryEmbedding
+    from transformers.models.phi.modeling_phi import PhiDecoderLayer, PhiRotaryEmbedding
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer, Qwen2RotaryEmbedding
+    from transformers.models.roberta.modeling_roberta import RobertaLayer
+    from transformers.models.vit.modeling_vit import ViTLayer
+
+    def decoder(layer: type, rotary: type, config: Any) -> Tuple[type, Dict[str, Any], Callable[[], Any]]:
+        rope = rotary(config)(torch.zeros(1, 6, D), torch.arange(6)[None])
+        return layer, {"config": config, "layer_idx": 0}, lambda: {"hidden_states": torch.randn(2, 6, D),
+                                                                   "position_embeddings": rope}  # fmt: skip
+
+    sizes = dict(hidden_size=D, num_attention_heads=4, intermediate_size=64)
+    return {
+        "MistralDecoderLayer": decoder(MistralDecoderLayer, MistralRotaryEmbedding,
+                                       T.MistralConfig(num_key_value_heads=2, **sizes)),
+        "Qwen2DecoderLayer": decoder(Qwen2DecoderLayer, Qwen2RotaryEmbedding,
+                                     T.Qwen2Config(num_key_value_heads=2, **sizes)),
+        "GemmaDecoderLayer": decoder(GemmaDecoderLayer, GemmaRotaryEmbedding,
+                                     T.GemmaConfig(num_key_value_heads=2, head_dim=8, **sizes)),
+        "PhiDecoderLayer": decoder(PhiDecoderLayer, PhiRotaryEmbedding, T.PhiConfig(**sizes)),
+        "GPTNeoXLayer": decoder(GPTNeoXLayer, GPTNeoXRotaryEmbedding, T.GPTNeoXConfig(**sizes)),
+        "RobertaLayer": (RobertaLayer, {"config": T.RobertaConfig(**sizes)}, _hidden),
+        "ViTLayer": (ViTLayer, {"config": T.ViTConfig(**sizes)}, _hidden),
+        "CLIPEncoderLayer": (CLIPEncoderLayer, {"config": T.CLIPVisionConfig(**sizes)},
+                             lambda: (torch.randn(2, 6, D), None)),
+        "BartEncoderLayer": (BartEncoderLayer, {"config": T.BartConfig(d_model=D, encoder_attention_heads=4,
+                                                                       encoder_ffn_dim=64)},
+                             lambda: (torch.randn(2, 6, D), None)),
+        "DistilBertBlock": (TransformerBlock, {"config": T.DistilBertConfig(dim=D, n_heads=4, hidden_dim=64)},
+                            _hidden),
+    }  # fmt: skip
+
+
+def _hidden() -> Dict[str, torch.Tensor]:
+    return {"hidden_states": torch.randn(2, 6, D)}
 
 
 def initialised(cls: Callable[..., nn.Module], **kwargs: Any) -> nn.Module:
@@ -81,11 +125,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n", type=int, default=16)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--held-out", action="store_true", help="also the layers of held_out()")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     warnings.simplefilter("ignore")  # a standalone layer's note on its attention implementation
     rows = []
-    for name, (cls, kwargs, inputs) in catalogue().items():
+    layers = {**catalogue(), **(held_out() if args.held_out else {})}
+    for name, (cls, kwargs, inputs) in layers.items():
         started = time.perf_counter()
         r = benchmark_custom(cls, None, [args.n], model_kwargs=kwargs, input_factory=inputs, verbose=False)
         p = r.points[0]
@@ -95,10 +141,13 @@ def main() -> None:
         vs_loop = f"{p.speedups[best]:.2f}x" if best in p.speedups else "-"
         compiled = p.timings.get("loop_compiled")
         vs_compiled = f"{compiled / p.timings[best]:.2f}x" if compiled and best in p.timings else "-"
+        both = all(s in p.timings for s in ("vmap", "surgery"))
+        surgery_vs_vmap = f"{p.timings['vmap'] / p.timings['surgery']:.2f}x" if both else "-"
         rows.append([name, ", ".join(ran), "; ".join(not_ran) or "-", p.winner or "-", best or "-", vs_loop,
-                     vs_compiled, f"{time.perf_counter() - started:.0f}"])  # fmt: skip
+                     vs_compiled, surgery_vs_vmap, f"{time.perf_counter() - started:.0f}"])  # fmt: skip
     print(f"N={args.n}, {torch.get_num_threads()} thread(s), {r.environment.device_name}, torch {torch.__version__}")
-    header = ["layer", "correct", "not run", f"winner at N={args.n}", "best", "vs loop", "vs loop_compiled", "s"]
+    header = ["layer", "correct", "not run", f"winner at N={args.n}", "best", "vs loop", "vs loop_compiled",
+              "surgery vs vmap", "s"]  # fmt: skip
     print(format_table(header, rows))
 
 

@@ -2,6 +2,7 @@
 called with their own keyword inputs, RoPE tables and optional arguments left at None, measured
 by benchmark_custom and fused by fuse(), in inference and train_step."""
 
+import copy
 import sys
 import warnings
 from pathlib import Path
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from wide_tessera import DispatchTable, benchmark_custom, fuse
+from wide_tessera import DispatchTable, WideSurgery, benchmark_custom, fuse
 from wide_tessera.core import trees
 from wide_tessera.widen.custom import model_identity
 
@@ -17,10 +18,11 @@ from .test_dispatch import entry
 
 pytest.importorskip("transformers")
 sys.path.insert(0, str(Path(__file__).parents[1] / "scripts"))
-from real_modules import catalogue  # noqa: E402  the catalogue scripts/real_modules.py measures at N=16
+from real_modules import catalogue, held_out, initialised  # noqa: E402  the catalogue scripts/real_modules.py measures at N=16
 
 LAYERS = catalogue()
 MOE = ("MixtralSparseMoeBlock", "Qwen2MoeSparseMoeBlock")
+STRATEGIES = [(n, "vmap") for n in LAYERS if n not in MOE] + [(n, "surgery") for n in LAYERS]
 
 
 @pytest.fixture(autouse=True)
@@ -44,14 +46,17 @@ def test_benchmark_custom_measures_a_transformers_layer_as_it_is(name, mode, fas
         assert point.correct["surgery"] and point.failures["vmap"].kind == "skipped", r.summary()
         assert "aten::nonzero" in point.failures["vmap"].message
         return
-    assert r.op == name and all(point.correct.values()) and point.correct["vmap"], r.summary()
-    # surgery runs where torch.fx traces the layer, and is skipped with torch.fx's reason elsewhere
-    assert point.correct.get("surgery") or "torch.fx cannot trace" in point.failures["surgery"].message
+    # surgery runs on every layer: traced by torch.fx where it can, else captured by torch.export
+    assert r.op == name and point.correct == {"vmap": True, "surgery": True, **controls(point)}, r.summary()
+
+
+def controls(point):
+    return {k: v for k, v in point.correct.items() if k.startswith("loop_")}
 
 
 @pytest.mark.parametrize("train", [False, True])
-@pytest.mark.parametrize("name", list(LAYERS))
-def test_fuse_gives_the_separate_calls_outputs_and_gradients(name, train):
+@pytest.mark.parametrize("name,strategy", STRATEGIES)
+def test_fuse_gives_the_separate_calls_outputs_and_gradients(name, strategy, train):
     cls, kwargs, inputs = LAYERS[name]
     torch.manual_seed(0)
     models = [cls(**kwargs).train(train) for _ in range(3)]
@@ -60,7 +65,6 @@ def test_fuse_gives_the_separate_calls_outputs_and_gradients(name, train):
             if isinstance(p, torch.nn.Dropout):
                 p.p = 0.0
     key = {k: v for k, v in model_identity(models[0]).items() if k != "class"}
-    strategy = "surgery" if name in MOE else "vmap"
     table = DispatchTable([entry(op=name, params=key, strategy=strategy, verdicts="fuse:2 fuse:4")])
     fused = fuse(models, table=table).train(train)
     assert fused.decision.strategy == strategy
@@ -75,8 +79,54 @@ def test_fuse_gives_the_separate_calls_outputs_and_gradients(name, train):
         joined = torch.cat([m.experts.gate_up_proj.grad for m in models])
         torch.testing.assert_close(fused.experts.gate_up_proj.grad, joined, rtol=1e-4, atol=1e-5)
         return
+    if strategy == "surgery":  # the wide module of models whose weights are the separate calls' gradients
+        expected = WideSurgery([gradients_as_weights(m) for m in models])
+        for (k, got), (_, want) in zip(fused.named_parameters(), expected.named_parameters()):
+            torch.testing.assert_close(got.grad, want.detach(), rtol=1e-4, atol=1e-5, msg=k)
+        return
     stacked = dict(zip(fused._param_names, fused.stacked_params))
     for i, m in enumerate(models):
         for k, p in m.named_parameters():
             if p.grad is not None:
                 torch.testing.assert_close(stacked[k].grad[i], p.grad, rtol=1e-4, atol=1e-5)
+
+
+def gradients_as_weights(model):
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        for p, q in zip(twin.parameters(), model.parameters()):
+            p.copy_(q.grad if q.grad is not None else torch.zeros_like(q))
+    return twin
+
+
+@pytest.mark.parametrize("train", [False, True])
+@pytest.mark.parametrize("name", list(held_out()))
+def test_surgery_of_layers_the_catalogue_does_not_name_gives_the_separate_calls_results(name, train):
+    cls, kwargs, inputs = held_out()[name]
+    torch.manual_seed(0)
+    models = [without_dropout(initialised(cls, **kwargs).train(train)) for _ in range(3)]
+    wide = WideSurgery(models)
+    assert wide.swapped, "its linears (and norms) are swapped for wide ones"
+    xs = [inputs() for _ in range(3)]
+    got = wide.unpack(wide(wide.pack(xs)))
+    want = [trees.call(m, x) for m, x in zip(models, xs)]
+    for g, w in zip(got, want):
+        torch.testing.assert_close(trees.tensors(g), trees.tensors(w), rtol=1e-4, atol=1e-5)
+    if train:
+        sum(trees.tensors(g)[0].sum() for g in got).backward()
+        sum(trees.tensors(w)[0].sum() for w in want).backward()
+        expected = WideSurgery([gradients_as_weights(m) for m in models])
+        for (k, got), (_, want) in zip(wide.named_parameters(), expected.named_parameters()):
+            torch.testing.assert_close(got.grad, want.detach(), rtol=1e-4, atol=1e-5, msg=k)
+
+
+def without_dropout(model):
+    """`model` drawing no dropout: an nn.Dropout's p, and the rates layers keep as floats (Bart's `dropout`,
+    attention's `attention_dropout`), set to 0, so one wide call and N separate ones compute the same."""
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+        for k, v in vars(m).items():
+            if isinstance(v, float) and ("dropout" in k or "pdrop" in k):
+                setattr(m, k, 0.0)
+    return model

@@ -520,7 +520,8 @@ class Reshaping(nn.Module):
 
 
 class Branchy(nn.Module):
-    """Control flow on the input's rank: vmap runs it (each model's rank is known), torch.fx cannot trace it."""
+    """Control flow on the input's rank: vmap runs it (each model's rank is known), torch.fx cannot
+    trace it, torch.export captures it (it runs forward on a fake tensor of known rank)."""
 
     def __init__(self):
         super().__init__()
@@ -528,6 +529,17 @@ class Branchy(nn.Module):
 
     def forward(self, x):
         return self.fc(x) if x.dim() == 2 else x
+
+
+class OnValues(nn.Module):
+    """Control flow on a tensor's values: neither torch.fx nor torch.export can capture one graph of it."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.fc(x) if x.sum() > 0 else -x
 
 
 def test_surgery_swaps_the_layers_ops_fuse_and_matches_separate_calls():
@@ -669,11 +681,30 @@ def test_a_wrong_swap_is_caught(fast_timing, monkeypatch):
     assert point.correct == {"vmap": True, "surgery": False} and "relative error" in point.checks["surgery"].error
 
 
-def test_a_model_torch_fx_cannot_trace_is_skipped_by_surgery_with_the_reason(fast_timing):
-    r = benchmark_custom(Branchy, (2, 8), [2], device="cpu", verbose=False, timing=fast_timing)
-    assert r.all_correct and r.points[0].correct == {"vmap": True}
-    [why] = r.skipped
-    assert "surgery" in why and "torch.fx cannot trace Branchy" in why
+def test_a_model_torch_fx_cannot_trace_is_captured_by_torch_export():
+    from wide_tessera import WideSurgery
+
+    torch.manual_seed(0)
+    models = [Branchy() for _ in range(3)]
+    wide = WideSurgery(models)
+    assert wide.captured is not None and wide.swapped == ["fc"]
+    for shape in [(2, 8), (5, 8), (4, 8)]:  # a graph of each input shape: torch.export's holds the example's
+        xs = [torch.randn(*shape) for _ in range(3)]
+        for got, model, x in zip(wide.unpack(wide(wide.pack(xs))), models, xs):
+            torch.testing.assert_close(got, model(x))
+    assert len(wide.captured._captures) == 3
+    xs = [torch.randn(2, 8, dtype=torch.float64) for _ in range(3)]
+    wide.double()  # a new dtype: captured again, from the converted weights
+    torch.testing.assert_close(wide.unpack(wide(wide.pack(xs)))[1], models[1].double()(xs[1]))
+
+
+def test_a_model_nothing_can_capture_is_skipped_by_surgery_with_both_reasons(fast_timing):
+    r = benchmark_custom(OnValues, (2, 8), [2], device="cpu", verbose=False, timing=fast_timing)
+    point = r.points[0]
+    assert "surgery" not in point.correct and point.failures["surgery"].kind == "skipped"
+    why = point.failures["surgery"].message
+    assert why.startswith("surgery: neither torch.fx nor torch.export can capture OnValues: torch.fx: ")
+    assert "; torch.export: " in why and "\n" not in why and len(why) < 600
 
 
 def test_surgery_keeps_dropout_comparable(fast_timing):

@@ -19,7 +19,8 @@ class MissingDependency(WideTesseraError):
 
 class NotApplicable(WideTesseraError):
     """A strategy cannot apply to these models (surgery of a model it cannot capture): found when
-    its wide module is built, once, and the runner skips it with this reason instead of failing it."""
+    its wide module is built or first called, before any timing, and the runner skips it with
+    this reason instead of failing it."""
 
 
 def one_line(error: BaseException) -> str:

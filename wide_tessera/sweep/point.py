@@ -267,6 +267,9 @@ def _measure_point(
                 if facts:
                     peaks[name] = peak_memory(call, device)[1]
             return call
+        except NotApplicable as e:  # found on its first call (surgery captures a model there)
+            failures[name] = Failure("setup", "skipped", "Unavailable", f"{name}: {e}")
+            return None
         except Exception as e:  # noqa: BLE001  a broken strategy is a result to report, not a reason to stop the sweep
             failures[name] = _failure("check", e)
             _release_memory(device)

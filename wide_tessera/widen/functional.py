@@ -26,6 +26,7 @@ __all__ = [
     "tensors_only",
     "with_others",
     "check_alike",
+    "is_shared",
 ]
 
 # vmap's randomness modes: 'error' refuses random ops; 'different' gives each model its own
@@ -100,15 +101,16 @@ def vmap_dims(tree: Any) -> Tuple[Any, Any]:
     shared one (expanded, stride 0 on N) goes in once, unmapped; what is not a tensor is passed as it is."""
 
     def value(x: Any) -> Any:
-        return x[0] if _shared(x) else x
+        return x[0] if is_shared(x) else x
 
     def dim(x: Any) -> Optional[int]:
-        return 0 if isinstance(x, torch.Tensor) and not _shared(x) else None
+        return 0 if isinstance(x, torch.Tensor) and not is_shared(x) else None
 
     return tree_map(value, tree), tree_map(dim, tree)
 
 
-def _shared(x: Any) -> bool:
+def is_shared(x: Any) -> bool:
+    """A tensor passed once for all N models: expanded, stride 0 on its N axis."""
     return isinstance(x, torch.Tensor) and x.dim() > 0 and x.stride(0) == 0 and x.size(0) > 1
 
 

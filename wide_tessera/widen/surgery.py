@@ -29,9 +29,11 @@ from torch import fx, nn
 from torch.func import vmap
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
-from ..core.errors import NotApplicable, WideTesseraError
-from ..ops.base import WideOp, fusing_ops, op_fusing
+from ..core.errors import one_line
+from ..ops.base import fusing_ops, op_fusing
+from .exported import ExportedSurgery
 from .functional import StackedIO, WideFunctional, check_alike, tensors_only, unpacked, vmap_dims, with_others
+from .layers import hold_stacked, wide_layer
 
 __all__ = ["WideSurgery"]
 
@@ -44,10 +46,6 @@ _ELEMENTWISE = {
 }
 _ELEMENTWISE_METHODS = {"add", "sub", "mul", "div", "neg", "exp", "tanh", "sigmoid", "relu", "pow"}
 _ELEMENTWISE_MODULES = (nn.GELU, nn.ReLU, nn.SiLU, nn.Tanh, nn.Sigmoid, nn.LeakyReLU, nn.ELU, nn.Mish, nn.Identity)
-
-
-def _layout_is_stacked(layer: nn.Module) -> bool:
-    return type(layer).pack is WideOp.pack and type(layer).unpack is WideOp.unpack
 
 
 class _Vmapped(nn.Module):
@@ -115,19 +113,6 @@ class _ShapeQuery(nn.Module):
         return x.shape[1:]
 
 
-class _Relayout(nn.Module):
-    """An op's wide module on stacked input, through the op's own layout (grouped convolutions
-    keep the N models' channels side by side)."""
-
-    def __init__(self, wide: nn.Module):
-        super().__init__()
-        self.wide = wide
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        w = self.wide
-        return torch.stack(w.unpack(w(w.pack(list(x.unbind(0))))))
-
-
 class _Repeated(nn.Module):
     """A per-model layer given some arguments that are the same for every model: those repeated N times."""
 
@@ -158,9 +143,11 @@ class WideSurgery(StackedIO, nn.Module):
         self.n, self.randomness = len(modules), randomness
         try:
             traced = _trace(modules[0])
-        except Exception as e:  # noqa: BLE001  whatever stops the tracer: the vmap strategy covers the model
-            why = " ".join(str(e).split())[:200]
-            raise NotApplicable(f"torch.fx cannot trace {type(modules[0]).__name__}: {why}") from None
+        except Exception as e:  # noqa: BLE001  whatever stops the tracer: torch.export captures the model
+            self.captured = ExportedSurgery(modules, randomness, one_line(e)[:200])
+            self.swapped, self.looped = self.captured.swapped, self.captured.looped
+            return
+        self.captured = None
         self.swapped: List[str] = []
         self.looped: List[str] = []
         holder = nn.Module()  # what the rewritten graph calls
@@ -180,7 +167,7 @@ class WideSurgery(StackedIO, nn.Module):
                     stacked.add(node)
             elif node.op == "get_attr":
                 try:
-                    _hold_stacked(holder, name, [operator.attrgetter(node.target)(m) for m in modules])
+                    hold_stacked(holder, name, [operator.attrgetter(node.target)(m) for m in modules])
                     stacked.add(node)
                 except AttributeError:  # a tensor the tracer made a constant (torch.ones(3) in forward)
                     holder.register_buffer(name, operator.attrgetter(node.target)(traced))
@@ -221,21 +208,18 @@ class WideSurgery(StackedIO, nn.Module):
         args_mask = list(mask[0])
         if isinstance(subs[0], _ELEMENTWISE_MODULES) and not any(p.numel() for p in subs[0].parameters()):
             return _Elementwise(subs[0], mask, self.randomness) if sum(_leaf_flags(mask)) > 1 else subs[0]
-        op = op_fusing(subs[0], ops)
-        if op is not None and args_mask == [True] and not node.kwargs:
-            try:
-                wide = op.from_modules(subs)
-            except WideTesseraError:  # a configuration the op does not fuse (a grouped conv): vmap it
-                wide = None
-            if wide is not None:
-                self.swapped.append(where)
-                return wide if _layout_is_stacked(wide) else _Relayout(wide)
+        wide = wide_layer(subs, ops) if args_mask == [True] and not node.kwargs else None
+        if wide is not None:
+            self.swapped.append(where)
+            return wide
         self.looped.append(where)
         looped = WideFunctional(subs, self.randomness)
         return looped if all(args_mask) and not node.kwargs else _Repeated(looped, args_mask, self.n)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         args, kwargs = unpacked(args, kwargs)
+        if self.captured is not None:
+            return self.captured(args, kwargs)
         out = self.graph_module(*args, **kwargs)
         if all(self.output_stacked):
             return out
@@ -267,17 +251,6 @@ class _Tracer(fx.Tracer):
 
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
         return super().is_leaf_module(m, qualname) or op_fusing(m, self.ops) is not None
-
-
-def _hold_stacked(holder: nn.Module, name: str, values: List[Any]) -> None:
-    """Each model's tensor attribute, stacked: a parameter stays a parameter."""
-    if not isinstance(values[0], torch.Tensor):
-        raise WideTesseraError(f"surgery: attribute of type {type(values[0]).__name__} read in forward")
-    stacked = torch.stack([v.detach() for v in values])
-    if isinstance(values[0], nn.Parameter):
-        holder.register_parameter(name, nn.Parameter(stacked, requires_grad=values[0].requires_grad))
-    else:
-        holder.register_buffer(name, stacked)
 
 
 def _plain(tree: Any) -> Any:

@@ -1,0 +1,252 @@
+"""Surgery of a model torch.fx cannot trace, captured by torch.export instead.
+
+torch.fx runs forward on symbolic proxies, and stops at the first branch on a value: every
+transformers layer tried (BertLayer, GPT2Block, LlamaDecoderLayer, ...) was refused, and
+transformers 5 dropped its own fx tracer (transformers#41683) for torch.export. torch.export
+(non-strict) runs forward as Python on fake tensors, so such code runs as it does eagerly, and
+records the ATen ops it reaches, each tagged with the modules it ran in (`nn_module_stack`).
+Its graph holds the example input's shapes, so a model is captured on its first call, and again
+for each new input signature (shapes, dtypes, train or eval).
+
+The captured graph is rewritten:
+
+* the ops a fused layer ran (the aten.linear of an nn.Linear, ...) become one call of its
+  registered op's wide module, on the stacked input;
+* the ops between them are cut into as few segments as the data flow allows, each run as one
+  vmapped call over the stacked values. vmap costs per call it enters: cut op by op, a
+  LlamaDecoderLayer would enter it about 60 times a call; in segments it enters it 5 times.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import operator
+from collections import defaultdict
+from itertools import chain
+from typing import Any, Callable, Dict, Hashable, List, Sequence, Set, Tuple
+
+import torch
+from torch import fx, nn
+from torch.func import vmap
+from torch.utils._pytree import tree_flatten, tree_map
+
+from ..core.errors import NotApplicable, one_line
+from ..ops.base import fusing_ops, op_fusing
+from .functional import is_shared, tensors_only, with_others
+from .layers import hold_stacked, wide_layer
+
+__all__ = ["ExportedSurgery"]
+
+# Checks torch.export leaves in its graph for the example's shapes and dtypes: a stacked
+# value has one more axis, and vmap has no rule for them.
+_CHECKS = {torch.ops.aten._assert_tensor_metadata.default}
+
+
+class ExportedSurgery(nn.Module):
+    """N models of one class as one, through graphs torch.export captures (see the module's
+    docstring). Called with the wide input's (args, kwargs): every tensor stacked on N.
+
+    Every layer an op fuses gets its wide module when built (`swapped`; `looped` names the
+    ones their op refuses, which run in the vmapped segments), so an optimiser made before
+    the first call sees every parameter. The rest of the models' parameters and buffers are
+    held stacked."""
+
+    def __init__(self, modules: Sequence[nn.Module], randomness: str, why_not_fx: str):
+        super().__init__()
+        self.n, self.randomness, self.why_not_fx = len(modules), randomness, why_not_fx
+        # what torch.export runs: one model, kept out of the module tree (its weights are not the wide ones)
+        self._skeleton = (copy.deepcopy(modules[0]),)
+        ops = fusing_ops()
+        self.swapped: List[str] = []
+        self.looped: List[str] = []
+        self.wides = nn.ModuleDict()
+        self._wide_names: Dict[str, str] = {}  # layer path -> its key in wides
+        for path, sub in modules[0].named_modules():
+            if not path or op_fusing(sub, ops) is None or path.startswith(_within(self.swapped + self.looped)):
+                continue  # (a fused layer's own parts, an nn.MultiheadAttention's out_proj, are its)
+            wide = wide_layer([m.get_submodule(path) for m in modules], ops)
+            if wide is None:
+                self.looped.append(path)
+                continue
+            self.swapped.append(path)
+            self._wide_names[path] = f"w{len(self.wides)}"
+            self.wides[self._wide_names[path]] = wide
+        self.stacked = nn.Module()
+        self._stacked_names: Dict[str, str] = {}  # parameter or buffer path -> its name in stacked
+        for path, _ in chain(modules[0].named_parameters(), modules[0].named_buffers()):
+            if not path.startswith(_within(self.swapped)):
+                self._stacked_names[path] = f"t{len(self._stacked_names)}"
+                hold_stacked(self.stacked, self._stacked_names[path], [operator.attrgetter(path)(m) for m in modules])
+        self._captures: Dict[Hashable, fx.GraphModule] = {}
+        self.train(modules[0].training)
+
+    def forward(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+        key = _signature(self.training, (args, kwargs))
+        graph = self._captures.get(key)
+        if graph is None:
+            graph = self._captures[key] = self._capture(args, kwargs)
+        return graph(*args, **kwargs)
+
+    def _apply(self, fn: Callable, recurse: bool = True) -> "ExportedSurgery":
+        # .to(), .half(), ...: the graphs hold the old tensors and devices; capture again
+        self._captures.clear()
+        self._skeleton[0]._apply(fn)
+        return super()._apply(fn, recurse)
+
+    def _capture(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> fx.GraphModule:
+        model = self._skeleton[0].train(self.training)
+        one_args, one_kwargs = tree_map(lambda t: t[0] if isinstance(t, torch.Tensor) else t, (args, kwargs))
+        try:  # a failed export prints the graph it got so far to stderr, hundreds of lines: the reason is enough
+            with contextlib.redirect_stderr(io.StringIO()):
+                exported = torch.export.export(model, tuple(one_args), dict(one_kwargs), strict=False).module()
+        except Exception as e:  # noqa: BLE001  whatever stops the capture: the vmap strategy covers the model
+            why = one_line(e)[:200]
+            raise NotApplicable(
+                f"neither torch.fx nor torch.export can capture {type(model).__name__}: torch.fx: {self.why_not_fx}; "
+                f"torch.export: {why}"
+            ) from None
+        graph = exported.graph
+        for node in list(graph.nodes):
+            if (node.op == "call_module" and node.target == "_guards_fn") or node.target in _CHECKS:
+                graph.erase_node(node)
+        self._swap_layers(graph)
+        holder = nn.Module()
+        holder.s, holder.w, holder.c = self.stacked, self.wides, nn.Module()
+        unstacked = self._hold_attributes(graph, exported, holder.c)
+        return fx.GraphModule(holder, _in_segments(graph, holder, unstacked, self.n, self.randomness), "Captured")
+
+    def _swap_layers(self, graph: fx.Graph) -> None:
+        """The ops of each call of a swapped layer, one call of its wide module."""
+        calls: Dict[str, Tuple[str, List[fx.Node]]] = {}  # a call of a layer -> (its path, the ops it ran)
+        for node in graph.nodes:
+            for key, (path, _) in (node.meta.get("nn_module_stack") or {}).items():  # the outermost first
+                if node.op == "call_function" and path in self._wide_names:
+                    calls.setdefault(key, (path, []))[1].append(node)
+                    break
+        for path, nodes in calls.values():
+            inside = set(nodes)
+            inputs = {
+                a for n in nodes for a in n.all_input_nodes
+                if a not in inside and not (a.op == "get_attr" and a.target.startswith(path + "."))
+            }  # fmt: skip
+            outputs = [n for n in nodes if any(u not in inside for u in n.users)]
+            if len(inputs) != 1 or len(outputs) != 1:
+                raise NotApplicable(
+                    f"surgery: layer {path} takes {len(inputs)} values and gives {len(outputs)} in this model, where "
+                    "its wide module takes one and gives one"
+                )
+            with graph.inserting_after(nodes[-1]):
+                call = graph.create_node("call_module", f"w.{self._wide_names[path]}", (inputs.pop(),))
+            outputs[0].replace_all_uses_with(call)
+            for node in reversed(nodes):
+                graph.erase_node(node)
+
+    def _hold_attributes(self, graph: fx.Graph, exported: nn.Module, constants: nn.Module) -> Set[fx.Node]:
+        """Each attribute the graph reads, pointed at its stacked tensor, or, for a constant the
+        capture made (torch.ones(3) in forward), held as it is; returns the constants' nodes."""
+        unstacked = set()
+        for node in [n for n in graph.nodes if n.op == "get_attr"]:
+            if not node.users:
+                graph.erase_node(node)
+            elif node.target in self._stacked_names:
+                node.target = f"s.{self._stacked_names[node.target]}"
+            elif node.target.startswith(_within(self.swapped)):
+                raise NotApplicable(f"surgery: {node.target} is read outside its layer's call (a tied weight?)")
+            else:
+                name = f"c{len(constants._buffers)}"
+                constants.register_buffer(name, operator.attrgetter(node.target)(exported))
+                node.target = f"c.{name}"
+                unstacked.add(node)
+        return unstacked
+
+
+class _Segment(nn.Module):
+    """Ops between swapped layers, one vmapped call over the stacked values (`stacked`: which of
+    its arguments are; a tensor passed once for all models, expanded, goes in once). `plain`:
+    its outputs are tensors, which vmap returns as they are (a tree of them takes tensors_only,
+    30 us a call)."""
+
+    def __init__(self, fn: fx.GraphModule, stacked: List[bool], plain: bool, n: int, randomness: str):
+        super().__init__()
+        self.fn, self.stacked, self.plain, self.n, self.randomness = fn, stacked, plain, n, randomness
+
+    def forward(self, *values: Any) -> Any:
+        mapped = [st and isinstance(v, torch.Tensor) and not is_shared(v) for v, st in zip(values, self.stacked)]
+        values = tuple(v[0] if st and is_shared(v) else v for v, st in zip(values, self.stacked))
+        if not any(mapped):  # nothing here is any model's own: computed once, shared by all
+            out = self.fn(*values)
+            return tree_map(lambda t: t.expand(self.n, *t.shape) if isinstance(t, torch.Tensor) else t, out)
+        dims = tuple(0 if m else None for m in mapped)
+        if self.plain:
+            return vmap(self.fn, in_dims=dims, randomness=self.randomness)(*values)
+        kept: List[Any] = []
+        out = vmap(tensors_only(self.fn, kept), in_dims=dims, randomness=self.randomness)(*values)
+        return with_others(out, kept)
+
+
+def _in_segments(graph: fx.Graph, holder: nn.Module, unstacked: Set[fx.Node], n: int, randomness: str) -> fx.Graph:
+    """`graph` with its ops between swapped layers in vmapped segments (added to `holder`).
+
+    A swapped layer's depth is one more than the deepest layer it depends on, and an op's is
+    that of the deepest layer it depends on. Segment d holds the ops of depth d: it runs after
+    the layers of depth d, which need nothing of it, and before those of depth d + 1."""
+    depth: Dict[fx.Node, int] = {}
+    segments: Dict[int, List[fx.Node]] = defaultdict(list)
+    layers: Dict[int, List[fx.Node]] = defaultdict(list)
+    for node in graph.nodes:
+        swapped = node.op == "call_module"
+        depth[node] = max((depth[a] for a in node.all_input_nodes), default=0) + swapped
+        if swapped:
+            layers[depth[node]].append(node)
+        elif node.op in ("call_function", "call_method"):
+            segments[depth[node]].append(node)
+    out = fx.Graph()
+    out._codegen = graph._codegen  # torch.export's: the model's (args, kwargs) in, its output's structure out
+    env: Dict[fx.Node, fx.Node] = {}
+    for node in graph.nodes:
+        if node.op in ("placeholder", "get_attr"):
+            env[node] = out.node_copy(node, env.__getitem__)
+    for d in range(max(depth.values(), default=0) + 1):
+        for node in layers[d]:
+            env[node] = out.node_copy(node, env.__getitem__)
+        nodes = segments[d]
+        if not nodes:
+            continue
+        inside = set(nodes)
+        inputs = list(dict.fromkeys(a for node in nodes for a in node.all_input_nodes if a not in inside))
+        outputs = [node for node in nodes if any(u not in inside for u in node.users)]
+        sub = fx.Graph()
+        local = {a: sub.placeholder(a.name) for a in inputs}
+        for node in nodes:
+            local[node] = sub.node_copy(node, local.__getitem__)
+        sub.output(tuple(local[o] for o in outputs))
+        name = f"g{d}"
+        plain = all(isinstance(o.meta.get("val"), torch.Tensor) for o in outputs)
+        stacked = [a not in unstacked for a in inputs]
+        holder.add_module(name, _Segment(fx.GraphModule(nn.Module(), sub), stacked, plain, n, randomness))
+        call = out.call_module(name, tuple(env[a] for a in inputs))
+        for j, o in enumerate(outputs):
+            env[o] = out.call_function(operator.getitem, (call, j))
+    out.node_copy(graph.output_node(), env.__getitem__)
+    return out
+
+
+def _within(paths: Sequence[str]) -> Tuple[str, ...]:
+    """Prefixes of what lies inside the layers at `paths` (for str.startswith)."""
+    return tuple(p + "." for p in paths)
+
+
+def _signature(training: bool, value: Any) -> Hashable:
+    """What a capture is specialised to: the input's structure, each tensor's shape, dtype and
+    device (and whether it is shared), each other value itself."""
+    leaves, spec = tree_flatten(value)
+    return (
+        training,
+        repr(spec),
+        tuple(
+            (tuple(x.shape), x.dtype, x.device, is_shared(x)) if isinstance(x, torch.Tensor) else repr(x)
+            for x in leaves
+        ),
+    )

@@ -1,0 +1,53 @@
+"""The pieces both ways of surgery build with: a registered op's wide layer standing for N
+submodules, and N models' tensor attribute held stacked."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Sequence
+
+import torch
+from torch import nn
+
+from ..core.errors import WideTesseraError
+from ..ops.base import WideOp, op_fusing
+
+__all__ = ["wide_layer", "hold_stacked"]
+
+
+def wide_layer(subs: Sequence[nn.Module], ops: Dict[type, type]) -> Optional[nn.Module]:
+    """The op's wide module of `subs` (submodule `where` of each model) taking and giving tensors
+    stacked on a leading N axis; None where no op fuses them (no op fuses the class, or the op
+    refuses this configuration: a grouped convolution)."""
+    op = op_fusing(subs[0], ops)
+    if op is None:
+        return None
+    try:
+        wide = op.from_modules(subs)
+    except WideTesseraError:
+        return None
+    stacked = type(wide).pack is WideOp.pack and type(wide).unpack is WideOp.unpack
+    return wide if stacked else _Relayout(wide)
+
+
+class _Relayout(nn.Module):
+    """An op's wide module on stacked input, through the op's own layout (grouped convolutions
+    keep the N models' channels side by side)."""
+
+    def __init__(self, wide: nn.Module):
+        super().__init__()
+        self.wide = wide
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.wide
+        return torch.stack(w.unpack(w(w.pack(list(x.unbind(0))))))
+
+
+def hold_stacked(holder: nn.Module, name: str, values: List[Any]) -> None:
+    """Each model's tensor attribute, stacked: a parameter stays a parameter."""
+    if not isinstance(values[0], torch.Tensor):
+        raise WideTesseraError(f"surgery: attribute of type {type(values[0]).__name__} read in forward")
+    stacked = torch.stack([v.detach() for v in values])
+    if isinstance(values[0], nn.Parameter):
+        holder.register_parameter(name, nn.Parameter(stacked, requires_grad=values[0].requires_grad))
+    else:
+        holder.register_buffer(name, stacked)
