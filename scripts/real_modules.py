@@ -69,7 +69,8 @@ def catalogue() -> Dict[str, Tuple[Callable[..., nn.Module], Dict[str, Any], Cal
 
 def held_out() -> Dict[str, Tuple[Callable[..., nn.Module], Dict[str, Any], Callable[[], Any]]]:
     """Layers the catalogue does not name, tried the same way (`--held-out`): decoder layers of
-    other families (each with its own RoPE tables) and encoders of text, vision and speech models."""
+    other families (each with its own RoPE tables; Mixtral's and Qwen2-MoE's with their sparse
+    MoE block inside) and encoders of text, vision and speech models."""
     import transformers as T
     from transformers.models.bart.modeling_bart import BartEncoderLayer
     from transformers.models.clip.modeling_clip import CLIPEncoderLayer
@@ -77,15 +78,17 @@ def held_out() -> Dict[str, Tuple[Callable[..., nn.Module], Dict[str, Any], Call
     from transformers.models.gemma.modeling_gemma import GemmaDecoderLayer, GemmaRotaryEmbedding
     from transformers.models.gpt_neox.modeling_gpt_neox import GPTNeoXLayer, GPTNeoXRotaryEmbedding
     from transformers.models.mistral.modeling_mistral import MistralDecoderLayer, MistralRotaryEmbedding
+    from transformers.models.mixtral.modeling_mixtral import MixtralDecoderLayer, MixtralRotaryEmbedding
     from transformers.models.phi.modeling_phi import PhiDecoderLayer, PhiRotaryEmbedding
     from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer, Qwen2RotaryEmbedding
+    from transformers.models.qwen2_moe.modeling_qwen2_moe import Qwen2MoeDecoderLayer, Qwen2MoeRotaryEmbedding
     from transformers.models.roberta.modeling_roberta import RobertaLayer
     from transformers.models.vit.modeling_vit import ViTLayer
 
-    def decoder(layer: type, rotary: type, config: Any) -> Tuple[type, Dict[str, Any], Callable[[], Any]]:
+    def decoder(layer: type, rotary: type, config: Any) -> Tuple[Callable[..., nn.Module], Dict[str, Any], Any]:
         rope = rotary(config)(torch.zeros(1, 6, D), torch.arange(6)[None])
-        return layer, {"config": config, "layer_idx": 0}, lambda: {"hidden_states": torch.randn(2, 6, D),
-                                                                   "position_embeddings": rope}  # fmt: skip
+        return partial(initialised, layer), {"config": config, "layer_idx": 0}, lambda: {
+            "hidden_states": torch.randn(2, 6, D), "position_embeddings": rope}  # fmt: skip
 
     sizes = dict(hidden_size=D, num_attention_heads=4, intermediate_size=64)
     return {
@@ -95,6 +98,11 @@ def held_out() -> Dict[str, Tuple[Callable[..., nn.Module], Dict[str, Any], Call
                                      T.Qwen2Config(num_key_value_heads=2, **sizes)),
         "GemmaDecoderLayer": decoder(GemmaDecoderLayer, GemmaRotaryEmbedding,
                                      T.GemmaConfig(num_key_value_heads=2, head_dim=8, **sizes)),
+        "MixtralDecoderLayer": decoder(MixtralDecoderLayer, MixtralRotaryEmbedding,
+                                       T.MixtralConfig(num_key_value_heads=2, num_local_experts=4, **sizes)),
+        "Qwen2MoeDecoderLayer": decoder(Qwen2MoeDecoderLayer, Qwen2MoeRotaryEmbedding,
+                                        T.Qwen2MoeConfig(num_key_value_heads=2, num_experts=4, moe_intermediate_size=32,
+                                                         shared_expert_intermediate_size=64, **sizes)),
         "PhiDecoderLayer": decoder(PhiDecoderLayer, PhiRotaryEmbedding, T.PhiConfig(**sizes)),
         "GPTNeoXLayer": decoder(GPTNeoXLayer, GPTNeoXRotaryEmbedding, T.GPTNeoXConfig(**sizes)),
         "RobertaLayer": (RobertaLayer, {"config": T.RobertaConfig(**sizes)}, _hidden),

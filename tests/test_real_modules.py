@@ -130,3 +130,15 @@ def without_dropout(model):
             if isinstance(v, float) and ("dropout" in k or "pdrop" in k):
                 setattr(m, k, 0.0)
     return model
+
+
+def test_a_decoder_layer_with_a_sparse_moe_block_inside_is_fused_by_surgery(fast_timing):
+    """vmap cannot run the experts' loop inside; surgery captures the layer with torch.export and makes
+    its N MoE blocks one block of N·E experts."""
+    cls, kwargs, inputs = held_out()["MixtralDecoderLayer"]
+    r = benchmark_custom(cls, None, [2], model_kwargs=kwargs, input_factory=inputs, device="cpu", verbose=False,
+                         timing=fast_timing, confirm="none")  # fmt: skip
+    point = r.points[0]
+    assert point.correct == {"surgery": True}, r.summary()
+    why = point.failures["vmap"]
+    assert why.kind == "skipped" and "MixtralDecoderLayer.mlp's experts loop" in why.message

@@ -116,9 +116,11 @@ def custom_wide(modules: Sequence[nn.Module], strategy: str, randomness: str = "
     """The wide module of a custom job's strategy."""
     if strategy == "surgery":  # a sparse MoE block is swapped whole: N·E experts in one block
         return (WideSparseMoe if is_sparse_moe(modules[0]) else WideSurgery)(modules, randomness)
-    if loops_over_experts(modules[0]):
+    looping = next((path for path, m in modules[0].named_modules() if loops_over_experts(m)), None)
+    if looping is not None:
+        where = f"{type(modules[0]).__name__}{'.' + looping if looping else ''}"
         raise NotApplicable(
-            f"{type(modules[0]).__name__}'s experts loop over the experts a batch hit (aten::nonzero, a shape vmap "
+            f"{where}'s experts loop over the experts a batch hit (aten::nonzero, a shape vmap "
             "cannot batch); surgery makes the N blocks one of N·E experts"
         )
     return WideFunctional.from_modules(modules, strategy, randomness)

@@ -36,12 +36,18 @@ from ..core.errors import NotApplicable, one_line
 from ..ops.base import fusing_ops, op_fusing
 from .functional import is_shared, tensors_only, with_others
 from .layers import hold_stacked, wide_layer
+from .moe import WideSparseMoe, is_sparse_moe, loops_over_experts
 
 __all__ = ["ExportedSurgery"]
 
 # Checks torch.export leaves in its graph for the example's shapes and dtypes: a stacked
 # value has one more axis, and vmap has no rule for them.
 _CHECKS = {torch.ops.aten._assert_tensor_metadata.default}
+
+# How a sparse MoE block's experts run while it is captured: transformers' eager loop over the
+# experts a batch hit has a data-dependent shape torch.export refuses; gathering each token's
+# weights has none. What is captured of the block is replaced by WideSparseMoe's call.
+_CAPTURED_EXPERTS = "batched_mm"
 
 
 class ExportedSurgery(nn.Module):
@@ -58,15 +64,20 @@ class ExportedSurgery(nn.Module):
         self.n, self.randomness, self.why_not_fx = len(modules), randomness, why_not_fx
         # what torch.export runs: one model, kept out of the module tree (its weights are not the wide ones)
         self._skeleton = (copy.deepcopy(modules[0]),)
+        for sub in self._skeleton[0].modules():
+            if loops_over_experts(sub):  # a loop over the experts a batch hit cannot be captured (aten::nonzero):
+                sub.experts.config._experts_implementation = _CAPTURED_EXPERTS  # the block is swapped whole anyway
         ops = fusing_ops()
         self.swapped: List[str] = []
         self.looped: List[str] = []
         self.wides = nn.ModuleDict()
         self._wide_names: Dict[str, str] = {}  # layer path -> its key in wides
         for path, sub in modules[0].named_modules():
-            if not path or op_fusing(sub, ops) is None or path.startswith(_within(self.swapped + self.looped)):
+            moe = is_sparse_moe(sub)
+            if not path or not (moe or op_fusing(sub, ops)) or path.startswith(_within(self.swapped + self.looped)):
                 continue  # (a fused layer's own parts, an nn.MultiheadAttention's out_proj, are its)
-            wide = wide_layer([m.get_submodule(path) for m in modules], ops)
+            subs = [m.get_submodule(path) for m in modules]
+            wide = WideSparseMoe(subs, randomness) if moe else wide_layer(subs, ops)
             if wide is None:
                 self.looped.append(path)
                 continue
