@@ -24,21 +24,26 @@ class Board:
     def __init__(self, step_s=0.01, idle_w=50.0):
         self.step_s, self.idle_w = step_s, idle_w
         self.t0 = time.perf_counter()
-        self.runs = []  # (start, end, watts) of every call
+        self.runs = []  # (start, end, watts, seconds asked) of every call
 
     def call(self, watts, seconds):
         def run():
             start = time.perf_counter()
             while time.perf_counter() - start < seconds:
                 pass
-            self.runs.append((start, time.perf_counter(), watts))
+            self.runs.append((start, time.perf_counter(), watts, seconds))
 
         return run
+
+    def mean_call_s(self, seconds):
+        """How long the calls asked to spin `seconds` really took: a busy machine stretches them."""
+        spans = [b - a for a, b, _, s in self.runs if s == seconds]
+        return sum(spans) / len(spans)
 
     def energy_mj(self):
         step = self.t0 + math.floor((time.perf_counter() - self.t0) / self.step_s) * self.step_s
         joules = self.idle_w * (step - self.t0)
-        joules += sum((w - self.idle_w) * max(0.0, min(b, step) - a) for a, b, w in self.runs)
+        joules += sum((w - self.idle_w) * max(0.0, min(b, step) - a) for a, b, w, _ in self.runs)
         return joules * 1e3
 
 
@@ -52,10 +57,11 @@ def board(monkeypatch):
 def test_each_callable_is_charged_its_own_draw(board):
     # 2 ms calls at 300 W and 100 W: 600 and 200 mJ per call. Read around interleaved timing
     # samples, a coarse counter would charge both about the same.
-    fns = {"hot": board.call(300.0, 0.002), "cool": board.call(100.0, 0.002)}
-    e = measure_energy(fns, {"hot": 2.0, "cool": 2.0}, "cpu", window_s=0.2, rounds=3)
-    assert e["hot"].mj_per_call == pytest.approx(600, rel=0.15)
-    assert e["cool"].mj_per_call == pytest.approx(200, rel=0.15)
+    fns = {"hot": board.call(300.0, 0.002), "cool": board.call(100.0, 0.0021)}
+    e = measure_energy(fns, {"hot": 2.0, "cool": 2.1}, "cpu", window_s=0.2, rounds=3)
+    # W x s of the calls as they ran: beside a busy process a 2 ms spin took 3.4 ms, and 600 mJ was 1014
+    assert e["hot"].mj_per_call == pytest.approx(300e3 * board.mean_call_s(0.002), rel=0.15)
+    assert e["cool"].mj_per_call == pytest.approx(100e3 * board.mean_call_s(0.0021), rel=0.15)
     assert e["hot"].watts == pytest.approx(300, rel=0.15) and e["cool"].watts == pytest.approx(100, rel=0.15)
     assert e["hot"].windows == 3 and e["hot"].low_mj <= e["hot"].mj_per_call <= e["hot"].high_mj
 
@@ -63,7 +69,8 @@ def test_each_callable_is_charged_its_own_draw(board):
 def test_a_faster_call_at_the_same_power_costs_less(board):
     fns = {"slow": board.call(200.0, 0.004), "fast": board.call(200.0, 0.001)}
     e = measure_energy(fns, {"slow": 4.0, "fast": 1.0}, "cpu", window_s=0.2, rounds=2)
-    assert e["slow"].mj_per_call / e["fast"].mj_per_call == pytest.approx(4, rel=0.15)
+    took = board.mean_call_s(0.004) / board.mean_call_s(0.001)  # 4, unless a busy machine stretched them
+    assert e["slow"].mj_per_call / e["fast"].mj_per_call == pytest.approx(took, rel=0.15)
 
 
 def test_a_counter_that_does_not_move_is_said_so(monkeypatch):
@@ -92,10 +99,10 @@ def test_a_run_with_energy_records_it_per_callable_and_keeps_it_in_its_files(mon
         assert set(p.energy) == set(p.timings)  # the baseline, every strategy that was timed
         for name, e in p.energy.items():
             assert e.watts == pytest.approx(100, rel=0.2)
-            # mJ = W x ms: the energy loop's calls take about what the timer measured. Within 4x, not
-            # 2x: the timer throws disturbed rounds away and the energy loop cannot, so a busy
-            # process beside the test made them differ by 2x; a unit or a per-window slip is 1000x.
-            assert 0.25 < e.mj_per_call / (100 * p.timings[name]) < 4, (name, e, p.timings[name])
+            # mJ = W x ms: the energy loop's calls take about what the timer measured. Within 10x: the
+            # timer throws disturbed rounds away and the energy loop cannot, so busy processes beside
+            # the test made them differ by 2x, and by 6.1x beside a whole CI run; a unit slip is 1000x.
+            assert 0.1 < e.mj_per_call / (100 * p.timings[name]) < 10, (name, e, p.timings[name])
     assert "mJ/call (W)" in r.summary()
     path = tmp_path / "r.json"
     save_results([r], path)
