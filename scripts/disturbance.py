@@ -24,13 +24,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import sys
 import time
-from contextlib import contextmanager
-from typing import Callable, Dict, Iterator, List, Tuple
+from typing import Callable, Dict, List, Tuple
 
 import torch
+from repeatability import cpu_burners  # scripts/ is on the path of a script run from it
 
 from wide_tessera.measurement.health import MAX_LOST_FRACTION, HealthMonitor
 from wide_tessera.measurement.timing import TimingConfig, _CpuSampler
@@ -38,18 +37,6 @@ from wide_tessera.reports.text import format_table
 
 THRESHOLDS = (0.01, 0.02, 0.05, 0.1)  # the rule's own, MAX_LOST_FRACTION, among them
 LOST = 0.05
-
-
-@contextmanager
-def cpu_burners(k: int) -> Iterator[None]:
-    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(k)]
-    time.sleep(0.2 if k else 0.0)
-    try:
-        yield
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
 
 
 def workloads() -> Dict[str, Tuple[Callable[[], object], Callable[[], object]]]:
@@ -100,6 +87,7 @@ def main() -> None:
     rows = []
     for k in loads:
         with cpu_burners(k):
+            time.sleep(0.2 if k else 0.0)  # the busy processes running before the first round
             seen = {name: rounds_of(fns, args.rounds) for name, fns in cases.items()}
         if k == 0:
             quiet = {name: statistics.median(d for d, _ in s) for name, s in seen.items()}
