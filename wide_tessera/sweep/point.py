@@ -268,7 +268,7 @@ def _measure_point(
                     peaks[name] = peak_memory(call, device)[1]
             return call
         except NotApplicable as e:  # found on its first call (surgery captures a model there)
-            failures[name] = Failure("setup", "skipped", "Unavailable", f"{name}: {e}")
+            failures[name] = _unavailable(name, e)
             return None
         except Exception as e:  # noqa: BLE001  a broken strategy is a result to report, not a reason to stop the sweep
             failures[name] = _failure("check", e)
@@ -289,14 +289,14 @@ def _measure_point(
             continue
         reason = unmet_need(job.strategy_needs.get(strategy), device, dtype, params, compiling)
         if reason is not None:
-            failures[strategy] = Failure("setup", "skipped", "Unavailable", f"{strategy}: {reason}")
+            failures[strategy] = _unavailable(strategy, reason)
             continue
         try:
             with stage("check", strategy):
                 wide = job.wide_factory(modules, strategy)
                 seeded_wide = job.seeded_check_factory and job.seeded_check_factory(modules, strategy)
         except NotApplicable as e:
-            failures[strategy] = Failure("setup", "skipped", "Unavailable", f"{strategy}: {e}")
+            failures[strategy] = _unavailable(strategy, e)
             continue
         except Exception as e:  # noqa: BLE001  a strategy that cannot be built is a result to report
             failures[strategy] = _failure("check", e)
@@ -430,6 +430,11 @@ def _measure_until_healthy(
             del timed[e.name]
             _release_memory(settings.device)
     return None
+
+
+def _unavailable(strategy: str, why: object) -> Failure:
+    """A strategy that cannot apply here (a need unmet, NotApplicable): skipped with the reason, before any timing."""
+    return Failure("setup", "skipped", "Unavailable", f"{strategy}: {why}")
 
 
 def _failure(stage: str, error: BaseException) -> Failure:
