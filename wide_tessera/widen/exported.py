@@ -68,10 +68,9 @@ class ExportedSurgery(nn.Module):
             if loops_over_experts(sub):  # a loop over the experts a batch hit cannot be captured (aten::nonzero):
                 sub.experts.config._experts_implementation = _CAPTURED_EXPERTS  # the block is swapped whole anyway
         ops = fusing_ops()
-        self.swapped: List[str] = []
         self.looped: List[str] = []
         self.wides = nn.ModuleDict()
-        self._wide_names: Dict[str, str] = {}  # layer path -> its key in wides
+        self._wide_names: Dict[str, str] = {}  # swapped layer's path -> its key in wides
         for path, sub in modules[0].named_modules():
             moe = is_sparse_moe(sub)
             if not path or not (moe or op_fusing(sub, ops)) or path.startswith(_within(self.swapped + self.looped)):
@@ -81,7 +80,6 @@ class ExportedSurgery(nn.Module):
             if wide is None:
                 self.looped.append(path)
                 continue
-            self.swapped.append(path)
             self._wide_names[path] = f"w{len(self.wides)}"
             self.wides[self._wide_names[path]] = wide
         self.stacked = nn.Module()
@@ -92,6 +90,10 @@ class ExportedSurgery(nn.Module):
                 hold_stacked(self.stacked, self._stacked_names[path], [operator.attrgetter(path)(m) for m in modules])
         self._captures: Dict[Hashable, fx.GraphModule] = {}
         self.train(modules[0].training)
+
+    @property
+    def swapped(self) -> List[str]:
+        return list(self._wide_names)
 
     def forward(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
         key = _signature(self.training, (args, kwargs))
