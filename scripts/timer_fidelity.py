@@ -1,9 +1,8 @@
 """Does wide_tessera.measure agree with the timers people already trust?
 
 Times reference workloads (matmuls and convolutions from microseconds to tens of
-milliseconds) with the timer the runner uses (`measure_paired`; on CUDA not
-`measure`, which hands a lone function to do_bench itself and so could not
-disagree with it) and torch.utils.benchmark's Timer.blocked_autorange (and
+milliseconds) with the timer the runner and `measure` use (`measure_paired`) and
+torch.utils.benchmark's Timer.blocked_autorange (and
 triton.testing.do_bench on CUDA), and prints each pair's medians and ratio.
 Target: within 5% on a CPU, 3% of do_bench on a GPU where launch overhead is
 small against the kernel: our CUDA timer starts on an idle GPU and counts the

@@ -1,10 +1,8 @@
-"""Timers: what measure() returns on a CPU, and how it drives triton's do_bench on a GPU."""
+"""Timers: what measure() and measure_paired() return, and what they blame."""
 
 import math
 import random
-import sys
 import time
-import types
 from collections import Counter
 
 import numpy as np
@@ -37,24 +35,27 @@ def test_timing_stats_from_known_samples():
     assert stats.iqr_ms == 2.0  # 4 - 2 with linear interpolation
 
 
-def test_gpu_path_asks_do_bench_for_every_sample_in_ms(monkeypatch):
-    """No GPU is needed to check our side of do_bench's contract: ms budgets in, all samples out."""
-    calls = []
+def test_measure_keeps_to_every_setting_it_is_given():
+    """One timer for every setting: do_bench, which measure() once used on CUDA, ignored these."""
+    config = TimingConfig(min_samples=5, max_samples=5, budget_s=10.0, min_sample_s=0.004)
+    stats = measure(lambda: torch.ones(64).sum(), device="cpu", config=config)
+    assert stats.n_samples == 5 and stats.calls_per_sample > 1
+    assert stats.median_ms * stats.calls_per_sample >= 0.004 * 1e3 * 0.9
 
-    def fake_do_bench(fn, warmup, rep, return_mode):
-        calls.append((warmup, rep, return_mode))
-        fn()
-        return [0.5, 0.25, 1.0]
 
-    triton = types.ModuleType("triton")
-    triton.testing = types.SimpleNamespace(do_bench=fake_do_bench)
-    monkeypatch.setitem(sys.modules, "triton", triton)
-    monkeypatch.setitem(sys.modules, "triton.testing", triton.testing)
-    ran = []
-    # the timer itself, not the checked API entry point, which refuses CUDA on a machine without it
-    stats = timing.measure(lambda: ran.append(1), device="cuda", config=TimingConfig(warmup_s=0.02, budget_s=0.1))
-    assert calls == [(20.0, 100.0, "all")] and ran == [1]
-    assert (stats.timer, stats.samples_ms, stats.median_ms) == ("triton_do_bench", [0.5, 0.25, 1.0], 0.5)
+def test_a_function_that_raises_is_named_and_a_fault_of_the_stop_rule_is_not_blamed_on_it():
+    def broken():
+        raise RuntimeError("boom")
+
+    with pytest.raises(timing.TimedFunctionError) as raised:
+        measure_paired({"a": lambda: None, "b": broken})
+    assert raised.value.name == "b" and isinstance(raised.value.error, RuntimeError)
+
+    def faulty_rule(samples):
+        raise KeyError("a bug of ours")
+
+    with pytest.raises(KeyError):  # not TimedFunctionError: the runner would drop a strategy for our bug
+        measure_paired({"a": lambda: None, "b": lambda: None}, stop=faulty_rule)
 
 
 def test_paired_rounds_interleave():

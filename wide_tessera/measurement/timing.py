@@ -1,9 +1,11 @@
 """Timers that adapt to noise: samples are taken until the median is known well enough.
 
 CPU: perf_counter around a calibrated loop of calls. CUDA: CUDA events around a
-calibrated loop, the L2 flushed before every sample; a lone function can go to `triton.testing.do_bench`.
-Several functions are timed in interleaved rounds (A B C A B C ...), so drift in
-the machine's speed hits all of them alike and their samples pair up by round.
+calibrated loop, the L2 flushed before every sample. One timer per device, alone or paired,
+so every setting of TimingConfig means the same everywhere (scripts/timer_fidelity.py holds
+the CUDA timer against triton's do_bench). Several functions are timed in interleaved
+rounds (A B C A B C ...), so drift in the machine's speed hits all of them alike and their
+samples pair up by round.
 """
 
 from __future__ import annotations
@@ -32,7 +34,6 @@ __all__ = [
     "measure_paired",
     "StopRule",
     "Look",
-    "cuda_timer_name",
     "timer_name",
     "capture_graph",
 ]
@@ -62,7 +63,7 @@ class TimedFunctionError(Exception):
 class TimingConfig:
     """When to stop sampling: the median's 95% CI is narrow enough, or the time budget is spent."""
 
-    # triton.testing.do_bench's own warm-up; on a CPU the checks have run each function already.
+    # Each function runs for at least this long before its first sample (the samplers' prepare).
     warmup_s: float = 0.025
     # Time budget per function; a paired measurement of k functions gets k budgets.
     budget_s: float = 0.5
@@ -93,17 +94,9 @@ class TimingConfig:
 def measure(fn: Fn, device: str = "cpu", config: Optional[TimingConfig] = None) -> TimingStats:
     """Time `fn()` on `device`; every sample (ms per call) is kept with its statistics.
 
-    On CUDA without graph mode, uses `triton.testing.do_bench` when triton imports.
+    The paired timer with one function: triton's do_bench, which `measure` once handed CUDA
+    functions to, ignores min_samples, max_samples, target_rel_ci and min_sample_s.
     """
-    config = config or TimingConfig()
-    if torch.device(device).type == "cuda" and not config.cuda_graph and cuda_timer_name() == "triton_do_bench":
-        import triton.testing
-
-        # do_bench warms up, flushes L2 before every call, and times each call with CUDA events.
-        samples = triton.testing.do_bench(
-            fn, warmup=config.warmup_s * 1e3, rep=config.budget_s * 1e3, return_mode="all"
-        )
-        return TimingStats.from_samples([float(s) for s in samples], "triton_do_bench")
     return measure_paired({"fn": fn}, device, config).stats["fn"]
 
 
@@ -151,8 +144,8 @@ def measure_paired(
     `stage(name)` wraps the 'warmup' and 'measure' phases (the runner puts time limits
     there). `on_function(name)` hears which function is about to run, before its warm-up
     and each of its samples (the isolated worker records it, so that a crash or a hang
-    is charged to the function that caused it). A function that raises is reported as
-    TimedFunctionError naming it.
+    is charged to the function that caused it). A function that raises, or that is running
+    when the stage's time runs out, is reported as TimedFunctionError naming it.
 
     When to stop is one rule with two forms, both capped by the budget (config.budget_s per
     function, plus `extra_budget_s`): without `stop`, once every median's 95% CI is narrower
@@ -172,37 +165,34 @@ def measure_paired(
     positions: Dict[str, List[int]] = {name: [] for name in names}
     disturbed: Dict[str, List[float]] = {name: [] for name in names}
     disturbed_positions: Dict[str, List[int]] = {name: [] for name in names}
-    current, active = names[0], list(names)
+    active = list(names)
     with _gc_paused():
-        try:
-            with stage("warmup"):
-                sampler = _CudaSampler(config) if torch.device(device).type == "cuda" else _CpuSampler(config)
-                for current, fn in fns.items():
-                    on_function(current)
-                    sampler.prepare(current, fn)
-            with stage("measure"):
-                monitor = HealthMonitor(device)
-                started = time.perf_counter()
-                budget = config.budget_s * len(fns) + extra_budget_s
-                for r in itertools.count():
-                    order = round_order(active, r)
-                    monitor.round_started()
-                    taken = {}
-                    for current in order:
-                        on_function(current)
-                        with nvtx_range(label(current), device) if label else nullcontext():
-                            taken[current] = sampler.sample(current)
-                    clean = not monitor.round_disturbed()
-                    for name in active:
-                        (samples if clean else disturbed)[name].append(taken[name])
-                        (positions if clean else disturbed_positions)[name].append(order.index(name))
-                    look = _look(samples, disturbed, config, time.perf_counter() - started, budget, stop, monitor)
-                    if look.stop:
-                        break
-                    active = [name for name in active if name == names[0] or name not in look.drop]
-                sampled_s = time.perf_counter() - started
-        except Exception as e:
-            raise TimedFunctionError(current, e) from e
+        with stage("warmup"):
+            sampler = _CudaSampler(config) if torch.device(device).type == "cuda" else _CpuSampler(config)
+            for name, fn in fns.items():
+                on_function(name)
+                _blamed(name, sampler.prepare, name, fn)
+        with stage("measure"):
+            monitor = HealthMonitor(device)
+            started = time.perf_counter()
+            budget = config.budget_s * len(fns) + extra_budget_s
+            for r in itertools.count():
+                order = round_order(active, r)
+                monitor.round_started()
+                taken = {}
+                for name in order:
+                    on_function(name)
+                    with nvtx_range(label(name), device) if label else nullcontext():
+                        taken[name] = _blamed(name, sampler.sample, name)
+                clean = not monitor.round_disturbed()
+                for name in active:
+                    (samples if clean else disturbed)[name].append(taken[name])
+                    (positions if clean else disturbed_positions)[name].append(order.index(name))
+                look = _look(samples, disturbed, config, time.perf_counter() - started, budget, stop, monitor)
+                if look.stop:
+                    break
+                active = [name for name in active if name == names[0] or name not in look.drop]
+            sampled_s = time.perf_counter() - started
     rounds, n_disturbed = len(samples[names[0]]), len(disturbed[names[0]])
     health = monitor.finish(rounds, n_disturbed, config.min_samples)
     if rounds < config.min_samples:  # too few clean rounds to say anything: keep all, flagged by `health`
@@ -218,6 +208,16 @@ def measure_paired(
         for name, s in samples.items()
     }
     return PairedTimings(stats, health, sampled_s)
+
+
+def _blamed(name: str, call: Callable[..., T], *args: object) -> T:
+    """`call(*args)`, its exception charged to function `name`. Only a function's own preparation
+    and samples are blamed on it: a fault of the health monitor or of the stop rule is ours, and
+    passes up as it is, not as one more failure of whichever strategy was sampled last."""
+    try:
+        return call(*args)
+    except Exception as e:
+        raise TimedFunctionError(name, e) from e
 
 
 def round_order(names: List[str], r: int) -> List[str]:
@@ -371,15 +371,6 @@ def _loop_s(fn: Fn, calls: int) -> float:
     for _ in range(calls):
         fn()
     return time.perf_counter() - t0
-
-
-def cuda_timer_name() -> str:
-    """The timer `measure` uses for a lone function on CUDA: do_bench when triton imports, else CUDA events."""
-    try:
-        import triton.testing  # noqa: F401
-    except ImportError:
-        return "cuda_event"
-    return "triton_do_bench"
 
 
 class _CudaSampler(_Sampler):

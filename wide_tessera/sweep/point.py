@@ -15,7 +15,7 @@ import warnings
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set
+from typing import Any, Callable, ContextManager, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 import torch
 
@@ -104,7 +104,7 @@ def iter_points(
                 continue
             known = dict(excluded or {}) if index == start else {}
             controls = settings.controls and (settings.controls_at == "every" or n == largest[group_key(params)])
-            yield _measure_point(
+            measurement = _PointMeasurement(
                 job,
                 n,
                 params,
@@ -116,240 +116,356 @@ def iter_points(
                 bank,
                 facts,
             )
+            yield measurement.run()
 
 
 def _clones(inputs: Sequence[Any]) -> List[Any]:
     return [trees.clone(x) for x in inputs]
 
 
-def _measure_point(
-    job: BenchmarkJob,
-    n: int,
-    params: Dict[str, Any],
-    settings: RunSettings,
-    failures: Dict[str, Failure],
-    observer: Optional[StageObserver],
-    on_function: Optional[Callable[[str], None]] = None,
-    controls: bool = False,
-    bank: Optional[TimeBank] = None,
-    facts: bool = True,
-) -> PointResult:
-    device, timeouts = settings.device, settings.timeouts
-    dtype = DTYPES[params.get("dtype", "float32")]
+Join = Callable[[List[Any]], Any]
 
-    def stage(name: str, strategy: Optional[str] = None) -> Any:
-        return stage_limit(name, timeouts, strategy, observer)
 
-    try:
-        with stage("setup"):
-            over = _over_budget(job, n, params, dtype, settings)
-            if over is not None:
-                return analysis.failed_point(n, params, {"point": over})
-            # Seeded per point, so a point's models and inputs do not depend on which points
-            # ran before it; the confirmation pass measures with a seed of its own.
-            torch.manual_seed(settings.seed)
-            training = settings.mode in TRAINING_MODES
-            train = job.train or training
-            modules = [job.model_factory(**params).to(device=device, dtype=dtype).train(train) for _ in range(n)]
-            draws = [
-                [trees.cast(x, device, dtype) for x in job.input_factory(n, **params)] for _ in range(INPUT_DRAWS)
-            ]
-    except Exception as e:  # noqa: BLE001  a point whose setup fails is a result, not a reason to stop the sweep
-        return analysis.failed_point(n, params, {"point": _failure("setup", e)})
+@dataclass
+class _Candidate:
+    """One callable a point checks and then times: the compiled baseline, a strategy or a control.
 
-    # Every call below gets its own copy of the inputs: a model that changes its input in
-    # place (x += self.pos) must not change what the next strategy is checked on.
-    separate_calls = partial(_separate_calls, modules)
+    `join(modules)` builds the side's wide module from N models, for a training check (None for
+    a loop over them); `check_side` is checked where the timed side cannot be (random models).
+    """
 
-    def reference_calls(inputs: Sequence[Any], models: Sequence[torch.nn.Module] = modules) -> List[Any]:
+    name: str
+    side: Side
+    join: Optional[Join] = None
+    check_side: Optional[Side] = None
+
+
+class _PointMeasurement:
+    """One point, measured in named phases over explicit state (`run`):
+
+    setup (N models, the input draws) -> reference (the separate calls' outputs, the baseline's
+    timed call) -> candidates (each checked on every draw, its timed call kept when correct) ->
+    timing (all timed calls together, until the decision settles) -> facts (launches, energy,
+    traces). What a phase finds is an attribute the later phases read; what fails is a Failure
+    in `failures`, never an exception out of the point.
+    """
+
+    def __init__(
+        self,
+        job: BenchmarkJob,
+        n: int,
+        params: Dict[str, Any],
+        settings: RunSettings,
+        failures: Dict[str, Failure],
+        observer: Optional[StageObserver],
+        on_function: Optional[Callable[[str], None]],
+        controls: bool,
+        bank: TimeBank,
+        facts: bool,
+    ):
+        self.job, self.n, self.params, self.settings = job, n, params, settings
+        self.failures, self.observer, self.on_function = failures, observer, on_function
+        self.controls, self.bank, self.facts = controls, bank, facts
+        self.device = settings.device
+        self.dtype = DTYPES[params.get("dtype", "float32")]
+        self.training = settings.mode in TRAINING_MODES
+        self.compiling = settings.compile != "none"
+        self.modules: List[torch.nn.Module] = []
+        self.draws: List[List[Any]] = []
+        # Per draw: the separate calls' outputs, and whether they return their input (an identity:
+        # only then may a strategy).
+        self.references: List[Tuple[List[Any], bool]] = []
+        self.weights: List[Any] = []  # training modes: per draw, what the loss weights each output by
+        self.outcomes: List[modes.Outcome] = []  # training modes: per draw, what the N models' training call did
+        self.checks: Dict[str, Check] = {}
+        self.peaks: Dict[str, int] = {}
+        self.first_call_s: Dict[str, float] = {}
+        self.timed: Dict[str, Callable[[], object]] = {}
+
+    def run(self) -> PointResult:
+        failed = self.setup() or self.reference()
+        if failed is not None:
+            return failed
+        if self.compiling or self.settings.controls:
+            torch._dynamo.reset()  # each point compiles afresh: never silently eager past the recompile limit
+        for candidate in self.candidates():
+            call = self.checked(candidate)
+            if call is not None:
+                self.timed[candidate.name] = call
+            elif candidate.name == "baseline":
+                return self.compiled_baseline_failed()
+        self.checks.pop("baseline", None)  # the compiled loop's check: a condition of the point, not a verdict
+        label = partial(trace_name, self.job.op, self.n, self.params)  # the NVTX ranges' names, on CUDA
+        timings = _measure_until_healthy(
+            self.timed, self.settings, self.failures, self.stage, self.on_function, self.bank, label
+        )
+        return self.result(timings, label)
+
+    def stage(self, name: str, strategy: Optional[str] = None) -> ContextManager[None]:
+        return stage_limit(name, self.settings.timeouts, strategy, self.observer)
+
+    # -- setup and reference -------------------------------------------------------------
+
+    def setup(self) -> Optional[PointResult]:
+        """The N models and the input draws; a failed point if they cannot be made."""
+        job, params = self.job, self.params
+        try:
+            with self.stage("setup"):
+                over = _over_budget(job, self.n, params, self.dtype, self.settings)
+                if over is not None:
+                    return analysis.failed_point(self.n, params, {"point": over})
+                # Seeded per point, so a point's models and inputs do not depend on which points
+                # ran before it; the confirmation pass measures with a seed of its own.
+                torch.manual_seed(self.settings.seed)
+                train = job.train or self.training
+                self.modules = [
+                    job.model_factory(**params).to(device=self.device, dtype=self.dtype).train(train)
+                    for _ in range(self.n)
+                ]
+                self.draws = [
+                    [trees.cast(x, self.device, self.dtype) for x in job.input_factory(self.n, **params)]
+                    for _ in range(INPUT_DRAWS)
+                ]
+        except Exception as e:  # noqa: BLE001  a point whose setup fails is a result, not a reason to stop the sweep
+            return analysis.failed_point(self.n, params, {"point": _failure("setup", e)})
+        return None
+
+    def reference(self) -> Optional[PointResult]:
+        """The separate calls on every draw, the references each candidate is checked against, and
+        the baseline's timed call; a failed point if they cannot be judged or made.
+
+        Calls in train mode update the models' running statistics: each call here starts from, and
+        leaves, the models as they were built, from which each strategy is built and checked. Every
+        call gets its own copy of the inputs: a model that changes its input in place (x += self.pos)
+        must not change what the next strategy is checked on.
+        """
+        modules, draws = self.modules, self.draws
+        try:
+            with self.stage("check", "baseline"):
+                # The first call (handles, workspaces: cuBLAS's 33 MiB on an H100) is not steady state.
+                with modes.preserved(modules):
+                    loop = partial(_separate_calls, modules, _clones(draws[0]))
+                    self.first_call_s["baseline"] = _first_call_s(loop, self.device)
+                for i, inputs in enumerate(draws):
+                    given = _clones(inputs)
+                    with modes.preserved(modules):
+                        reference = self.reference_calls(given)
+                    unjudgeable = nonfinite_reference(reference)
+                    if unjudgeable is None and i == 0:
+                        unjudgeable = vacuous_reference(reference, self.crossed_call(inputs))
+                    if unjudgeable is not None:
+                        failure = Failure("check", "error", "Unjudgeable", unjudgeable)
+                        return analysis.failed_point(self.n, self.params, {"point": failure})
+                    returns_input = any(
+                        shares_memory(o, trees.tensors(x))
+                        for out, x in zip(reference, given)
+                        for o in trees.tensors(out)
+                    )
+                    self.references.append((reference, returns_input))
+                    if self.training:
+                        self.weights.append(modes.grad_weights(reference, self.settings.seed + i))
+                        side = Side(self.reference_calls, list, list, modules)
+                        outcome = modes.outcome(self.settings.mode, side, _clones(inputs), self.weights[i], _call)
+                        self.outcomes.append(outcome)
+                self.timed["baseline"] = self.timed_of(self.loop_side())
+                if self.facts:
+                    self.peaks["baseline"] = peak_memory(self.timed["baseline"], self.device)[1]
+        except Exception as e:  # noqa: BLE001  a point whose baseline fails is a result, not a reason to stop the sweep
+            return analysis.failed_point(self.n, self.params, {"point": _failure("check", e)})
+        return None
+
+    def seeded(self, call: Callable[[], Any]) -> Any:
+        return _seeded(call, self.settings.seed, self.job.random)
+
+    def reference_calls(self, inputs: Sequence[Any], models: Optional[Sequence[torch.nn.Module]] = None) -> List[Any]:
         # Random models: every call starts from the same generator state, as the checked
         # wide call does (see BenchmarkJob.random), so each model draws what the wide call drew.
-        return [_seeded(partial(trees.call, m, x), settings.seed, job.random) for m, x in zip(models, inputs)]
+        pairs = zip(self.modules if models is None else models, inputs)
+        return [self.seeded(partial(trees.call, m, x)) for m, x in pairs]
 
-    def crossed_call(inputs: Sequence[Any]) -> Optional[Any]:
+    def crossed_call(self, inputs: Sequence[Any]) -> Optional[Any]:
         """Model 0 on model 1's input, where their parameters differ (else None): for vacuous_reference."""
-        if n < 2 or not parameters_differ(modules[0], modules[1]):
+        modules = self.modules
+        if self.n < 2 or not parameters_differ(modules[0], modules[1]):
             return None
         with modes.preserved(modules), torch.no_grad():
-            return _seeded(partial(trees.call, modules[0], trees.clone(inputs[1])), settings.seed, job.random)
+            return self.seeded(partial(trees.call, modules[0], trees.clone(inputs[1])))
 
-    def seeded(call: Callable[[], Any]) -> Any:
-        return _seeded(call, settings.seed, job.random)
-
-    weights: List[Any] = []  # training modes: per draw, what the loss weights each output by
-    outcomes: List[modes.Outcome] = []  # training modes: per draw, what the N models' training call did
-
-    def loop_side(compile_mode: str = "none", optimizer: Optional[str] = None) -> Side:
+    def loop_side(self, compile_mode: str = "none", optimizer: Optional[str] = None) -> Side:
         """N separate calls to time (train_step: stepped by N default optimizers, or by one
         `optimizer` over all N models). In the training modes each loop has models of its own, as
         the models were built: its optimizer steps them, and a backward-mode forward recorded on
         them must not see another side's check restore their running statistics."""
-        models = [copy.deepcopy(m) for m in modules] if training else modules
+        models = [copy.deepcopy(m) for m in self.modules] if self.training else self.modules
         loop = partial(_separate_calls, models)
         return Side(loop if compile_mode == "none" else compiled(loop, compile_mode), list, list, models, optimizer)
 
-    def timed_of(side: Side) -> Callable[[], object]:
-        return modes.timed_call(settings.mode, side, _clones(draws[0]), weights[0] if weights else [])
+    def timed_of(self, side: Side) -> Callable[[], object]:
+        weights = self.weights[0] if self.weights else []
+        return modes.timed_call(self.settings.mode, side, _clones(self.draws[0]), weights)
 
-    try:
-        # Calls in train mode update the models' running statistics: each call here starts from,
-        # and leaves, the models as they were built, from which each strategy is built and checked.
-        with stage("check", "baseline"):
-            references = []
-            # The first call (handles, workspaces: cuBLAS's 33 MiB on an H100) is not steady state.
-            with modes.preserved(modules):
-                first_call_s = {"baseline": _first_call_s(partial(separate_calls, _clones(draws[0])), device)}
-            for i, inputs in enumerate(draws):
-                given = _clones(inputs)
-                with modes.preserved(modules):
-                    reference = reference_calls(given)
-                unjudgeable = nonfinite_reference(reference)
-                if unjudgeable is None and i == 0:
-                    unjudgeable = vacuous_reference(reference, crossed_call(inputs))
-                if unjudgeable is not None:
-                    return analysis.failed_point(
-                        n, params, {"point": Failure("check", "error", "Unjudgeable", unjudgeable)}
-                    )
-                # The separate calls may return their input (an identity); only then may a strategy.
-                returns_input = any(
-                    shares_memory(o, trees.tensors(x)) for out, x in zip(reference, given) for o in trees.tensors(out)
+    # -- candidates ------------------------------------------------------------------------
+
+    def candidates(self) -> Iterator[_Candidate]:
+        """The compiled baseline (when compiling: the eager loop stays the reference it is checked
+        against), every strategy that can be built here, and the controls asked for."""
+        if self.compiling:
+            yield _Candidate("baseline", self.loop_side(self.settings.compile))
+        for strategy in self.job.strategies:
+            candidate = None if strategy in self.failures else self.strategy(strategy)
+            if candidate is not None:
+                yield candidate
+        if self.controls:
+            yield from self.control_candidates()
+
+    def strategy(self, strategy: str) -> Optional[_Candidate]:
+        """The strategy's wide module of the N models; None, with its failure recorded, where it
+        cannot apply here or cannot be built."""
+        job, settings = self.job, self.settings
+        reason = unmet_need(job.strategy_needs.get(strategy), self.device, self.dtype, self.params, self.compiling)
+        if reason is not None:
+            self.failures[strategy] = _unavailable(strategy, reason)
+            return None
+        try:
+            with self.stage("check", strategy):
+                wide = job.wide_factory(self.modules, strategy)
+                seeded_wide = job.seeded_check_factory and job.seeded_check_factory(self.modules, strategy)
+        except NotApplicable as e:
+            self.failures[strategy] = _unavailable(strategy, e)
+            return None
+        except Exception as e:  # noqa: BLE001  a strategy that cannot be built is a result to report
+            self.failures[strategy] = _failure("check", e)
+            return None
+        side = _wide_side(wide, compiled(wide, settings.compile) if self.compiling else wide)
+        check_side = seeded_wide and _wide_side(seeded_wide, seeded_wide)
+        return _Candidate(strategy, side, partial(_join, job.wide_factory, strategy), check_side)
+
+    def control_candidates(self) -> Iterator[_Candidate]:
+        """The controls that can run here (measurement.controls)."""
+        settings = self.settings
+        for control in CONTROLS:
+            if control_unavailable(
+                control, self.device, settings.compile, settings.timing.cuda_graph, self.job.random, settings.mode
+            ):
+                continue
+            if control in OPTIMIZER_CONTROLS:  # the loop as the baseline runs it, compiled or not
+                side = self.loop_side(settings.compile, OPTIMIZER_CONTROLS[control])
+                # the N separate calls themselves: checked drawing what the reference's calls drew, model by model
+                same_draws = partial(self.reference_calls, models=side.modules)
+                yield _Candidate(
+                    control, side, check_side=replace(side, forward=same_draws) if self.job.random else None
                 )
-                references.append((reference, returns_input))
-                if training:
-                    weights.append(modes.grad_weights(reference, settings.seed + i))
-                    reference_side = Side(reference_calls, list, list, modules)
-                    outcomes.append(modes.outcome(settings.mode, reference_side, _clones(inputs), weights[i], _call))
-            timed = {"baseline": timed_of(loop_side())}
-            peaks = {"baseline": peak_memory(timed["baseline"], device)[1]} if facts else {}
-    except Exception as e:  # noqa: BLE001  a point whose baseline fails is a result, not a reason to stop the sweep
-        return analysis.failed_point(n, params, {"point": _failure("check", e)})
+            elif control == "loop_compiled":
+                yield _Candidate(control, self.loop_side("default"))
+            else:
+                yield _Candidate(control, _graphed_side(partial(_separate_calls, self.modules), self.draws[0]))
 
-    tol = tolerance(dtype, device)
-    checks: Dict[str, Check] = {}
-    compiling = settings.compile != "none"
-    if compiling or settings.controls:
-        torch._dynamo.reset()  # each point compiles afresh: never silently eager past the recompile limit
+    def checked(self, candidate: _Candidate) -> Optional[Callable[[], object]]:
+        """Check the candidate on every draw; its timed call on draw 0 when correct, else None
+        (its verdict in `checks`, or its failure in `failures`).
 
-    def check_draw(side: Side, join: Optional[Callable[[List[Any]], Any]], i: int, given: List[Any]) -> Check:
-        """One draw's verdict on `side`: its N outputs (training modes: and gradients, state) against the separate
-        calls'."""
-        reference, returns_input = references[i]
-        if training:
-            got = modes.outcome(settings.mode, side, given, weights[i], seeded)
-            return modes.compare(outcomes[i], got, modules, join, tol)
-        x = side.pack(given)
-        output = seeded(partial(side.forward, x))
-        forbidden = [] if returns_input else trees.tensors([x, given])
-        return check_outputs(side.unpack(output), reference, tol, forbidden)
-
-    def checked(
-        name: str, side: Side, join: Optional[Callable[[List[Any]], Any]] = None, check_side: Optional[Side] = None
-    ) -> Optional[Callable[[], object]]:
-        """Check `name` on every draw; its timed call on draw 0 when correct, else None.
-
-        `join(modules)` builds the side's wide module from N models (None for a loop over
-        them); `check_side` is the one checked where the timed side cannot be (random models).
         The first call (compilation, autotuning, handles) is timed apart and kept out of
         the memory peak: on an H100 a Triton strategy's autotuning showed as a 256 MiB peak.
         """
+        name, side = candidate.name, candidate.side
         try:
-            with stage("check", name), warnings.catch_warnings(record=True) as caught:
+            with self.stage("check", name), warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 with modes.preserved(side.modules):
-                    first_call_s[name] = _first_call_s(timed_of(side), device)
-                draw_checks = [check_draw(check_side or side, join, i, _clones(x)) for i, x in enumerate(draws)]
+                    self.first_call_s[name] = _first_call_s(self.timed_of(side), self.device)
+                checked_side = candidate.check_side or side
+                draw_checks = [
+                    self.check_draw(checked_side, candidate.join, i, _clones(x)) for i, x in enumerate(self.draws)
+                ]
             messages = list(dict.fromkeys(str(w.message) for w in caught))
-            checks[name] = merge_checks(draw_checks, fallback_note(messages), messages)
-            if not checks[name].correct:
+            self.checks[name] = merge_checks(draw_checks, fallback_note(messages), messages)
+            if not self.checks[name].correct:
                 return None
-            with stage("check", name):  # left as the timed call leaves it: restoring could break a recorded forward
-                call = timed_of(side)
-                if facts:
-                    peaks[name] = peak_memory(call, device)[1]
+            with self.stage(
+                "check", name
+            ):  # left as the timed call leaves it: restoring could break a recorded forward
+                call = self.timed_of(side)
+                if self.facts:
+                    self.peaks[name] = peak_memory(call, self.device)[1]
             return call
         except NotApplicable as e:  # found on its first call (surgery captures a model there)
-            failures[name] = _unavailable(name, e)
+            self.failures[name] = _unavailable(name, e)
             return None
         except Exception as e:  # noqa: BLE001  a broken strategy is a result to report, not a reason to stop the sweep
-            failures[name] = _failure("check", e)
-            _release_memory(device)
+            self.failures[name] = _failure("check", e)
+            _release_memory(self.device)
             return None
 
-    if compiling:  # the compiled loop is the baseline; the eager one stays the reference it is checked against
-        compiled_baseline = checked("baseline", loop_side(settings.compile))
-        check = checks.pop("baseline", None)
-        if compiled_baseline is None:
-            failure = failures.pop("baseline", None) or Failure(
-                "check", "error", "Incorrect", f"the compiled baseline differs from the eager calls: {check.error}"
-            )
-            return analysis.failed_point(n, params, {"point": failure}, peak_memory_bytes=peaks)
-        timed["baseline"] = compiled_baseline
-    for strategy in job.strategies:
-        if strategy in failures:
-            continue
-        reason = unmet_need(job.strategy_needs.get(strategy), device, dtype, params, compiling)
-        if reason is not None:
-            failures[strategy] = _unavailable(strategy, reason)
-            continue
-        try:
-            with stage("check", strategy):
-                wide = job.wide_factory(modules, strategy)
-                seeded_wide = job.seeded_check_factory and job.seeded_check_factory(modules, strategy)
-        except NotApplicable as e:
-            failures[strategy] = _unavailable(strategy, e)
-            continue
-        except Exception as e:  # noqa: BLE001  a strategy that cannot be built is a result to report
-            failures[strategy] = _failure("check", e)
-            continue
-        side = _wide_side(wide, compiled(wide, settings.compile) if compiling else wide)
-        join = partial(_join, job.wide_factory, strategy)
-        call = checked(strategy, side, join, seeded_wide and _wide_side(seeded_wide, seeded_wide))
-        if call is not None:
-            timed[strategy] = call
-    for control in CONTROLS if controls else ():
-        if control_unavailable(
-            control, device, settings.compile, settings.timing.cuda_graph, job.random, settings.mode
-        ):
-            continue
-        if control in OPTIMIZER_CONTROLS:  # the loop as the baseline runs it, compiled or not
-            side = loop_side(settings.compile, OPTIMIZER_CONTROLS[control])
-            # the N separate calls themselves: checked drawing what the reference's calls drew, model by model
-            same_draws = replace(side, forward=partial(reference_calls, models=side.modules)) if job.random else None
-            call = checked(control, side, check_side=same_draws)
-        elif control == "loop_compiled":
-            call = checked(control, loop_side("default"))
-        else:
-            call = checked(control, _graphed_side(separate_calls, draws[0]))
-        if call is not None:
-            timed[control] = call
+    def check_draw(self, side: Side, join: Optional[Join], i: int, given: List[Any]) -> Check:
+        """One draw's verdict on `side`: its N outputs (training modes: and gradients, state) against
+        the separate calls'."""
+        reference, returns_input = self.references[i]
+        tol = tolerance(self.dtype, self.device)
+        if self.training:
+            got = modes.outcome(self.settings.mode, side, given, self.weights[i], self.seeded)
+            return modes.compare(self.outcomes[i], got, self.modules, join, tol)
+        x = side.pack(given)
+        output = self.seeded(partial(side.forward, x))
+        forbidden = [] if returns_input else trees.tensors([x, given])
+        return check_outputs(side.unpack(output), reference, tol, forbidden)
 
-    label = partial(trace_name, job.op, n, params)  # the NVTX ranges' names, on CUDA
-    timings = _measure_until_healthy(timed, settings, failures, stage, on_function, bank or TimeBank(), label)
-    launches = {}
-    for name in timings.stats if timings is not None and facts else ():
-        with stage("measure", name):  # after timing: every call counted has run many times already
-            launches[name] = count_launches(timed[name], device)
-    point = analysis.measured_point(n, params, timings, checks, level_of(settings), peaks, failures, first_call_s)
-    point.launches, point.work = launches, job.work_factory(n, **params)
-    if settings.energy and timings is not None:
+    def compiled_baseline_failed(self) -> PointResult:
+        check = self.checks.pop("baseline", None)
+        failure = self.failures.pop("baseline", None) or Failure(
+            "check",
+            "error",
+            "Incorrect",
+            f"the compiled baseline differs from the eager calls: {check and check.error}",
+        )
+        return analysis.failed_point(self.n, self.params, {"point": failure}, peak_memory_bytes=self.peaks)
+
+    # -- the result and its facts ----------------------------------------------------------
+
+    def result(self, timings: Optional[PairedTimings], label: Callable[[str], str]) -> PointResult:
+        """The point's result from its timings, with the facts measured after them: launches,
+        energy and traces, each after the timings and never inside them."""
+        launches = {}
+        for name in timings.stats if timings is not None and self.facts else ():
+            with self.stage("measure", name):  # after timing: every call counted has run many times already
+                launches[name] = count_launches(self.timed[name], self.device)
+        point = analysis.measured_point(
+            self.n,
+            self.params,
+            timings,
+            self.checks,
+            level_of(self.settings),
+            self.peaks,
+            self.failures,
+            self.first_call_s,
+        )
+        point.launches, point.work = launches, self.job.work_factory(self.n, **self.params)
+        if timings is not None:
+            self.energy(point, timings)
+            self.traces(point, timings, label)
+        return point
+
+    def energy(self, point: PointResult, timings: PairedTimings) -> None:
+        if not self.settings.energy:
+            return
         medians = {name: st.median_ms for name, st in timings.stats.items()}
+        calls = {name: self.timed[name] for name in medians}
         try:
-            with stage("measure"):
-                point.energy = measure_energy(
-                    {name: timed[name] for name in medians}, medians, device, settings.timing.cuda_graph, on_function
-                )
+            with self.stage("measure"):
+                cuda_graph = self.settings.timing.cuda_graph
+                point.energy = measure_energy(calls, medians, self.device, cuda_graph, self.on_function)
         except Exception as e:  # noqa: BLE001  the timings stand without it; say why it is missing
             point.flags.append(f"no energy measured: {type(e).__name__}: {e}")
-    if settings.trace and timings is not None and (settings.trace_n is None or n in settings.trace_n):
-        try:  # after the timings, never inside them
-            with stage("measure"):
-                written = write_traces(
-                    {name: timed[name] for name in timings.stats}, Path(settings.trace), label, device
-                )
-            point.traces = [str(path) for path in written]
+
+    def traces(self, point: PointResult, timings: PairedTimings, label: Callable[[str], str]) -> None:
+        settings = self.settings
+        if not settings.trace or (settings.trace_n is not None and self.n not in settings.trace_n):
+            return
+        try:
+            with self.stage("measure"):
+                calls = {name: self.timed[name] for name in timings.stats}
+                point.traces = [str(path) for path in write_traces(calls, Path(settings.trace), label, self.device)]
         except Exception as e:  # noqa: BLE001  the timings stand without it; say why it is missing
             point.flags.append(f"no trace written: {type(e).__name__}: {e}")
-    return point
 
 
 def _separate_calls(models: Sequence[torch.nn.Module], inputs: Sequence[Any]) -> List[Any]:
@@ -423,6 +539,9 @@ def _measure_until_healthy(
             timings = measure_paired(timed, settings.device, settings.timing, stage, on_function, stop, extra_s, label)
             bank.account(budget_s, timings.sampled_s)
             return timings
+        except StageTimeout as e:  # ran out between samples (the stop rule, the health check): the point's
+            failures["point"] = _failure(e.stage, e)
+            return None
         except TimedFunctionError as e:
             culprit = "point" if e.name == "baseline" else e.name
             phase = e.error.stage if isinstance(e.error, StageTimeout) else "measure"
