@@ -12,7 +12,8 @@ import wide_tessera as wt
 from wide_tessera.cli import cli
 from wide_tessera.core.errors import WideTesseraError
 from wide_tessera.dispatch import fuse as fusing
-from wide_tessera.dispatch.fuse import DispatchWarning, LoopedModules, fuse
+from wide_tessera.dispatch.build import LoopedModules
+from wide_tessera.dispatch.fuse import DispatchWarning, fuse
 from wide_tessera.dispatch.table import (
     DispatchTable,
     entries_of,

@@ -175,8 +175,8 @@ def test_nothing_measured_runs_transformers_default_with_one_warning_naming_tune
 def test_a_shape_is_looked_up_in_the_table_once(tmp_path, monkeypatch):
     dispatch = integration.register(table=str(tmp_path / "none.json"))
     looked = []
-    real = integration.match
-    monkeypatch.setattr(integration, "match", lambda *a: looked.append(1) or real(*a))
+    real = integration.decide
+    monkeypatch.setattr(integration, "decide", lambda *a: looked.append(1) or real(*a))
     experts = build_experts("mixtral", 8, 32, 48)
     experts.config._experts_implementation = "wide_tessera"
     with warnings.catch_warnings():

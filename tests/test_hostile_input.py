@@ -13,7 +13,7 @@ from torch import nn
 
 import wide_tessera as wt
 from wide_tessera.cli import cli
-from wide_tessera.dispatch.fuse import LoopedModules
+from wide_tessera.dispatch.build import LoopedModules
 from wide_tessera.dispatch.table import DispatchTable, entries_of
 from wide_tessera.ops.gemm import WideLinear
 from wide_tessera.widen.functional import WideFunctional

@@ -77,7 +77,7 @@ def options(*decorators: Callable) -> Callable:
     return decorate
 
 
-def _setting(name: str, *decls: str, **kwargs: Any) -> Callable:
+def _option(name: str, *decls: str, **kwargs: Any) -> Callable:
     """A click option for the RunSettings field `name`, with the field's own help."""
     meta = {f.name: f.metadata for f in dataclasses.fields(RunSettings)}[name]
     return click.option(*decls, help=meta["help"], **kwargs)
@@ -90,7 +90,7 @@ IMPORT = click.option(
     metavar="MODULE",
     help="Import MODULE first: its @register ops and register_strategy strategies join the run (repeatable).",
 )
-DEVICE = _setting("device", "--device", default=None)
+DEVICE = _option("device", "--device", default=None)
 QUIET = click.option("--quiet", is_flag=True, help="No progress on stderr.")
 NO_SAVE = click.option(
     "--no-save",
@@ -102,9 +102,9 @@ NO_SAVE = click.option(
 SELECTION = options(
     click.option("--n-values", default=None, metavar="N1,N2,...", help="Replace the preset's N values."),
     click.option("--set", "sets", multiple=True, metavar="AXIS=V1,V2", help="Replace a sweep axis (repeatable)."),
-    _setting("seed", "--seed", default=0, show_default=True),
+    _option("seed", "--seed", default=0, show_default=True),
     click.option("--threads", type=int, default=None, help="CPU threads for torch  [default: torch's choice]"),
-    _setting("search", "--search", default=None, metavar="LO:HI"),
+    _option("search", "--search", default=None, metavar="LO:HI"),
 )
 
 # How every measuring command samples and guards its points.
@@ -118,13 +118,13 @@ SAMPLING = options(
         f"{PRESET_RUNS['quick'].budget_s}, ci: {PRESET_RUNS['ci'].budget_s}]",
     ),
     click.option("--cuda-graph", is_flag=True, help="CUDA only: time CUDA-graph replays, without launch overhead."),
-    _setting("isolate", "--isolate", is_flag=True),
+    _option("isolate", "--isolate", is_flag=True),
     click.option(
         "--timeout-multiplier", type=float, default=1.0, show_default=True, help="Scale every stage's time limit."
     ),
-    _setting("memory_budget", "--memory-budget", default=None, metavar="SIZE"),
-    _setting("mode", "--mode", type=click.Choice(MODES), default="inference", show_default=True),
-    _setting(
+    _option("memory_budget", "--memory-budget", default=None, metavar="SIZE"),
+    _option("mode", "--mode", type=click.Choice(MODES), default="inference", show_default=True),
+    _option(
         "compile", "--compile", "compile_mode", type=click.Choice(COMPILE_MODES), default="none", show_default=True
     ),
 )
@@ -150,14 +150,14 @@ RUN_OPTIONS = options(
         help="Sample until each median's 95% CI is narrower than this fraction of it.",
     ),
     SAMPLING,
-    _setting("confirm", "--confirm", type=click.Choice(CONFIRM_MODES), default=None),
-    _setting("controls", "--controls/--no-controls", default=None),
-    _setting("controls_at", "--controls-at", type=click.Choice(CONTROLS_AT), default="largest", show_default=True),
-    _setting("precise", "--precise", is_flag=True),
-    _setting("roofline", "--roofline", is_flag=True),
-    _setting("energy", "--energy", is_flag=True),
-    _setting("trace", "--trace", default=None, metavar="DIR"),
-    _setting("trace_n", "--trace-n", default=None, metavar="N1,N2,..."),
+    _option("confirm", "--confirm", type=click.Choice(CONFIRM_MODES), default=None),
+    _option("controls", "--controls/--no-controls", default=None),
+    _option("controls_at", "--controls-at", type=click.Choice(CONTROLS_AT), default="largest", show_default=True),
+    _option("precise", "--precise", is_flag=True),
+    _option("roofline", "--roofline", is_flag=True),
+    _option("energy", "--energy", is_flag=True),
+    _option("trace", "--trace", default=None, metavar="DIR"),
+    _option("trace_n", "--trace-n", default=None, metavar="N1,N2,..."),
     click.option(
         "--dump-ir",
         default=None,

@@ -8,12 +8,12 @@ built on torch's own pytree utilities.
 
 from __future__ import annotations
 
-from typing import Any, Callable, List
+from typing import Any, Callable, List, Sequence
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_map
 
-__all__ = ["call", "cast", "clone", "tensors", "flat"]
+__all__ = ["call", "call_each", "cast", "clone", "tensors", "flat"]
 
 
 def call(model: Callable, x: Any) -> Any:
@@ -21,6 +21,11 @@ def call(model: Callable, x: Any) -> Any:
     if isinstance(x, tuple):
         return model(*x)
     return model(**x) if isinstance(x, dict) else model(x)
+
+
+def call_each(models: Sequence[Callable], inputs: Sequence[Any]) -> List[Any]:
+    """The N separate calls: model i on input i, one by one (the loop every strategy is measured against)."""
+    return [call(m, x) for m, x in zip(models, inputs)]
 
 
 def cast(tree: Any, device: str, dtype: torch.dtype) -> Any:

@@ -11,6 +11,7 @@ so that the next process fuses from it without measuring.
 from __future__ import annotations
 
 import warnings
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -19,116 +20,112 @@ import torch
 from torch import nn
 
 from ..core import trees
-from ..core.capabilities import Needs, unmet_need
+from ..core.capabilities import unmet_need
 from ..core.correctness import check_outputs, tolerance
 from ..core.files import results_lock
 from ..core.job import DTYPES
 from ..core.stats import paired_ratio
 from ..measurement.settings import RunSettings
 from ..measurement.timing import TimingConfig, measure_paired
-from ..ops.base import wide_module
-from ..results.decisions import decide, level_of, stop_rule
+from ..results.decisions import Call, decide, level_of, stop_rule
 from ..results.manifest import now
-from .table import FIRST_CALL, Case, DispatchEntry, DispatchTable, Match, NVerdict
+from .build import DispatchDecision, ModuleGroup, Trials
+from .table import FIRST_CALL, Case, DispatchEntry, DispatchTable, Match, NVerdict, measured_entry
 
-__all__ = ["FirstCall", "op_trials"]
+__all__ = ["FirstCall"]
+
+# Until the first call has measured, what the decision says.
+_UNDECIDED = "no measured entry: the first call measures the loop against the strategies and decides"
 
 
-def op_trials(cls: type) -> Tuple[Sequence[str], Callable[[List[nn.Module], str], nn.Module], Dict[str, Needs]]:
-    """What a first call of op `cls` tries: its strategies, how each is built, what each needs."""
-    return cls.BENCHMARK_STRATEGIES, partial(wide_module, cls), cls.strategy_needs()
-
-
-class FirstCall(nn.Module):
-    """N modules whose first call measures and decides; pack, forward and unpack as the other
-    fused modules have them (the packed value is the N inputs: whichever side won packs them
-    itself on every call). `decision` says what decided, after the first call too."""
+class FirstCall(ModuleGroup):
+    """N modules whose first call measures and decides; the packed value is the N inputs:
+    whichever side won packs them itself on every call.
+    `decision` says what decided, after the first call too."""
 
     def __init__(
         self,
         modules: Sequence[nn.Module],
-        strategies: Sequence[str],
-        build: Callable[[List[nn.Module], str], nn.Module],
-        needs: Dict[str, Needs],
+        trials: Trials,
         case: Case,
         table_path: Optional[str],
         time_bound_s: float,
-        announce: Callable[[Match], Any],
+        source: Optional[str],
     ):
-        """`strategies` are tried, each built by `build(modules, strategy)` where the run gives
-        what `needs[strategy]` asks: an op's own, or a custom class's vmap and surgery."""
-        super().__init__()
-        self.models = nn.ModuleList(modules)
-        self._strategies, self._build, self._needs = tuple(strategies), build, needs
-        self._case, self._table, self._bound = case, table_path, time_bound_s
-        self._announce = announce
+        """`trials` says which strategies are tried and how each is built, where the run gives what
+        it needs: an op's own, or a custom class's vmap and surgery. The entry measured is written
+        to `table_path` (None: kept in this process); `source` names the table the decision
+        cites."""
+        super().__init__(modules)
+        self._trials, self._case, self._table, self._bound = trials, case, table_path, time_bound_s
+        self.decision = DispatchDecision(case, Match(False, None, (), None, None, _UNDECIDED), source)
         self._chosen: Optional[Callable[[List[Any]], List[Any]]] = None
-        self._wide: Optional[nn.Module] = None
-
-    def pack(self, inputs: Sequence[Any]) -> Tuple[Any, ...]:
-        if not isinstance(inputs, (list, tuple)) or len(inputs) != len(self.models):
-            raise ValueError(f"pack needs a list of {len(self.models)} inputs, one per module")
-        return tuple(inputs)
 
     def forward(self, inputs: Tuple[Any, ...]) -> Tuple[Any, ...]:
         if self._chosen is None:
-            self._decide(list(inputs))
+            self._chosen = self._decide(list(inputs))
         return tuple(self._chosen(list(inputs)))
 
-    def unpack(self, output: Tuple[Any, ...]) -> List[Any]:
-        return list(output)
-
     def _loop(self, inputs: List[Any]) -> List[Any]:
-        return [trees.call(m, x) for m, x in zip(self.models, inputs)]
+        return trees.call_each(self.models, inputs)
 
-    def _decide(self, inputs: List[Any]) -> None:
+    def _correct(self, inputs: List[Any]) -> Dict[str, nn.Module]:
+        """Each strategy that can run here, built, whose outputs match the separate calls' (a wrong
+        strategy is never chosen)."""
         case, device = self._case, str(inputs_device(inputs))
-        candidates: Dict[str, nn.Module] = {}
+        reference = self._loop([trees.clone(x) for x in inputs])
+        tol = tolerance(DTYPES[case.dtype], device)
+        correct: Dict[str, nn.Module] = {}
+        for strategy in self._trials.strategies:
+            if unmet_need(self._trials.needs.get(strategy), device, DTYPES[case.dtype], case.params):
+                continue
+            try:
+                wide = self._trials.make(list(self.models), strategy)
+                out = wide.unpack(wide(wide.pack([trees.clone(x) for x in inputs])))
+            except Exception:  # noqa: BLE001  a strategy that cannot run here is not chosen
+                continue
+            if check_outputs(out, reference, tol).correct:
+                correct[strategy] = wide
+        return correct
+
+    def _decide(self, inputs: List[Any]) -> Callable[[List[Any]], List[Any]]:
+        """Measure, keep the answer as `decision`, write the entry; what every later call runs."""
+        device = str(inputs_device(inputs))
         with torch.no_grad():
-            reference = self._loop([trees.clone(x) for x in inputs])
-            tol = tolerance(DTYPES[case.dtype], device)
-            for strategy in self._strategies:
-                if unmet_need(self._needs.get(strategy), device, DTYPES[case.dtype], case.params):
-                    continue
-                try:
-                    wide = self._build(list(self.models), strategy)
-                    out = wide.unpack(wide(wide.pack([trees.clone(x) for x in inputs])))
-                except Exception:  # noqa: BLE001  a strategy that cannot run here is not chosen
-                    continue
-                if check_outputs(out, reference, tol).correct:  # a wrong strategy is never chosen
-                    candidates[strategy] = wide
+            candidates = self._correct(inputs)
             timed: Dict[str, Callable[[], object]] = {"baseline": lambda: self._loop(inputs)}
             for strategy, wide in candidates.items():
-                packed = wide.pack(inputs)
-                timed[strategy] = lambda wide=wide, packed=packed: wide(packed)
+                timed[strategy] = partial(wide, wide.pack(inputs))
             settings = RunSettings(device=device, timing=TimingConfig(budget_s=self._bound / len(timed)))
             stop = stop_rule(list(candidates), [], settings)
             stats = measure_paired(timed, device, settings.timing, stop=stop).stats
         samples = {name: st.samples_ms for name, st in stats.items()}
         call = decide(samples, list(candidates), level_of(settings))
-        if call.kind == "fuse":
-            self._wide = candidates[call.strategy]
-            wide = self._wide
-            self._chosen = lambda xs: wide.unpack(wide(wide.pack(xs)))
-        else:
-            self._chosen = self._loop
-        verdict = {"fuse": "fuse", "marginal": "marginal", "open": "open"}.get(call.kind, "loop")
-        best = call.strategy
-        speedup = None if best is None else paired_ratio(samples["baseline"], samples[best])[0]
-        entry = DispatchEntry(
-            op=case.op, device=case.device, device_name=case.device_name, dtype=case.dtype, mode=case.mode,
-            compile=case.compile, cuda_graph=case.cuda_graph, params=case.params,
-            verdicts=[NVerdict(case.n, verdict, best, speedup)],
-            crossover_n=case.n if verdict == "fuse" else None, measured_at=now(),
-            versions={"torch": torch.__version__}, threads=torch.get_num_threads(), preset=FIRST_CALL,
-        )  # fmt: skip
+        entry = self._entry(call, samples)
+        verdict = entry.verdicts[0]
         reason = (
-            f"measured on its first call: {best} {speedup:.2f}x, {call.kind}" if speedup is not None else
-            f"measured on its first call: no strategy ran correctly here, {call.kind}"
-        )  # fmt: skip
-        self._announce(Match(verdict == "fuse", best if verdict == "fuse" else None, (entry,), 0.0, case.n, reason))
+            f"measured on its first call: {verdict.strategy} {verdict.speedup:.2f}x, {call.kind}"
+            if verdict.speedup is not None
+            else f"measured on its first call: no strategy ran correctly here, {call.kind}"
+        )
+        fused = call.kind == "fuse"
+        match = Match(fused, verdict.strategy if fused else None, (entry,), 0.0, self._case.n, reason)
+        self.decision = replace(self.decision, match=match)
         if self._table is not None:
             _merge(self._table, entry)
+        if fused and call.strategy is not None:
+            wide = candidates[call.strategy]
+            return lambda xs: wide.unpack(wide(wide.pack(xs)))
+        return self._loop
+
+    def _entry(self, call: Call, samples: Dict[str, List[float]]) -> DispatchEntry:
+        """The table entry of this one measured N; a Call's kinds (fuse, marginal, loop, open) are
+        table verdicts as they are. The speedup is the paired ratio the decision rests on."""
+        best = call.strategy
+        speedup = None if best is None else paired_ratio(samples["baseline"], samples[best])[0]
+        verdicts = [NVerdict(self._case.n, call.kind, best, speedup)]
+        versions: Dict[str, Optional[str]] = {"torch": torch.__version__}
+        return measured_entry(self._case, verdicts, now(), versions, torch.get_num_threads(), FIRST_CALL)
 
 
 def inputs_device(inputs: List[Any]) -> torch.device:
@@ -145,4 +142,3 @@ def _merge(path: str, entry: DispatchEntry) -> None:
             table.merged([entry]).save(path)
     except Exception as e:  # noqa: BLE001  the decision stands in this process; only its record is lost
         warnings.warn(f"the first call's measurement was not written to {path}: {e}", stacklevel=3)
-

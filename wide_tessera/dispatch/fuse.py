@@ -2,22 +2,20 @@
 
 The decision comes from a dispatch table (dispatch.table) that `wide_tessera tune` measured:
 the entry of the modules' op on this device, in their dtype, nearest in parameters, read at
-N = len(modules) by the conservative rule written in `dispatch.table.match`.
+N = len(modules) by the conservative rule written in `dispatch.table.match`. fuse() checks what
+it is given, asks `decide` (table and case in, answer out) and hands the answer to `build`
+(dispatch.build); where nothing is measured, a first call may measure (dispatch.first_call).
 """
 
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, replace
-from functools import partial
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
 
-from ..core import trees
-from ..core.capabilities import unmet_need
 from ..core.environment import capture_environment
 from ..core.errors import WideTesseraError, unknown
 from ..core.files import make_folder
@@ -25,14 +23,15 @@ from ..core.job import DTYPES, params_text
 from ..core.user_input import check_bool, check_number
 from ..measurement.controls import COMPILE_MODES
 from ..measurement.modes import check_mode
-from ..ops.base import fusing_ops, op_fusing, wide_module
+from ..ops.base import fusing_ops, op_fusing
 from ..ops.registry import REGISTRY, get_op
-from ..widen.custom import CUSTOM_STRATEGIES, custom_wide, model_identity
+from ..widen.custom import model_identity
 from ..widen.functional import RANDOMNESS
-from .first_call import FirstCall, op_trials
-from .table import TABLE_ENV, Case, DispatchTable, Match, default_table_path, match
+from .build import DispatchDecision, build, custom_trials, op_trials
+from .first_call import FirstCall
+from .table import TABLE_ENV, Case, DispatchTable, Match, decide, default_table_path
 
-__all__ = ["fuse", "Decision", "LoopedModules", "DispatchWarning", "tune_command"]
+__all__ = ["fuse", "DispatchWarning", "tune_command"]
 
 
 # How fuse() decides where the table has no entry: 'table' loops, 'first-call' measures.
@@ -41,63 +40,6 @@ MEASURES = ("table", "first-call")
 
 class DispatchWarning(UserWarning):
     """No measured entry decides a case: the modules run as a loop until this case is tuned."""
-
-
-@dataclass(frozen=True)
-class Decision:
-    """Why `fuse` built what it built: readable with print(fused.decision).
-
-    fused: whether the modules were fused; strategy: the wide strategy (None for the loop);
-    case: what was asked (op, device, dtype, mode, parameters, N); match: the table's answer
-    (its nearest entries and their distance); table: the file it came from (None: a table object).
-    """
-
-    fused: bool
-    strategy: Optional[str]
-    case: Case
-    match: Match
-    table: Optional[str]
-
-    def __str__(self) -> str:
-        c, m = self.case, self.match
-        what = f"fuse with {self.strategy!r}" if self.fused else "loop over the modules (not fused)"
-        lines = [
-            f"{what}: {c.op} x{c.n}, {params_text(c.params) or 'no parameters given'}, dtype={c.dtype}, "
-            f"mode={c.mode}, on {c.device_name}",
-            f"  because: {m.reason}",
-        ]
-        for e in m.entries:
-            apart = [f"{k} {v} (measured {e.params[k]})" for k, v in c.params.items() if e.params.get(k) != v]
-            how_far = f"distance {m.distance:.3f}: " + (", ".join(apart) if apart else "the same parameters")
-            lines.append(f"  entry: {e.describe()}; {how_far}")
-        lines.append(f"  table: {self.table or 'given as an object'}")
-        lines += [f"  note: {note}" for note in m.notes]
-        return "\n".join(lines)
-
-
-class LoopedModules(nn.Module):
-    """The N modules called one by one, with the wide modules' interface: `pack` keeps the N
-    inputs as they are (no copy), `forward` calls each module on its own, `unpack` gives the N
-    outputs. The packed value is opaque: pass what `pack` gives to the module, and its output to `unpack`."""
-
-    def __init__(self, modules: Sequence[nn.Module]):
-        super().__init__()
-        self.models = nn.ModuleList(modules)
-
-    def pack(self, inputs: Sequence[Any]) -> Tuple[Any, ...]:
-        if not isinstance(inputs, (list, tuple)) or len(inputs) != len(self.models):
-            raise WideTesseraError(f"pack needs a list of {len(self.models)} inputs, one per module")
-        return tuple(inputs)
-
-    def forward(self, inputs: Tuple[Any, ...]) -> Tuple[Any, ...]:
-        if not isinstance(inputs, tuple) or len(inputs) != len(self.models):  # a tensor would pair rows with modules
-            raise WideTesseraError(
-                f"forward takes what pack gives: a tuple of {len(self.models)} inputs, one per module"
-            )
-        return tuple(trees.call(m, x) for m, x in zip(self.models, inputs))
-
-    def unpack(self, output: Tuple[Any, ...]) -> List[Any]:
-        return list(output)
 
 
 # The cases already warned about: one warning per case in a process, not one per layer.
@@ -114,6 +56,7 @@ def fuse(
     randomness: str = "error",
     measure: str = "table",
     time_bound_s: float = 0.5,
+    dtype: Optional[str] = None,
     **hints: Any,
 ) -> nn.Module:
     """N modules of one kind as one module: the wide module of the strategy that won on this
@@ -129,13 +72,39 @@ def fuse(
     a class no op fuses goes the custom way (vmap or surgery, as `benchmark_custom` measured
     it, under its class name). mode, compile, cuda_graph: which measurements apply
     (`--mode`, `--compile`, `--cuda-graph` of the tuning run). randomness: vmap's, for a
-    custom module that draws random numbers. hints: the values of the op's sweep axes that
-    the modules do not fix (batch=..., seq_len=...), for the nearest entry. measure:
-    'table' (the table decides; no entry: the loop) or 'first-call' (no entry: the first call
-    measures the loop against the op's strategies on the real input within `time_bound_s`,
-    keeps the winner and writes the entry to the table file; see dispatch.first_call).
+    custom module that draws random numbers. dtype: the entries' dtype, for modules with no
+    floating-point parameters (given for modules that have them, it must be theirs). hints: the
+    values of the op's sweep axes that the modules do not fix (batch=64, seq_len=128), for the
+    nearest entry; an axis named as one of fuse's own keywords cannot be hinted. measure: 'table' (the table
+    decides; no entry: the loop) or 'first-call' (no entry: the first call measures the loop
+    against the op's strategies on the real input within `time_bound_s`, keeps the winner and
+    writes the entry to the table file; see dispatch.first_call).
     """
     modules = _check_modules(modules)
+    _check_options(mode, compile, randomness, cuda_graph, measure, time_bound_s)
+    cls = _op_class(modules[0], op)
+    trials = op_trials(cls) if cls is not None else custom_trials(randomness)
+    case = _case(modules, cls, mode, compile, cuda_graph, dtype, hints)
+    loaded, source = _load_table(table, measure)
+    unmeasurable = _unmeasurable(modules, case.dtype)
+    if unmeasurable is not None:  # nothing measured can say: the loop, with one warning
+        _warn_once(case, f"{unmeasurable}: running the modules as a loop")
+        answer = Match(False, None, (), None, None, f"{unmeasurable}: not fused")
+    else:
+        answer = decide(loaded, case, trials.needs, _device(modules[0]))
+        if not answer.entries and measure == "first-call" and mode == "inference":
+            return FirstCall(modules, trials, case, _table_file(table), time_bound_s, source)
+        if not answer.entries:
+            _warn_untuned(case, source)
+    built = build(DispatchDecision(case, answer, source), modules, trials.make)
+    if answer.fuse and not built.decision.fused:
+        _warn_once(case, f"{built.decision.match.reason}: running the modules as a loop")
+    return built
+
+
+def _check_options(
+    mode: str, compile: str, randomness: str, cuda_graph: bool, measure: str, time_bound_s: float
+) -> None:
     check_mode(mode)
     if compile not in COMPILE_MODES:
         raise unknown("compile mode", compile, COMPILE_MODES)
@@ -145,71 +114,42 @@ def fuse(
     if measure not in MEASURES:
         raise unknown("measure", measure, MEASURES)
     check_number("time_bound_s", time_bound_s, 0, 3600, what="a number of seconds")
-    cls = _op_class(modules[0], op)
-    name = cls.NAME if cls is not None else type(modules[0]).__name__
-    tensors = [*modules[0].parameters(), *modules[0].buffers()]
-    device = str(tensors[0].device) if tensors else "cpu"
-    dtype = _dtype_name(modules[0], hints.pop("dtype", None))
-    identity = model_identity(modules[0])
-    params = {
-        **(cls.module_params(modules[0]) if cls is not None else {k: identity[k] for k in ("model", "layers")}),
-        **_checked_hints(cls, name, modules[0], hints),
-    }
-    environment = capture_environment(device)
-    case = Case(
+
+
+def _device(module: nn.Module) -> str:
+    tensors = [*module.parameters(), *module.buffers()]
+    return str(tensors[0].device) if tensors else "cpu"
+
+
+def _case(
+    modules: List[nn.Module],
+    cls: Optional[type],
+    mode: str,
+    compile: str,
+    cuda_graph: bool,
+    dtype: Optional[str],
+    hints: Dict[str, Any],
+) -> Case:
+    """What the modules ask the table: their op (or class), device, dtype and parameters, and N."""
+    first = modules[0]
+    name = cls.NAME if cls is not None else type(first).__name__
+    if cls is not None:
+        fixed = cls.module_params(first)
+    else:
+        identity = model_identity(first)
+        fixed = {k: identity[k] for k in ("model", "layers")}
+    device = _device(first)
+    return Case(
         op=name,
         device=torch.device(device).type,
-        device_name=environment.device_name,
-        dtype=dtype,
+        device_name=capture_environment(device).device_name,
+        dtype=_dtype_name(first, dtype),
         mode=mode,
         compile=compile,
         cuda_graph=bool(cuda_graph),
-        params=params,
+        params={**fixed, **_checked_hints(cls, name, first, hints)},
         n=len(modules),
     )
-    loaded, source = _load_table(table, measure)
-    unmeasurable = _unmeasurable(modules, dtype)
-    if unmeasurable is not None:  # nothing measured can say: the loop, with one warning
-        answer = Match(False, None, (), None, None, f"{unmeasurable}: not fused")
-        _warn_once(case, f"{unmeasurable}: running the modules as a loop")
-    else:
-        answer = match(loaded, case)
-        if not answer.entries and measure == "first-call" and mode == "inference":
-            decided = lambda m: setattr(first, "decision", Decision(m.fuse, m.strategy, case, m, source))  # noqa: E731
-            if cls is not None:
-                tried = op_trials(cls)
-            else:
-                tried = (CUSTOM_STRATEGIES, partial(custom_wide, randomness=randomness), {})
-            first = FirstCall(modules, *tried, case, _table_file(table), time_bound_s, decided)
-            reason = "no measured entry: the first call measures the loop against the strategies and decides"
-            decided(Match(False, None, (), None, None, reason))
-            return first
-        if not answer.entries:
-            _warn_untuned(case, source)
-    unmet = cls is not None and answer.fuse and unmet_need(
-        cls.strategy_needs().get(answer.strategy), device, DTYPES[dtype], {**params, "dtype": dtype}
-    )
-    if unmet:  # measured where it ran (triton installed then, say); it cannot run here now
-        answer = replace(answer, fuse=False, strategy=None, reason=f"{answer.reason}; but {answer.strategy} {unmet}")
-    threads = sorted({e.threads for e in answer.entries if e.threads != torch.get_num_threads()})
-    if case.device == "cpu" and threads:  # on a CPU the thread count moves crossovers; entries are not matched on it
-        note = (
-            f"measured with {', '.join(map(str, threads))} torch thread(s); this process uses {torch.get_num_threads()}"
-        )
-        answer = replace(answer, notes=(*answer.notes, note))
-    built: nn.Module = LoopedModules(modules)
-    if answer.fuse:
-        try:
-            built = (
-                wide_module(cls, modules, answer.strategy)
-                if cls is not None
-                else custom_wide(modules, answer.strategy, randomness)
-            )
-        except Exception as e:  # noqa: BLE001  a dispatcher in a model's forward path falls back, never breaks it
-            answer = replace(answer, fuse=False, strategy=None, reason=f"{answer.reason}; but building it failed: {e}")
-            _warn_once(case, f"{answer.reason}: running the modules as a loop")
-    built.decision = Decision(answer.fuse, answer.strategy, case, answer, source)
-    return built
 
 
 def _check_modules(modules: Any) -> List[nn.Module]:
@@ -330,9 +270,7 @@ def _table_file(table: Union[None, str, Path, DispatchTable]) -> Optional[str]:
     return str(path)
 
 
-def _load_table(
-    table: Union[None, str, Path, DispatchTable], measure: str
-) -> Tuple[DispatchTable, Optional[str]]:
+def _load_table(table: Union[None, str, Path, DispatchTable], measure: str) -> Tuple[DispatchTable, Optional[str]]:
     """The table and where it came from; the default file may be missing (nothing tuned yet), and
     so may a named one that first calls will write."""
     if isinstance(table, DispatchTable):

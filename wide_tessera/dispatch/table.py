@@ -15,13 +15,14 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 from dataclasses_json import dataclass_json
 
+from ..core.capabilities import Needs, unmet_need
 from ..core.errors import WideTesseraError
 from ..core.files import cache_dir, results_target
 from ..core.job import params_text
@@ -42,6 +43,9 @@ __all__ = [
     "merge_into",
     "entries_of",
     "match",
+    "decide",
+    "measured_entry",
+    "N_VERDICTS",
     "MAX_RATIO",
     "TABLE_ENV",
 ]
@@ -59,7 +63,7 @@ FIRST_CALL = "first call"
 #   same: no significant difference; loop: the N separate calls were faster (or no strategy was correct)
 #   open: undecided when the budget ran out; unstable: the two passes disagreed; disturbed: the
 #   measurement could not be cleaned; failed: no measurement
-VERDICTS = ("fuse", "unconfirmed", "marginal", "same", "loop", "open", "unstable", "disturbed", "failed")
+N_VERDICTS = ("fuse", "unconfirmed", "marginal", "same", "loop", "open", "unstable", "disturbed", "failed")
 
 # A measured entry decides a case only when every size axis is within this factor of the
 # case's: a crossover measured at batch 16 says little about batch 4096.
@@ -69,7 +73,7 @@ MAX_RATIO = 4.0
 @dataclass_json
 @dataclass(frozen=True)
 class NVerdict:
-    """One measured N: its verdict (VERDICTS) and, for a fused win, the winning strategy with its
+    """One measured N: its verdict (N_VERDICTS) and, for a fused win, the winning strategy with its
     speedup and 95% interval (for the other verdicts, the best correct strategy's, where one ran)."""
 
     n: int
@@ -116,7 +120,7 @@ class DispatchEntry(Setting):
 
     def key(self) -> str:
         """What makes two entries the same measurement (one replaces the other)."""
-        return json.dumps([*_setting(self), self.params], sort_keys=True)
+        return json.dumps([*_setting_key(self), self.params], sort_keys=True)
 
     def describe(self) -> str:
         where = f"on {self.device_name} ({self.measured_at})"
@@ -180,8 +184,8 @@ def _check_entry(entry: DispatchEntry, where: str) -> None:
     if not ns or any(n <= 0 for n in ns) or ns != sorted(set(ns)):
         raise WideTesseraError(f"{where}: verdicts must be for distinct positive N in increasing order, got N={ns}")
     for v in entry.verdicts:
-        if v.verdict not in VERDICTS:
-            raise WideTesseraError(f"{where}: N={v.n}: verdict {v.verdict!r} (valid: {', '.join(VERDICTS)})")
+        if v.verdict not in N_VERDICTS:
+            raise WideTesseraError(f"{where}: N={v.n}: verdict {v.verdict!r} (valid: {', '.join(N_VERDICTS)})")
         if v.verdict == "fuse" and not v.strategy:
             raise WideTesseraError(f"{where}: N={v.n}: a 'fuse' verdict names no strategy")
     if entry.crossover_n != _crossover(entry.verdicts):
@@ -254,28 +258,46 @@ def entries_of(result: BenchmarkResult) -> List[DispatchEntry]:
     for points in parameter_groups(result.points):
         params = dict(points[0].params)
         dtype = params.pop("dtype", "float32")
-        verdicts = [_n_verdict(p) for p in points]
         env = result.environment
-        entries.append(
-            DispatchEntry(
-                op=result.op,
-                device=torch.device(env.device).type,
-                device_name=env.device_name,
-                dtype=dtype,
-                mode=result.mode,
-                compile=result.compile,
-                cuda_graph=result.timing.cuda_graph,
-                params=params,
-                verdicts=verdicts,
-                crossover_n=_crossover(verdicts),
-                measured_at=measured_at,
-                versions=dict(run.versions) if run is not None else {"torch": env.torch_version},
-                threads=env.threads,
-                preset=result.preset,
-                run_id=result.run_id,
-            )
+        setting = Setting(
+            op=result.op,
+            device=torch.device(env.device).type,
+            device_name=env.device_name,
+            dtype=dtype,
+            mode=result.mode,
+            compile=result.compile,
+            cuda_graph=result.timing.cuda_graph,
+            params=params,
         )
+        versions = dict(run.versions) if run is not None else {"torch": env.torch_version}
+        verdicts = [_n_verdict(p) for p in points]
+        entry = measured_entry(setting, verdicts, measured_at, versions, env.threads, result.preset, result.run_id)
+        entries.append(entry)
     return entries
+
+
+def measured_entry(
+    setting: Setting,
+    verdicts: List[NVerdict],
+    measured_at: str,
+    versions: Dict[str, Optional[str]],
+    threads: int,
+    preset: str,
+    run_id: Optional[str] = None,
+) -> DispatchEntry:
+    """The entry of `setting` measured with these verdicts, its crossover following from them:
+    a benchmark's group of points, or a first call's one N."""
+    shared = {f.name: getattr(setting, f.name) for f in fields(Setting)}
+    return DispatchEntry(
+        **shared,
+        verdicts=verdicts,
+        crossover_n=_crossover(verdicts),
+        measured_at=measured_at,
+        versions=versions,
+        threads=threads,
+        preset=preset,
+        run_id=run_id,
+    )
 
 
 @dataclass(frozen=True)
@@ -333,34 +355,39 @@ def _distance(case: Case, entry: DispatchEntry) -> Optional[float]:
     return total
 
 
-def _setting(x: Setting) -> Tuple[Any, ...]:
+def _setting_key(x: Setting) -> Tuple[Any, ...]:
     """What must be equal for an entry to decide a case: everything but the parameters."""
     return (x.op, x.device, x.device_name, x.dtype, x.mode, x.compile, x.cuda_graph)
 
 
-def _at_n(entry: DispatchEntry, n: int) -> Tuple[bool, Optional[str], Optional[int], str]:
-    """(fuse, strategy, the measured N that decides, why) for N copies, by the conservative rule:
-    fuse only where the largest measured N at or below N, and every larger measured N, fused."""
+class _AtN(NamedTuple):
+    """What one entry says for N copies: fuse or not, with which strategy, the measured N that decides, and why."""
+
+    fuse: bool
+    strategy: Optional[str]
+    measured_n: Optional[int]
+    reason: str
+
+
+def _at_n(entry: DispatchEntry, n: int) -> _AtN:
+    """What `entry` says for N copies, by the conservative rule: fuse only where the largest
+    measured N at or below N, and every larger measured N, fused."""
     below = [v for v in entry.verdicts if v.n <= n]
     if not below:
-        return False, None, None, f"N={n} is below the smallest measured N ({entry.verdicts[0].n})"
+        return _AtN(False, None, None, f"N={n} is below the smallest measured N ({entry.verdicts[0].n})")
     decider = below[-1]
     later = [v for v in entry.verdicts if v.n > decider.n]
     if decider.verdict != "fuse":
-        return False, None, decider.n, f"at measured N={decider.n} the verdict was {decider.verdict!r}"
+        return _AtN(False, None, decider.n, f"at measured N={decider.n} the verdict was {decider.verdict!r}")
     losing = [v for v in later if v.verdict != "fuse"]
     if losing:
         where = ", ".join(f"N={v.n} {v.verdict!r}" for v in losing)
-        return False, None, decider.n, f"fusing won at measured N={decider.n} but not at every larger N ({where})"
+        return _AtN(False, None, decider.n, f"fusing won at measured N={decider.n} but not at every larger N ({where})")
     ci = "" if decider.speedup_ci is None else f" [{decider.speedup_ci[0]:.2f}, {decider.speedup_ci[1]:.2f}]"
     speed = f" {decider.speedup:.2f}x{ci}" if decider.speedup is not None else ""
     how = "measured on a first call" if entry.preset == FIRST_CALL else "confirmed"
-    return (
-        True,
-        decider.strategy,
-        decider.n,
-        f"{decider.strategy} won at measured N={decider.n}{speed}, {how}, and at every larger measured N",
-    )
+    reason = f"{decider.strategy} won at measured N={decider.n}{speed}, {how}, and at every larger measured N"
+    return _AtN(True, decider.strategy, decider.n, reason)
 
 
 def match(table: DispatchTable, case: Case) -> Match:
@@ -381,7 +408,7 @@ def match(table: DispatchTable, case: Case) -> Match:
         notes.append(
             f"the table's {case.op} entries were measured on {', '.join(others)}, not {case.device_name}: ignored"
         )
-    setting = [e for e in here if _setting(e) == _setting(case)]
+    setting = [e for e in here if _setting_key(e) == _setting_key(case)]
     if here and not setting:
         notes.append(
             f"no {case.op} entry in dtype={case.dtype} mode={case.mode} compile={case.compile} "
@@ -399,9 +426,9 @@ def match(table: DispatchTable, case: Case) -> Match:
     best = min(d for d, _ in scored)
     nearest = tuple(e for d, e in scored if d <= best + 1e-9)
     decisions = [_at_n(e, case.n) for e in nearest]
-    strategies = sorted({d[1] for d in decisions if d[0]})
-    fuse = all(d[0] for d in decisions) and len(strategies) == 1
-    reasons = [d[3] for d in decisions]
+    strategies = sorted({d.strategy for d in decisions if d.fuse and d.strategy is not None})
+    fuse = all(d.fuse for d in decisions) and len(strategies) == 1
+    reasons = [d.reason for d in decisions]
     given = set(case.params)
     loose = sorted({a for e in nearest for a in e.params if a not in given})
     if len(nearest) > 1:
@@ -409,7 +436,7 @@ def match(table: DispatchTable, case: Case) -> Match:
         apart = [a for a in loose if len({json.dumps(e.params.get(a)) for e in nearest}) > 1]
         reasons = [f"{params_text({a: e.params.get(a) for a in apart})}: {r}" for e, r in zip(nearest, reasons)]
         notes.append(f"{len(nearest)} entries are equally near; fusing needs all of them to fuse, with one strategy")
-        if all(d[0] for d in decisions) and len(strategies) > 1:
+        if all(d.fuse for d in decisions) and len(strategies) > 1:
             reasons.append(
                 f"they won with different strategies ({', '.join(strategies)}): give {', '.join(apart)} to choose"
             )
@@ -419,5 +446,25 @@ def match(table: DispatchTable, case: Case) -> Match:
         notes.append(f"N={case.n} is above the largest measured N ({nearest[0].verdicts[-1].n}); decided by it")
     strategy = strategies[0] if fuse else None
     reason = "; ".join(reasons)
-    return Match(fuse, strategy, nearest, best, decisions[0][2], reason, tuple(notes))
+    return Match(fuse, strategy, nearest, best, decisions[0].measured_n, reason, tuple(notes))
 
+
+def decide(table: DispatchTable, case: Case, needs: Dict[str, Needs], device: str) -> Match:
+    """The decision for `case` on `device` (pure: the table and the case in, the answer out):
+    `match`'s, then what this process can run. A strategy measured where its needs were met
+    (triton installed then, say) that cannot run here now does not fuse; on a CPU a note names
+    the thread counts measured where they differ from this process's (entries are not matched
+    on them, but threads move crossovers)."""
+    answer = match(table, case)
+    if answer.fuse and answer.strategy is not None:
+        dtype = getattr(torch, case.dtype)
+        unmet = unmet_need(needs.get(answer.strategy), device, dtype, {**case.params, "dtype": case.dtype})
+        if unmet:
+            reason = f"{answer.reason}; but {answer.strategy} {unmet}"
+            answer = replace(answer, fuse=False, strategy=None, reason=reason)
+    here = torch.get_num_threads()
+    threads = sorted({e.threads for e in answer.entries if e.threads != here})
+    if case.device == "cpu" and threads:
+        note = f"measured with {', '.join(map(str, threads))} torch thread(s); this process uses {here}"
+        answer = replace(answer, notes=(*answer.notes, note))
+    return answer

@@ -25,13 +25,13 @@ from typing import Any, Callable, Dict, Tuple, Union
 import torch
 from torch import nn
 
-from ..core.capabilities import unmet_need
 from ..core.environment import capture_environment
 from ..core.errors import MissingDependency, WideTesseraError, unknown
 from ..core.user_input import check_number
-from ..dispatch.first_call import FirstCall, op_trials
+from ..dispatch.build import op_trials
+from ..dispatch.first_call import FirstCall
 from ..dispatch.fuse import DispatchWarning, tune_command
-from ..dispatch.table import Case, DispatchTable, Match, default_table_path, match
+from ..dispatch.table import Case, DispatchTable, Match, decide, default_table_path
 from ..ops.hf_experts import (
     OWN_STRATEGIES,
     TRANSFORMERS_MISSING,
@@ -49,7 +49,7 @@ NAME = "wide_tessera"
 # (PreTrainedModel.get_correct_experts_implementation, transformers 5.24).
 DEFAULT = "grouped_mm"
 MEASURES = ("table", "first-call")
-# The table's verdicts that measured the separate calls as fast as any strategy (dispatch.table.VERDICTS).
+# The table's verdicts that measured the separate calls as fast as any strategy (dispatch.table.N_VERDICTS).
 LOOP_VERDICTS = {"loop", "same", "marginal"}
 
 Key = Tuple[Any, ...]
@@ -95,7 +95,7 @@ class ExpertsDispatch:
 
     def _decide(self, key: Key, experts: nn.Module, *call: torch.Tensor) -> Callable[..., torch.Tensor]:
         case = _case(experts, *call)
-        answer = match(self.table, case)
+        answer = decide(self.table, case, WideHFExperts.strategy_needs(), str(call[0].device))
         if answer.entries:
             name, why = _measured_choice(answer)
         elif self.measure == "first-call":
@@ -103,9 +103,6 @@ class ExpertsDispatch:
         else:
             name, why = DEFAULT, "no measured entry: transformers' default"
             self._warn_untuned(case)
-        unmet = unmet_need(WideHFExperts.strategy_needs().get(name), str(call[0].device), call[0].dtype, case.params)
-        if unmet:  # measured where it ran; it cannot run here now
-            name, why = DEFAULT, f"{why}; but {name} {unmet}: transformers' default"
         self.chosen[key] = (name, why)
         return implementation(name)
 
@@ -113,13 +110,10 @@ class ExpertsDispatch:
         """Measure the separate calls against every strategy on this call's routed rows, checked
         against them, and write the entry (dispatch.first_call); the answer is also kept in the
         in-memory table, for the other layers of this shape."""
-        decided = []
-        first = FirstCall(
-            split_experts(experts, case.params["model_type"]), *op_trials(WideHFExperts), case, self.path,
-            self.time_bound_s, decided.append,
-        )  # fmt: skip
+        experts_n = split_experts(experts, case.params["model_type"])
+        first = FirstCall(experts_n, op_trials(WideHFExperts), case, self.path, self.time_bound_s, self.path)
         first(first.pack(route(*call, case.n)))
-        return decided[-1]
+        return first.decision.match
 
     def _warn_untuned(self, case: Case) -> None:
         if self._warned:
@@ -135,15 +129,16 @@ class ExpertsDispatch:
 
 
 def _measured_choice(answer: Match) -> Tuple[str, str]:
-    """What a table's answer runs: its strategy where fusing won; eager where the separate calls
-    were measured as fast (eager is their loop over the experts); else, where the measurement was
-    not conclusive (disturbed, open, unstable, unconfirmed), transformers' default."""
-    if answer.fuse:
+    """What a table's answer runs: its strategy where fusing won (and can run here); eager where
+    the separate calls were measured as fast (eager is their loop over the experts); else, where
+    the measurement was not conclusive (disturbed, open, unstable, unconfirmed) or its winner
+    cannot run here, transformers' default."""
+    if answer.fuse and answer.strategy is not None:
         return answer.strategy, answer.reason
     verdicts = {v.verdict for e in answer.entries for v in e.verdicts if v.n == answer.measured_n}
     if verdicts and verdicts <= LOOP_VERDICTS:
         return "eager", answer.reason
-    return DEFAULT, f"{answer.reason}: not conclusive, transformers' default"
+    return DEFAULT, f"{answer.reason}: no conclusive answer that runs here, transformers' default"
 
 
 def _case(

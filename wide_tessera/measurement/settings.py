@@ -111,7 +111,7 @@ def check_search(search: Any) -> Tuple[int, int]:
     return search[0], search[1]
 
 
-def _setting(
+def _field(
     default: Any, help: str, *, option: Optional[str] = None, resume: bool = False, factory: Any = None
 ) -> Any:
     """A field of RunSettings: `help` and `option` as the command line shows them; `resume`:
@@ -128,78 +128,78 @@ class RunSettings:
     """How to run a job's points (see the module's docstring); timing, confirm and controls left
     None are the preset's (PRESET_RUNS), else the defaults; device None is CUDA when available."""
 
-    preset: Optional[str] = _setting(None, "Sweep preset: ci, quick or full.", option="--preset", resume=True)
-    device: Optional[str] = _setting(
+    preset: Optional[str] = _field(None, "Sweep preset: ci, quick or full.", option="--preset", resume=True)
+    device: Optional[str] = _field(
         None, "cpu, cuda or cuda:N  [default: cuda if available, else cpu]", option="--device"
     )
-    seed: int = _setting(0, "Seed for models and inputs.", option="--seed", resume=True)
-    mode: str = _setting(
+    seed: int = _field(0, "Seed for models and inputs.", option="--seed", resume=True)
+    mode: str = _field(
         "inference",
         "What is timed: inference (no autograd), forward (recording), backward, forward_backward, train_step "
         "(forward, backward, SGD step). Training modes also check gradients and updated parameters.",
         option="--mode",
         resume=True,
     )
-    compile: str = _setting(
+    compile: str = _field(
         "none",
         "torch.compile the baseline and every strategy alike; the compiled callables are checked and timed.",
         option="--compile",
         resume=True,
     )
-    energy: bool = _setting(
+    energy: bool = _field(
         False,
         "Also measure each callable's energy per call and power from NVML's counter (CUDA): "
         "3 windows of at least 1 s each, per callable and point.",
         option="--energy",
         resume=True,
     )
-    timing: Optional[TimingConfig] = _setting(None, "When sampling stops (TimingConfig).", resume=True)
-    timeouts: StageTimeouts = _setting(None, "Each stage's time limit (StageTimeouts).", factory=StageTimeouts)
-    memory_budget: Optional[int] = _setting(
+    timing: Optional[TimingConfig] = _field(None, "When sampling stops (TimingConfig).", resume=True)
+    timeouts: StageTimeouts = _field(None, "Each stage's time limit (StageTimeouts).", factory=StageTimeouts)
+    memory_budget: Optional[int] = _field(
         None, "Skip points estimated above SIZE (e.g. 4GiB).", option="--memory-budget"
     )
-    isolate: bool = _setting(
+    isolate: bool = _field(
         False, "Run each op in a worker process: a hang or crash costs one strategy.", option="--isolate"
     )
-    confirm: Optional[str] = _setting(
+    confirm: Optional[str] = _field(
         None,
         "Which points to measure again, independently, after the sweep; disagreeing points are unstable.  "
         "[default: deciding; preset ci: none]",
         option="--confirm",
     )
-    controls: Optional[bool] = _setting(
+    controls: Optional[bool] = _field(
         None,
         "Also time the baseline loop in one CUDA graph (CUDA) and compiled, and in train_step stepped by "
         "one foreach or fused optimizer: cheaper loops that do not fuse.  "
         "[default: controls; preset ci: no-controls; preset quick: on a GPU only]",
         option="--controls",
     )
-    roofline: bool = _setting(
+    roofline: bool = _field(
         False, "Measure the device's peaks (cached) and show timings against the roofline bound.", option="--roofline"
     )
-    precise: bool = _setting(
+    precise: bool = _field(
         False,
         "Sample until every median is known within --target-ci (or the budget is spent), not just until the "
         "point's decision is made: precise times, at several times the cost.",
         option="--precise",
         resume=True,
     )
-    controls_at: str = _setting(
+    controls_at: str = _field(
         "largest",
         "Where the controls are timed: at each parameter group's largest N, where their answer (fuse or "
         "capture?) is given, or at every point.",
         option="--controls-at",
     )
-    trace: Optional[str] = _setting(
+    trace: Optional[str] = _field(
         None,
         "Write a torch.profiler trace (Chrome/Perfetto JSON) of a few calls of each callable at each point to "
         "DIR, after its timings; on CUDA every timed sample is also an NVTX range of the same name.",
         option="--trace",
     )
-    trace_n: Optional[List[int]] = _setting(
+    trace_n: Optional[List[int]] = _field(
         None, "Trace only the points of these N values (with --trace).", option="--trace-n"
     )
-    search: Optional[List[int]] = _setting(
+    search: Optional[List[int]] = _field(
         None,
         "Find each group's crossover by bisection over the powers of two from LO to HI, instead of "
         "measuring every N (LO:HI; replaces --n-values).",

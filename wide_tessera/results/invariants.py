@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 __all__ = ["check_result"]
 
-VERDICTS = ("faster", "slower", "same")
+STRATEGY_VERDICTS = ("faster", "slower", "same")
 FAILURE_KINDS = ("error", "timeout", "crash", "skipped")
 # Names the results use besides the op's strategies: the N separate calls, the whole
 # point (failures), and the winners that are no strategy (a statistical tie, verdicts
@@ -120,7 +120,7 @@ def _check_point(p: "PointResult", strategies: Collection[str], where: str) -> N
     for s, ci in p.speedup_ci.items():
         _need(len(ci) == 2 and 0 <= ci[0] <= ci[1], f"{where}.speedup_ci[{s!r}]", f"{ci} is not [low, high]")
     for s, v in p.verdicts.items():
-        _need(v in VERDICTS, f"{where}.verdicts[{s!r}]", f"{v!r} is not one of {', '.join(VERDICTS)}")
+        _need(v in STRATEGY_VERDICTS, f"{where}.verdicts[{s!r}]", f"{v!r} is not one of {', '.join(STRATEGY_VERDICTS)}")
     for s, st in p.stats.items():
         _check_stats(st, f"{where}.stats[{s!r}]")
     _keys(f"{where}.correct", p.correct, strategies)
@@ -203,7 +203,7 @@ def _check_confirmation(c: "Confirmation", strategies: Collection[str], where: s
     _same_keys(f"{where}.speedup_ci", c.speedup_ci, c.speedups, "the speedups'")
     _same_keys(f"{where}.verdicts", c.verdicts, c.speedups, "the speedups'")
     for s, v in c.verdicts.items():
-        _need(v in VERDICTS, f"{where}.verdicts[{s!r}]", f"{v!r} is not one of {', '.join(VERDICTS)}")
+        _need(v in STRATEGY_VERDICTS, f"{where}.verdicts[{s!r}]", f"{v!r} is not one of {', '.join(STRATEGY_VERDICTS)}")
     _need(c.winner in (*CONFIRMATION_WINNERS, *strategies), f"{where}.winner", f"{c.winner!r} is not a winner")
     if c.health is not None:
         _check_health(c.health, f"{where}.health")
@@ -248,7 +248,7 @@ def _check_group(g: "GroupResult", where: str) -> None:
         _need(len(f.ci) == 2 and 0 <= f.ci[0] <= f.ci[1], f"{where}.fuse_or_capture.ci", f"{f.ci} is not [low, high]")
         _need(f.answer in ("", *CAPTURE_KINDS), f"{where}.fuse_or_capture.answer", f"{f.answer!r} is not an answer")
         _need(
-            f.verdict in VERDICTS,
+            f.verdict in STRATEGY_VERDICTS,
             f"{where}.fuse_or_capture.verdict",
-            f"{f.verdict!r} is not one of {', '.join(VERDICTS)}",
+            f"{f.verdict!r} is not one of {', '.join(STRATEGY_VERDICTS)}",
         )
