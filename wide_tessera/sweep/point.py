@@ -244,7 +244,7 @@ class _PointMeasurement:
             with self.stage("check", "baseline"):
                 # The first call (handles, workspaces: cuBLAS's 33 MiB on an H100) is not steady state.
                 with modes.preserved(modules):
-                    loop = partial(_separate_calls, modules, _clones(draws[0]))
+                    loop = partial(trees.call_each, modules, _clones(draws[0]))
                     self.first_call_s["baseline"] = _first_call_s(loop, self.device)
                 for i, inputs in enumerate(draws):
                     given = _clones(inputs)
@@ -297,7 +297,7 @@ class _PointMeasurement:
         the models were built: its optimizer steps them, and a backward-mode forward recorded on
         them must not see another side's check restore their running statistics."""
         models = [copy.deepcopy(m) for m in self.modules] if self.training else self.modules
-        loop = partial(_separate_calls, models)
+        loop = partial(trees.call_each, models)
         return Side(loop if compile_mode == "none" else compiled(loop, compile_mode), list, list, models, optimizer)
 
     def timed_of(self, side: Side) -> Callable[[], object]:
@@ -358,7 +358,7 @@ class _PointMeasurement:
             elif control == "loop_compiled":
                 yield _Candidate(control, self.loop_side("default"))
             else:
-                yield _Candidate(control, _graphed_side(partial(_separate_calls, self.modules), self.draws[0]))
+                yield _Candidate(control, _graphed_side(partial(trees.call_each, self.modules), self.draws[0]))
 
     def checked(self, candidate: _Candidate) -> Optional[Callable[[], object]]:
         """Check the candidate on every draw; its timed call on draw 0 when correct, else None
@@ -466,10 +466,6 @@ class _PointMeasurement:
                 point.traces = [str(path) for path in write_traces(calls, Path(settings.trace), label, self.device)]
         except Exception as e:  # noqa: BLE001  the timings stand without it; say why it is missing
             point.flags.append(f"no trace written: {type(e).__name__}: {e}")
-
-
-def _separate_calls(models: Sequence[torch.nn.Module], inputs: Sequence[Any]) -> List[Any]:
-    return [trees.call(m, x) for m, x in zip(models, inputs)]
 
 
 def _wide_side(wide: Any, forward: Callable) -> Side:
