@@ -193,21 +193,30 @@ def measure_paired(
                     break
                 active = [name for name in active if name == names[0] or name not in look.drop]
             sampled_s = time.perf_counter() - started
-    rounds, n_disturbed = len(samples[names[0]]), len(disturbed[names[0]])
-    health = monitor.finish(rounds, n_disturbed, config.min_samples)
-    if rounds < config.min_samples:  # too few clean rounds to say anything: keep all, flagged by `health`
-        for name in names:
-            samples[name] += disturbed[name]
-            positions[name] += disturbed_positions[name]
+    health = monitor.finish(len(samples[names[0]]), len(disturbed[names[0]]), config.min_samples)
+    kept = _kept(samples, positions, disturbed, disturbed_positions, config.min_samples)
     timer = timer_name(device, config)
     # Sampling for a decision asks no precision of a median, so none is missing.
     stats = {
-        name: TimingStats.from_samples(
-            s, timer, sampler.calls[name], stop is not None or _narrow(s, config), positions[name]
-        )
-        for name, s in samples.items()
+        name: TimingStats.from_samples(s, timer, sampler.calls[name], stop is not None or _narrow(s, config), at)
+        for name, (s, at) in kept.items()
     }
     return PairedTimings(stats, health, sampled_s)
+
+
+def _kept(
+    clean: Dict[str, List[float]],
+    clean_at: Dict[str, List[int]],
+    disturbed: Dict[str, List[float]],
+    disturbed_at: Dict[str, List[int]],
+    min_samples: int,
+) -> Dict[str, Tuple[List[float], List[int]]]:
+    """Each function's samples and their positions in their rounds: the clean rounds', or, with
+    too few clean rounds to say anything, every round's (the health record flags it)."""
+    first = next(iter(clean))
+    if len(clean[first]) >= min_samples:
+        return {name: (clean[name], clean_at[name]) for name in clean}
+    return {name: (clean[name] + disturbed[name], clean_at[name] + disturbed_at[name]) for name in clean}
 
 
 def _blamed(name: str, call: Callable[..., T], *args: object) -> T:

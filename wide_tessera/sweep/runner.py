@@ -84,45 +84,44 @@ def run_job(
     progress.op(job.op)
     if settings.search is not None:  # every power of two of the range is a candidate; bisection picks
         job = dataclasses.replace(job, sweep=job.sweep.with_overrides(n_values=search_candidates(settings.search)))
-    earlier = previous.points if previous else []
-    # Every earlier point is kept, those outside this sweep too (--resume with other N values).
-    points: Dict[str, PointResult] = {point_key(p.n, p.params): p for p in earlier}
-    order = point_order(job.sweep, earlier)
-    every = {point_key(n, p) for n, p in job.sweep.points()}
-    sweep = {point_key(n, p) for n, p in job.sweep.points() if share is None or share(p)}
-    started = time.perf_counter() - (previous.duration_s if previous else 0.0)
-
-    def ordered() -> List[PointResult]:
-        return sorted(points.values(), key=lambda p: order[point_key(p.n, p.params)])
-
-    peaks = load_or_calibrate(settings.device) if settings.roofline else None
-    # This run's manifest joins those of the runs a --resume continues.
-    earlier_runs = previous.runs if previous else []
-    manifest = capture_manifest(settings.device, settings.seed)
-
-    def result(complete: bool) -> BenchmarkResult:
-        runs = [*earlier_runs, dataclasses.replace(manifest, finished=now())]
-        return _build_result(job, settings, ordered(), time.perf_counter() - started, complete, peaks, runs)
-
-    def measured(key: str, point: PointResult, line: str) -> None:
-        points[key] = point
-        progress.done(f"[{job.op}] {line}")
-        if on_point is not None:
-            on_point(result(complete=False))
-
-    def measure_one(n: int, params: Dict[str, Any]) -> PointResult:
-        key = point_key(n, params)
-        if key not in points:
-            for point in _points(job, settings, skip=every - {key}):
-                measured(key, point, f"search {len(points) + 1} {_progress(point)}")
-        return points[key]
-
+    passes = _JobRun(job, settings, previous, on_point, progress, share)
     try:
-        if settings.search is None:
-            for point in _points(job, settings, skip=set(points) | (every - sweep)):
-                measured(point_key(point.n, point.params), point, f"{len(points) + 1}/{len(order)} {_progress(point)}")
-        else:
-            _bisect_every_group(job, sweep, measure_one)
+        passes.first()
+        passes.confirm()
+        passes.third()
+    except KeyboardInterrupt:
+        raise RunInterrupted(passes.result(complete=False)) from None
+    return passes.result(complete=True)
+
+
+class _JobRun:
+    """One job's run in named passes over explicit state (`points`, by key): the first pass (the
+    grid, or a bisection per group under --search), the confirmation of the deciding points, and
+    a third pass where the two contradict each other. Every point measured is reported at once."""
+
+    def __init__(
+        self,
+        job: BenchmarkJob,
+        settings: RunSettings,
+        previous: Optional[BenchmarkResult],
+        on_point: Optional[Callable[[BenchmarkResult], None]],
+        progress: Progress,
+        share: Optional[Callable[[Dict[str, Any]], bool]],
+    ):
+        self.job, self.settings, self.on_point, self.progress = job, settings, on_point, progress
+        earlier = previous.points if previous else []
+        # Every earlier point is kept, those outside this sweep too (--resume with other N values).
+        self.points: Dict[str, PointResult] = {point_key(p.n, p.params): p for p in earlier}
+        self.order = point_order(job.sweep, earlier)
+        self.every = {point_key(n, p) for n, p in job.sweep.points()}
+        self.sweep = {point_key(n, p) for n, p in job.sweep.points() if share is None or share(p)}
+        self.started = time.perf_counter() - (previous.duration_s if previous else 0.0)
+        self.peaks = load_or_calibrate(settings.device) if settings.roofline else None
+        # This run's manifest joins those of the runs a --resume continues.
+        self.earlier_runs = previous.runs if previous else []
+        self.manifest = capture_manifest(settings.device, settings.seed)
+        # The two passes of each confirmed point, for a third pass to settle.
+        self.passes: Dict[str, List[PointResult]] = {}
         # A control never decides a verdict, so the second pass leaves the controls out
         # (a gemm+gru quick run: 128 s with them, 119 s without), and the energy, which the
         # first pass measured and no verdict reads.
@@ -130,33 +129,68 @@ def run_job(
         # are independent measurements, as two runs of the tool would be: the same seed rebuilt
         # the same weights, inputs and allocations, and a difference that came from them (an
         # input's alignment, one draw of routing) agreed with itself in both passes.
-        again = dataclasses.replace(settings, controls=False, energy=False, seed=settings.seed + 1)
-        passes: Dict[str, List[PointResult]] = {}
+        self.again = dataclasses.replace(settings, controls=False, energy=False, seed=settings.seed + 1)
+
+    def ordered(self) -> List[PointResult]:
+        return sorted(self.points.values(), key=lambda p: self.order[point_key(p.n, p.params)])
+
+    def result(self, complete: bool) -> BenchmarkResult:
+        ordered = self.ordered()
+        runs = [*self.earlier_runs, dataclasses.replace(self.manifest, finished=now())]
+        duration_s = time.perf_counter() - self.started
+        return _build_result(self.job, self.settings, ordered, duration_s, complete, self.peaks, runs)
+
+    def measured(self, key: str, point: PointResult, line: str) -> None:
+        self.points[key] = point
+        self.progress.done(f"[{self.job.op}] {line}")
+        if self.on_point is not None:
+            self.on_point(self.result(complete=False))
+
+    def first(self) -> None:
+        """The sweep's points not measured yet, or under --search a bisection of each group."""
+        if self.settings.search is not None:
+            _bisect_every_group(self.job, self.sweep, self.measure_one)
+            return
+        skip = set(self.points) | (self.every - self.sweep)
+        for point in _points(self.job, self.settings, skip=skip):
+            line = f"{len(self.points) + 1}/{len(self.order)} {_progress(point)}"
+            self.measured(point_key(point.n, point.params), point, line)
+
+    def measure_one(self, n: int, params: Dict[str, Any]) -> PointResult:
+        """Point (n, params), measured where it is not known yet (a bisection's step)."""
+        key = point_key(n, params)
+        if key not in self.points:
+            for point in _points(self.job, self.settings, skip=self.every - {key}):
+                self.measured(key, point, f"search {len(self.points) + 1} {_progress(point)}")
+        return self.points[key]
+
+    def confirm(self) -> None:
+        """Measure the deciding points again; a confirmation that moves a crossover makes new
+        points deciding, confirmed in turn (and under --search, reopens the group's search)."""
         for _ in range(_CONFIRM_ROUNDS):
-            todo = point_keys(analysis.points_to_confirm(ordered(), settings.confirm))
-            todo &= sweep  # a point of an earlier run outside this sweep cannot be rebuilt from it
-            progress.more(len(todo))
-            for i, second in enumerate(_points(job, again, skip=every - todo, facts=False), start=1):
+            todo = point_keys(analysis.points_to_confirm(self.ordered(), self.settings.confirm))
+            todo &= self.sweep  # a point of an earlier run outside this sweep cannot be rebuilt from it
+            self.progress.more(len(todo))
+            for i, second in enumerate(_points(self.job, self.again, skip=self.every - todo, facts=False), start=1):
                 key = point_key(second.n, second.params)
-                passes[key] = [points[key], second]
-                point = analysis.confirmed(points[key], second)
-                measured(key, point, f"confirm {i}/{len(todo)} {_confirmation_progress(point)}")
+                self.passes[key] = [self.points[key], second]
+                point = analysis.confirmed(self.points[key], second)
+                self.measured(key, point, f"confirm {i}/{len(todo)} {_confirmation_progress(point)}")
             if not todo:
-                break
-            if settings.search is not None:  # a confirmation that moved a crossover reopens its search
-                _bisect_every_group(job, sweep, measure_one)
-        # Passes that contradict each other get a third, which decides: an UNRELIABLE flag is
-        # the answer only where the third pass cannot settle either.
-        todo = {key for key in passes if points[key].winner == "unstable"}
-        progress.more(len(todo))
-        third = dataclasses.replace(again, seed=settings.seed + 2)
-        for i, last in enumerate(_points(job, third, skip=every - todo, facts=False), start=1):
+                return
+            if self.settings.search is not None:
+                _bisect_every_group(self.job, self.sweep, self.measure_one)
+
+    def third(self) -> None:
+        """Passes that contradict each other get a third, which decides: an UNRELIABLE flag is
+        the answer only where the third pass cannot settle either."""
+        todo = {key for key in self.passes if self.points[key].winner == "unstable"}
+        self.progress.more(len(todo))
+        third = dataclasses.replace(self.again, seed=self.settings.seed + 2)
+        for i, last in enumerate(_points(self.job, third, skip=self.every - todo, facts=False), start=1):
             key = point_key(last.n, last.params)
-            point = analysis.settled_by_third(*passes[key], last)
-            measured(key, point, f"third pass {i}/{len(todo)} {_confirmation_progress(point)}")
-    except KeyboardInterrupt:
-        raise RunInterrupted(result(complete=False)) from None
-    return result(complete=True)
+            point = analysis.settled_by_third(*self.passes[key], last)
+            self.measured(key, point, f"third pass {i}/{len(todo)} {_confirmation_progress(point)}")
 
 
 def search_candidates(search: Sequence[int]) -> List[int]:
