@@ -194,19 +194,19 @@ def measured_point(
     )
     trusted = timings.health.cleaned
     return PointResult(
-        n,
-        params,
-        medians,
-        speedups,
-        cis,
-        verdicts,
-        correct,
-        best,
-        _significant(best, speedups, verdicts) if trusted else None,
-        checks,
-        stats_,
-        dict(peak_memory_bytes or {}),
-        failures,
+        n=n,
+        params=params,
+        timings=medians,
+        speedups=speedups,
+        speedup_ci=cis,
+        verdicts=verdicts,
+        correct=correct,
+        best_strategy=best,
+        best_speedup=_significant(best, speedups, verdicts) if trusted else None,
+        checks=checks,
+        stats=stats_,
+        peak_memory_bytes=dict(peak_memory_bytes or {}),
+        failures=failures,
         winner=_winner(best, verdicts, decision) if trusted else "disturbed",
         health=timings.health,
         flags=flags,
@@ -235,7 +235,19 @@ def failed_point(
     checks = dict(checks or {})
     correct = _correctness(checks, failures)
     return PointResult(
-        n, params, {}, {}, {}, {}, correct, None, None, checks, {}, dict(peak_memory_bytes or {}), failures
+        n=n,
+        params=params,
+        timings={},
+        speedups={},
+        speedup_ci={},
+        verdicts={},
+        correct=correct,
+        best_strategy=None,
+        best_speedup=None,
+        checks=checks,
+        stats={},
+        peak_memory_bytes=dict(peak_memory_bytes or {}),
+        failures=failures,
     )
 
 

@@ -108,7 +108,7 @@ class Where:
 
 
 @dataclass_json
-@dataclass
+@dataclass(kw_only=True)  # 24 fields: a value given by position would shift silently when one is added
 class PointResult:
     """One N at one parameter combination; `wide_tessera.results.analysis` computes it from measurements.
 
