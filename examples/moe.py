@@ -21,8 +21,8 @@ import torch
 from torch import nn
 
 import wide_tessera as wt
+from wide_tessera.core.stats import paired_ratio
 from wide_tessera.measurement.timing import TimingConfig, measure_paired
-from wide_tessera.results.analysis import speedup_ci
 
 D_MODEL, HIDDEN, TOKENS = 128, 256, 1024  # one batch of 1024 tokens, split among the experts
 N_VALUES = (4, 16, 64)
@@ -89,9 +89,9 @@ def main() -> None:
                 TimingConfig(budget_s=args.budget),
             )
         loop, fuse = timed.stats["loop"], timed.stats["fuse"]
-        low, high = speedup_ci(loop.samples_ms, fuse.samples_ms)
+        ratio, low, high = paired_ratio(loop.samples_ms, fuse.samples_ms)  # the interval the runner decides on
         what = fused.decision.strategy if fused.decision.fused else "loop"
-        speed = f"{loop.median_ms / fuse.median_ms:.2f}x [{low:.2f}, {high:.2f}]"
+        speed = f"{ratio:.2f}x [{low:.2f}, {high:.2f}]"
         rows.append(
             f"{n:<4}{TOKENS // n:<8}{what:<12}{loop.median_ms:<10.3f}{fuse.median_ms:<10.3f}{speed:<22}{error:.1e}"
         )

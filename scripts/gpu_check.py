@@ -190,11 +190,11 @@ def hf_experts_cases() -> List[Tuple[str, str, Dict[str, Callable[[], object]], 
 
 def kernel_rows() -> List[List[str]]:
     from wide_tessera.core.job import Work
+    from wide_tessera.core.stats import paired_ratio
     from wide_tessera.measurement.energy import EnergyUnavailable, measure_energy
     from wide_tessera.measurement.launches import count_launches
     from wide_tessera.measurement.roofline import load_or_calibrate, roofline
     from wide_tessera.measurement.timing import TimingConfig, measure_paired
-    from wide_tessera.results.analysis import speedup_ci
 
     peaks = load_or_calibrate("cuda")
     print(
@@ -217,14 +217,14 @@ def kernel_rows() -> List[List[str]]:
             print(f"{name}: no energy measured ({e})", flush=True)
             energy = {}
         for side, st in timed.stats.items():
-            low, high = speedup_ci(base.samples_ms, st.samples_ms)
+            ratio, low, high = paired_ratio(base.samples_ms, st.samples_ms)
             roof = roofline(Work(flops, min_bytes), st.median_ms, peaks, dtype)
             rows.append(
                 [
                     name,
                     side,
                     f"{st.median_ms:.4g}",
-                    f"{base.median_ms / st.median_ms:.2f}x [{low:.2f},{high:.2f}]",
+                    f"{ratio:.2f}x [{low:.2f},{high:.2f}]",
                     f"{roof.tflops:.0f}",
                     f"{roof.percent_of_bound:.0f}% ({roof.bound})",
                     f"{count_launches(sides[side], 'cuda'):g}",

@@ -29,9 +29,9 @@ from torch import nn
 
 from wide_tessera import benchmark_custom
 from wide_tessera.core.correctness import check_outputs, tolerance
+from wide_tessera.core.stats import paired_ratio
 from wide_tessera.measurement.timing import measure_paired
 from wide_tessera.reports.text import format_table
-from wide_tessera.results.analysis import speedup_ci
 from wide_tessera.widen.surgery import WideSurgery
 
 
@@ -65,8 +65,7 @@ def main() -> None:
         if "surgery" not in p.stats or "vmap" not in p.stats:
             rows.append([str(p.n), "-", "-", "-", "-", "no timing: " + "; ".join(map(str, p.failures.values()))])
             continue
-        lo, hi = speedup_ci(p.stats["vmap"].samples_ms, p.stats["surgery"].samples_ms)
-        ratio = p.timings["vmap"] / p.timings["surgery"]
+        ratio, lo, hi = paired_ratio(p.stats["vmap"].samples_ms, p.stats["surgery"].samples_ms)
         verdict = "surgery faster" if lo > 1 else "vmap faster" if hi < 1 else "tie"
         rows.append(
             [
@@ -107,8 +106,7 @@ def against_widecompiler(args: argparse.Namespace, n_values: List[int]) -> None:
                 "widecompiler": check_outputs(wide_compiler.unpack(theirs(x_theirs), n), expected, tol),
             }
             stats = measure_paired({"surgery": partial(ours, x_ours), "widecompiler": partial(theirs, x_theirs)}).stats
-        lo, hi = speedup_ci(stats["widecompiler"].samples_ms, stats["surgery"].samples_ms)
-        ratio = stats["widecompiler"].median_ms / stats["surgery"].median_ms
+        ratio, lo, hi = paired_ratio(stats["widecompiler"].samples_ms, stats["surgery"].samples_ms)
         verdict = "surgery faster" if lo > 1 else "widecompiler faster" if hi < 1 else "tie"
         rows.append(
             [

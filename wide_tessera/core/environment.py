@@ -58,4 +58,4 @@ def triton_version() -> Optional[str]:
         import triton
     except ImportError:
         return None
-    return triton.__version__
+    return str(triton.__version__)

@@ -125,7 +125,7 @@ def _check_values(name: str, value: Any, kind: str) -> Tuple[Any, ...]:
             raise WideTesseraError(f"{name}: a {type(v).__name__} is not a single value")
         if kind in ("n", "int") and (isinstance(v, bool) or not isinstance(v, int) or v <= 0):
             raise WideTesseraError(f"{name}: {v!r} is not a positive integer")
-        if kind == "n" and v > MAX_N:
+        if kind == "n" and isinstance(v, int) and v > MAX_N:
             raise WideTesseraError(f"{name}: {v} is more than {MAX_N}, the most copies this tool builds")
         if kind == "float" and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
             raise WideTesseraError(f"{name}: {v!r} is not a finite number")

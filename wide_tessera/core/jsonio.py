@@ -17,7 +17,7 @@ import typing
 import warnings
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Dict, Type, TypeVar, Union
+from typing import Any, Callable, Dict, Type, TypeVar, Union, cast
 
 from .errors import WideTesseraError
 from .files import not_a_regular_file, write_atomic
@@ -45,7 +45,7 @@ def check_json(value: Any, hint: Any, where: str) -> None:
             ok = any(isinstance(value, _SCALARS[o]) and (o is bool or not isinstance(value, bool)) for o in options)
             return _expect(ok, value, " or ".join(f"a {o.__name__}" for o in options), where)
         return  # a wider union: left to the dataclasses
-    if dataclasses.is_dataclass(hint):
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         _check_fields(hint, value, where)
     elif origin is list:
         _expect(isinstance(value, list), value, "a list", where)
@@ -89,7 +89,7 @@ def build(raw: Any, cls: Type[T], where: str) -> T:
     check_json(raw, cls, where)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        return cls.from_dict(raw)  # type: ignore[attr-defined]
+        return cast(T, cls.from_dict(raw))  # type: ignore[attr-defined]  # dataclass_json adds it
 
 
 def read_json(path: Union[str, Path], label: str, what: str) -> Any:

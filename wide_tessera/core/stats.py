@@ -8,6 +8,7 @@ from typing import List, Sequence, Tuple
 
 import numpy as np
 from dataclasses_json import dataclass_json
+from numpy.typing import ArrayLike
 from scipy import stats as scipy_stats
 
 __all__ = ["TimingStats", "median_ci", "median_ci_rel_width", "paired_ratio", "HIGH_CV", "MIN_EFFECT", "MARGINAL_ZONE"]
@@ -24,7 +25,7 @@ MIN_EFFECT = 0.05
 MARGINAL_ZONE = 0.02
 
 
-def median_ci(samples: Sequence[float], confidence: float = 0.95) -> Tuple[float, float]:
+def median_ci(samples: ArrayLike, confidence: float = 0.95) -> Tuple[float, float]:
     """A distribution-free confidence interval of the median, from order statistics.
 
     The number of samples below the true median is Binomial(n, 1/2), so the sorted
@@ -124,7 +125,7 @@ class TimingStats:
         std = a.std(ddof=1) if len(a) > 1 else 0.0
         cv = std / mean if mean > 0 else 0.0
         lo, hi = median_ci(a)
-        warnings = []
+        warnings: List[str] = []
         if cv > HIGH_CV:
             warnings.append(f"high spread: coefficient of variation {cv:.1%} (above {HIGH_CV:.0%})")
         if not converged:
@@ -157,4 +158,5 @@ class TimingStats:
     @property
     def median_ci_rel_width(self) -> float:
         """Width of the median's 95% CI as a fraction of the median."""
-        return _rel_width(*self.median_ci_ms, self.median_ms)
+        lo, hi = self.median_ci_ms
+        return _rel_width(lo, hi, self.median_ms)

@@ -8,7 +8,7 @@ built on torch's own pytree utilities.
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, Sequence
+from typing import Any, Callable, Iterable, List, Tuple
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_map
@@ -16,14 +16,14 @@ from torch.utils._pytree import tree_flatten, tree_leaves, tree_map
 __all__ = ["call", "call_each", "cast", "clone", "tensors", "flat"]
 
 
-def call(model: Callable, x: Any) -> Any:
+def call(model: Callable[..., Any], x: Any) -> Any:
     """`model(x)`; a tuple is several positional inputs, `model(*x)`, and a dict keyword inputs, `model(**x)`."""
     if isinstance(x, tuple):
         return model(*x)
     return model(**x) if isinstance(x, dict) else model(x)
 
 
-def call_each(models: Sequence[Callable], inputs: Sequence[Any]) -> List[Any]:
+def call_each(models: Iterable[Callable[..., Any]], inputs: Iterable[Any]) -> List[Any]:
     """The N separate calls: model i on input i, one by one (the loop every strategy is measured against)."""
     return [call(m, x) for m, x in zip(models, inputs)]
 
@@ -47,6 +47,6 @@ def tensors(tree: Any) -> List[torch.Tensor]:
     return [t for t in tree_leaves(tree) if isinstance(t, torch.Tensor)]
 
 
-def flat(tree: Any) -> tuple:
+def flat(tree: Any) -> Tuple[List[Any], Any]:
     """(leaves, structure): two outputs compare leaf by leaf when their structures are equal."""
     return tree_flatten(tree)

@@ -46,7 +46,7 @@ def check_number(
 
 
 def check_seed(value: Any, name: str = "seed") -> int:
-    return check_number(name, value, 0, MAX_SEED, integer=True, low_ok=True)
+    return int(check_number(name, value, 0, MAX_SEED, integer=True, low_ok=True))
 
 
 def check_bool(name: str, value: Any) -> bool:

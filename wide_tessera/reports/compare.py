@@ -36,11 +36,15 @@ The rules, which the README repeats:
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
+import numpy as np
+from scipy import stats
+
 from ..core.job import group_key, params_text, point_key
-from ..results.analysis import MIN_EFFECT, speedup_ci, verdict
+from ..results.analysis import MIN_EFFECT, verdict
 from ..results.schema import BenchmarkResult, PointResult
 from .answer import n_or_never
 from .markdown import table as md_table
@@ -212,7 +216,7 @@ def _change(op: str, base: PointResult, new: PointResult, name: str, noise: floa
         )
     ratio = s.median_ms / b.median_ms
     lo, hi = _widened(
-        b.median_ms / s.median_ms, *speedup_ci(b.samples_ms, s.samples_ms, paired=False), noise
+        b.median_ms / s.median_ms, *_between_runs_ci(b.samples_ms, s.samples_ms), noise
     )  # base / new
     untrusted = [f"{why} in the {run} run" for run, p in (("base", base), ("new", new)) if (why := _untrusted(p))]
     return Change(
@@ -388,3 +392,29 @@ def render(comparison: Comparison, as_markdown: bool = False, fail_percent: Opti
         )
         + "\n"
     )
+
+
+def _between_runs_ci(base_ms: Sequence[float], new_ms: Sequence[float], seed: int = 0) -> Tuple[float, float]:
+    """95% bootstrap interval of median(base) / median(new) for samples of two runs.
+
+    Not the paired interval a point's speedup has (core.stats.paired_ratio): rounds of two runs
+    do not pair, so each side is resampled on its own."""
+    if min(len(base_ms), len(new_ms)) < 2:
+        raise ValueError("a change's confidence interval needs at least 2 samples on each side")
+
+    def ratio(b: np.ndarray, s: np.ndarray, axis: int = -1) -> np.ndarray:
+        return np.asarray(np.median(b, axis=axis) / np.median(s, axis=axis))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # identical samples make a degenerate, but valid, interval
+        res = stats.bootstrap(
+            (np.asarray(base_ms), np.asarray(new_ms)),
+            ratio,
+            paired=False,
+            vectorized=True,
+            n_resamples=2000,
+            confidence_level=0.95,
+            method="percentile",
+            random_state=np.random.default_rng(seed),
+        )
+    return float(res.confidence_interval.low), float(res.confidence_interval.high)

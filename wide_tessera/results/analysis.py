@@ -2,10 +2,12 @@
 
 The rules, which the README repeats:
 
-* A strategy's speedup at a point is baseline median / strategy median, with a
-  95% bootstrap confidence interval over the paired, interleaved rounds. It is
-  'faster' when the whole interval lies above 1 + MIN_EFFECT, 'slower' when it
-  lies below 1 / (1 + MIN_EFFECT), else 'same': no significant difference.
+* A strategy's speedup at a point is the median of the paired, interleaved
+  rounds' ratios baseline / strategy, with its distribution-free interval at the
+  decision's level (`core.stats.paired_ratio`, `results.decisions`): the one
+  interval everything that shows a speedup prints. It is 'faster' when the whole
+  interval lies above 1 + MIN_EFFECT, 'slower' when it lies below
+  1 / (1 + MIN_EFFECT), else 'same': no significant difference.
 * Fusing wins at a point when a correct strategy is 'faster'; `best_strategy`
   is then the fastest such one, else the correct strategy with the highest
   speedup. Incorrect strategies are never considered, nor are the controls
@@ -39,12 +41,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import warnings
 from collections import Counter
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
-
-import numpy as np
-from scipy import stats
 
 from ..core.correctness import Check
 from ..core.job import group_key, params_text
@@ -67,7 +65,6 @@ __all__ = [
     "result_of",
     "first_verdict",
     "fuse_or_capture",
-    "speedup_ci",
     "verdict",
     "pick_best",
     "group_crossover",
@@ -80,36 +77,6 @@ __all__ = [
 IMPLAUSIBLE_SPEEDUP = 10.0
 # The unreliable groups an UNRELIABLE line names; the rest are counted.
 _REASONS_SHOWN = 2
-
-
-def speedup_ci(
-    baseline_ms: Sequence[float], strategy_ms: Sequence[float], seed: int = 0, paired: Optional[bool] = None
-) -> Tuple[float, float]:
-    """95% bootstrap CI of median(baseline) / median(strategy).
-
-    Samples of one run, of equal count, are paired by round (they were interleaved) and
-    resampled together; otherwise, or with paired=False (two independent runs), each side
-    is resampled on its own.
-    """
-    if min(len(baseline_ms), len(strategy_ms)) < 2:
-        raise ValueError("a speedup's confidence interval needs at least 2 samples on each side")
-
-    def ratio(b: np.ndarray, s: np.ndarray, axis: int = -1) -> np.ndarray:
-        return np.median(b, axis=axis) / np.median(s, axis=axis)
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # identical samples make a degenerate, but valid, interval
-        res = stats.bootstrap(
-            (np.asarray(baseline_ms), np.asarray(strategy_ms)),
-            ratio,
-            paired=len(baseline_ms) == len(strategy_ms) if paired is None else paired,
-            vectorized=True,
-            n_resamples=2000,
-            confidence_level=0.95,
-            method="percentile",
-            random_state=np.random.default_rng(seed),
-        )
-    return float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 
 def verdict(ci: Sequence[float]) -> str:
