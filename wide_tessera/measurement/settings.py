@@ -127,10 +127,11 @@ def _field(
 class RunSettings:
     """How to run a job's points (see the module's docstring); timing, confirm and controls given
     as None are the preset's (PRESET_RUNS), else the defaults; device None is CUDA when available.
-    Their types say what they hold once made: __post_init__ fills every None."""
+    __post_init__ fills every one of them, but their types stay Optional: results files of
+    earlier schemas hold None there, and decoding checks the types."""
 
     preset: Optional[str] = _field(None, "Sweep preset: ci, quick or full.", option="--preset", resume=True)
-    device: str = _field(
+    device: Optional[str] = _field(
         None, "cpu, cuda or cuda:N  [default: cuda if available, else cpu]", option="--device"
     )
     seed: int = _field(0, "Seed for models and inputs.", option="--seed", resume=True)
@@ -154,7 +155,7 @@ class RunSettings:
         option="--energy",
         resume=True,
     )
-    timing: TimingConfig = _field(None, "When sampling stops (TimingConfig).", resume=True)
+    timing: Optional[TimingConfig] = _field(None, "When sampling stops (TimingConfig).", resume=True)
     timeouts: StageTimeouts = _field(None, "Each stage's time limit (StageTimeouts).", factory=StageTimeouts)
     memory_budget: Optional[int] = _field(
         None, "Skip points estimated above SIZE (e.g. 4GiB).", option="--memory-budget"
@@ -162,13 +163,13 @@ class RunSettings:
     isolate: bool = _field(
         False, "Run each op in a worker process: a hang or crash costs one strategy.", option="--isolate"
     )
-    confirm: str = _field(
+    confirm: Optional[str] = _field(
         None,
         "Which points to measure again, independently, after the sweep; disagreeing points are unstable.  "
         "[default: deciding; preset ci: none]",
         option="--confirm",
     )
-    controls: bool = _field(
+    controls: Optional[bool] = _field(
         None,
         "Also time the baseline loop in one CUDA graph (CUDA) and compiled, and in train_step stepped by "
         "one foreach or fused optimizer: cheaper loops that do not fuse.  "

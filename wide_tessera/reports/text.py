@@ -114,6 +114,26 @@ def _warning_items(result: "BenchmarkResult") -> List[Tuple[str, float, str]]:
     return items
 
 
+def failure_lines(result: "BenchmarkResult") -> List[str]:
+    """One line per incorrect, failed, timed-out or crashed strategy or point, with the reason."""
+    lines = []
+    for p in result.points:
+        where = f"N={p.n} {params_text(p.params)}"
+        lines += [f"{where} {s}: incorrect: {c.error}" for s, c in p.checks.items() if not c.correct]
+        lines += [f"{where} {s}: {f}" for s, f in p.failures.items() if f.kind != "skipped"]
+    return lines
+
+
+def skipped_lines(result: "BenchmarkResult") -> List[str]:
+    """One line per strategy or point skipped, with the reason."""
+    return [
+        f"N={p.n} {params_text(p.params)}: {f.message}"
+        for p in result.points
+        for f in p.failures.values()
+        if f.kind == "skipped"
+    ]
+
+
 def warning_lines(result: "BenchmarkResult") -> List[str]:
     """Every warning of a result, one line each."""
     return [line for _, _, line in _warning_items(result)]

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from dataclasses_json import dataclass_json
 
@@ -89,6 +89,7 @@ def decision_level(config: TimingConfig) -> float:
 def level_of(settings: RunSettings) -> float:
     """The level of a run's intervals: decision_level, or 95% for --precise, which stops on the
     medians' precision, not on the speedups (no look at a speedup can stop it)."""
+    assert settings.timing is not None  # RunSettings.__post_init__ fills it
     return 1 - ALPHA if settings.precise else decision_level(settings.timing)
 
 
@@ -97,6 +98,7 @@ def stop_rule(strategies: Sequence[str], controls: Sequence[str], settings: RunS
     stop at a scheduled look once its Call is settled; None (the precision rule) for --precise."""
     if settings.precise:
         return None
+    assert settings.timing is not None  # RunSettings.__post_init__ fills it
     scheduled, level = set(looks(settings.timing)), level_of(settings)
 
     def stop(samples: Dict[str, List[float]]) -> Look:
@@ -183,7 +185,7 @@ def classify(lo: float, hi: float) -> str:
     return "open"
 
 
-Samples = Dict[str, Sequence[float]]
+Samples = Mapping[str, Sequence[float]]
 
 
 def decide(samples: Samples, strategies: Sequence[str], level: float, controls: Sequence[str] = ()) -> Call:
@@ -225,7 +227,8 @@ def _against(samples: Samples, winner: str, others: Sequence[str], level: float)
     kernel on a CPU, stayed 'not yet told apart' at the budget in a quiet quick run, their
     ratio's interval reaching 0.94 at 99.4%; two strategies that are one computation must
     close as a tie."""
-    ties, rivals = [], []
+    ties: List[str] = []
+    rivals: List[str] = []
     for s in others:
         _, lo, _ = paired_ratio(samples[s], samples[winner], level)  # > 1: the winner is faster
         if lo > 1:  # known slower

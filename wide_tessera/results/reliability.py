@@ -45,7 +45,8 @@ def feeds_of(group: Sequence[PointResult]) -> List[List[str]]:
 def judge(group: Sequence[PointResult], feeds: Sequence[List[str]]) -> Tuple[List[str], List[str]]:
     """(problems, notes) of a group: problems are what could flip one of its decisions, each
     'N=8: kind: detail'; notes everything else worth knowing."""
-    problems, notes = [], []
+    problems: List[str] = []
+    notes: List[str] = []
     for p, fed in zip(group, feeds):
         where = f"N={p.n}"
         health = [h for h in (p.health, p.confirmation.health if p.confirmation else None) if h is not None]
@@ -79,7 +80,9 @@ def judge(group: Sequence[PointResult], feeds: Sequence[List[str]]) -> Tuple[Lis
 def _winners_differ(point: PointResult) -> bool:
     """Both passes clean and fusing, with winners they did not find tied."""
     c = point.confirmation
-    if c is None or c.decision is None or c.replaced or (c.health is not None and not c.health.cleaned):
+    if point.decision is None or c is None or c.decision is None or c.replaced:
+        return False
+    if c.health is not None and not c.health.cleaned:
         return False
     return not same_winner(point.decision.call, c.decision.call)
 
@@ -87,4 +90,4 @@ def _winners_differ(point: PointResult) -> bool:
 def _calls(point: PointResult) -> str:
     first = point.decision.call if point.decision else None
     second = point.confirmation.decision.call if point.confirmation and point.confirmation.decision else None
-    return " then ".join(f"{c.kind}{' ' + c.strategy if c.kind == 'fuse' else ''}" for c in (first, second) if c)
+    return " then ".join(f"{c.kind}{f' {c.strategy}' if c.kind == 'fuse' else ''}" for c in (first, second) if c)

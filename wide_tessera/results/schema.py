@@ -1,7 +1,8 @@
 """Results as data: one point, one parameter group, one op's whole run, and how they are written as JSON.
 
-Reading a file back, with every invariant checked, is `results.load`; drawing a result is
-`wide_tessera.reports` (through `results.views`): this module imports neither.
+Reading a file back, with every invariant checked, is `results.load`, which this module does not
+import; drawing a result is `wide_tessera.reports`, reached only by the thin calls at the end of
+`BenchmarkResult` (result.summary(), .warnings, ...), which the import contracts declare.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
 from ..core.correctness import Check
 from ..core.environment import Environment
 from ..core.errors import WideTesseraError
-from ..core.job import Work, params_text
+from ..core.job import Work
 from ..core.jsonio import write_json
 from ..core.stats import TimingStats
 from ..measurement.energy import Energy
@@ -28,7 +29,6 @@ from ..measurement.settings import RunSettings
 from ..measurement.timing import TimingConfig
 from .decisions import Decision
 from .manifest import Manifest
-from .views import view
 
 __all__ = [
     "Failure",
@@ -290,6 +290,7 @@ class BenchmarkResult:
 
     @property
     def timing(self) -> TimingConfig:
+        assert self.settings.timing is not None  # RunSettings.__post_init__ fills it
         return self.settings.timing
 
     @property
@@ -298,6 +299,7 @@ class BenchmarkResult:
 
     @property
     def confirm(self) -> str:
+        assert self.settings.confirm is not None  # RunSettings.__post_init__ fills it
         return self.settings.confirm
 
     @property
@@ -308,34 +310,39 @@ class BenchmarkResult:
     def mode(self) -> str:
         return self.settings.mode
 
+    # What a result is shown as: thin calls to plain functions of `reports`. The data imports its
+    # renderers only here, inside these calls, and the layer contract declares exactly these
+    # imports (setup.cfg): reading a result needs no renderer, and a renderer needs the data.
+
     @property
     def failures(self) -> List[str]:
         """One line per incorrect, failed, timed-out or crashed strategy or point, with the reason."""
-        lines = []
-        for p in self.points:
-            where = f"N={p.n} {params_text(p.params)}"
-            lines += [f"{where} {s}: incorrect: {c.error}" for s, c in p.checks.items() if not c.correct]
-            lines += [f"{where} {s}: {f}" for s, f in p.failures.items() if f.kind != "skipped"]
-        return lines
+        from ..reports.text import failure_lines
+
+        return failure_lines(self)
 
     @property
     def skipped(self) -> List[str]:
-        return [
-            f"N={p.n} {params_text(p.params)}: {f.message}"
-            for p in self.points
-            for f in p.failures.values()
-            if f.kind == "skipped"
-        ]
+        """One line per strategy or point skipped (a need unmet here, the memory budget), with the reason."""
+        from ..reports.text import skipped_lines
+
+        return skipped_lines(self)
 
     @property
     def warnings(self) -> List[str]:
         """Every warning, one line each: noisy or unconverged timings, disturbed measurements,
         unstable points, strategies that did not fuse, implausible speedups."""
-        return view("warnings")(self)
+        from ..reports.text import warning_lines
+
+        return warning_lines(self)
 
     @property
     def all_correct(self) -> bool:
-        return not self.failures
+        """No strategy was incorrect, and nothing failed (a skip is not a failure)."""
+        return all(
+            all(c.correct for c in p.checks.values()) and all(f.kind == "skipped" for f in p.failures.values())
+            for p in self.points
+        )
 
     @property
     def measured_energy(self) -> bool:
@@ -344,26 +351,38 @@ class BenchmarkResult:
 
     def summary(self) -> str:
         """The full text summary (reports.text): every timing, memory, launches, decisions."""
-        return view("summary")(self)
+        from ..reports.text import format_summary
+
+        return format_summary(self)
 
     def brief(self) -> str:
         """The answer in a table that fits a terminal (reports.brief): what a run prints."""
-        return view("brief")(self)
+        from ..reports.brief import brief_summary
+
+        return brief_summary(self)
 
     def _repr_html_(self) -> str:
         """What a notebook cell shows: the answer table and the plots (reports.notebook)."""
-        return view("html")(self)
+        from ..reports.notebook import result_html
+
+        return result_html(self)
 
     def _repr_markdown_(self) -> str:
-        return view("markdown")(self)
+        from ..reports.markdown import result_markdown
+
+        return result_markdown(self)
 
     def to_rows(self) -> List[Dict[str, Any]]:
         """The tidy rows: one dict per (N, parameters, strategy); see `reports.tidy`."""
-        return view("rows")([self])
+        from ..reports.tidy import rows
+
+        return rows([self])
 
     def to_dataframe(self) -> "pandas.DataFrame":
         """The tidy rows as a pandas DataFrame (the `pandas` extra); many results: `wide_tessera.to_dataframe`."""
-        return view("dataframe")([self])
+        from ..reports.tidy import to_dataframe
+
+        return to_dataframe([self])
 
     def save(self, path: Union[str, Path]) -> None:
         """Write this result alone to `path` (see save_results); `wide_tessera.load_results` reads it."""
