@@ -83,6 +83,7 @@ def benchmark(name: str, preset: str = "full", *, verbose: bool = True, **option
     """
     given, overrides = RunSettings.split(options)
     settings = RunSettings.of(preset=preset, **given)
+    assert settings.device is not None  # RunSettings.__post_init__ resolves it
     job = build_job(name, preset, settings.device, overrides, verbose)
     return run(job, settings, verbose=verbose)
 

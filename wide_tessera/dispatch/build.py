@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Type
 
 from torch import nn
 
@@ -19,7 +19,7 @@ from ..core import trees
 from ..core.capabilities import Needs
 from ..core.errors import WideTesseraError
 from ..core.job import params_text
-from ..ops.base import wide_module
+from ..ops.base import WideOp, wide_module
 from ..widen.custom import CUSTOM_STRATEGIES, custom_wide
 from .table import Case, Match
 
@@ -37,7 +37,7 @@ class Trials(NamedTuple):
     needs: Dict[str, Needs]
 
 
-def op_trials(cls: type) -> Trials:
+def op_trials(cls: Type[WideOp]) -> Trials:
     """A registered op's strategies, built by its own from_modules (outside strategies included)."""
     return Trials(cls.BENCHMARK_STRATEGIES, partial(wide_module, cls), cls.strategy_needs())
 
@@ -117,10 +117,11 @@ class LoopedModules(ModuleGroup):
         return tuple(trees.call_each(self.models, inputs))
 
 
-def build(decision: DispatchDecision, modules: Sequence[nn.Module], make: Make) -> nn.Module:
-    """The decision's wide module of `modules` (made by `make`), or the loop; its `decision`
-    attribute says which, and why. A wide module that cannot be built here falls back to the
-    loop, the reason added: a dispatcher in a model's forward path never breaks it."""
+def build(decision: DispatchDecision, modules: Sequence[nn.Module], make: Make) -> Tuple[nn.Module, DispatchDecision]:
+    """The decision's wide module of `modules` (made by `make`), or the loop, and the decision
+    that holds, also set as the module's `decision` attribute. A wide module that cannot be built
+    here falls back to the loop, the reason added: a dispatcher in a model's forward path never
+    breaks it."""
     match = decision.match
     built: nn.Module = LoopedModules(modules)
     if match.fuse and match.strategy is not None:
@@ -128,5 +129,6 @@ def build(decision: DispatchDecision, modules: Sequence[nn.Module], make: Make) 
             built = make(list(modules), match.strategy)
         except Exception as e:  # noqa: BLE001  fall back, and say why
             match = replace(match, fuse=False, strategy=None, reason=f"{match.reason}; but building it failed: {e}")
-    built.decision = replace(decision, match=match)
-    return built
+    held = replace(decision, match=match)
+    built.decision = held  # type: ignore[assignment]  # a plain attribute: nn.Module's typing knows only tensors
+    return built, held

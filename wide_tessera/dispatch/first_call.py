@@ -69,18 +69,18 @@ class FirstCall(ModuleGroup):
     def _loop(self, inputs: List[Any]) -> List[Any]:
         return trees.call_each(self.models, inputs)
 
-    def _correct(self, inputs: List[Any]) -> Dict[str, nn.Module]:
+    def _correct(self, inputs: List[Any]) -> Dict[str, Any]:
         """Each strategy that can run here, built, whose outputs match the separate calls' (a wrong
         strategy is never chosen)."""
         case, device = self._case, str(inputs_device(inputs))
         reference = self._loop([trees.clone(x) for x in inputs])
         tol = tolerance(DTYPES[case.dtype], device)
-        correct: Dict[str, nn.Module] = {}
+        correct: Dict[str, Any] = {}  # wide modules: pack, call, unpack (nn.Module's typing cannot say so)
         for strategy in self._trials.strategies:
             if unmet_need(self._trials.needs.get(strategy), device, DTYPES[case.dtype], case.params):
                 continue
             try:
-                wide = self._trials.make(list(self.models), strategy)
+                wide: Any = self._trials.make(list(self.models), strategy)
                 out = wide.unpack(wide(wide.pack([trees.clone(x) for x in inputs])))
             except Exception:  # noqa: BLE001  a strategy that cannot run here is not chosen
                 continue

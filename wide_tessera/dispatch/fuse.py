@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, Type, Union
 
 import torch
 from torch import nn
@@ -23,7 +23,7 @@ from ..core.job import DTYPES, params_text
 from ..core.user_input import check_bool, check_number
 from ..measurement.controls import COMPILE_MODES
 from ..measurement.modes import check_mode
-from ..ops.base import fusing_ops, op_fusing
+from ..ops.base import WideOp, fusing_ops, op_fusing
 from ..ops.registry import REGISTRY, get_op
 from ..widen.custom import model_identity
 from ..widen.functional import RANDOMNESS
@@ -43,7 +43,7 @@ class DispatchWarning(UserWarning):
 
 
 # The cases already warned about: one warning per case in a process, not one per layer.
-_warned: set = set()
+_warned: Set[Tuple[Any, ...]] = set()
 
 
 def fuse(
@@ -96,9 +96,9 @@ def fuse(
             return FirstCall(modules, trials, case, _table_file(table), time_bound_s, source)
         if not answer.entries:
             _warn_untuned(case, source)
-    built = build(DispatchDecision(case, answer, source), modules, trials.make)
-    if answer.fuse and not built.decision.fused:
-        _warn_once(case, f"{built.decision.match.reason}: running the modules as a loop")
+    built, held = build(DispatchDecision(case, answer, source), modules, trials.make)
+    if answer.fuse and not held.fused:
+        _warn_once(case, f"{held.match.reason}: running the modules as a loop")
     return built
 
 
@@ -123,7 +123,7 @@ def _device(module: nn.Module) -> str:
 
 def _case(
     modules: List[nn.Module],
-    cls: Optional[type],
+    cls: Optional[Type[WideOp]],
     mode: str,
     compile: str,
     cuda_graph: bool,
@@ -201,7 +201,7 @@ def _unmeasurable(modules: Sequence[nn.Module], dtype: str) -> Optional[str]:
     return None
 
 
-def _op_class(module: nn.Module, op: Union[None, str, type]) -> Optional[type]:
+def _op_class(module: nn.Module, op: Union[None, str, type]) -> Optional[Type[WideOp]]:
     """The registered op that fuses `module` (None: the custom way)."""
     if op is None:
         return op_fusing(module, fusing_ops())
@@ -211,7 +211,7 @@ def _op_class(module: nn.Module, op: Union[None, str, type]) -> Optional[type]:
                 f"op {op.__name__} is not a registered op; strategy='auto' needs one (any module: "
                 "wide_tessera.fuse(modules))"
             )
-        cls = op
+        cls = next(c for c in REGISTRY.values() if c is op)
     else:
         cls = get_op(op)
     fuses = getattr(cls, "FUSES", None)
@@ -232,10 +232,10 @@ def _dtype_name(module: nn.Module, hint: Any) -> str:
         return "float32"
     if hint not in DTYPES:
         raise unknown("dtype", hint, DTYPES)
-    return hint
+    return str(hint)
 
 
-def _checked_hints(cls: Optional[type], name: str, module: nn.Module, hints: Dict[str, Any]) -> Dict[str, Any]:
+def _checked_hints(cls: Optional[Type[WideOp]], name: str, module: nn.Module, hints: Dict[str, Any]) -> Dict[str, Any]:
     """The hints, each an axis of the op's sweeps that the modules do not fix, with a value of its kind."""
     if cls is None:
         if hints:

@@ -154,7 +154,7 @@ class DispatchTable:
     def save(self, path: Union[str, Path]) -> None:
         _check_entries_are(self.entries, "DispatchTable.save")
         _check_entries(self)  # what load would refuse is never written
-        write_json(path, self.to_dict())
+        write_json(path, self.to_dict())  # type: ignore[attr-defined]  # dataclass_json adds it
 
     def merged(self, entries: Sequence[DispatchEntry]) -> "DispatchTable":
         """This table with `entries` added; of two measurements of one entry the newer is kept."""
@@ -231,7 +231,6 @@ def merge_into(path: Union[str, Path], result: BenchmarkResult) -> Optional[str]
 
 def _n_verdict(point: PointResult) -> NVerdict:
     best = point.best_strategy
-    speed = dict(strategy=best, speedup=point.speedups.get(best), speedup_ci=point.speedup_ci.get(best))
     if not point.timings:
         verdict = "failed"
     elif point.disturbed:
@@ -244,7 +243,9 @@ def _n_verdict(point: PointResult) -> NVerdict:
         verdict = point.winner
     else:
         verdict = "same" if point.winner == "no_difference" else "loop"
-    return NVerdict(point.n, verdict, **speed) if best is not None else NVerdict(point.n, verdict)
+    if best is None:
+        return NVerdict(point.n, verdict)
+    return NVerdict(point.n, verdict, best, point.speedups.get(best), point.speedup_ci.get(best))
 
 
 def entries_of(result: BenchmarkResult) -> List[DispatchEntry]:
@@ -269,7 +270,7 @@ def entries_of(result: BenchmarkResult) -> List[DispatchEntry]:
             cuda_graph=result.timing.cuda_graph,
             params=params,
         )
-        versions = dict(run.versions) if run is not None else {"torch": env.torch_version}
+        versions: Dict[str, Optional[str]] = dict(run.versions) if run is not None else {"torch": env.torch_version}
         verdicts = [_n_verdict(p) for p in points]
         entry = measured_entry(setting, verdicts, measured_at, versions, env.threads, result.preset, result.run_id)
         entries.append(entry)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from functools import partial, wraps
-from typing import Any, Callable, ClassVar, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, ClassVar, Dict, List, Optional, Sequence, Tuple, Type, Union
 
 import torch
 from torch import nn
@@ -280,13 +280,13 @@ def _frozen_as_in(modules: Sequence[nn.Module], wide: nn.Module) -> nn.Module:
     return wide
 
 
-def fusing_ops() -> Dict[type, type]:
+def fusing_ops() -> Dict[type, Type["WideOp"]]:
     """Module class -> the registered op that fuses it (its FUSES): what surgery swaps, what fuse() finds."""
     op_names()  # the installed plugins' ops first: one may fuse the class asked about
     return {cls.FUSES: cls for cls in REGISTRY.values() if getattr(cls, "FUSES", None) is not None}
 
 
-def op_fusing(module: nn.Module, ops: Dict[type, type]) -> Optional[type]:
+def op_fusing(module: nn.Module, ops: Dict[type, Type["WideOp"]]) -> Optional[Type["WideOp"]]:
     """The op of `ops` (fusing_ops) that fuses `module`: its class's, or that of the nearest class it
     derives from (timm's Linear is an nn.Linear, and fuses as one)."""
     return next((ops[c] for c in type(module).__mro__ if c in ops), None)

@@ -7,11 +7,14 @@ import os
 import sys
 from dataclasses import dataclass
 from importlib.metadata import entry_points
-from typing import Any, Callable, Dict, List, Optional, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Type, TypeVar
 
 from ..core.capabilities import Needs
 from ..core.errors import WideTesseraError, one_line, unknown
 from ..core.roles import RESERVED_NAMES
+
+if TYPE_CHECKING:
+    from .base import WideOp
 
 __all__ = [
     "REGISTRY",
@@ -30,7 +33,7 @@ __all__ = [
 # runs its @register and register_strategy calls.
 ENTRY_POINT_GROUP = "wide_tessera.ops"
 
-REGISTRY: Dict[str, type] = {}
+REGISTRY: Dict[str, Type["WideOp"]] = {}
 T = TypeVar("T", bound=type)
 
 
@@ -144,7 +147,7 @@ def _load_entry_points() -> None:
             ) from None
 
 
-def get_op(name: str) -> type:
+def get_op(name: str) -> Type["WideOp"]:
     _load_entry_points()
     if not isinstance(name, str):
         raise WideTesseraError(f"op {name!r}: give one op name as a string (valid: {', '.join(sorted(REGISTRY))})")
