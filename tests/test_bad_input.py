@@ -309,3 +309,28 @@ def test_a_float_axis_is_set_from_the_command_line_as_a_float():
 def test_run_settings_are_checked_before_anything_is_measured(call, match):
     with pytest.raises(WideTesseraError, match=match):
         call()
+
+
+def test_an_error_says_what_kind_of_problem_it_is(tmp_path):
+    """One hierarchy (core.errors): a caller tells bad input from a damaged file and a broken op class
+    by type, and a fault while measuring is never mistaken for bad input."""
+    from wide_tessera.core.errors import ContractError, DamagedFile, MeasurementFault, NotApplicable
+    from wide_tessera.dispatch.table import DispatchTable
+    from wide_tessera.measurement.energy import EnergyUnavailable
+    from wide_tessera.measurement.stages import StageTimeout
+    from wide_tessera.measurement.timing import TimedFunctionError
+
+    damaged = tmp_path / "damaged.json"
+    damaged.write_text('{"schema_version": 2, "resul')
+    with pytest.raises(DamagedFile):
+        load_results(damaged)
+    with pytest.raises(DamagedFile):
+        DispatchTable.load(damaged)
+    with pytest.raises(ContractError, match="does not implement bench_model"):
+        register("t_bad")(NoFactories)
+    with pytest.raises(WideTesseraError) as bad_value:
+        TimingConfig(min_samples=1)
+    assert type(bad_value.value) is WideTesseraError
+    assert issubclass(NotApplicable, ContractError)
+    for fault in (StageTimeout, EnergyUnavailable, TimedFunctionError):
+        assert issubclass(fault, MeasurementFault) and not issubclass(fault, WideTesseraError)

@@ -14,7 +14,7 @@ import click
 import torch
 
 from ..api import build_custom_job, build_job
-from ..core.errors import MissingDependency, WideTesseraError
+from ..core.errors import Interrupted, MissingDependency, WideTesseraError
 from ..core.files import make_folder, results_lock, results_target
 from ..core.job import BenchmarkJob, SweepParams
 from ..core.runs import new_run_path, prepare_runs_dir
@@ -37,7 +37,6 @@ from ..results.schema import BenchmarkResult, save_results
 from ..sweep.progress import Progress
 from ..sweep.runner import check_runnable, search_candidates
 from ..sweep.session import (
-    Interrupted,
     measure_jobs,
     measure_shard,
     points_to_measure,

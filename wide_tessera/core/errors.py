@@ -1,15 +1,45 @@
-"""The one error type for bad user input, so the CLI can turn it into a clean exit 2."""
+"""wide_tessera's exceptions, one hierarchy, and what each becomes:
+
+    WideTesseraError (ValueError)    something the user can act on, in one line that names it and what
+    |                                would be valid; the CLI prints the line and exits 2 (usage_errors)
+    +-- MissingDependency            an optional package is not installed
+    +-- ContractError                an op class or a module breaks what wide_tessera relies on
+    |   +-- NotApplicable            a strategy cannot apply to these models: skipped, never failed
+    +-- DamagedFile                  a results file or dispatch table that is damaged or not ours
+    MeasurementFault (Exception)     a fault while measuring a point (a stage over its time limit, a
+                                     timed function that raised, energy that cannot be read): it
+                                     becomes the point's Failure, and is never raised to the user
+    Interrupted (KeyboardInterrupt)  Ctrl-C during a run: what was measured, and where it was saved;
+                                     the CLI exits 130
+
+Anything else raised from wide_tessera is a bug of ours or an error of the user's own code, which a
+point records as a Failure where it happens inside a measurement.
+"""
 
 from __future__ import annotations
 
 import difflib
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable, Optional
 
-__all__ = ["WideTesseraError", "MissingDependency", "NotApplicable", "unknown", "one_line"]
+if TYPE_CHECKING:
+    from ..results.schema import BenchmarkResult
+
+__all__ = [
+    "WideTesseraError",
+    "MissingDependency",
+    "ContractError",
+    "NotApplicable",
+    "DamagedFile",
+    "MeasurementFault",
+    "Interrupted",
+    "unknown",
+    "one_line",
+]
 
 
 class WideTesseraError(ValueError):
-    """A value the user gave is wrong; the message names it and what would be valid."""
+    """Something the user can act on: a value they gave, a module or file they pointed at. The
+    message names it and what would be valid."""
 
 
 class MissingDependency(WideTesseraError):
@@ -17,7 +47,30 @@ class MissingDependency(WideTesseraError):
     every op (`--all`), a skip with this message."""
 
 
-class NotApplicable(WideTesseraError):
+class ContractError(WideTesseraError):
+    """An op class (its sweeps, strategies, factories) or a module breaks what wide_tessera relies on."""
+
+
+class DamagedFile(WideTesseraError):
+    """A file that should be ours is damaged, foreign or of a schema this version cannot read."""
+
+
+class MeasurementFault(Exception):
+    """A fault while measuring a point; the point records it as a Failure (sweep.point)."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during a run: `result` holds what was measured, marked incomplete; `output` is the
+    file it was saved to (None: not saved)."""
+
+    def __init__(self, result: "BenchmarkResult", output: Optional[str] = None):
+        done = f"{len(result.points)} point(s) of {result.op}"
+        saved = f"saved {done} to {output}; continue with --resume" if output else f"{done} measured, not saved"
+        super().__init__(saved)
+        self.result, self.output = result, output
+
+
+class NotApplicable(ContractError):
     """A strategy cannot apply to these models (surgery of a model it cannot capture): found when
     its wide module is built or first called, before any timing, and the runner skips it with
     this reason instead of failing it."""

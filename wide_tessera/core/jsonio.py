@@ -19,7 +19,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Dict, Type, TypeVar, Union, cast
 
-from .errors import WideTesseraError
+from .errors import DamagedFile, WideTesseraError
 from .files import not_a_regular_file, write_atomic
 
 __all__ = ["check_json", "build", "read_json", "write_json", "load_document"]
@@ -107,13 +107,13 @@ def read_json(path: Union[str, Path], label: str, what: str) -> Any:
     except OSError as e:
         raise WideTesseraError(f"{label}: cannot read ({e.strerror or e})") from None
     except ValueError as e:  # not UTF-8
-        raise WideTesseraError(f"{label}: not {what} ({e})") from None
+        raise DamagedFile(f"{label}: not {what} ({e})") from None
     try:
         return json.loads(text, parse_constant=_not_finite, parse_float=_finite_float)
     except ValueError as e:
-        raise WideTesseraError(f"{label}: not {what} (not JSON: {e})") from None
+        raise DamagedFile(f"{label}: not {what} (not JSON: {e})") from None
     except RecursionError:
-        raise WideTesseraError(f"{label}: not {what} (nested too deeply)") from None
+        raise DamagedFile(f"{label}: not {what} (nested too deeply)") from None
 
 
 def _not_finite(name: str) -> float:
@@ -162,4 +162,4 @@ def load_document(
         return document
     except Exception as e:  # noqa: BLE001  a foreign or damaged file: one line
         detail = str(e) if isinstance(e, WideTesseraError) else f"{type(e).__name__}: {e}"
-        raise WideTesseraError(f"{label}: not {what} ({' '.join(detail.split())})") from None
+        raise DamagedFile(f"{label}: not {what} ({' '.join(detail.split())})") from None

@@ -30,6 +30,7 @@ from typing import Callable, Dict, Optional, Protocol, Tuple
 import torch
 from dataclasses_json import dataclass_json
 
+from ..core.errors import MeasurementFault
 from .health import Nvml
 from .timing import capture_graph, round_order
 
@@ -56,7 +57,7 @@ class Energy:
     windows: int
 
 
-class EnergyUnavailable(Exception):
+class EnergyUnavailable(MeasurementFault):
     """The counter cannot be read, or does not move."""
 
 

@@ -11,6 +11,7 @@ from typing import Callable, Iterator, Optional
 
 from dataclasses_json import dataclass_json
 
+from ..core.errors import MeasurementFault
 from ..core.user_input import check_number
 
 __all__ = ["StageTimeouts", "StageTimeout", "STAGES", "stage_limit"]
@@ -39,7 +40,7 @@ class StageTimeouts:
         return getattr(self, f"{stage}_s") * self.multiplier
 
 
-class StageTimeout(Exception):
+class StageTimeout(MeasurementFault):
     def __init__(self, stage: str, limit_s: float, elapsed_s: float):
         super().__init__(f"{stage} exceeded its {limit_s:.1f} s limit")
         self.stage, self.limit_s, self.elapsed_s = stage, limit_s, elapsed_s

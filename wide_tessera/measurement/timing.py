@@ -21,6 +21,7 @@ from typing import Callable, ContextManager, Dict, FrozenSet, Iterator, List, Na
 import torch
 from dataclasses_json import dataclass_json
 
+from ..core.errors import MeasurementFault
 from ..core.stats import TimingStats, median_ci_rel_width
 from ..core.user_input import check_bool, check_number
 from .health import Health, HealthMonitor
@@ -50,7 +51,7 @@ T = TypeVar("T")
 StageContext = Callable[[str], ContextManager[None]]
 
 
-class TimedFunctionError(Exception):
+class TimedFunctionError(MeasurementFault):
     """One of the timed functions raised (or timed out); `name` says which."""
 
     def __init__(self, name: str, error: Exception):

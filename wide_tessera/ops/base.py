@@ -10,7 +10,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ..core.capabilities import Needs
-from ..core.errors import WideTesseraError, unknown
+from ..core.errors import ContractError, WideTesseraError, unknown
 from ..core.job import DTYPES, BenchmarkJob, SweepParams, Work
 from ..core.user_input import check_shape
 from .registry import REGISTRY, RESERVED_STRATEGY_NAMES, op_names, outside_strategies
@@ -119,14 +119,14 @@ class WideOp:
             missing = [m for m in _FACTORIES if getattr(cls, m).__func__ is getattr(WideOp, m).__func__]
             problem = f"does not implement {', '.join(missing)}" if missing else None
         if problem is not None:
-            raise WideTesseraError(f"op class {cls.__name__} {problem}")
+            raise ContractError(f"op class {cls.__name__} {problem}")
         for preset, sweep in sweeps.items():
             if not isinstance(sweep, SweepParams):
-                raise WideTesseraError(f"op class {cls.__name__} preset {preset!r}: give a SweepParams")
+                raise ContractError(f"op class {cls.__name__} preset {preset!r}: give a SweepParams")
             try:  # every value checked as if a user had given it
                 sweep.with_overrides(n_values=sweep.n_values, **sweep.axes)
             except WideTesseraError as e:
-                raise WideTesseraError(f"op class {cls.__name__} preset {preset!r}: {e}") from None
+                raise ContractError(f"op class {cls.__name__} preset {preset!r}: {e}") from None
 
     @classmethod
     def check_strategy(cls, strategy: Optional[str]) -> str:
@@ -314,7 +314,7 @@ def _wide_module(
     wide = cls.from_modules(modules)
     run = outside[strategy](wide)
     if not callable(run):
-        raise WideTesseraError(f"strategy {strategy!r}: its build returned {run!r}, not a function of the wide input")
+        raise ContractError(f"strategy {strategy!r}: its build returned {run!r}, not a function of the wide input")
     return OutsideWide(wide, run)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, List, Union
 
-from ..core.errors import WideTesseraError
+from ..core.errors import DamagedFile, WideTesseraError
 from ..core.jsonio import build, check_json, read_json
 from .invariants import check_result
 from .schema import READABLE_VERSIONS, BenchmarkResult
@@ -41,7 +41,7 @@ def load_results(path: Union[str, Path]) -> List[BenchmarkResult]:
         return results
     except Exception as e:  # noqa: BLE001  RecursionError from deep nesting included: bad file, one line
         detail = str(e) if isinstance(e, WideTesseraError) else f"{type(e).__name__}: {e}"
-        raise WideTesseraError(f"{path}: not a wide_tessera results file ({' '.join(detail.split())})") from None
+        raise DamagedFile(f"{path}: not a wide_tessera results file ({' '.join(detail.split())})") from None
 
 
 # Schema 3 to 6 held these settings as fields of the result; 7 holds them in `settings`.

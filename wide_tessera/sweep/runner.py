@@ -13,7 +13,7 @@ import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set
 
 from ..core.environment import capture_environment
-from ..core.errors import WideTesseraError
+from ..core.errors import Interrupted, WideTesseraError
 from ..core.job import BenchmarkJob, params_text, point_key, point_keys
 from ..measurement.controls import BACKWARD_NOT_COMPILED
 from ..measurement.energy import energy_unavailable
@@ -29,19 +29,11 @@ from .point import iter_points
 from .progress import Progress
 from .resume import point_order
 
-__all__ = ["run", "run_job", "check_runnable", "RunInterrupted"]
+__all__ = ["run", "run_job", "check_runnable"]
 
 # Confirming can move a crossover, which makes new points deciding; they are confirmed in
 # turn, this many times at most.
 _CONFIRM_ROUNDS = 3
-
-
-class RunInterrupted(KeyboardInterrupt):
-    """Ctrl-C during a run; `result` holds what was measured, marked incomplete."""
-
-    def __init__(self, result: BenchmarkResult):
-        super().__init__(f"interrupted after {len(result.points)} point(s) of {result.op}")
-        self.result = result
 
 
 def run(
@@ -77,7 +69,7 @@ def run_job(
     (sweep.shards): whole groups, so that confirming and crossovers need no other rank.
     `on_point(result)` gets the incomplete result after every measurement (the CLI
     saves it); `progress` hears of each (None: nothing is shown). Ctrl-C raises
-    RunInterrupted carrying that incomplete result. The caller has called
+    Interrupted carrying that incomplete result. The caller has called
     `check_runnable` (`run` does; the CLI does for all its jobs before the first).
     """
     progress = progress or Progress(0, enabled=False)
@@ -90,7 +82,7 @@ def run_job(
         passes.confirm()
         passes.third()
     except KeyboardInterrupt:
-        raise RunInterrupted(passes.result(complete=False)) from None
+        raise Interrupted(passes.result(complete=False)) from None
     return passes.result(complete=True)
 
 

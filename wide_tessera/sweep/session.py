@@ -15,26 +15,17 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..core.environment import capture_environment
-from ..core.errors import WideTesseraError
+from ..core.errors import Interrupted, WideTesseraError
 from ..core.job import BenchmarkJob, group_key, point_keys
 from ..measurement.settings import RunSettings
 from ..results.load import load_results
 from ..results.schema import BenchmarkResult, save_results
 from .progress import Progress
 from .resume import check_resumable, point_order, points_left
-from .runner import RunInterrupted, run_job, search_candidates
+from .runner import run_job, search_candidates
 from .shards import Shard, assign, joined, mark, remove_shards, shard_path, with_shards
 
-__all__ = ["previous_results", "measure_jobs", "measure_shard", "points_to_measure", "Interrupted"]
-
-
-class Interrupted(KeyboardInterrupt):
-    """Ctrl-C during a job; what it measured is saved (where there is a file). `saved` says where."""
-
-    def __init__(self, result: BenchmarkResult, output: Optional[str]):
-        where = f"saved {len(result.points)} point(s) of {result.op} to {output}; continue with --resume"
-        super().__init__(where if output else "nothing saved: no -o FILE")
-        self.result, self.output = result, output
+__all__ = ["previous_results", "measure_jobs", "measure_shard", "points_to_measure"]
 
 
 def previous_results(path: str, settings: RunSettings, sharded: bool = False) -> Dict[str, BenchmarkResult]:
@@ -102,7 +93,7 @@ def _run_job(
 
     try:
         result = finish(run_job(job, settings, previous, on_point=save, progress=progress, share=share))
-    except RunInterrupted as stop:
+    except Interrupted as stop:
         save(stop.result)
         raise Interrupted(stop.result, output) from None
     save(result)
