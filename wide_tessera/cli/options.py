@@ -147,7 +147,8 @@ RUN_OPTIONS = options(
         type=float,
         default=TimingConfig.target_rel_ci,
         show_default=True,
-        help="Sample until each median's 95% CI is narrower than this fraction of it.",
+        help="With --precise: sample until each median's 95% CI is narrower than this fraction of it. "
+        "(Without it, sampling stops when the decision is made, and this is not used.)",
     ),
     SAMPLING,
     _option("confirm", "--confirm", type=click.Choice(CONFIRM_MODES), default=None),

@@ -24,6 +24,7 @@ from ..core.capabilities import unmet_need
 from ..core.correctness import check_outputs, tolerance
 from ..core.files import results_lock
 from ..core.job import DTYPES
+from ..core.roles import BASELINE
 from ..core.stats import paired_ratio
 from ..measurement.settings import RunSettings
 from ..measurement.timing import TimingConfig, measure_paired
@@ -93,7 +94,7 @@ class FirstCall(ModuleGroup):
         device = str(inputs_device(inputs))
         with torch.no_grad():
             candidates = self._correct(inputs)
-            timed: Dict[str, Callable[[], object]] = {"baseline": lambda: self._loop(inputs)}
+            timed: Dict[str, Callable[[], object]] = {BASELINE: lambda: self._loop(inputs)}
             for strategy, wide in candidates.items():
                 timed[strategy] = partial(wide, wide.pack(inputs))
             settings = RunSettings(device=device, timing=TimingConfig(budget_s=self._bound / len(timed)))
@@ -122,7 +123,7 @@ class FirstCall(ModuleGroup):
         """The table entry of this one measured N; a Call's kinds (fuse, marginal, loop, open) are
         table verdicts as they are. The speedup is the paired ratio the decision rests on."""
         best = call.strategy
-        speedup = None if best is None else paired_ratio(samples["baseline"], samples[best])[0]
+        speedup = None if best is None else paired_ratio(samples[BASELINE], samples[best])[0]
         verdicts = [NVerdict(self._case.n, call.kind, best, speedup)]
         versions: Dict[str, Optional[str]] = {"torch": torch.__version__}
         return measured_entry(self._case, verdicts, now(), versions, torch.get_num_threads(), FIRST_CALL)

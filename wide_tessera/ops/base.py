@@ -134,9 +134,9 @@ class WideOp:
         if strategy is None:
             return cls.BENCHMARK_STRATEGIES[0]
         if strategy == "auto":  # the measured choice is fuse()'s: ops know nothing of dispatch tables
+            op = f"op={cls.NAME!r}, ..." if REGISTRY.get(cls.NAME) is cls else "..."  # unregistered: fuse finds it
             raise WideTesseraError(
-                f"strategy='auto': the strategy this machine measured is wide_tessera.fuse(modules, op={cls.NAME!r}, "
-                "...)'s; "
+                f"strategy='auto': the strategy this machine measured is wide_tessera.fuse(modules, {op})'s; "
                 f"from_modules takes one of {', '.join(cls.BENCHMARK_STRATEGIES)}"
             )
         if strategy not in cls.BENCHMARK_STRATEGIES:

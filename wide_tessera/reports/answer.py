@@ -13,6 +13,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "n_or_never",
+    "level_text",
     "decision_cell",
     "crossover_known",
     "crossover_text",
@@ -21,6 +22,11 @@ __all__ = [
     "interval_legend",
     "level_of_result",
 ]
+
+
+def level_text(level: float) -> str:
+    """'99.4%': an interval's level as the tables and plots write it."""
+    return f"{100 * level:.3g}%"
 
 
 def n_or_never(n: Optional[int]) -> str:
@@ -106,7 +112,7 @@ def interval_legend(result: "BenchmarkResult") -> List[str]:
         ci = f"speedup [95% CI]{precise}."
     else:
         ci = (
-            f"speedup [{100 * level:.3g}% CI]: the median of the paired rounds' ratios; sampling stopped as soon "
+            f"speedup [{level_text(level)} CI]: the median of the paired rounds' ratios; sampling stopped as soon "
             "as the decision was settled, and each interval holds at 95% over every look it could have stopped at."
         )
     return [

@@ -44,6 +44,7 @@ import numpy as np
 from scipy import stats
 
 from ..core.job import group_key, params_text, point_key
+from ..core.roles import BASELINE
 from ..results.analysis import MIN_EFFECT, verdict
 from ..results.schema import BenchmarkResult, PointResult
 from .answer import n_or_never
@@ -129,7 +130,7 @@ class Comparison:
         speedup change in percent, None without speedups)."""
         out = {}
         for op in dict.fromkeys(c.op for c in self.changes):
-            base = [c for c in self.changes if c.op == op and c.callable == "baseline" and c.ratio is not None]
+            base = [c for c in self.changes if c.op == op and c.callable == BASELINE and c.ratio is not None]
             moved = max((sum(c.verdict == v for c in base) for v in ("slower", "faster")), default=0)
             if base and 2 * moved >= len(base):
                 speedups = [c.speedup_change for c in self.changes if c.op == op and c.speedup_change is not None]
@@ -192,7 +193,7 @@ def _widened(ratio: float, lo: float, hi: float, noise: float) -> Tuple[float, f
 def _change(op: str, base: PointResult, new: PointResult, name: str, noise: float) -> Optional[Change]:
     """The change of one callable between two measurements of a point; None where neither timed it."""
     where = dict(op=op, n=base.n, params=base.params, callable=name)
-    if base.correct.get(name, name == "baseline") and name not in new.stats and name in base.stats:
+    if base.correct.get(name, name == BASELINE) and name not in new.stats and name in base.stats:
         failure = new.failures.get(name) or new.failures.get("point")
         if failure is None or failure.kind != "skipped":
             why = (
@@ -279,7 +280,7 @@ def compare(base: Sequence[BenchmarkResult], new: Sequence[BenchmarkResult]) -> 
             if q is None:
                 comparison.unmatched.append(f"{b.op} N={p.n} {params_text(p.params)}: only in the base run")
                 continue
-            names = dict.fromkeys(["baseline", *p.stats, *p.correct, *q.stats])
+            names = dict.fromkeys([BASELINE, *p.stats, *p.correct, *q.stats])
             comparison.changes += [c for name in names if (c := _change(b.op, p, q, name, noise)) is not None]
         comparison.unmatched += [
             f"{b.op} N={q.n} {params_text(q.params)}: only in the new run" for q in new_points.values()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, List, Sequence
 
 from ..core.job import params_text
+from ..core.roles import BASELINE
 from ..core.stats import MIN_EFFECT
 from ..measurement.controls import legend
 from .advice import advice_table
@@ -111,7 +112,7 @@ def details_markdown(result: "BenchmarkResult") -> str:
     """Every timing with its percentiles: p50 [95% CI], p90, p99, speedup, verdict, correctness, memory."""
     rows = []
     for p in measured_points(result):
-        for s in ["baseline", *result.strategies, *controls_run(result)]:
+        for s in [BASELINE, *result.strategies, *controls_run(result)]:
             st = p.stats.get(s)
             if st is None:
                 continue

@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any, Dict, List, Sequence
 from ..core.errors import WideTesseraError
 from ..core.files import make_folder
 from ..core.job import params_text
-from ..core.roles import CONTROLS
+from ..core.roles import BASELINE, CONTROLS
 from ..core.stats import MIN_EFFECT
-from .answer import crossover_text, level_of_result
+from .answer import crossover_text, level_of_result, level_text
 from .text import controls_run, first_line
 
 if TYPE_CHECKING:
@@ -47,7 +47,7 @@ def _styles(names: Sequence[str]) -> Dict[str, dict]:
     strategy with the baseline's memory would otherwise hide it), controls dashed (they make the loop
     cheaper without fusing and never win)."""
     styles = {
-        "baseline": {"color": "black", "linewidth": 3.5, "alpha": 0.35, "zorder": 1, "marker": "s", "markersize": 6}
+        BASELINE: {"color": "black", "linewidth": 3.5, "alpha": 0.35, "zorder": 1, "marker": "s", "markersize": 6}
     }
     for i, s in enumerate(names):
         styles[s] = {
@@ -96,12 +96,12 @@ def _draw_group(result: "BenchmarkResult", group: "GroupResult", points: Sequenc
     level = level_of_result(result) or 0.95  # the decision rule's per-look level; 95% in older files
     speed.set_title(
         f"speedup over N separate calls: {crossover_text(group)}\n"
-        f"(band: {100 * level:.3g}% CI; dotted: ±5% significance margin{hollow})",
+        f"(band: {level_text(level)} CI; dotted: ±5% significance margin{hollow})",
         fontsize=9,
     )
     speed.set_ylabel("speedup (x)")
 
-    for s in ["baseline", *names]:
+    for s in [BASELINE, *names]:
         ps = [p for p in points if s in p.stats]
         lows = [p.timings[s] - p.stats[s].median_ci_ms[0] for p in ps]
         highs = [p.stats[s].median_ci_ms[1] - p.timings[s] for p in ps]
@@ -111,7 +111,7 @@ def _draw_group(result: "BenchmarkResult", group: "GroupResult", points: Sequenc
     time.set_title("median time per call of all N models (95% CI)", fontsize=9)
     time.set_ylabel("ms")
 
-    for s in ["baseline", *names]:
+    for s in [BASELINE, *names]:
         ps = [p for p in points if s in p.peak_memory_bytes]
         memory.plot([p.n for p in ps], [p.peak_memory_bytes[s] / 2**20 for p in ps], label=s, **style[s])
     memory.set_yscale("log")
@@ -120,8 +120,8 @@ def _draw_group(result: "BenchmarkResult", group: "GroupResult", points: Sequenc
     memory.set_ylabel("MiB")
 
     for s in names:
-        ps = [p for p in points if s in p.speedups and s in p.peak_memory_bytes and "baseline" in p.peak_memory_bytes]
-        x = [p.peak_memory_bytes[s] / max(p.peak_memory_bytes["baseline"], 1) for p in ps]
+        ps = [p for p in points if s in p.speedups and s in p.peak_memory_bytes and BASELINE in p.peak_memory_bytes]
+        x = [p.peak_memory_bytes[s] / max(p.peak_memory_bytes[BASELINE], 1) for p in ps]
         y = [p.speedups[s] for p in ps]
         tradeoff.plot(x, y, label=s, **style[s])
         for p, xi, yi in zip(ps, x, y):

@@ -6,7 +6,7 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..core.job import params_text
-from ..core.roles import CONTROLS
+from ..core.roles import BASELINE, CONTROLS
 from ..measurement.controls import legend
 from ..measurement.roofline import roofline
 from .advice import advice_table
@@ -66,14 +66,14 @@ def _baseline_cell(point: "PointResult") -> str:
 
 def _per_callable_cell(values: Dict[str, Any], names: Sequence[str], text: Callable[[Any], str]) -> str:
     """One figure per callable, the baseline's first: 'baseline/strategy/...', '-' where it has none."""
-    return "/".join(text(values[s]) if s in values else "-" for s in ("baseline", *names))
+    return "/".join(text(values[s]) if s in values else "-" for s in (BASELINE, *names))
 
 
 def _roofline_line(result: "BenchmarkResult", point: "PointResult", names: Sequence[str]) -> str:
     """At one point: each timing's percentage of its roofline bound, and which ceiling binds."""
     dtype = str(point.params.get("dtype", "float32"))
     cells = []
-    for s in ("baseline", *names):
+    for s in (BASELINE, *names):
         if s in point.timings:
             r = roofline(point.work, point.timings[s], result.peaks, dtype)
             cells.append(f"{s} {r.percent_of_bound:.1f}% ({r.tflops:.3g} TFLOP/s, {r.gbps:.3g} GB/s)")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Dict, List, Sequence
 
 from ..core.errors import WideTesseraError
-from ..core.roles import CONTROLS
+from ..core.roles import BASELINE, CONTROLS
 from .text import controls_run
 
 if TYPE_CHECKING:
@@ -73,7 +73,7 @@ def point_status(point: "PointResult") -> str:
 
 
 def _role(strategy: str) -> str:
-    return "baseline" if strategy == "baseline" else "control" if strategy in CONTROLS else "strategy"
+    return BASELINE if strategy == BASELINE else "control" if strategy in CONTROLS else "strategy"
 
 
 def _param_column(name: str) -> str:
@@ -115,7 +115,7 @@ def _row(result: "BenchmarkResult", point: "PointResult", strategy: str) -> Dict
         speedup_ci_high=ci[1],
         verdict=point.verdicts.get(strategy),
         # The baseline is the reference: correct by definition wherever it ran.
-        correct=bool(point.timings) if strategy == "baseline" else point.correct.get(strategy),
+        correct=bool(point.timings) if strategy == BASELINE else point.correct.get(strategy),
         max_rel_error=check.max_rel_error if check else None,
         max_abs_error=max(check.per_model_abs_error) if check and check.per_model_abs_error else None,
         peak_memory_bytes=point.peak_memory_bytes.get(strategy),
@@ -142,7 +142,7 @@ def rows(results: Sequence["BenchmarkResult"]) -> List[Dict[str, Any]]:
         )
     out = []
     for result in results:
-        names = ["baseline", *result.strategies, *controls_run(result)]
+        names = [BASELINE, *result.strategies, *controls_run(result)]
         out += [_row(result, p, s) for p in result.points for s in names]
     return out
 

@@ -46,7 +46,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from ..core.correctness import Check
 from ..core.job import group_key, params_text
-from ..core.roles import CONTROLS
+from ..core.roles import BASELINE, CONTROLS
 from ..core.stats import MIN_EFFECT, paired_ratio
 from ..measurement.health import RunHealth
 from ..measurement.timing import PairedTimings
@@ -136,12 +136,12 @@ def measured_point(
     speedup the median of the paired rounds' ratios with its interval at `level`, and the
     point's decision (results.decisions)."""
     failures = dict(failures or {})
-    if timings is None or "baseline" not in timings.stats:
+    if timings is None or BASELINE not in timings.stats:
         return failed_point(n, params, failures, checks, peak_memory_bytes)
     stats_ = timings.stats
-    base = stats_["baseline"]
+    base = stats_[BASELINE]
     medians = {s: st.median_ms for s, st in stats_.items()}
-    ratios = {s: paired_ratio(base.samples_ms, st.samples_ms, level) for s, st in stats_.items() if s != "baseline"}
+    ratios = {s: paired_ratio(base.samples_ms, st.samples_ms, level) for s, st in stats_.items() if s != BASELINE}
     speedups = {s: r[0] for s, r in ratios.items()}
     cis = {s: [r[1], r[2]] for s, r in ratios.items()}
     verdicts = {s: verdict(ci) for s, ci in cis.items()}
@@ -187,7 +187,7 @@ def point_decision(
 ) -> Decision:
     """The Decision the final samples support; settled_at is their round count where it settled."""
     call = decide(samples, strategies, level, controls)
-    rounds = len(samples["baseline"])
+    rounds = len(samples[BASELINE])
     return Decision(call, rounds, rounds if call.settled else None, level)
 
 
@@ -236,7 +236,7 @@ def _winner(best: Optional[str], verdicts: Dict[str, str], decision: Optional[De
         return decision.kind
     if best is not None and verdicts[best] == "same":
         return "no_difference"
-    return "baseline"
+    return BASELINE
 
 
 def _rank(point: PointResult) -> int:
@@ -418,6 +418,6 @@ def first_verdict(point: PointResult) -> str:
     """The first pass's verdict at a point, as the unstable-point messages quote it."""
     s = point.best_strategy
     if s is None or s not in point.verdicts:
-        return "baseline"
+        return BASELINE
     lo, hi = point.speedup_ci[s]
     return f"{s} {point.speedups[s]:.2f}x [{lo:.2f},{hi:.2f}]"

@@ -33,12 +33,12 @@ from order statistics: distribution-free, and valid at ten rounds.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from dataclasses_json import dataclass_json
 
+from ..core.roles import BASELINE
 from ..core.stats import MARGINAL_ZONE, MIN_EFFECT, paired_ratio
 from ..measurement.settings import RunSettings
 from ..measurement.timing import Look, StopRule, TimingConfig
@@ -102,7 +102,7 @@ def stop_rule(strategies: Sequence[str], controls: Sequence[str], settings: RunS
     scheduled, level = set(looks(settings.timing)), level_of(settings)
 
     def stop(samples: Dict[str, List[float]]) -> Look:
-        if len(samples["baseline"]) not in scheduled:
+        if len(samples[BASELINE]) not in scheduled:
             return Look(False)
         call = decide(samples, strategies, level, controls)
         return Look(call.settled, frozenset(settled_parts(samples, call, strategies, controls, level)))
@@ -121,7 +121,7 @@ def settled_parts(
     for s in strategies:
         if s == call.strategy or s not in samples:
             continue
-        _, lo, hi = paired_ratio(samples["baseline"], samples[s], level)
+        _, lo, hi = paired_ratio(samples[BASELINE], samples[s], level)
         slower = call.kind == "fuse" and s not in call.ties and s not in call.rivals
         if hi < MARGIN or slower:
             done.append(s)
@@ -195,7 +195,7 @@ def decide(samples: Samples, strategies: Sequence[str], level: float, controls: 
     timed = [s for s in strategies if s in samples]
     if not timed:
         return Call("loop")
-    ratios = {s: paired_ratio(samples["baseline"], samples[s], level) for s in timed}
+    ratios = {s: paired_ratio(samples[BASELINE], samples[s], level) for s in timed}
     places = {s: classify(lo, hi) for s, (_, lo, hi) in ratios.items()}
     best = max(timed, key=lambda s: ratios[s][0])
     beating = [s for s in timed if places[s] == "beats"]
@@ -268,8 +268,3 @@ def same_winner(first: Call, second: Call) -> bool:
     if first.kind != "fuse" or second.kind != "fuse":
         return True
     return first.strategy == second.strategy or second.strategy in first.ties or first.strategy in second.ties
-
-
-def level_text(level: float) -> str:
-    """'99.4%': a level as the tables write it."""
-    return f"{100 * level:.3g}%" if not math.isclose(level, 0.95) else "95%"

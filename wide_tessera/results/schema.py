@@ -21,6 +21,7 @@ from ..core.environment import Environment
 from ..core.errors import WideTesseraError
 from ..core.job import Work
 from ..core.jsonio import write_json
+from ..core.roles import BASELINE
 from ..core.stats import TimingStats
 from ..measurement.energy import Energy
 from ..measurement.health import Health, RunHealth
@@ -158,7 +159,7 @@ class PointResult:
     stats: Dict[str, TimingStats]
     peak_memory_bytes: Dict[str, int] = field(default_factory=dict)
     failures: Dict[str, Failure] = field(default_factory=dict)
-    winner: str = "baseline"
+    winner: str = BASELINE
     health: Optional[Health] = None
     confirmation: Optional[Confirmation] = None
     flags: List[str] = field(default_factory=list)

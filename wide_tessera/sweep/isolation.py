@@ -30,7 +30,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
 from ..core.errors import WideTesseraError
 from ..core.job import BenchmarkJob
-from ..core.roles import CONTROLS
+from ..core.roles import BASELINE, CONTROLS
 from ..results.analysis import failed_point
 from ..results.schema import Failure, PointResult
 from .point import RunSettings, iter_points
@@ -70,7 +70,7 @@ def iter_points_isolated(
         failure = worker.failure(stage, limit, since)
         if stage in ("warmup", "measure"):
             strategy = worker.timed_function()
-        if strategy in (None, "baseline"):
+        if strategy in (None, BASELINE):
             n, params = points[index]
             yield failed_point(n, params, {"point": failure})
             start, excluded = index + 1, {}
@@ -244,7 +244,7 @@ class _Worker:
 
 def _functions(job: BenchmarkJob) -> List[str]:
     """Every function a point may time: the controls too, or the worker fails them by name."""
-    return ["baseline", *job.strategies, *CONTROLS]
+    return [BASELINE, *job.strategies, *CONTROLS]
 
 
 def _die_with(parent: int) -> None:

@@ -34,7 +34,7 @@ from ..core.correctness import (
 )
 from ..core.errors import NotApplicable, one_line
 from ..core.job import DTYPES, BenchmarkJob, group_key, point_key
-from ..core.roles import CONTROLS
+from ..core.roles import BASELINE, CONTROLS
 from ..measurement import modes
 from ..measurement.controls import OPTIMIZER_CONTROLS, GraphedLoop, compiled, control_unavailable
 from ..measurement.energy import measure_energy
@@ -192,9 +192,9 @@ class _PointMeasurement:
             call = self.checked(candidate)
             if call is not None:
                 self.timed[candidate.name] = call
-            elif candidate.name == "baseline":
+            elif candidate.name == BASELINE:
                 return self.compiled_baseline_failed()
-        self.checks.pop("baseline", None)  # the compiled loop's check: a condition of the point, not a verdict
+        self.checks.pop(BASELINE, None)  # the compiled loop's check: a condition of the point, not a verdict
         label = partial(trace_name, self.job.op, self.n, self.params)  # the NVTX ranges' names, on CUDA
         timings = _measure_until_healthy(
             self.timed, self.settings, self.failures, self.stage, self.on_function, self.bank, label
@@ -241,11 +241,11 @@ class _PointMeasurement:
         """
         modules, draws = self.modules, self.draws
         try:
-            with self.stage("check", "baseline"):
+            with self.stage("check", BASELINE):
                 # The first call (handles, workspaces: cuBLAS's 33 MiB on an H100) is not steady state.
                 with modes.preserved(modules):
                     loop = partial(trees.call_each, modules, _clones(draws[0]))
-                    self.first_call_s["baseline"] = _first_call_s(loop, self.device)
+                    self.first_call_s[BASELINE] = _first_call_s(loop, self.device)
                 for i, inputs in enumerate(draws):
                     given = _clones(inputs)
                     with modes.preserved(modules):
@@ -267,9 +267,9 @@ class _PointMeasurement:
                         side = Side(self.reference_calls, list, list, modules)
                         outcome = modes.outcome(self.settings.mode, side, _clones(inputs), self.weights[i], _call)
                         self.outcomes.append(outcome)
-                self.timed["baseline"] = self.timed_of(self.loop_side())
+                self.timed[BASELINE] = self.timed_of(self.loop_side())
                 if self.facts:
-                    self.peaks["baseline"] = peak_memory(self.timed["baseline"], self.device)[1]
+                    self.peaks[BASELINE] = peak_memory(self.timed[BASELINE], self.device)[1]
         except Exception as e:  # noqa: BLE001  a point whose baseline fails is a result, not a reason to stop the sweep
             return analysis.failed_point(self.n, self.params, {"point": _failure("check", e)})
         return None
@@ -310,7 +310,7 @@ class _PointMeasurement:
         """The compiled baseline (when compiling: the eager loop stays the reference it is checked
         against), every strategy that can be built here, and the controls asked for."""
         if self.compiling:
-            yield _Candidate("baseline", self.loop_side(self.settings.compile))
+            yield _Candidate(BASELINE, self.loop_side(self.settings.compile))
         for strategy in self.job.strategies:
             candidate = None if strategy in self.failures else self.strategy(strategy)
             if candidate is not None:
@@ -410,8 +410,8 @@ class _PointMeasurement:
         return check_outputs(side.unpack(output), reference, tol, forbidden)
 
     def compiled_baseline_failed(self) -> PointResult:
-        check = self.checks.pop("baseline", None)
-        failure = self.failures.pop("baseline", None) or Failure(
+        check = self.checks.pop(BASELINE, None)
+        failure = self.failures.pop(BASELINE, None) or Failure(
             "check",
             "error",
             "Incorrect",
@@ -526,8 +526,8 @@ def _measure_until_healthy(
     """Time the functions together, until the point's decision is settled (results.decisions)
     or its budget, and what the bank lends it, is spent; one that fails is recorded and the
     rest are timed again without it."""
-    while "baseline" in timed:
-        strategies = [s for s in timed if s != "baseline" and s not in CONTROLS]
+    while BASELINE in timed:
+        strategies = [s for s in timed if s != BASELINE and s not in CONTROLS]
         stop = stop_rule(strategies, [c for c in timed if c in CONTROLS], settings)
         budget_s = settings.timing.budget_s * len(timed)
         extra_s = bank.allowance(budget_s) if stop is not None else 0.0
@@ -539,7 +539,7 @@ def _measure_until_healthy(
             failures["point"] = _failure(e.stage, e)
             return None
         except TimedFunctionError as e:
-            culprit = "point" if e.name == "baseline" else e.name
+            culprit = "point" if e.name == BASELINE else e.name
             phase = e.error.stage if isinstance(e.error, StageTimeout) else "measure"
             failures[culprit] = _failure(phase, e.error)
             del timed[e.name]

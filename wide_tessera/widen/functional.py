@@ -153,7 +153,7 @@ class WideFunctional(StackedIO, nn.Module):
     """N copies of one module class, run as one vmapped call; the layout is StackedIO's.
     `randomness` is vmap's (see RANDOMNESS)."""
 
-    NAME = "custom"
+    NAME = "WideFunctional"  # not a registered op: fuse() and benchmark_custom name a custom class by its own name
     BENCHMARK_STRATEGIES = ("vmap",)
 
     def __init__(self, modules: Sequence[nn.Module], randomness: str = "error"):
