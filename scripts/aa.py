@@ -19,8 +19,9 @@ import torch
 from repeatability import cpu_burners  # scripts/ is on the path of a script run from it
 from torch import nn
 
-from wide_tessera import SweepParams, WideOp, register, run
+from wide_tessera import SweepParams, WideOp, register
 from wide_tessera.reports.text import format_table
+from wide_tessera.sweep.runner import run
 
 
 class LoopTwins(WideOp, nn.Module):

@@ -57,7 +57,9 @@ def saved_results(tmp_path_factory):
 
     Few samples, so that loading it (which the fuzzer does a thousand times) stays fast.
     """
-    from wide_tessera import TimingConfig, WideLinear, run, save_results
+    from wide_tessera import TimingConfig, save_results
+    from wide_tessera.ops import WideLinear
+    from wide_tessera.sweep.runner import run
 
     from .helpers import SometimesWrongLinear
 

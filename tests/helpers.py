@@ -8,9 +8,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from wide_tessera import SweepParams, TimingConfig, WideLinear
+from wide_tessera import SweepParams, TimingConfig
 from wide_tessera.core.environment import cpu_name
 from wide_tessera.dispatch.table import DispatchEntry, NVerdict
+from wide_tessera.ops import WideLinear
 from wide_tessera.results.analysis import group_crossover
 
 # Timing is not under test in most tests: sample briefly so the suite stays fast.

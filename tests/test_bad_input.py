@@ -16,9 +16,6 @@ from wide_tessera import (
     StageTimeouts,
     SweepParams,
     TimingConfig,
-    WideConv1d,
-    WideFunctional,
-    WideLinear,
     WideOp,
     WideTesseraError,
     benchmark,
@@ -26,11 +23,13 @@ from wide_tessera import (
     load_results,
     measure,
     register,
-    run,
     save_results,
 )
 from wide_tessera.cli import cli
+from wide_tessera.ops import WideConv1d, WideLinear
 from wide_tessera.ops.registry import REGISTRY
+from wide_tessera.sweep.runner import run
+from wide_tessera.widen.functional import WideFunctional
 
 from .helpers import Expert
 
@@ -229,9 +228,17 @@ API_CASES = [
     ("load dir", lambda t: load_results(t.tmp), "is a directory, not a results file"),
     ("modules generator", lambda t: WideLinear.from_modules(m for m in _linears(torch.float32)), "got a generator"),
     ("modules empty", lambda t: WideLinear.from_modules([]), "at least one module"),
-    ("modules dtypes", lambda t: WideLinear.from_modules(_linears(torch.float32, torch.float16)), "dtype="),
+    (
+        "modules dtypes",
+        lambda t: WideLinear.from_modules(_linears(torch.float32, torch.float16)),
+        "float16 on cpu but module 0's is [4, 4] float32",
+    ),
     ("modules kinds", lambda t: WideLinear.from_modules([nn.Linear(4, 4), nn.ReLU()]), "module 1 is a ReLU"),
-    ("functional dtypes", lambda t: WideFunctional.from_modules(_linears(torch.float32, torch.half)), "dtype="),
+    (
+        "functional dtypes",
+        lambda t: WideFunctional.from_modules(_linears(torch.float32, torch.half)),
+        "float16 on cpu but module 0's is [4, 4] float32",
+    ),
     ("functional generator", lambda t: WideFunctional.from_modules(iter(_linears(torch.float32))), "got a list_it"),
     ("functional classes", lambda t: WideFunctional.from_modules([nn.Linear(4, 4), nn.ReLU()]), "cls='ReLU'"),
     ("pack count", lambda t: t.wide.pack([torch.zeros(3, 4)]), "pack: 1 inputs for 2 models"),

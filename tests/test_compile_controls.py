@@ -6,12 +6,13 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from wide_tessera import WideLinear, run
 from wide_tessera.cli import cli
 from wide_tessera.core.capabilities import Needs, unmet_need
 from wide_tessera.core.job import SweepParams
 from wide_tessera.measurement import modes
+from wide_tessera.ops import WideLinear
 from wide_tessera.results import analysis
+from wide_tessera.sweep.runner import run
 
 
 class CompiledWrongLinear(WideLinear):

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from wide_tessera import SweepParams, TimingStats, WideOp, register, run
+from wide_tessera import SweepParams, TimingStats, WideOp, register
 from wide_tessera.core.correctness import Check
 from wide_tessera.core.stats import paired_ratio
 from wide_tessera.measurement.health import Health, HealthMonitor
@@ -19,7 +19,7 @@ from wide_tessera.measurement.timing import PairedTimings, TimingConfig
 from wide_tessera.reports.brief import closing_table
 from wide_tessera.results import analysis
 from wide_tessera.results.decisions import decide, decision_level, looks
-from wide_tessera.sweep.runner import bisect
+from wide_tessera.sweep.runner import bisect, run
 
 from .helpers import synthetic_result as result
 

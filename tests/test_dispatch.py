@@ -18,8 +18,10 @@ from wide_tessera.dispatch.table import (
     DispatchTable,
     entries_of,
 )
+from wide_tessera.ops import AttentionBlock, Expert, WideConv1d, WideLinear
 from wide_tessera.ops.registry import get_op, op_names
 from wide_tessera.widen.custom import model_identity
+from wide_tessera.widen.surgery import WideSurgery
 
 from .helpers import entry
 
@@ -51,7 +53,7 @@ def assert_same_as_separate_calls(fused, modules, inputs):
 def test_fuses_where_the_table_says_fusing_won_and_loops_where_it_did_not():
     table = DispatchTable([entry()])
     fused = fuse(linears(8), table=table, batch=16)
-    assert isinstance(fused, wt.WideLinear) and fused.strategy == "bmm" and fused.decision.fused
+    assert isinstance(fused, WideLinear) and fused.strategy == "bmm" and fused.decision.fused
     looped = fuse(linears(2), table=table, batch=16)  # between N=1 (loop) and N=4: decided by N=1
     assert isinstance(looped, LoopedModules) and not looped.decision.fused
     assert "N=1" in looped.decision.match.reason
@@ -124,10 +126,10 @@ def test_entries_of_another_device_dtype_or_mode_are_ignored_with_a_note():
 def test_a_flag_that_differs_is_another_case():
     params = {"batch": 2, "seq_len": 64, "d_model": 32, "heads": 4, "causal": True}
     table = DispatchTable([entry(op="flash_attention", params=params, strategy="batch_fold")])
-    blocks = [wt.AttentionBlock(32, 4, causal=False) for _ in range(16)]
+    blocks = [AttentionBlock(32, 4, causal=False) for _ in range(16)]
     with pytest.warns(DispatchWarning):
         assert not fuse(blocks, table=table, batch=2, seq_len=64).decision.fused
-    causal = [wt.AttentionBlock(32, 4, causal=True) for _ in range(16)]
+    causal = [AttentionBlock(32, 4, causal=True) for _ in range(16)]
     assert fuse(causal, table=table, batch=2, seq_len=64).decision.strategy == "batch_fold"
 
 
@@ -173,7 +175,7 @@ def test_any_module_fuses_the_way_benchmark_custom_measured_it():
                                  verdicts="loop:1 fuse:4")])  # fmt: skip
     modules = [TwoLayer() for _ in range(4)]
     fused = fuse(modules, table=table)
-    assert isinstance(fused, wt.WideSurgery) and fused.decision.strategy == "surgery"
+    assert isinstance(fused, WideSurgery) and fused.decision.strategy == "surgery"
     assert_same_as_separate_calls(fused, modules, [torch.randn(5, 16) for _ in range(4)])
     with pytest.raises(WideTesseraError, match="give no hints"):
         fuse(modules, table=table, batch=5)
@@ -238,15 +240,15 @@ def test_fuse_with_an_op_class_decides_for_that_op_and_from_modules_points_auto_
     table = DispatchTable([entry(op="conv1d", params={"batch": 4, "channels": 8, "kernel_size": 3, "length": 32},
                                  strategy="grouped", verdicts="loop:2 fuse:8")])
     convs = [nn.Conv1d(8, 8, 3, padding=1) for _ in range(8)]
-    wide = fuse(convs, op=wt.WideConv1d, table=table, batch=4, length=32)
-    assert isinstance(wide, wt.WideConv1d) and wide.strategy == "grouped"
+    wide = fuse(convs, op=WideConv1d, table=table, batch=4, length=32)
+    assert isinstance(wide, WideConv1d) and wide.strategy == "grouped"
     assert "because: grouped won at measured N=8" in str(wide.decision)
     assert_same_as_separate_calls(wide, convs, [torch.randn(4, 8, 32) for _ in range(8)])
-    two = fuse(convs[:2], op=wt.WideConv1d, table=table, batch=4, length=32)
+    two = fuse(convs[:2], op=WideConv1d, table=table, batch=4, length=32)
     assert isinstance(two, LoopedModules)
-    assert wt.WideConv1d.from_modules(convs, strategy="vmap").strategy == "vmap"  # named strategies unchanged
+    assert WideConv1d.from_modules(convs, strategy="vmap").strategy == "vmap"  # named strategies unchanged
     with pytest.raises(WideTesseraError, match=r"wide_tessera.fuse\(modules, op='conv1d'"):
-        wt.WideConv1d.from_modules(convs, strategy="auto")
+        WideConv1d.from_modules(convs, strategy="auto")
 
 
 # --- the table as a file ---------------------------------------------------------------------
@@ -384,7 +386,7 @@ def test_equally_near_entries_that_won_with_different_strategies_do_not_fuse():
         [entry(op="moe_experts", params={**params, "skew": 0.0}, strategy="padded", verdicts="fuse:8"),
          entry(op="moe_experts", params={**params, "skew": 1.0}, strategy="grouped_mm", verdicts="fuse:8")]
     )
-    experts = [wt.Expert(16, 32) for _ in range(8)]
+    experts = [Expert(16, 32) for _ in range(8)]
     unsure = fuse(experts, table=table, op="moe_experts", tokens=16)
     assert not unsure.decision.fused
     assert "different strategies (grouped_mm, padded): give skew to choose" in unsure.decision.match.reason

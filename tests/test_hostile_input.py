@@ -205,12 +205,12 @@ API_CASES = [
     (
         "WideFunctional.from_modules(unlike)",
         lambda: WideFunctional.from_modules([nn.Linear(4, 4), nn.Linear(4, 3)]),
-        "from_modules: module 1's weight has shape [3, 4]; expected [4, 4]",
+        "from_modules: module 1's 'weight' is [3, 4] float32 on cpu but module 0's is [4, 4] float32 on cpu",
     ),
     (
         "WideSurgery(unlike)",
         lambda: WideSurgery([nn.Sequential(nn.Linear(4, 4)), nn.Sequential(nn.Linear(4, 3))]),
-        "WideSurgery: module 1's 0.weight has shape [3, 4]; expected [4, 4]",
+        "WideSurgery: module 1's '0.weight' is [3, 4] float32 on cpu but module 0's is [4, 4] float32 on cpu",
     ),
 ]
 

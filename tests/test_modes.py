@@ -9,13 +9,15 @@ import torch
 from click.testing import CliRunner
 from torch import nn
 
-from wide_tessera import WideBatchNorm2d, WideLinear, benchmark, benchmark_custom, run
+from wide_tessera import benchmark, benchmark_custom
 from wide_tessera.cli import cli
 from wide_tessera.core import trees
 from wide_tessera.core.errors import WideTesseraError
 from wide_tessera.core.job import SweepParams
 from wide_tessera.measurement import modes
+from wide_tessera.ops import WideBatchNorm2d, WideLinear
 from wide_tessera.ops.registry import op_names
+from wide_tessera.sweep.runner import run
 
 
 class LinearBatchNorm(nn.Module):

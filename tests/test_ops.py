@@ -6,21 +6,14 @@ import pytest
 import torch
 from torch import nn
 
-from wide_tessera import (
-    REGISTRY,
-    AttentionBlock,
-    WideAttention,
-    WideConv1d,
-    WideConv2d,
-    WideLinear,
-    WideTesseraError,
-)
+from wide_tessera import WideTesseraError
 from wide_tessera.core import trees
 from wide_tessera.core.capabilities import unmet_need
 from wide_tessera.core.correctness import check_outputs, tolerance
 from wide_tessera.core.job import DTYPES
 from wide_tessera.kernels import triton_unavailable_reason
-from wide_tessera.ops.registry import op_names
+from wide_tessera.ops import AttentionBlock, WideAttention, WideConv1d, WideConv2d, WideLinear
+from wide_tessera.ops.registry import REGISTRY, op_names
 
 
 def random_params(op: str, rng: random.Random, strategy: str = "") -> dict:
@@ -160,7 +153,7 @@ def test_routing_sizes_sum_to_the_tokens_and_skew_empties_experts():
 
 
 def test_experts_pack_rejects_a_wrong_count_or_width():
-    from wide_tessera import Expert, WideExperts
+    from wide_tessera.ops import Expert, WideExperts
 
     wide = WideExperts.from_modules([Expert(8, 16) for _ in range(3)], "padded")
     with pytest.raises(WideTesseraError, match="3 token tensors"):

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from wide_tessera import DispatchTable, WideSurgery, benchmark_custom, fuse
+from wide_tessera import DispatchTable, benchmark_custom, fuse
 from wide_tessera.core import trees
 from wide_tessera.widen.custom import model_identity
+from wide_tessera.widen.surgery import WideSurgery
 
 from .test_dispatch import entry
 

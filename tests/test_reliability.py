@@ -11,13 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from wide_tessera import (
-    StageTimeouts,
-    SweepParams,
-    WideLinear,
-    load_results,
-    run,
-)
+from wide_tessera import StageTimeouts, SweepParams, load_results
+from wide_tessera.ops import WideLinear
+from wide_tessera.sweep.runner import run
 
 from .helpers import TroubleLinear
 
@@ -101,7 +97,8 @@ def test_the_worker_dies_with_its_parent(tmp_path):
     psutil = pytest.importorskip("psutil")
     script = (
         "from tests.helpers import TroubleLinear\n"
-        "from wide_tessera import StageTimeouts, run\n"
+        "from wide_tessera import StageTimeouts\n"
+        "from wide_tessera.sweep.runner import run\n"
         "run(TroubleLinear.benchmark_job('test'), verbose=False, isolate=True, timeouts=StageTimeouts(check_s=600))\n"
     )
     parent = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT)

@@ -22,6 +22,7 @@ from wide_tessera.core.environment import Environment
 from wide_tessera.measurement.health import Health
 from wide_tessera.measurement.settings import RunSettings
 from wide_tessera.measurement.timing import PairedTimings, TimingConfig
+from wide_tessera.ops.registry import REGISTRY
 from wide_tessera.reports import tidy
 from wide_tessera.reports.compare import compare, render
 from wide_tessera.reports.markdown import headline, result_markdown
@@ -32,6 +33,7 @@ from wide_tessera.results.manifest import (
     capture_manifest,
     git_state,
 )
+from wide_tessera.results.schema import Failure
 
 from .helpers import FAST
 
@@ -108,7 +110,7 @@ def every_op(tmp_path_factory):
     """Every registered op, measured briefly at N=1,2, saved to one file."""
     results = [
         wt.benchmark(op, preset="ci", n_values=[1, 2], timing=FAST, verbose=False, confirm="none")
-        for op in wt.REGISTRY.keys() & {cls.NAME for cls in wt.REGISTRY.values()}
+        for op in REGISTRY.keys() & {cls.NAME for cls in REGISTRY.values()}
     ]
     path = tmp_path_factory.mktemp("every_op") / "all.json"
     wt.save_results(results, path)
@@ -232,7 +234,7 @@ def test_noise_between_measurements_widens_the_interval():
 def test_compare_notes_a_different_device_and_a_broken_strategy(tmp_path):
     new = synthetic(device_name="Other CPU")
     p = new.points[-1]
-    failed = wt.Failure("measure", "error", "RuntimeError", "boom")
+    failed = Failure("measure", "error", "RuntimeError", "boom")
     new.points[-1] = dataclasses.replace(
         p,
         timings={k: v for k, v in p.timings.items() if k != "b"},

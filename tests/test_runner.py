@@ -6,8 +6,10 @@ import pytest
 import torch
 from torch import nn
 
-from wide_tessera import WideLinear, register, run
+from wide_tessera import register
+from wide_tessera.ops import WideLinear
 from wide_tessera.ops.registry import REGISTRY
+from wide_tessera.sweep.runner import run
 
 from .helpers import SometimesWrongLinear
 

@@ -12,21 +12,14 @@ import pytest
 import torch
 from torch import nn
 
-from wide_tessera import (
-    SweepParams,
-    TimingConfig,
-    WideOp,
-    benchmark,
-    benchmark_custom,
-    register,
-    run,
-)
+from wide_tessera import SweepParams, TimingConfig, WideOp, benchmark, benchmark_custom, register
 from wide_tessera.core.correctness import check_outputs
 from wide_tessera.core.stats import paired_ratio
 from wide_tessera.measurement.timing import measure_paired
 from wide_tessera.ops.registry import REGISTRY
 from wide_tessera.results import analysis
 from wide_tessera.results.decisions import compatible
+from wide_tessera.sweep.runner import run
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "scripts"))
 from aa import LoopTwins  # noqa: E402  the A/A op has one home, the A/A script

@@ -21,17 +21,11 @@ import torch.nn.functional as F
 from click.testing import CliRunner
 from torch import nn
 
-from wide_tessera import (
-    WideLinear,
-    WideTesseraError,
-    benchmark,
-    benchmark_custom,
-    load_results,
-    register_strategy,
-    run,
-)
+from wide_tessera import WideTesseraError, benchmark, benchmark_custom, load_results, register_strategy
 from wide_tessera.cli import cli
+from wide_tessera.ops import WideLinear
 from wide_tessera.sweep.isolation import call_isolated
+from wide_tessera.sweep.runner import run
 from wide_tessera.widen.custom import custom_job
 from wide_tessera.widen.functional import WideFunctional
 
@@ -543,7 +537,7 @@ class OnValues(nn.Module):
 
 
 def test_surgery_swaps_the_layers_ops_fuse_and_matches_separate_calls():
-    from wide_tessera import WideSurgery
+    from wide_tessera.widen.surgery import WideSurgery
 
     torch.manual_seed(0)
     models = [Mixed() for _ in range(3)]
@@ -593,7 +587,7 @@ def rotary_inputs():
 
 
 def test_the_wide_input_passes_shared_tensors_once_and_leaves_none_as_it_is():
-    from wide_tessera import WideSurgery
+    from wide_tessera.widen.surgery import WideSurgery
 
     models = [Rotary() for _ in range(3)]
     inputs = [(*rotary_inputs().values(), None) for _ in range(3)]
@@ -637,7 +631,7 @@ def test_surgery_fuses_a_recurrent_model_vmap_cannot_run(mode, fast_timing):
 
 
 def test_surgery_swaps_recurrent_layers_and_batch_norms():
-    from wide_tessera import WideSurgery
+    from wide_tessera.widen.surgery import WideSurgery
 
     assert WideSurgery([Recurrent(), Recurrent()]).swapped == ["gru", "fc", "bn"]
 
@@ -659,7 +653,7 @@ class WithCastingLinear(nn.Module):
 
 
 def test_surgery_swaps_a_layer_by_what_it_is_not_its_exact_class():
-    from wide_tessera import WideSurgery
+    from wide_tessera.widen.surgery import WideSurgery
 
     models = [WithCastingLinear() for _ in range(3)]
     wide = WideSurgery(models)
@@ -682,7 +676,7 @@ def test_a_wrong_swap_is_caught(fast_timing, monkeypatch):
 
 
 def test_a_model_torch_fx_cannot_trace_is_captured_by_torch_export():
-    from wide_tessera import WideSurgery
+    from wide_tessera.widen.surgery import WideSurgery
 
     torch.manual_seed(0)
     models = [Branchy() for _ in range(3)]

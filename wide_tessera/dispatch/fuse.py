@@ -23,7 +23,7 @@ from ..core.job import DTYPES, params_text
 from ..core.user_input import check_bool, check_number
 from ..measurement.controls import COMPILE_MODES
 from ..measurement.modes import check_mode
-from ..ops.base import WideOp, fusing_ops, op_fusing
+from ..ops.base import WideOp, fusing_ops, layout_difference, op_fusing
 from ..ops.registry import REGISTRY, get_op
 from ..widen.custom import model_identity
 from ..widen.functional import RANDOMNESS
@@ -166,29 +166,11 @@ def _check_modules(modules: Any) -> List[nn.Module]:
                 f"fuse: module {i} is a {type(m).__name__} but module 0 is a {type(modules[0]).__name__}; all must be "
                 "of one class"
             )
-    first = _layout(modules[0])
-    for i, m in enumerate(modules[1:], start=1):
-        layout = _layout(m)
-        if layout != first:
-            name = next((k for k in dict.fromkeys([*first, *layout]) if first.get(k) != layout.get(k)), "?")
-            raise WideTesseraError(
-                f"fuse: module {i}'s {name!r} is {_described(layout.get(name))} but module 0's is "
-                f"{_described(first.get(name))}; all must have one configuration"
-            )
-    return list(modules)
-
-
-def _layout(module: nn.Module) -> Dict[str, Tuple[Any, ...]]:
-    """Every parameter's and buffer's shape, dtype and device, by name."""
-    tensors = {**dict(module.named_parameters()), **dict(module.named_buffers())}
-    return {name: (tuple(t.shape), t.dtype, t.device) for name, t in tensors.items()}
-
-
-def _described(layout: Optional[Tuple[Any, ...]]) -> str:
-    if layout is None:
-        return "missing"
-    shape, dtype, device = layout
-    return f"{list(shape)} {str(dtype).replace('torch.', '')} on {device}"
+    checked = list(modules)
+    different = layout_difference(checked)
+    if different is not None:
+        raise WideTesseraError(f"fuse: {different}; all must have one configuration")
+    return checked
 
 
 def _unmeasurable(modules: Sequence[nn.Module], dtype: str) -> Optional[str]:

@@ -71,12 +71,12 @@ def preset_run(preset: Optional[str]) -> PresetRun:
 
 
 def default_timing(preset: Optional[str] = None) -> TimingConfig:
-    """The timing settings of a run that names none; one place, so tests can shorten it."""
+    """The timing settings of a run that names none: its preset's budget, the other defaults."""
     return TimingConfig(budget_s=preset_run(preset).budget_s)
 
 
 def default_controls(preset: Optional[str] = None, device: str = "cpu") -> bool:
-    """Whether a run on `device` that does not say times the controls; one place, so tests can leave them out."""
+    """Whether a run on `device` that does not say times the controls: where its preset times them."""
     return torch.device(device).type in preset_run(preset).controls
 
 

@@ -327,9 +327,30 @@ def _describe_tensor(x: torch.Tensor) -> str:
     return f"{tuple(x.shape)} {x.dtype} on {x.device}"
 
 
-def _placement(m: nn.Module) -> Dict[str, Any]:
-    tensors = [*m.parameters(), *m.buffers()]
-    return dict(dtype=sorted({str(t.dtype) for t in tensors}), device=sorted({str(t.device) for t in tensors}))
+def layout_difference(modules: Sequence[nn.Module]) -> Optional[str]:
+    """Where the first module that is not laid out as module 0 differs (every parameter's and
+    buffer's shape, dtype and device, by name), or None: N modules are stacked or run as one only
+    when alike. The one check of it, for from_modules, surgery, vmap and fuse()."""
+    first = _layout(modules[0])
+    for i, m in enumerate(modules[1:], start=1):
+        layout = _layout(m)
+        if layout != first:
+            name = next(k for k in dict.fromkeys([*first, *layout]) if first.get(k) != layout.get(k))
+            theirs, ours = _described(layout.get(name)), _described(first.get(name))
+            return f"module {i}'s {name!r} is {theirs} but module 0's is {ours}"
+    return None
+
+
+def _layout(module: nn.Module) -> Dict[str, Tuple[Any, ...]]:
+    tensors = {**dict(module.named_parameters()), **dict(module.named_buffers())}
+    return {name: (tuple(t.shape), t.dtype, t.device) for name, t in tensors.items()}
+
+
+def _described(layout: Optional[Tuple[Any, ...]]) -> str:
+    if layout is None:
+        return "missing"
+    shape, dtype, device = layout
+    return f"{list(shape)} {str(dtype).replace('torch.', '')} on {device}"
 
 
 def _alike(modules: Sequence[nn.Module], describe: Callable[[nn.Module], Dict[str, Any]]) -> Dict[str, Any]:
@@ -359,7 +380,9 @@ def shared_config(
         if not isinstance(m, kind):
             raise WideTesseraError(f"module {i} is a {type(m).__name__}; expected {kind.__name__}")
     config = _alike(modules, describe)
-    _alike(modules, _placement)
+    different = layout_difference(modules)
+    if different is not None:
+        raise WideTesseraError(f"from_modules: {different}")
     return config
 
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from itertools import chain
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -13,8 +12,7 @@ from torch.func import functional_call, stack_module_state, vmap
 from torch.utils._pytree import register_dataclass, tree_flatten, tree_map, tree_unflatten
 
 from ..core.errors import WideTesseraError, unknown
-from ..core.user_input import check_shape
-from ..ops.base import WideOp, shared_config
+from ..ops.base import WideOp, layout_difference, shared_config
 
 __all__ = [
     "Packed",
@@ -136,17 +134,11 @@ _TENSOR = object()  # where tensors_only took a tensor out (an output may hold N
 
 
 def check_alike(modules: Sequence[nn.Module], where: str) -> None:
-    """That each module's parameters and buffers have module 0's shapes: they are stacked, and
+    """That the modules are laid out alike (ops.base.layout_difference): their state is stacked, and
     one of another shape would be torch's "stack expects each tensor to be equal size"."""
-    first = {name: tensor.shape for name, tensor in _state_of(modules[0])}
-    for i, module in enumerate(modules[1:], 1):
-        for name, tensor in _state_of(module):
-            if name in first:
-                check_shape(f"{where}: module {i}'s {name}", tensor.shape, list(first[name]))
-
-
-def _state_of(module: nn.Module) -> Iterator[Tuple[str, torch.Tensor]]:
-    return chain(module.named_parameters(), module.named_buffers())
+    different = layout_difference(modules)
+    if different is not None:
+        raise WideTesseraError(f"{where}: {different}")
 
 
 class WideFunctional(StackedIO, nn.Module):
@@ -178,8 +170,7 @@ class WideFunctional(StackedIO, nn.Module):
         cls, modules: Sequence[nn.Module], strategy: Optional[str] = None, randomness: str = "error"
     ) -> "WideFunctional":
         cls.check_strategy(strategy)
-        shared_config(modules, nn.Module, lambda m: dict(cls=type(m).__name__))
-        check_alike(modules, "from_modules")
+        shared_config(modules, nn.Module, lambda m: dict(cls=type(m).__name__))  # layouts included
         return cls(modules, randomness)
 
     def _state(self) -> Tuple[Dict[str, torch.Tensor], Dict[str, torch.Tensor]]:
