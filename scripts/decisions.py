@@ -1,5 +1,6 @@
 """How long did each point measure, and what for? Per point of a results file: the rounds taken,
-the decision, the round count at which it settled, and the interval it settled on.
+the decision, the round count at which it settled, and the interval it settled on; at the end,
+the share of all rounds (every pass) that the health monitor called disturbed.
 
 Then the rounds at the points whose decision is clear (the best strategy's speedup above 1.5x
 or below 0.7x): with the decision rule they should stop at the first looks, where sampling
@@ -50,6 +51,13 @@ def main() -> None:
     for what, counts in (("clear (best above 1.5x or below 0.7x)", clear), ("the others", rest)):
         if counts:
             print(f"{what}: {len(counts)} points, median {statistics.median(counts):g} rounds, max {max(counts)}")
+    # Every pass's rounds, kept and thrown away: on an idle machine the share called disturbed is
+    # the health monitor's false-alarm rate (issue 38's target: at most 1% over a quick run).
+    healths = [h for r in results for p in r.points for h in (p.health, p.confirmation and p.confirmation.health) if h]
+    disturbed, kept = sum(h.disturbed_rounds for h in healths), sum(h.rounds for h in healths)
+    if kept + disturbed:
+        share = 100 * disturbed / (kept + disturbed)
+        print(f"rounds called disturbed: {disturbed} of {kept + disturbed} ({share:.1f}%), over {len(healths)} passes")
 
 
 if __name__ == "__main__":
