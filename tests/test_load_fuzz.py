@@ -9,7 +9,7 @@ import random
 import pytest
 
 from wide_tessera import WideTesseraError, load_results
-from wide_tessera.results.invariants import NON_STRATEGY_WINNERS
+from wide_tessera.results.schema import NON_STRATEGY_WINNERS
 
 # What a damaged field may hold instead: wrong types, impossible numbers, empty and nested things.
 REPLACEMENTS = [None, True, False, 0, -1, -5.0, 1.5, 10**30, 1e308, "", "x", "faster", "baseline", [], [1, 2], {}]

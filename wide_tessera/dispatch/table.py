@@ -30,7 +30,7 @@ from ..core.jsonio import load_document, write_json
 from ..reports.answer import n_or_never
 from ..results.analysis import group_crossover, parameter_groups
 from ..results.manifest import now
-from ..results.schema import BenchmarkResult, PointResult
+from ..results.schema import MARGINAL, NO_DIFFERENCE, OPEN, BenchmarkResult, PointResult
 
 __all__ = [
     "NVerdict",
@@ -239,10 +239,10 @@ def _n_verdict(point: PointResult) -> NVerdict:
         verdict = "unstable"
     elif point.fused_wins:
         verdict = "fuse" if point.confirmation is not None else "unconfirmed"
-    elif point.winner in ("marginal", "open"):
+    elif point.winner in (MARGINAL, OPEN):
         verdict = point.winner
     else:
-        verdict = "same" if point.winner == "no_difference" else "loop"
+        verdict = "same" if point.winner == NO_DIFFERENCE else "loop"
     if best is None:
         return NVerdict(point.n, verdict)
     return NVerdict(point.n, verdict, best, point.speedups.get(best), point.speedup_ci.get(best))

@@ -52,7 +52,20 @@ from ..measurement.health import RunHealth
 from ..measurement.timing import PairedTimings
 from .decisions import Decision, compatible, decide, decide_capture
 from .reliability import feeds_of, judge
-from .schema import BenchmarkResult, Confirmation, Failure, FuseOrCapture, GroupResult, PointResult
+from .schema import (
+    DISTURBED,
+    FAILED,
+    MARGINAL,
+    NO_DIFFERENCE,
+    OPEN,
+    UNSTABLE,
+    BenchmarkResult,
+    Confirmation,
+    Failure,
+    FuseOrCapture,
+    GroupResult,
+    PointResult,
+)
 
 __all__ = [
     "MIN_EFFECT",
@@ -174,7 +187,7 @@ def measured_point(
         stats=stats_,
         peak_memory_bytes=dict(peak_memory_bytes or {}),
         failures=failures,
-        winner=_winner(best, verdicts, decision) if trusted else "disturbed",
+        winner=_winner(best, verdicts, decision) if trusted else DISTURBED,
         health=timings.health,
         flags=flags,
         first_call_s=dict(first_call_s or {}),
@@ -232,10 +245,10 @@ def _significant(best: Optional[str], speedups: Dict[str, float], verdicts: Dict
 def _winner(best: Optional[str], verdicts: Dict[str, str], decision: Optional[Decision] = None) -> str:
     if best is not None and verdicts[best] == "faster":
         return best
-    if decision is not None and decision.kind in ("marginal", "open"):
+    if decision is not None and decision.kind in (MARGINAL, OPEN):  # a Call's kinds are these winners
         return decision.kind
     if best is not None and verdicts[best] == "same":
-        return "no_difference"
+        return NO_DIFFERENCE
     return BASELINE
 
 
@@ -248,7 +261,7 @@ def _rank(point: PointResult) -> int:
 
 
 def _record(point: PointResult, agrees: bool, replaced: bool = False) -> Confirmation:
-    winner = point.winner if point.timings else "failed"
+    winner = point.winner if point.timings else FAILED
     return Confirmation(
         point.timings, point.speedups, point.speedup_ci, point.verdicts, winner, agrees, point.health,
         point.decision, replaced,
@@ -272,7 +285,7 @@ def confirmed(first: PointResult, second: PointResult) -> PointResult:
     confirmation = _record(other, not contradicts, replaced)
     point = _with_facts(dataclasses.replace(primary, confirmation=confirmation), first)
     if contradicts:
-        return dataclasses.replace(point, winner="unstable", best_speedup=None)
+        return dataclasses.replace(point, winner=UNSTABLE, best_speedup=None)
     return point
 
 
@@ -359,7 +372,7 @@ def result_of(points: List[PointResult], **run_info: Any) -> BenchmarkResult:
                 crossover_n=group_crossover([(p.n, p.fused_wins) for p in ps]),
                 problems=problems,
                 fuse_or_capture=fuse_or_capture(ps[-1]),
-                marginal_n=[p.n for p in ps if p.winner == "marginal"],
+                marginal_n=[p.n for p in ps if p.winner == MARGINAL],
                 notes=notes,
                 undecided_n=[p.n for p, fed in zip(ps, feeds) if "crossover" in fed and _undecided(p)],
             )

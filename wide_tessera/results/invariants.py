@@ -16,6 +16,7 @@ from ..core.user_input import MAX_SEED
 from ..measurement.controls import COMPILE_MODES
 from ..measurement.modes import MODES
 from .decisions import CAPTURE_KINDS, KINDS
+from .schema import CONFIRMATION_WINNERS, NON_STRATEGY_WINNERS
 
 if TYPE_CHECKING:
     from ..core.correctness import Check
@@ -28,12 +29,6 @@ __all__ = ["check_result"]
 
 STRATEGY_VERDICTS = ("faster", "slower", "same")
 FAILURE_KINDS = ("error", "timeout", "crash", "skipped")
-# Names the results use besides the op's strategies: the N separate calls, the whole
-# point (failures), and the winners that are no strategy (a statistical tie, verdicts
-# the confirmation contradicted, a measurement that could not be cleaned).
-NO_DIFFERENCE = "no_difference"
-NON_STRATEGY_WINNERS = (BASELINE, NO_DIFFERENCE, "marginal", "open", "unstable", "disturbed")
-CONFIRMATION_WINNERS = (*NON_STRATEGY_WINNERS, "failed")
 
 
 def _need(ok: bool, where: str, problem: str) -> None:

@@ -74,6 +74,21 @@ class Failure:
         return f"{self.kind} in {self.stage}{limit}: {self.error_type}: {self.message}"
 
 
+# A point's `winner` where it is no strategy: the N separate calls, a statistical tie with them,
+# a gain about the margin, undecided at the budget, passes that contradict each other, a
+# measurement that could not be cleaned; a confirmation's may also be a pass that failed.
+NO_DIFFERENCE, MARGINAL, OPEN, UNSTABLE, DISTURBED, FAILED = (
+    "no_difference",
+    "marginal",
+    "open",
+    "unstable",
+    "disturbed",
+    "failed",
+)
+NON_STRATEGY_WINNERS = (BASELINE, NO_DIFFERENCE, MARGINAL, OPEN, UNSTABLE, DISTURBED)
+CONFIRMATION_WINNERS = (*NON_STRATEGY_WINNERS, FAILED)
+
+
 @dataclass_json
 @dataclass(frozen=True)
 class Confirmation:

@@ -23,7 +23,7 @@ from ..measurement.settings import RunSettings
 from ..measurement.timing import timer_name
 from ..results import analysis
 from ..results.manifest import Manifest, capture_manifest, now
-from ..results.schema import BenchmarkResult, PointResult
+from ..results.schema import UNSTABLE, BenchmarkResult, PointResult
 from .isolation import check_picklable, iter_points_isolated
 from .point import iter_points
 from .progress import Progress
@@ -176,7 +176,7 @@ class _JobRun:
     def third(self) -> None:
         """Passes that contradict each other get a third, which decides: an UNRELIABLE flag is
         the answer only where the third pass cannot settle either."""
-        todo = {key for key in self.passes if self.points[key].winner == "unstable"}
+        todo = {key for key in self.passes if self.points[key].winner == UNSTABLE}
         self.progress.more(len(todo))
         third = dataclasses.replace(self.again, seed=self.settings.seed + 2)
         for i, last in enumerate(_points(self.job, third, skip=self.every - todo, facts=False), start=1):
