@@ -134,6 +134,28 @@ def test_a_disturbed_first_pass_and_a_clean_agreeing_confirmation_is_not_unstabl
     assert r.reliable and r.groups[0].crossover_n == 4
 
 
+def test_two_clean_passes_give_an_interval_that_spans_both_and_a_win_both_clear():
+    """Each pass builds its models afresh; a point's interval spans both passes' intervals, and it
+    fuses only where the win clears the margin over that span (analysis._across_passes)."""
+    rng = np.random.default_rng(8)
+    base = rounds(4.0, k=40, rng=rng, spread=0.002)
+    twice = point(4, base, {"a": [4.0 / 2.0 * f for f in rounds(1.0, k=40, rng=rng, spread=0.002)]})
+    base2 = rounds(4.0, k=40, rng=rng, spread=0.002)
+    faster = point(4, base2, {"a": [4.0 / 1.6 * f for f in rounds(1.0, k=40, rng=rng, spread=0.002)]})
+    assert twice.speedup_ci["a"][0] > faster.speedup_ci["a"][1]  # disjoint: two builds, two speedups
+    both = analysis.confirmed(twice, faster)
+    assert both.fused_wins and both.winner == "a" and not both.unstable
+    assert both.speedup_ci["a"] == [faster.speedup_ci["a"][0], twice.speedup_ci["a"][1]]
+
+    slim = point(4, base2, {"a": [4.0 / 1.04 * f for f in rounds(1.0, k=40, rng=rng, spread=0.002)]})
+    assert slim.decision.kind == "marginal" and twice.decision.kind == "fuse"
+    point_ = analysis.confirmed(twice, slim)  # compatible passes: a marginal one contradicts nothing
+    assert not point_.fused_wins and point_.winner == "marginal" and point_.decision.kind == "marginal"
+    assert "marginal across passes: a 2.00x" in point_.flags[-1] and "1.04x" in point_.flags[-1]
+    r = result([point(1, rounds(1.0), {"a": rounds(2.0)}), point_])
+    assert r.groups[0].crossover_n is None and r.groups[0].marginal_n == [4] and r.reliable
+
+
 @pytest.mark.parametrize("third_ratio, kind", [(2.0, "fuse"), (0.5, "loop"), (1.05, "marginal")])
 def test_passes_that_contradict_each_other_are_decided_by_a_third(third_ratio, kind):
     rng = np.random.default_rng(6)
