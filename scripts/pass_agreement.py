@@ -23,6 +23,8 @@ from typing import List
 
 from wide_tessera import WideTesseraError, load_results
 from wide_tessera.core.job import params_text
+from wide_tessera.core.roles import BASELINE
+from wide_tessera.core.stats import paired_ratio
 from wide_tessera.reports.text import format_table
 
 
@@ -44,9 +46,13 @@ def main() -> None:
                 clean = p.health is not None and p.health.cleaned and c is not None and c.health is not None
                 if not clean or not c.health.cleaned:
                     continue
-                for s, (lo, hi) in p.speedup_ci.items():
+                level = p.decision.level if p.decision is not None else 0.95
+                base = p.stats[BASELINE].samples_ms
+                for s in p.speedup_ci:
                     if s not in c.speedup_ci:
                         continue
+                    # the point's own pass, from its samples: its interval in the file spans both passes
+                    _, lo, hi = paired_ratio(base, p.stats[s].samples_ms, level)
                     lo2, hi2 = c.speedup_ci[s]
                     pairs += 1
                     if hi < lo2 or hi2 < lo:

@@ -53,20 +53,22 @@ def _speedup(point) -> str:
     return f"{best} {point.speedups[best]:.2f}x [{low:.2f},{high:.2f}] ({point.winner})"
 
 
-def crossover_range(group) -> Tuple[float, float]:
-    """The Ns a group's crossover could be: from the smallest N where every larger point fuses or
-    is marginal, to the strict crossover (inf: never)."""
+def crossover_range(result, group) -> Tuple[float, float]:
+    """The Ns a group's crossover could be: from the crossover it would have if its marginal points
+    fused (the smallest N from which every point fuses or is marginal) to the strict one (inf: never).
+    "fuse from N=8; N=4 marginal" is 4 to 8; "never; N=16 marginal" with N=2 to 8 fusing is 2 to never."""
     high = math.inf if group.crossover_n is None else group.crossover_n
-    low = high
+    fuses = {p.n for p in result.points if p.params == group.params and (p.fused_wins or p.n in group.marginal_n)}
+    low = math.inf
     for n in sorted(group.n_values, reverse=True):
-        if n < high and n not in group.marginal_n:
+        if n not in fuses:
             break
-        low = min(low, n)
-    return low, high
+        low = n
+    return min(low, high), high
 
 
-def agree_groups(a, b) -> bool:
-    (lo_a, hi_a), (lo_b, hi_b) = crossover_range(a), crossover_range(b)
+def agree_groups(first, a, second, b) -> bool:
+    (lo_a, hi_a), (lo_b, hi_b) = crossover_range(first, a), crossover_range(second, b)
     return max(lo_a, lo_b) <= min(hi_a, hi_b)
 
 
@@ -99,7 +101,7 @@ def main() -> None:
             second = benchmark(op, preset=args.preset, **full)
         agreed = flagged = confident = 0
         for a, b in zip(first.groups, second.groups):
-            same = crossover_known(a) and crossover_known(b) and agree_groups(a, b)
+            same = crossover_known(a) and crossover_known(b) and agree_groups(first, a, second, b)
             if same:
                 agreed += 1
             elif a.problems or b.problems:
