@@ -28,7 +28,9 @@ The rules, which the README repeats:
   a margin, again and independently. Where the two passes disagree on the
   winner's class (a strategy, no difference, the baseline), the point is
   'unstable': it never counts as a win, so crossovers and thresholds rest on
-  verdicts that agree. Newly deciding points are confirmed in turn.
+  verdicts that agree. Where both passes are clean, each interval spans both
+  passes' intervals, and the verdicts follow it (`_across_passes`). Newly
+  deciding points are confirmed in turn.
 * A point's `best_speedup`, and the result's, is the largest *significant*
   correct speedup (verdict 'faster', confirmed where confirmed); None when there
   is none. A number inside the noise is never a headline.
