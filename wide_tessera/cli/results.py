@@ -14,7 +14,6 @@ from ..collectives.cases import CollectivesRun, is_collectives_file, load_collec
 from ..collectives.cases import rows as collective_rows
 from ..collectives.plots import plot_collectives
 from ..collectives.torchrun import summary
-from ..core.errors import WideTesseraError
 from ..core.runs import resolve_run
 from ..core.user_input import check_number
 from ..reports import markdown, tidy
@@ -38,19 +37,15 @@ def _named(paths: Sequence[str]) -> List[str]:
 def _load_files(paths: Sequence[str]) -> Tuple[List[CollectivesRun], List[BenchmarkResult]]:
     """The collectives runs and the results of files written by `collectives -o` and `benchmark -o`."""
     collective = [is_collectives_file(p) for p in paths]
-    try:
+    with usage_errors():
         runs = [load_collectives(p) for p, c in zip(paths, collective) if c]
-    except WideTesseraError as e:
-        raise click.UsageError(str(e)) from None
     return runs, _load_all([p for p, c in zip(paths, collective) if not c])
 
 
 def _load_all(paths: Sequence[str]) -> List[BenchmarkResult]:
     """Every result of every file, in order; a bad file is a usage error naming it."""
-    try:
+    with usage_errors():
         return [r for path in paths for r in load_results(path)]
-    except WideTesseraError as e:
-        raise click.UsageError(str(e)) from None
 
 
 @click.command()
@@ -139,11 +134,9 @@ def compare_runs(base: Optional[str], new: Optional[str], fmt: str, fail_percent
 
     Exit status: 0; 1 with --fail-on-regression when there is a regression; 2 for bad input.
     """
-    try:
+    with usage_errors():
         if fail_percent is not None:
             check_number("--fail-on-regression", fail_percent, 0, 1e6, low_ok=True)
-    except WideTesseraError as e:
-        raise click.UsageError(str(e)) from None
     if base is None:
         base, new = "@-2", "@-1"
     base, new = _named([base, new or "@-1"])
@@ -166,12 +159,10 @@ def plot(paths: Tuple[str, ...], output: str) -> None:
     Needs matplotlib: pip install 'wide_tessera[plot]'.
     """
     runs, results = _load_files(_named(paths))
-    try:
+    with usage_errors():
         check_directory(output)
         written = [path for r in results for path in plot_result(r, Path(output))]
         written += [path for run in runs for path in plot_collectives(run, Path(output))]
-    except WideTesseraError as e:
-        raise click.UsageError(str(e)) from None
     click.echo(f"wrote {len(written)} file(s) to {output}")
 
 
@@ -185,10 +176,8 @@ def report(paths: Tuple[str, ...], output: str) -> None:
     """
     paths = _named(paths)
     results = _load_all(paths)
-    try:
+    with usage_errors():
         check_directory(output)
         page = write_report(results, Path(output), paths)
-    except WideTesseraError as e:
-        raise click.UsageError(str(e)) from None
     click.echo(f"wrote {page}")
 
