@@ -170,6 +170,7 @@ class _PointMeasurement:
         self.dtype = DTYPES[params.get("dtype", "float32")]
         self.training = settings.mode in TRAINING_MODES
         self.compiling = settings.compile != "none"
+        self.tol = tolerance(self.dtype, self.device)  # every candidate, every draw: one bound for the point
         self.modules: List[torch.nn.Module] = []
         self.draws: List[List[Any]] = []
         # Per draw: the separate calls' outputs, and whether they return their input (an identity:
@@ -400,14 +401,13 @@ class _PointMeasurement:
         """One draw's verdict on `side`: its N outputs (training modes: and gradients, state) against
         the separate calls'."""
         reference, returns_input = self.references[i]
-        tol = tolerance(self.dtype, self.device)
         if self.training:
             got = modes.outcome(self.settings.mode, side, given, self.weights[i], self.seeded)
-            return modes.compare(self.outcomes[i], got, self.modules, join, tol)
+            return modes.compare(self.outcomes[i], got, self.modules, join, self.tol)
         x = side.pack(given)
         output = self.seeded(partial(side.forward, x))
         forbidden = [] if returns_input else trees.tensors([x, given])
-        return check_outputs(side.unpack(output), reference, tol, forbidden)
+        return check_outputs(side.unpack(output), reference, self.tol, forbidden)
 
     def compiled_baseline_failed(self) -> PointResult:
         check = self.checks.pop(BASELINE, None)
