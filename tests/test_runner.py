@@ -1,5 +1,6 @@
 """The generic runner: distinct models, correctness first, wrong strategies caught and reported."""
 
+import sys
 from typing import List
 
 import pytest
@@ -7,9 +8,11 @@ import torch
 from torch import nn
 
 from wide_tessera import register
+from wide_tessera.measurement.settings import RunSettings
 from wide_tessera.ops import WideLinear
 from wide_tessera.ops.registry import REGISTRY
-from wide_tessera.sweep.runner import run
+from wide_tessera.sweep.progress import Progress
+from wide_tessera.sweep.runner import JobRun, run, run_jobs
 
 from .helpers import SometimesWrongLinear
 
@@ -80,3 +83,19 @@ def test_result_records_where_and_how_it_was_measured(fast_timing):
     assert (env.device, r.timer) == ("cpu", "cpu_perf_counter")
     assert env.torch_version == torch.__version__ and env.threads == torch.get_num_threads()
     assert r.duration_s > 0 and env.device_name
+
+
+def test_every_job_is_measured_before_any_is_confirmed(fast_timing, capsys):
+    """A point's confirmation is taken a run after its first pass, not seconds after, so that a
+    machine state that lasts seconds is not measured twice (runner.run_jobs)."""
+    settings = RunSettings(preset="ci", device="cpu", timing=fast_timing, confirm="all")
+    jobs = [REGISTRY[op].benchmark_job("ci", n_values=[1, 2]) for op in ("gemm", "layernorm")]
+    progress = Progress(0, stream=sys.stderr)
+    results = list(run_jobs([JobRun(job, settings, progress=progress) for job in jobs]))
+    lines = capsys.readouterr().err.splitlines()
+    firsts = [i for i, line in enumerate(lines) if " confirm " not in line]
+    confirms = [i for i, line in enumerate(lines) if " confirm " in line]
+    assert confirms and max(firsts) < min(confirms), lines
+    assert [r.op for r in results] == ["gemm", "layernorm"] and all(r.complete for r in results)
+    assert all(p.confirmation is not None for r in results for p in r.points if p.timings)
+    assert all(0 < r.duration_s < sum(x.duration_s for x in results) for r in results)  # each job's own time

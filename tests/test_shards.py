@@ -64,7 +64,7 @@ def test_a_rank_that_raises_loses_no_other_points_and_resume_completes_the_file(
             def broken(*args, **kwargs):
                 raise RuntimeError("rank 1 broke")
 
-            wide_tessera.sweep.session.run_job = broken
+            wide_tessera.sweep.session.run_jobs = broken
     '''))
     r = torchrun([*RUN, "--import", "rank_breaker", "-o", "out.json", "--quiet"], tmp_path)
     assert r.returncode == 1

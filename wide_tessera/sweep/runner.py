@@ -29,7 +29,7 @@ from .point import iter_points
 from .progress import Progress
 from .resume import point_order
 
-__all__ = ["run", "run_job", "check_runnable"]
+__all__ = ["run", "run_job", "run_jobs", "JobRun", "check_runnable"]
 
 # Confirming can move a crossover, which makes new points deciding; they are confirmed in
 # turn, this many times at most.
@@ -72,21 +72,30 @@ def run_job(
     Interrupted carrying that incomplete result. The caller has called
     `check_runnable` (`run` does; the CLI does for all its jobs before the first).
     """
-    progress = progress or Progress(0, enabled=False)
-    progress.op(job.op)
-    if settings.search is not None:  # every power of two of the range is a candidate; bisection picks
-        job = dataclasses.replace(job, sweep=job.sweep.with_overrides(n_values=search_candidates(settings.search)))
-    passes = _JobRun(job, settings, previous, on_point, progress, share)
-    try:
-        passes.first()
-        passes.confirm()
-        passes.third()
-    except KeyboardInterrupt:
-        raise Interrupted(passes.result(complete=False)) from None
-    return passes.result(complete=True)
+    (result,) = run_jobs([JobRun(job, settings, previous, on_point, progress, share)])
+    return result
 
 
-class _JobRun:
+def run_jobs(runs: Sequence["JobRun"]) -> Iterator[BenchmarkResult]:
+    """Every job's first pass, then each job's confirmation and third pass, its result yielded
+    as it completes: a point's passes are then a run apart, not seconds.
+
+    Why: this 2-core VM's speed drifts between states that last 5 to 20 s (the same grouped
+    conv1d, in one process, on the same tensors: 1.55 ms, then 1.85 ms, then 1.55 again,
+    2026-11-25), and two shapes do not drift alike: conv1d's grouped convolution at 64
+    channels, N=2, measured 0.95x in 2 of 6 processes and 1.10x in 4, each process agreeing
+    with itself. A confirmation taken seconds after the first pass shared its state and its
+    answer; taken a run later, it draws the state afresh, and where the two differ the point's
+    interval spans both (analysis.confirmed)."""
+    for passes in runs:
+        passes.step(passes.first)
+    for passes in runs:
+        passes.step(passes.confirm)
+        passes.step(passes.third)
+        yield passes.result(complete=True)
+
+
+class JobRun:
     """One job's run in named passes over explicit state (`points`, by key): the first pass (the
     grid, or a bisection per group under --search), the confirmation of the deciding points, and
     a third pass where the two contradict each other. Every point measured is reported at once."""
@@ -95,20 +104,25 @@ class _JobRun:
         self,
         job: BenchmarkJob,
         settings: RunSettings,
-        previous: Optional[BenchmarkResult],
-        on_point: Optional[Callable[[BenchmarkResult], None]],
-        progress: Progress,
-        share: Optional[Callable[[Dict[str, Any]], bool]],
+        previous: Optional[BenchmarkResult] = None,
+        on_point: Optional[Callable[[BenchmarkResult], None]] = None,
+        progress: Optional[Progress] = None,
+        share: Optional[Callable[[Dict[str, Any]], bool]] = None,
     ):
-        self.job, self.settings, self.on_point, self.progress = job, settings, on_point, progress
+        if settings.search is not None:  # every power of two of the range is a candidate; bisection picks
+            job = dataclasses.replace(job, sweep=job.sweep.with_overrides(n_values=search_candidates(settings.search)))
+        self.job, self.settings, self.on_point = job, settings, on_point
+        self.progress = progress or Progress(0, enabled=False)
         earlier = previous.points if previous else []
         # Every earlier point is kept, those outside this sweep too (--resume with other N values).
         self.points: Dict[str, PointResult] = {point_key(p.n, p.params): p for p in earlier}
         self.order = point_order(job.sweep, earlier)
         self.every = {point_key(n, p) for n, p in job.sweep.points()}
         self.sweep = {point_key(n, p) for n, p in job.sweep.points() if share is None or share(p)}
-        self.started = time.perf_counter() - (previous.duration_s if previous else 0.0)
-        self.peaks = load_or_calibrate(settings.device) if settings.roofline else None
+        # The job's own measuring time: its passes are apart, other jobs' passes between them.
+        self.spent_s = previous.duration_s if previous else 0.0
+        self.step_started: Optional[float] = None
+        self.peaks: Optional[Peaks] = None  # measured (or read from the cache) when the job starts
         # This run's manifest joins those of the runs a --resume continues.
         self.earlier_runs = previous.runs if previous else []
         self.manifest = capture_manifest(settings.device, settings.seed)
@@ -123,14 +137,28 @@ class _JobRun:
         # input's alignment, one draw of routing) agreed with itself in both passes.
         self.again = dataclasses.replace(settings, controls=False, energy=False, seed=settings.seed + 1)
 
+    def step(self, one_pass: Callable[[], None]) -> None:
+        """Run one of this job's passes; Ctrl-C raises Interrupted with what was measured."""
+        self.progress.op(self.job.op)
+        self.step_started = time.perf_counter()
+        try:
+            one_pass()
+        except KeyboardInterrupt:
+            raise Interrupted(self.result(complete=False)) from None
+        finally:
+            self.spent_s, self.step_started = self.duration_s(), None
+
+    def duration_s(self) -> float:
+        running = 0.0 if self.step_started is None else time.perf_counter() - self.step_started
+        return self.spent_s + running
+
     def ordered(self) -> List[PointResult]:
         return sorted(self.points.values(), key=lambda p: self.order[point_key(p.n, p.params)])
 
     def result(self, complete: bool) -> BenchmarkResult:
         ordered = self.ordered()
         runs = [*self.earlier_runs, dataclasses.replace(self.manifest, finished=now())]
-        duration_s = time.perf_counter() - self.started
-        return _build_result(self.job, self.settings, ordered, duration_s, complete, self.peaks, runs)
+        return _build_result(self.job, self.settings, ordered, self.duration_s(), complete, self.peaks, runs)
 
     def measured(self, key: str, point: PointResult, line: str) -> None:
         self.points[key] = point
@@ -140,6 +168,7 @@ class _JobRun:
 
     def first(self) -> None:
         """The sweep's points not measured yet, or under --search a bisection of each group."""
+        self.peaks = load_or_calibrate(self.settings.device) if self.settings.roofline else None
         if self.settings.search is not None:
             _bisect_every_group(self.job, self.sweep, self.measure_one)
             return

@@ -22,7 +22,7 @@ from ..results.load import load_results
 from ..results.schema import BenchmarkResult, save_results
 from .progress import Progress
 from .resume import check_resumable, point_order, points_left
-from .runner import run_job, search_candidates
+from .runner import JobRun, run_jobs, search_candidates
 from .shards import Shard, assign, joined, mark, remove_shards, shard_path, with_shards
 
 __all__ = ["previous_results", "measure_jobs", "measure_shard", "points_to_measure"]
@@ -59,45 +59,60 @@ def _others(previous: Dict[str, BenchmarkResult], jobs: Sequence[BenchmarkJob]) 
     return [r for op, r in previous.items() if op not in ops]
 
 
-def _run_job(
-    job: BenchmarkJob,
+def _run_jobs(
+    jobs: Sequence[BenchmarkJob],
     settings: RunSettings,
-    previous: Optional[BenchmarkResult],
-    done: List[BenchmarkResult],
+    previous: Dict[str, BenchmarkResult],
+    kept: List[BenchmarkResult],
     output: Optional[str],
     progress: Progress,
     unsaved: List[str],
-    share: Optional[Callable[[Dict[str, Any]], bool]] = None,
+    latest: Dict[str, BenchmarkResult],
+    share: Optional[Callable[[str, Dict[str, Any]], bool]] = None,
     finish: Callable[[BenchmarkResult], BenchmarkResult] = lambda result: result,
-) -> BenchmarkResult:
-    """Measure one job (its `share` of the groups in a sharded run), saving `done` and it after
-    every point; Ctrl-C saves what was measured and raises Interrupted. `finish` completes each
-    result before it is saved (a sharded run names the rank that measured each point). `unsaved`
-    holds why the latest save failed, empty once one succeeds (each save writes everything)."""
-    if (
-        previous is not None
-        and previous.complete
-        and len(point_order(job.sweep, previous.points)) == len(previous.points)
-    ):
-        return previous  # it holds every point this run asks for
+    on_result: Callable[[BenchmarkResult], None] = lambda result: None,
+) -> List[BenchmarkResult]:
+    """Measure the jobs (each one's `share(op, params)` of the groups in a sharded run), every
+    first pass before any confirmation (runner.run_jobs); `kept` and each job's `latest` result
+    are saved after every point, and Ctrl-C saves what was measured and raises Interrupted.
+    `finish` completes each result before it is kept (a sharded run names the rank that measured
+    each point); `on_result` hears of each job as it completes. `unsaved` holds why the latest
+    save failed, empty once one succeeds (each save writes everything)."""
 
     def save(result: BenchmarkResult) -> None:
+        latest[result.op] = finish(result)
         if output:
             try:
-                save_results([*done, finish(result)], output)
+                save_results([*kept, *(latest[job.op] for job in jobs if job.op in latest)], output)
                 unsaved.clear()
             except WideTesseraError as e:  # the file or its folder changed under the run
                 if str(e) not in unsaved:  # one line per problem; the measuring goes on
                     unsaved.append(str(e))
                     print(f"{e}: the points measured are still printed at the end of each op", file=sys.stderr)
 
+    runs, done = [], {}
+    for job in jobs:
+        earlier = previous.get(job.op)
+        if _holds_every_point(job, earlier):
+            latest[job.op] = done[job.op] = earlier  # it holds every point this run asks for
+            continue
+        mine = None if share is None else partial(share, job.op)
+        runs.append(JobRun(job, settings, earlier, on_point=save, progress=progress, share=mine))
     try:
-        result = finish(run_job(job, settings, previous, on_point=save, progress=progress, share=share))
+        for result in run_jobs(runs):
+            save(result)
+            done[result.op] = latest[result.op]
+            on_result(done[result.op])
     except Interrupted as stop:
         save(stop.result)
         raise Interrupted(stop.result, output) from None
-    save(result)
-    return result
+    return [done[job.op] for job in jobs]
+
+
+def _holds_every_point(job: BenchmarkJob, earlier: Optional[BenchmarkResult]) -> bool:
+    if earlier is None or not earlier.complete:
+        return False
+    return len(point_order(job.sweep, earlier.points)) == len(earlier.points)
 
 
 def measure_jobs(
@@ -112,11 +127,8 @@ def measure_jobs(
     the file that no job measures, the jobs' results, and why `output` lacks the latest of them
     (empty when the last save succeeded)."""
     kept = _others(previous, jobs)
-    results: List[BenchmarkResult] = []
     unsaved: List[str] = []
-    for job in jobs:
-        results.append(_run_job(job, settings, previous.get(job.op), [*kept, *results], output, progress, unsaved))
-        on_result(results[-1])
+    results = _run_jobs(jobs, settings, previous, kept, output, progress, unsaved, {}, on_result=on_result)
     if output and previous:  # a resumed run's shards are in the file now
         remove_shards(output)
     return kept, results, unsaved
@@ -137,23 +149,20 @@ def measure_shard(
     owner = assign(jobs, shard.ranks, {op: point_keys(r.points) for op, r in previous.items()})
     where = shard.where(settings.device)
     path = str(shard_path(output, shard.rank)) if output else None
-    mine: List[BenchmarkResult] = []
     latest: Dict[str, BenchmarkResult] = {}
 
     def marked(result: BenchmarkResult) -> BenchmarkResult:
         earlier = previous.get(result.op)
-        latest[result.op] = mark(result, where, point_keys(earlier.points) if earlier else set())
-        return latest[result.op]
+        return mark(result, where, point_keys(earlier.points) if earlier else set())
 
     error = None
     unsaved: List[str] = []  # only for --resume: rank 0 gathers the points themselves and saves them
     try:
-        for job in jobs:
-            share = partial(_owns, owner, job.op, shard.rank)
-            mine.append(_run_job(job, settings, previous.get(job.op), mine, path, progress, unsaved, share, marked))
+        owns = partial(_owns, owner, shard.rank)
+        _run_jobs(jobs, settings, previous, [], path, progress, unsaved, latest, owns, marked)
     except Exception as e:  # noqa: BLE001  a bug, say: the other ranks' points must not be lost
         error = f"rank {shard.rank}: {type(e).__name__}: {e}"
-        mine += [r for op, r in latest.items() if op not in {m.op for m in mine}]
+    mine = [latest[job.op] for job in jobs if job.op in latest]
     gathered = shard.gather((mine, error))
     if gathered is None:
         return None
@@ -171,5 +180,5 @@ def measure_shard(
     return kept, results, [e for _, e in gathered if e]
 
 
-def _owns(owner: Dict[Tuple[str, str], int], op: str, rank: int, params: Dict[str, Any]) -> bool:
+def _owns(owner: Dict[Tuple[str, str], int], rank: int, op: str, params: Dict[str, Any]) -> bool:
     return owner[(op, group_key(params))] == rank
