@@ -1,7 +1,8 @@
 """Does a preset give the same crossovers twice, and does a busy machine get flagged instead of believed?
 
-Runs the same preset twice back to back: the first run on a quiet machine, the
-second with K processes burning a CPU each beside it (`--load K`; 0 runs both
+Runs the same preset twice back to back, each time every op in one run as the main job
+runs them (every first pass before any confirmation): the first run on a quiet machine,
+the second with K processes burning a CPU each beside it (`--load K`; 0 runs both
 quietly). Per op, each parameter group is counted as agreeing (the same
 crossover in both runs, where a crossover with marginal points is the range of Ns it
 could be: "fuse from N=8; N=4 marginal" is 4 to 8, and ranges that overlap agree; a
@@ -9,8 +10,8 @@ crossover that is "not known", its largest N undecided, agrees with nothing), fl
 (a run says why a decision there could flip: a deciding point disturbed and never measured
 clean, passes that contradict each other, a decision still open), or a *confident
 disagreement* (a different crossover that neither run flags): the one outcome a user could
-be misled by. Each run uses the decision rule with confirmation and the controls, as the
-quick preset does (--precise: sampling to 2% medians instead).
+be misled by. Each run uses the decision rule with confirmation, as the quick preset does
+(--precise: sampling to 2% medians instead).
 Target: at least 90% agreement quietly; under load no confident disagreement.
 
     python scripts/repeatability.py [--preset quick] [--device cpu] [--load K] [--threads T] [ops ...]
@@ -27,10 +28,13 @@ from typing import Iterator, List, Tuple
 
 import torch
 
-from wide_tessera import benchmark
+from wide_tessera.api import build_job
+from wide_tessera.measurement.settings import RunSettings
 from wide_tessera.ops.registry import op_names
 from wide_tessera.reports.answer import crossover_known
 from wide_tessera.reports.text import format_table
+from wide_tessera.results.schema import BenchmarkResult
+from wide_tessera.sweep.runner import JobRun, run_jobs
 
 
 @contextmanager
@@ -43,6 +47,13 @@ def cpu_burners(k: int) -> Iterator[None]:
         for p in procs:
             p.kill()
             p.wait()
+
+
+def run_together(ops: List[str], preset: str, settings: RunSettings) -> List[BenchmarkResult]:
+    """The ops in one run, as the main job runs them: every first pass before any confirmation."""
+    assert settings.device is not None  # RunSettings resolves it
+    jobs = [build_job(op, preset, settings.device, {}, verbose=False) for op in ops]
+    return list(run_jobs([JobRun(job, settings) for job in jobs]))
 
 
 def _speedup(point) -> str:
@@ -92,13 +103,15 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     rows, why = [], []
     totals = {"groups": 0, "agree": 0, "flagged": 0, "confident": 0}
-    # the full settings over the preset's sweep (the ci preset alone would neither confirm nor
-    # sample long): what is under test is the confirmation and the flags, not the smoke run
-    full = dict(device=args.device, verbose=False, confirm="deciding", controls=True, precise=args.precise)
-    for op in args.ops or op_names():
-        first = benchmark(op, preset=args.preset, **full)
-        with cpu_burners(args.load):
-            second = benchmark(op, preset=args.preset, **full)
+    # the preset's settings, as the main job runs it, but always confirming (the ci preset alone
+    # would not): what is under test is the confirmation and the flags. The controls decide no
+    # crossover; they are timed where the preset times them.
+    settings = RunSettings.of(preset=args.preset, device=args.device, confirm="deciding", precise=args.precise)
+    ops = args.ops or op_names()
+    firsts = run_together(ops, args.preset, settings)
+    with cpu_burners(args.load):
+        seconds = run_together(ops, args.preset, settings)
+    for op, first, second in zip(ops, firsts, seconds):
         agreed = flagged = confident = 0
         for a, b in zip(first.groups, second.groups):
             same = crossover_known(a) and crossover_known(b) and agree_groups(first, a, second, b)
