@@ -20,18 +20,17 @@ Target: at least 90% agreement quietly; under load no confident disagreement.
 from __future__ import annotations
 
 import argparse
-import math
 import subprocess
 import sys
 from contextlib import contextmanager
-from typing import Iterator, List, Tuple
+from typing import Iterator, List
 
 import torch
 
 from wide_tessera.api import build_job
 from wide_tessera.measurement.settings import RunSettings
 from wide_tessera.ops.registry import op_names
-from wide_tessera.reports.answer import crossover_known
+from wide_tessera.reports.answer import crossover_known, crossovers_agree
 from wide_tessera.reports.text import format_table
 from wide_tessera.results.schema import BenchmarkResult
 from wide_tessera.sweep.runner import JobRun, run_jobs
@@ -62,25 +61,6 @@ def _speedup(point) -> str:
         return "no timed correct strategy"
     low, high = point.speedup_ci[best]
     return f"{best} {point.speedups[best]:.2f}x [{low:.2f},{high:.2f}] ({point.winner})"
-
-
-def crossover_range(result, group) -> Tuple[float, float]:
-    """The Ns a group's crossover could be: from the crossover it would have if its marginal points
-    fused (the smallest N from which every point fuses or is marginal) to the strict one (inf: never).
-    "fuse from N=8; N=4 marginal" is 4 to 8; "never; N=16 marginal" with N=2 to 8 fusing is 2 to never."""
-    high = math.inf if group.crossover_n is None else group.crossover_n
-    fuses = {p.n for p in result.points if p.params == group.params and (p.fused_wins or p.n in group.marginal_n)}
-    low = math.inf
-    for n in sorted(group.n_values, reverse=True):
-        if n not in fuses:
-            break
-        low = n
-    return min(low, high), high
-
-
-def agree_groups(first, a, second, b) -> bool:
-    (lo_a, hi_a), (lo_b, hi_b) = crossover_range(first, a), crossover_range(second, b)
-    return max(lo_a, lo_b) <= min(hi_a, hi_b)
 
 
 def _disagreement(first, second, params) -> List[str]:
@@ -114,7 +94,7 @@ def main() -> None:
     for op, first, second in zip(ops, firsts, seconds):
         agreed = flagged = confident = 0
         for a, b in zip(first.groups, second.groups):
-            same = crossover_known(a) and crossover_known(b) and agree_groups(first, a, second, b)
+            same = crossover_known(a) and crossover_known(b) and crossovers_agree(first, a, second, b)
             if same:
                 agreed += 1
             elif a.problems or b.problems:

@@ -437,3 +437,13 @@ def test_an_op_that_shifted_as_a_whole_is_named_with_its_unchanged_speedups():
     assert "the N separate calls (baseline) moved too: median +20.0%" in render(everything)
     assert len(everything.regressions(10)) == 12  # the changes still count: a slower torch looks the same
     assert compare([synthetic()], [synthetic(slow_a=1.2)]).shifted_ops() == {}
+
+
+def test_a_crossover_that_moves_only_across_a_marginal_point_says_so():
+    """'fuse from N=4; N=2 marginal' against 'fuse from N=2': the ranges overlap, the table says
+    'within marginal', and the gate still counts the move."""
+    [marginal] = compare([synthetic()], [synthetic(slow_a=1.2)]).crossovers
+    assert (marginal.base, marginal.new, marginal.agree, marginal.moved) == (2, 4, True, "LATER, within marginal")
+    assert marginal.moved_later
+    [clear] = compare([synthetic()], [synthetic(slow_a=1.4)]).crossovers  # N=2 loses: no marginal point
+    assert (clear.base, clear.new, clear.agree, clear.moved) == (2, 4, False, "LATER")

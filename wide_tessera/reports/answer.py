@@ -4,7 +4,8 @@ states it with these."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, List, Optional
+import math
+from typing import TYPE_CHECKING, List, Optional, Tuple
 
 from ..core.stats import MARGINAL_ZONE, MIN_EFFECT
 
@@ -16,6 +17,8 @@ __all__ = [
     "level_text",
     "decision_cell",
     "crossover_known",
+    "crossover_range",
+    "crossovers_agree",
     "crossover_text",
     "result_n_text",
     "capture_text",
@@ -60,6 +63,27 @@ def crossover_known(group: "GroupResult") -> bool:
     """False when the group never crosses only because its largest N was not decided: fusing
     may win there, and 'never' would be a claim nothing measured."""
     return group.crossover_n is not None or group.n_values[-1:] != group.undecided_n[-1:]
+
+
+def crossover_range(result: "BenchmarkResult", group: "GroupResult") -> Tuple[float, float]:
+    """The Ns a group's crossover could be: from the crossover it would have if its marginal points
+    fused (the smallest N from which every point fuses or is marginal) to the strict one (inf:
+    never). "fuse from N=8; N=4 marginal" is 4 to 8; "never; N=16 marginal" with N=2 to 8 fusing
+    is 2 to never. A marginal point gains about the margin, so either side of it is an answer."""
+    high = math.inf if group.crossover_n is None else group.crossover_n
+    fuses = {p.n for p in result.points if p.params == group.params and (p.fused_wins or p.n in group.marginal_n)}
+    low = math.inf
+    for n in sorted(group.n_values, reverse=True):
+        if n not in fuses:
+            break
+        low = n
+    return min(low, high), high
+
+
+def crossovers_agree(a: "BenchmarkResult", in_a: "GroupResult", b: "BenchmarkResult", in_b: "GroupResult") -> bool:
+    """Whether two runs' crossovers of a group agree: their ranges (`crossover_range`) overlap."""
+    (low_a, high_a), (low_b, high_b) = crossover_range(a, in_a), crossover_range(b, in_b)
+    return max(low_a, low_b) <= min(high_a, high_b)
 
 
 def crossover_text(group: "GroupResult") -> str:

@@ -20,7 +20,9 @@ The rules, which the README repeats:
   intervals then hold only the sampling noise.
 * A strategy correct in the base run and incorrect or failing in the new one is 'broken'.
 * A group's crossover moved later when the new run's is a larger N, or when the new run
-  never crosses where the base run did.
+  never crosses where the base run did. A move only across marginal points is marked
+  'within marginal' ("fuse from N=4; N=2 marginal" against "fuse from N=2"): two runs of the
+  same code on a noisy machine do that, and it still counts as moved.
 * The N separate calls (the baseline) are torch's own ops: where they moved too, at half an
   op's points or more and in the same direction, the op shifted as a whole. A machine that
   ran slower during one run looks exactly like that (two back-to-back quick runs of
@@ -47,7 +49,7 @@ from ..core.job import group_key, params_text, point_key
 from ..core.roles import BASELINE
 from ..results.analysis import MIN_EFFECT, verdict
 from ..results.schema import BenchmarkResult, PointResult
-from .answer import n_or_never
+from .answer import crossovers_agree, n_or_never
 from .markdown import table as md_table
 from .text import format_table
 
@@ -78,16 +80,28 @@ class Change:
 
 @dataclass(frozen=True)
 class CrossoverChange:
-    """A parameter group's crossover N (None: never crosses) and the op's threshold, in both runs."""
+    """A parameter group's crossover N (None: never crosses) in both runs; `agree`: their ranges
+    with the marginal points (answer.crossover_range) overlap, so that the strict crossover
+    moved only across points that gain about the margin: two runs of the same code on a noisy
+    machine do that. The gate still counts such a move later: it may be a strategy that lost
+    its clear win, and a gate errs toward saying so."""
 
     op: str
     params: Dict[str, object]
     base: Optional[int]
     new: Optional[int]
+    agree: bool = False
 
     @property
     def moved_later(self) -> bool:
         return self.base is not None and (self.new is None or self.new > self.base)
+
+    @property
+    def moved(self) -> str:
+        """'LATER', 'earlier' or '', and ', within marginal' where the ranges overlap."""
+        if self.base == self.new:
+            return ""
+        return ("LATER" if self.moved_later else "earlier") + (", within marginal" if self.agree else "")
 
 
 @dataclass
@@ -286,11 +300,11 @@ def compare(base: Sequence[BenchmarkResult], new: Sequence[BenchmarkResult]) -> 
             f"{b.op} N={q.n} {params_text(q.params)}: only in the new run" for q in new_points.values()
         ]
         new_groups = {group_key(g.params): g for g in n.groups}
-        comparison.crossovers += [
-            CrossoverChange(b.op, g.params, g.crossover_n, new_groups[group_key(g.params)].crossover_n)
-            for g in b.groups
-            if group_key(g.params) in new_groups
-        ]
+        for g in b.groups:
+            h = new_groups.get(group_key(g.params))
+            if h is not None:
+                agree = crossovers_agree(b, g, n, h)
+                comparison.crossovers.append(CrossoverChange(b.op, g.params, g.crossover_n, h.crossover_n, agree))
         comparison.thresholds[b.op] = (b.recommended_threshold, n.recommended_threshold)
     return comparison
 
@@ -345,7 +359,7 @@ def render(comparison: Comparison, as_markdown: bool = False, fail_percent: Opti
             params_text(g.params),
             n_or_never(g.base),
             n_or_never(g.new),
-            "LATER" if g.moved_later else "earlier" if g.base != g.new else "",
+            g.moved,
         ]
         for g in comparison.crossovers
     ]
