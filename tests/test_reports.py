@@ -24,7 +24,7 @@ from wide_tessera.measurement.settings import RunSettings
 from wide_tessera.measurement.timing import PairedTimings, TimingConfig
 from wide_tessera.ops.registry import REGISTRY
 from wide_tessera.reports import tidy
-from wide_tessera.reports.compare import compare, render
+from wide_tessera.reports.compare import against_previous, compare, render
 from wide_tessera.reports.markdown import headline, result_markdown
 from wide_tessera.results import analysis
 from wide_tessera.results.manifest import (
@@ -447,3 +447,16 @@ def test_a_crossover_that_moves_only_across_a_marginal_point_says_so():
     assert marginal.moved_later
     [clear] = compare([synthetic()], [synthetic(slow_a=1.4)]).crossovers  # N=2 loses: no marginal point
     assert (clear.base, clear.new, clear.agree, clear.moved) == (2, 4, False, "LATER")
+
+
+def test_a_run_against_the_previous_one_names_the_crossovers_that_moved_beyond_their_marginal_points():
+    base = synthetic()
+    assert against_previous([base], [synthetic(scale=1.01)], "@-2") == (
+        "AGAINST THE PREVIOUS RUN (@-2, measured alike): 1 of 1 crossovers agree (0 of the 1 groups left out: "
+        "flagged in either run)"
+    )
+    assert "1 of 1 crossovers agree" in against_previous([base], [synthetic(slow_a=1.2)], "@-2")  # N=2 marginal
+    moved = against_previous([base], [synthetic(slow_a=1.4)], "@-2")
+    assert "0 of 1 crossovers agree" in moved
+    assert "synthetic size=64 dtype=float32: then fuse from N=2, now fuse from N=4" in moved
+    assert against_previous([base], [synthetic(slow_a=1.4, device_name="Other CPU")], "@-2") is None

@@ -17,7 +17,7 @@ from ..api import build_custom_job, build_job
 from ..core.errors import Interrupted, MissingDependency, WideTesseraError
 from ..core.files import make_folder, results_lock, results_target
 from ..core.job import BenchmarkJob, SweepParams
-from ..core.runs import new_run_path, prepare_runs_dir
+from ..core.runs import new_run_path, prepare_runs_dir, saved_runs
 from ..dispatch.table import (
     TABLE_ENV,
     check_table_target,
@@ -33,6 +33,8 @@ from ..measurement.settings import RunSettings
 from ..measurement.timing import TimingConfig
 from ..ops.registry import get_op, import_ops, op_names
 from ..reports.brief import closing_table
+from ..reports.compare import against_previous
+from ..results.load import load_results
 from ..results.schema import BenchmarkResult, save_results
 from ..sweep.progress import Progress
 from ..sweep.runner import check_runnable, search_candidates
@@ -63,6 +65,10 @@ from .options import (
 )
 
 __all__ = ["benchmark", "custom", "tune"]
+
+# How many kept runs, newest first, a run looks back through for one measured alike: a run of
+# other ops or settings in between does not hide the last one that was.
+_RUNS_LOOKED_BACK = 5
 
 _EXIT_STATUS = """
     Exit status: 0 when every strategy ran and was correct; 1 when any was incorrect,
@@ -326,6 +332,21 @@ def _check_output(path: Optional[str], resume: bool, overwrite: bool, option: st
         )
 
 
+def _against_previous_run(results: List[BenchmarkResult], run_file: str) -> Optional[str]:
+    """How this run's crossovers fare in the latest kept run before it that measured some of its
+    ops alike (reports.compare.against_previous); None where none of the last few did."""
+    earlier_runs = [p for p in saved_runs() if p.resolve() != Path(run_file).resolve()]
+    for path in reversed(earlier_runs[-_RUNS_LOOKED_BACK:]):
+        try:
+            earlier = load_results(path)
+        except WideTesseraError:  # a damaged file, or one of another version: it says nothing here
+            continue
+        note = against_previous(earlier, results, path.name)
+        if note is not None:
+            return note
+    return None
+
+
 def _run_file(command: str, jobs: Sequence[BenchmarkJob], preset: str) -> Optional[str]:
     """Where this run is kept (core.runs); None, with one line saying why, where it cannot be."""
     try:
@@ -389,6 +410,7 @@ def _measure(
                 held.enter_context(results_lock(save_dispatch))
             previous = previous_results(output, settings, shard is not None) if resume else {}
         kept_as = _run_file(command, jobs, preset) if writer and not no_save else None
+        run_file = kept_as
         if output is None and kept_as is not None:  # the run file (a name no other run takes) is the results file
             output, kept_as = kept_as, None
         # --dump-ir: clock every Triton compilation of the run (nothing without triton)
@@ -436,6 +458,10 @@ def _measure(
                 raise SystemExit(130) from None
         if len(results) > 1:
             click.echo(closing_table(results))
+        if run_file is not None:
+            note = _against_previous_run(results, run_file)
+            if note is not None:
+                click.echo(note)
         if kept_as is not None:  # -o FILE was written; the runs folder keeps the run too
             try:
                 save_results([*kept, *results], kept_as)

@@ -49,11 +49,20 @@ from ..core.job import group_key, params_text, point_key
 from ..core.roles import BASELINE
 from ..results.analysis import MIN_EFFECT, verdict
 from ..results.schema import BenchmarkResult, PointResult
-from .answer import crossovers_agree, n_or_never
+from .answer import crossover_text, crossovers_agree, n_or_never
 from .markdown import table as md_table
 from .text import format_table
 
-__all__ = ["Change", "CrossoverChange", "Comparison", "compare", "differences", "between_run_noise", "render"]
+__all__ = [
+    "Change",
+    "CrossoverChange",
+    "Comparison",
+    "compare",
+    "differences",
+    "between_run_noise",
+    "render",
+    "against_previous",
+]
 
 
 @dataclass(frozen=True)
@@ -433,3 +442,45 @@ def _between_runs_ci(base_ms: Sequence[float], new_ms: Sequence[float], seed: in
             random_state=np.random.default_rng(seed),
         )
     return float(res.confidence_interval.low), float(res.confidence_interval.high)
+
+
+def against_previous(previous: Sequence[BenchmarkResult], new: Sequence[BenchmarkResult], name: str) -> Optional[str]:
+    """Whether this run's crossovers hold in the run before it (`previous`, called `name`), over
+    the ops both measured alike (`differences` finds nothing: the same machine, software,
+    settings, seed and code); None where there is none.
+
+    Why: within one run a point's two passes are a minute apart, but this 2-core VM holds a
+    speed state for longer (conv1d at 32 channels: fuse from N=4 in one quick run, from N=2 in
+    the next, both reliable, each run's passes agreeing, 2026-11-25), so only a second run can
+    show such a decision moving. A group agrees when its crossover ranges overlap (marginal
+    points count as either side: answer.crossovers_agree); a group either run flags (a point
+    undecided, disturbed or unstable) already says its crossover is unsure, and is left out."""
+    by_op = {r.op: r for r in previous}
+    lines, matched, groups = [], 0, 0
+    for n in new:
+        b = by_op.get(n.op)
+        if b is None or differences(b, n):
+            continue
+        earlier = {group_key(g.params): g for g in b.groups}
+        for g in n.groups:
+            h = earlier.get(group_key(g.params))
+            matched += h is not None
+            if h is None or h.problems or g.problems:
+                continue
+            groups += 1
+            if not crossovers_agree(b, h, n, g):
+                lines.append(f"  {n.op} {params_text(g.params)}: then {crossover_text(h)}, now {crossover_text(g)}")
+    if not matched:
+        return None
+    head = (
+        f"AGAINST THE PREVIOUS RUN ({name}, measured alike): {groups - len(lines)} of {groups} crossovers "
+        f"agree ({matched - groups} of the {matched} groups left out: flagged in either run)"
+    )
+    if not lines:
+        return head
+    return "\n".join([
+        head + "; these moved between the runs, beyond their marginal points:",
+        *lines,
+        "  The machine's state moved them (both runs were measured alike): the Ns between the two answers are",
+        "  marginal on this machine, and another run tells more (wide_tessera compare shows the points).",
+    ])
