@@ -8,11 +8,14 @@ import torch
 from torch import nn
 
 from wide_tessera import register
+from wide_tessera.core.errors import Interrupted
 from wide_tessera.measurement.settings import RunSettings
 from wide_tessera.ops import WideLinear
 from wide_tessera.ops.registry import REGISTRY
+from wide_tessera.results.load import load_results
 from wide_tessera.sweep.progress import Progress
 from wide_tessera.sweep.runner import JobRun, run, run_jobs
+from wide_tessera.sweep.session import measure_jobs
 
 from .helpers import SometimesWrongLinear
 
@@ -99,3 +102,25 @@ def test_every_job_is_measured_before_any_is_confirmed(fast_timing, capsys):
     assert [r.op for r in results] == ["gemm", "layernorm"] and all(r.complete for r in results)
     assert all(p.confirmation is not None for r in results for p in r.points if p.timings)
     assert all(0 < r.duration_s < sum(x.duration_s for x in results) for r in results)  # each job's own time
+
+
+def test_a_ctrl_c_during_a_confirmation_saves_and_names_every_job_measured_so_far(fast_timing, tmp_path):
+    """The first passes of the jobs after the one stopped are in the file too, and the message says so."""
+
+    class StopAtConfirmation(Progress):
+        def done(self, line):
+            if " confirm " in line:
+                raise KeyboardInterrupt
+            super().done(line)
+
+    settings = RunSettings(preset="ci", device="cpu", timing=fast_timing, confirm="all")
+    jobs = [REGISTRY[op].benchmark_job("ci", n_values=[1, 2]) for op in ("gemm", "layernorm")]
+    out = tmp_path / "r.json"
+    with pytest.raises(Interrupted) as stop:
+        measure_jobs(jobs, settings, {}, str(out), StopAtConfirmation(0, enabled=False), lambda r: None)
+    saved = {r.op: r for r in load_results(out)}
+    assert set(saved) == {"gemm", "layernorm"} and not any(r.complete for r in saved.values())
+    assert str(stop.value) == (
+        f"saved {len(saved['gemm'].points)} point(s) of gemm, {len(saved['layernorm'].points)} of layernorm to {out}; "
+        "continue with --resume"
+    )

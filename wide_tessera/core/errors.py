@@ -19,7 +19,7 @@ point records as a Failure where it happens inside a measurement.
 from __future__ import annotations
 
 import difflib
-from typing import TYPE_CHECKING, Iterable, Optional
+from typing import TYPE_CHECKING, Iterable, Optional, Sequence
 
 if TYPE_CHECKING:
     from ..results.schema import BenchmarkResult
@@ -60,11 +60,16 @@ class MeasurementFault(Exception):
 
 
 class Interrupted(KeyboardInterrupt):
-    """Ctrl-C during a run: `result` holds what was measured, marked incomplete; `output` is the
-    file it was saved to (None: not saved)."""
+    """Ctrl-C during a run: `result` holds what was measured of the job it stopped, marked
+    incomplete; `output` is the file it was saved to (None: not saved), with `others`, the run's
+    other jobs' results so far (every first pass comes before any confirmation, so the jobs
+    after the one stopped may have points too)."""
 
-    def __init__(self, result: "BenchmarkResult", output: Optional[str] = None):
-        done = f"{len(result.points)} point(s) of {result.op}"
+    def __init__(
+        self, result: "BenchmarkResult", output: Optional[str] = None, others: Sequence["BenchmarkResult"] = ()
+    ):
+        counts = [f"{len(result.points)} point(s) of {result.op}", *(f"{len(r.points)} of {r.op}" for r in others)]
+        done = ", ".join(counts)
         saved = f"saved {done} to {output}; continue with --resume" if output else f"{done} measured, not saved"
         super().__init__(saved)
         self.result, self.output = result, output

@@ -105,7 +105,8 @@ def _run_jobs(
             on_result(done[result.op])
     except Interrupted as stop:
         save(stop.result)
-        raise Interrupted(stop.result, output) from None
+        others = [latest[job.op] for job in jobs if job.op in latest and job.op != stop.result.op]
+        raise Interrupted(stop.result, output, [r for r in others if r.points]) from None
     return [done[job.op] for job in jobs]
 
 
