@@ -15,7 +15,17 @@ from ..core.job import DTYPES, BenchmarkJob, SweepParams, Work
 from ..core.user_input import check_shape
 from .registry import REGISTRY, RESERVED_STRATEGY_NAMES, op_names, outside_strategies
 
-__all__ = ["WideOp", "WideChannelsOp", "shared_config", "load_joined_parameters", "fusing_ops", "wide_module", "TRITON"]
+__all__ = [
+    "WideOp",
+    "WideChannelsOp",
+    "shared_config",
+    "check_alike",
+    "layout_difference",
+    "load_joined_parameters",
+    "fusing_ops",
+    "wide_module",
+    "TRITON",
+]
 
 
 def _triton_unavailable(device: torch.device, dtype: torch.dtype, params: Dict[str, Any]) -> Optional[str]:
@@ -327,6 +337,15 @@ def _describe_tensor(x: torch.Tensor) -> str:
     return f"{tuple(x.shape)} {x.dtype} on {x.device}"
 
 
+def check_alike(modules: Sequence[nn.Module], where: str) -> None:
+    """That the modules are laid out alike (`layout_difference`), else an error that `where` begins:
+    their state is stacked, and one of another shape would be torch's "stack expects each tensor
+    to be equal size"."""
+    different = layout_difference(modules)
+    if different is not None:
+        raise WideTesseraError(f"{where}: {different}")
+
+
 def layout_difference(modules: Sequence[nn.Module]) -> Optional[str]:
     """Where the first module that is not laid out as module 0 differs (every parameter's and
     buffer's shape, dtype and device, by name), or None: N modules are stacked or run as one only
@@ -380,9 +399,7 @@ def shared_config(
         if not isinstance(m, kind):
             raise WideTesseraError(f"module {i} is a {type(m).__name__}; expected {kind.__name__}")
     config = _alike(modules, describe)
-    different = layout_difference(modules)
-    if different is not None:
-        raise WideTesseraError(f"from_modules: {different}")
+    check_alike(modules, "from_modules")
     return config
 
 

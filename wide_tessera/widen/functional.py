@@ -12,7 +12,7 @@ from torch.func import functional_call, stack_module_state, vmap
 from torch.utils._pytree import register_dataclass, tree_flatten, tree_map, tree_unflatten
 
 from ..core.errors import WideTesseraError, unknown
-from ..ops.base import WideOp, layout_difference, shared_config
+from ..ops.base import WideOp, shared_config
 
 __all__ = [
     "Packed",
@@ -23,7 +23,6 @@ __all__ = [
     "vmap_dims",
     "tensors_only",
     "with_others",
-    "check_alike",
     "is_shared",
 ]
 
@@ -131,14 +130,6 @@ def with_others(tensors: Sequence[torch.Tensor], kept: List[Any]) -> Any:
 
 
 _TENSOR = object()  # where tensors_only took a tensor out (an output may hold None itself)
-
-
-def check_alike(modules: Sequence[nn.Module], where: str) -> None:
-    """That the modules are laid out alike (ops.base.layout_difference): their state is stacked, and
-    one of another shape would be torch's "stack expects each tensor to be equal size"."""
-    different = layout_difference(modules)
-    if different is not None:
-        raise WideTesseraError(f"{where}: {different}")
 
 
 class WideFunctional(StackedIO, nn.Module):

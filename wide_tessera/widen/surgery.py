@@ -30,9 +30,9 @@ from torch.func import vmap
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from ..core.errors import one_line
-from ..ops.base import fusing_ops, op_fusing
+from ..ops.base import check_alike, fusing_ops, op_fusing
 from .exported import ExportedSurgery
-from .functional import StackedIO, WideFunctional, check_alike, tensors_only, unpacked, vmap_dims, with_others
+from .functional import StackedIO, WideFunctional, tensors_only, unpacked, vmap_dims, with_others
 from .layers import hold_stacked, wide_layer
 
 __all__ = ["WideSurgery"]
