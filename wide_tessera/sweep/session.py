@@ -90,24 +90,23 @@ def _run_jobs(
                     unsaved.append(str(e))
                     print(f"{e}: the points measured are still printed at the end of each op", file=sys.stderr)
 
-    runs, done = [], {}
+    runs = []
     for job in jobs:
         earlier = previous.get(job.op)
         if _holds_every_point(job, earlier):
-            latest[job.op] = done[job.op] = earlier  # it holds every point this run asks for
+            latest[job.op] = earlier  # it holds every point this run asks for
             continue
         mine = None if share is None else partial(share, job.op)
         runs.append(JobRun(job, settings, earlier, on_point=save, progress=progress, share=mine))
     try:
         for result in run_jobs(runs):
             save(result)
-            done[result.op] = latest[result.op]
-            on_result(done[result.op])
+            on_result(latest[result.op])
     except Interrupted as stop:
         save(stop.result)
         others = [latest[job.op] for job in jobs if job.op in latest and job.op != stop.result.op]
         raise Interrupted(stop.result, output, [r for r in others if r.points]) from None
-    return [done[job.op] for job in jobs]
+    return [latest[job.op] for job in jobs]  # every job completed: its final result
 
 
 def _holds_every_point(job: BenchmarkJob, earlier: Optional[BenchmarkResult]) -> bool:
