@@ -71,6 +71,7 @@ def test_a_complete_file_with_nothing_missing_is_left_as_it_is(gemm_file):
     r = bench(gemm_file, "gemm", "--n-values", "1", resume=True)
     assert r.exit_code == 0, r.output
     assert load_results(gemm_file) == [before]
+    assert r.output.count("== gemm (preset ci)") == 1  # its answer is still printed
 
 
 def test_an_op_and_its_alias_run_once(tmp_path):

@@ -95,6 +95,7 @@ def _run_jobs(
         earlier = previous.get(job.op)
         if _holds_every_point(job, earlier):
             latest[job.op] = earlier  # it holds every point this run asks for
+            on_result(earlier)
             continue
         mine = None if share is None else partial(share, job.op)
         runs.append(JobRun(job, settings, earlier, on_point=save, progress=progress, share=mine))
