@@ -48,7 +48,7 @@ from scipy import stats
 from ..core.job import group_key, params_text, point_key
 from ..core.roles import BASELINE
 from ..results.analysis import MIN_EFFECT, verdict
-from ..results.schema import BenchmarkResult, PointResult
+from ..results.schema import BenchmarkResult, GroupResult, PointResult
 from .answer import crossover_text, crossovers_agree, n_or_never
 from .markdown import table as md_table
 from .text import format_table
@@ -308,14 +308,18 @@ def compare(base: Sequence[BenchmarkResult], new: Sequence[BenchmarkResult]) -> 
         comparison.unmatched += [
             f"{b.op} N={q.n} {params_text(q.params)}: only in the new run" for q in new_points.values()
         ]
-        new_groups = {group_key(g.params): g for g in n.groups}
-        for g in b.groups:
-            h = new_groups.get(group_key(g.params))
-            if h is not None:
-                agree = crossovers_agree(b, g, n, h)
-                comparison.crossovers.append(CrossoverChange(b.op, g.params, g.crossover_n, h.crossover_n, agree))
+        comparison.crossovers += [
+            CrossoverChange(b.op, g.params, g.crossover_n, h.crossover_n, crossovers_agree(b, g, n, h))
+            for g, h in _group_pairs(b, n)
+        ]
         comparison.thresholds[b.op] = (b.recommended_threshold, n.recommended_threshold)
     return comparison
+
+
+def _group_pairs(base: BenchmarkResult, new: BenchmarkResult) -> List[Tuple[GroupResult, GroupResult]]:
+    """Each parameter group of `base` that `new` measured too, with `new`'s, in `base`'s order."""
+    new_groups = {group_key(g.params): g for g in new.groups}
+    return [(g, new_groups[group_key(g.params)]) for g in base.groups if group_key(g.params) in new_groups]
 
 
 def _change_cell(c: Change) -> str:
@@ -461,11 +465,9 @@ def against_previous(previous: Sequence[BenchmarkResult], new: Sequence[Benchmar
         b = by_op.get(n.op)
         if b is None or differences(b, n):
             continue
-        earlier = {group_key(g.params): g for g in b.groups}
-        for g in n.groups:
-            h = earlier.get(group_key(g.params))
-            matched += h is not None
-            if h is None or h.problems or g.problems:
+        for h, g in _group_pairs(b, n):
+            matched += 1
+            if h.problems or g.problems:
                 continue
             groups += 1
             if not crossovers_agree(b, h, n, g):
