@@ -62,7 +62,7 @@ def workloads() -> Dict[str, Tuple[Callable[[], object], Callable[[], object]]]:
     return cases
 
 
-Threads = Dict[str, Tuple[str, float]]  # by /proc path: (name, run time so far in s)
+Threads = Dict[str, float]  # by /proc path: run time so far in s
 
 
 class Round(NamedTuple):
@@ -73,7 +73,7 @@ class Round(NamedTuple):
 
 
 def other_threads_s() -> Threads:
-    """Every other process's threads: their run time so far (s) and names, by /proc path."""
+    """Every other process's threads' run time so far (s), by /proc path."""
     own = f"/proc/{os.getpid()}/"
     ran = {}
     for path in glob.glob("/proc/[0-9]*/task/[0-9]*/schedstat"):
@@ -81,22 +81,24 @@ def other_threads_s() -> Threads:
             continue
         try:
             with open(path) as f:
-                run_ns = int(f.read().split()[0])
-            with open(path.replace("schedstat", "comm")) as f:
-                ran[path] = (f.read().strip(), run_ns / 1e9)
+                ran[path] = int(f.read().split()[0]) / 1e9
         except (OSError, ValueError, IndexError):  # a thread that has just ended
             continue
     return ran
 
 
 def longest_other(before: Threads, after: Threads) -> Tuple[Optional[str], float]:
-    """The other thread that ran longest between the two readings, and how long (s)."""
-    best: Tuple[Optional[str], float] = (None, 0.0)
-    for path, (name, ran) in after.items():
-        delta = ran - before.get(path, (name, 0.0))[1]
-        if delta > best[1]:
-            best = (name, delta)
-    return best
+    """The name of the other thread that ran longest between the two readings, and how long (s):
+    the name is read for that thread alone, not for every thread every round."""
+    ran = {path: s - before.get(path, 0.0) for path, s in after.items()}
+    path = max(ran, key=ran.__getitem__, default=None)
+    if path is None or ran[path] <= 0:
+        return None, 0.0
+    try:
+        with open(path.replace("schedstat", "comm")) as f:
+            return f.read().strip(), ran[path]
+    except OSError:  # it ended since
+        return "(ended)", ran[path]
 
 
 def rounds_of(fns: Tuple[Callable[[], object], Callable[[], object]], count: int) -> List[Round]:
