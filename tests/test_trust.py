@@ -3,8 +3,6 @@ aliasing outputs, vmap falling back to a loop, and a confirmation pass that flip
 
 import dataclasses
 import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -23,6 +21,7 @@ from wide_tessera.sweep.runner import run
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "scripts"))
 from aa import LoopTwins  # noqa: E402  the A/A op has one home, the A/A script
+from repeatability import cpu_burners  # noqa: E402  and the busy processes theirs
 
 # Long enough samples (2 ms) for a verdict about equal costs to mean something on a CPU.
 TIMING = TimingConfig(warmup_s=0.02, budget_s=0.15, min_samples=10, min_sample_s=2e-3)
@@ -58,15 +57,8 @@ def test_a_a_equal_costs_never_win_and_twins_are_always_the_same(twins):
 @pytest.mark.slow
 def test_a_cpu_burner_is_seen_and_never_yields_a_confident_different_verdict():
     quiet = benchmark("gemm", preset="ci", device="cpu", verbose=False, timing=TIMING, confirm="none")
-    # Started through a shell that exits at once, so they are not this process's children
-    # (whose CPU time counts as the run's own, as torch.compile's workers do).
-    spawn = f'"{sys.executable}" -c "while True: pass" >/dev/null 2>&1 & echo $!'
-    burners = [int(subprocess.check_output(["sh", "-c", spawn])) for _ in range(2)]
-    try:
+    with cpu_burners(2):
         loaded = benchmark("gemm", preset="ci", device="cpu", verbose=False, timing=TIMING, confirm="none")
-    finally:
-        for pid in burners:
-            os.kill(pid, signal.SIGKILL)
     assert loaded.health.max_other_load_cores > 0.5  # the burners were measured, not guessed
     seen = [line for g in loaded.groups for line in (*g.notes, *g.problems)]
     assert any("busy machine" in line or "disturbed" in line for line in seen), seen  # a note, or a reason
@@ -277,7 +269,6 @@ class FakeNvml:
         return 71
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle):
-        import os
         from types import SimpleNamespace
 
         return [SimpleNamespace(pid=os.getpid())] + [SimpleNamespace(pid=1) for _ in range(self.others)]
