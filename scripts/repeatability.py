@@ -45,8 +45,11 @@ def cpu_burners(k: int) -> Iterator[None]:
     They are started through a shell that exits at once, so they are not this process's
     children: a child's CPU time counts as the run's own (as torch.compile's workers' does),
     and burners started as children kept the health monitor from seeing any load, every
-    point of `coverage.py --load 1` reading 0.00 to 0.07 other cores (2026-11-25)."""
-    spawn = f'"{sys.executable}" -c "while True: pass" >/dev/null 2>&1 & echo $!'
+    point of `coverage.py --load 1` reading 0.00 to 0.07 other cores (2026-11-25). Not being
+    children, they would outlive a kill -9 of the script and load every later measurement, so
+    each one checks every quarter second or so that the script is still there."""
+    burn = f"import os\nwhile True:\n    for _ in range(10**7): pass\n    os.kill({os.getpid()}, 0)"
+    spawn = f'"{sys.executable}" -c "{burn}" >/dev/null 2>&1 & echo $!'
     pids = [int(subprocess.check_output(["sh", "-c", spawn])) for _ in range(k)]
     try:
         yield
