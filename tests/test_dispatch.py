@@ -53,9 +53,9 @@ def assert_same_as_separate_calls(fused, modules, inputs):
 def test_fuses_where_the_table_says_fusing_won_and_loops_where_it_did_not():
     table = DispatchTable([entry()])
     fused = fuse(linears(8), table=table, batch=16)
-    assert isinstance(fused, WideLinear) and fused.strategy == "bmm" and fused.decision.fused
+    assert isinstance(fused.runs, WideLinear) and fused.strategy == "bmm" and fused.decision.fused
     looped = fuse(linears(2), table=table, batch=16)  # between N=1 (loop) and N=4: decided by N=1
-    assert isinstance(looped, LoopedModules) and not looped.decision.fused
+    assert isinstance(looped.runs, LoopedModules) and not looped.decision.fused
     assert "N=1" in looped.decision.match.reason
 
 
@@ -102,7 +102,7 @@ def test_no_entry_warns_once_with_the_command_to_tune_and_loops():
     table = DispatchTable([entry(params={"batch": 16, "in_features": 512, "out_features": 32})])  # 16x away
     with pytest.warns(DispatchWarning, match=r"wide_tessera tune gemm --device cpu --set in_features=32"):
         fused = fuse(linears(8), table=table, batch=16)
-    assert isinstance(fused, LoopedModules)
+    assert isinstance(fused.runs, LoopedModules)
     assert "more than 4x away" in str(fused.decision)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the same case again: no second warning
@@ -148,7 +148,7 @@ def test_fuse_works_for_every_registered_op(name):
                                  verdicts="fuse:2 fuse:4")])
     op = name if cls.FUSES is None else None  # moe_experts: Expert modules go to mlp unless told
     fused = fuse(modules, table=table, op=op, **hints)
-    assert fused.decision.fused and isinstance(fused, cls), fused.decision
+    assert fused.decision.fused and isinstance(fused.runs, cls), fused.decision
     inputs = cls.bench_inputs(3, **params)
     for m in modules:
         m.eval()
@@ -175,7 +175,7 @@ def test_any_module_fuses_the_way_benchmark_custom_measured_it():
                                  verdicts="loop:1 fuse:4")])  # fmt: skip
     modules = [TwoLayer() for _ in range(4)]
     fused = fuse(modules, table=table)
-    assert isinstance(fused, WideSurgery) and fused.decision.strategy == "surgery"
+    assert isinstance(fused.runs, WideSurgery) and fused.decision.strategy == "surgery"
     assert_same_as_separate_calls(fused, modules, [torch.randn(5, 16) for _ in range(4)])
     with pytest.raises(WideTesseraError, match="give no hints"):
         fuse(modules, table=table, batch=5)
@@ -230,7 +230,7 @@ def test_the_loop_keeps_the_interface_and_the_modules():
     modules = linears(3)
     with pytest.warns(DispatchWarning):
         looped = fuse(modules, table=DispatchTable([]), batch=4)
-    assert list(looped.models) == modules  # the user's own modules, not copies
+    assert list(looped.runs.models) == modules  # the user's own modules, not copies
     assert_same_as_separate_calls(looped, modules, [torch.randn(4, 32) for _ in range(3)])
     with pytest.raises(WideTesseraError, match="one per module"):
         looped.pack([torch.randn(4, 32)])
@@ -241,11 +241,11 @@ def test_fuse_with_an_op_class_decides_for_that_op_and_from_modules_points_auto_
                                  strategy="grouped", verdicts="loop:2 fuse:8")])
     convs = [nn.Conv1d(8, 8, 3, padding=1) for _ in range(8)]
     wide = fuse(convs, op=WideConv1d, table=table, batch=4, length=32)
-    assert isinstance(wide, WideConv1d) and wide.strategy == "grouped"
+    assert isinstance(wide.runs, WideConv1d) and wide.strategy == "grouped"
     assert "because: grouped won at measured N=8" in str(wide.decision)
     assert_same_as_separate_calls(wide, convs, [torch.randn(4, 8, 32) for _ in range(8)])
     two = fuse(convs[:2], op=WideConv1d, table=table, batch=4, length=32)
-    assert isinstance(two, LoopedModules)
+    assert isinstance(two.runs, LoopedModules)
     assert WideConv1d.from_modules(convs, strategy="vmap").strategy == "vmap"  # named strategies unchanged
     with pytest.raises(WideTesseraError, match=r"wide_tessera.fuse\(modules, op='conv1d'"):
         WideConv1d.from_modules(convs, strategy="auto")
@@ -398,7 +398,7 @@ def test_equally_near_entries_that_won_with_different_strategies_do_not_fuse():
 def test_a_winner_that_cannot_run_here_is_not_built():
     table = DispatchTable([entry(strategy="triton")])  # as if measured here with a GPU and triton
     looped = fuse(linears(16), table=table, batch=16)
-    assert isinstance(looped, LoopedModules)
+    assert isinstance(looped.runs, LoopedModules)
     assert "but triton needs a CUDA device" in looped.decision.match.reason
 
 
@@ -415,13 +415,13 @@ def test_fuse_never_breaks_the_model_and_only_refuses_what_cannot_run():
     table = DispatchTable([])
     with pytest.warns(DispatchWarning, match="float64 is not one wide_tessera measures"):
         doubles = fuse([nn.Linear(7, 3).double() for _ in range(4)], table=table)
-    assert isinstance(doubles, LoopedModules) and "float64" in str(doubles.decision)
+    assert isinstance(doubles.runs, LoopedModules) and "float64" in str(doubles.decision)
     mixed = [nn.Linear(4, 4) for _ in range(3)]
     mixed[1].eval()
     with pytest.warns(DispatchWarning, match="some of the modules are in train mode and some in eval mode"):
-        assert isinstance(fuse(mixed, table=table), LoopedModules)
+        assert isinstance(fuse(mixed, table=table).runs, LoopedModules)
     with pytest.warns(DispatchWarning, match="no measured entry"):  # a shape nothing measured
-        assert isinstance(fuse([nn.Linear(5, 9) for _ in range(2)], table=table, batch=3), LoopedModules)
+        assert isinstance(fuse([nn.Linear(5, 9) for _ in range(2)], table=table, batch=3).runs, LoopedModules)
     with pytest.raises(WideTesseraError, match="non-empty list"):
         fuse([], table=table)
     with pytest.raises(WideTesseraError, match="all must be of one class"):

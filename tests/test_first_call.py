@@ -89,7 +89,7 @@ def test_a_second_process_reuses_the_entry_without_measuring(tmp_path):
         "torch.manual_seed(0)\n"
         "mods = [torch.nn.Linear(64, 64) for _ in range(16)]\n"
         f"f = wt.fuse(mods, table={str(table)!r}, measure='first-call', batch=16)\n"
-        "print(type(f).__name__, f.decision.match.reason)\n"
+        "print(type(f.runs).__name__, f.decision.match.reason)\n"
     )
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert r.returncode == 0, r.stderr

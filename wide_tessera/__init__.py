@@ -16,7 +16,7 @@ _EXPORTS = {
     "benchmark_custom": ".api",
     "measure": ".api",
     "fuse": ".dispatch.fuse",
-    "LoopedModules": ".dispatch.build",
+    "Fused": ".dispatch.build",
     "DispatchWarning": ".dispatch.fuse",
     "DispatchTable": ".dispatch.table",
     "register": ".ops.registry",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 from dataclasses_json import dataclass_json
@@ -22,6 +22,10 @@ __all__ = [
     "parameters_differ",
     "fallback_note",
     "shares_memory",
+    "TrainedTolerance",
+    "SGD_TRAINED",
+    "ADAM_TRAINED",
+    "check_trained",
 ]
 
 # Norm-wise relative error allowed per dtype: a few units of rounding of the
@@ -205,3 +209,69 @@ def shares_memory(t: Any, others: Sequence[Any]) -> bool:
     return ptr != 0 and any(
         isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() == ptr for o in others
     )
+
+
+@dataclass(frozen=True)
+class TrainedTolerance:
+    """How far N models trained as one may end from N separate trainings: at most `share` of each
+    model's parameter elements farther than `atol + rtol * |value|` from its separate training's.
+
+    Adam's first step is about lr * sign(g): a gradient near zero (a bias before a norm, a
+    corner of a weight) flips it by summation order alone, so a correct fused Adam ends a few
+    elements away; a wrong learning rate, a joint clip or a lost update moves nearly all of them.
+    SGD is linear in its gradients: every element stays within a rounding of its reference.
+    """
+
+    rtol: float
+    atol: float
+    share: float
+
+    def describe(self) -> str:
+        allowed = f"; {self.share:.1%} of them may" if self.share else ""
+        return f"each element within {self.atol:g} + {self.rtol:g} x |value|{allowed}"
+
+
+# float32, after tens of steps (scripts and tests train 50): see TrainedTolerance
+SGD_TRAINED = TrainedTolerance(rtol=1e-4, atol=1e-6, share=0.0)
+ADAM_TRAINED = TrainedTolerance(rtol=1e-3, atol=1e-5, share=1e-3)
+
+
+def check_trained(
+    got: Sequence[Dict[str, torch.Tensor]], want: Sequence[Dict[str, torch.Tensor]], tol: TrainedTolerance
+) -> Check:
+    """The N models' parameters (or any named tensors) after training as one, against the N
+    separate trainings', model by model, by `tol`. `max_rel_error` is the worst model's
+    norm-wise relative error; the error names the model, its share of elements out of
+    tolerance and the tensor with most of them."""
+    if len(got) != len(want):
+        return Check(False, None, tol.rtol, f"{len(got)} trained models for {len(want)}")
+    rel_errors = []
+    for i, (g, w) in enumerate(zip(got, want)):
+        if sorted(g) != sorted(w):
+            return Check(False, None, tol.rtol, f"model {i} has {sorted(g)}, its separate training {sorted(w)}")
+        off, total, worst, diff_sq, scale_sq = 0, 0, ("", -1), 0.0, 0.0
+        for name, ref in w.items():
+            mine = g[name]
+            if mine.shape != ref.shape:
+                shapes = f"{tuple(mine.shape)}, not {tuple(ref.shape)}"
+                return Check(False, None, tol.rtol, f"model {i}'s {name} has shape {shapes}")
+            if not ref.is_floating_point():
+                off_here = int((mine != ref).sum())
+            else:
+                difference = (mine.double() - ref.double()).abs()
+                off_here = int((~(difference <= tol.atol + tol.rtol * ref.double().abs())).sum())  # NaN is off
+                diff_sq += float(difference.pow(2).sum())
+                scale_sq += float(ref.double().pow(2).sum())
+            off, total = off + off_here, total + ref.numel()
+            worst = max(worst, (name, off_here), key=lambda pair: pair[1])
+        rel_errors.append(math.sqrt(diff_sq / scale_sq) if scale_sq > 0 else math.sqrt(diff_sq))
+        if off > tol.share * total:
+            return Check(
+                False,
+                max(rel_errors),
+                tol.rtol,
+                f"model {i}: {off} of its {total} parameter elements ({off / total:.1%}) end away from its separate "
+                f"training ({tol.describe()}), most in {worst[0]} ({worst[1]})",
+                rel_errors,
+            )
+    return Check(True, max(rel_errors, default=0.0), tol.rtol, None, rel_errors)

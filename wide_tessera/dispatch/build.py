@@ -1,5 +1,5 @@
-"""What `fuse` gives back: the wide module a decision names, or the N modules as a loop, each
-carrying the decision that chose it.
+"""What `fuse` gives back: a Fused, running the wide module a decision names or the N modules
+as a loop, and carrying the decision that chose it.
 
 `build(decision, modules, make)` is the second half of dispatch: `dispatch.table.decide` says
 what to run (pure: a table and a case in, an answer out), this builds it. `Trials` says how an
@@ -9,6 +9,7 @@ transformers integration read the same one.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Type
@@ -19,11 +20,12 @@ from ..core import trees
 from ..core.capabilities import Needs
 from ..core.errors import WideTesseraError
 from ..core.job import params_text
+from ..core.layout import Layout, Slot, model_state_dicts, prefixed, slots_of
 from ..ops.base import WideOp, wide_module
 from ..widen.custom import CUSTOM_STRATEGIES, custom_wide
 from .table import Case, Match
 
-__all__ = ["ModuleGroup", "LoopedModules", "DispatchDecision", "Trials", "op_trials", "custom_trials", "build"]
+__all__ = ["Fused", "LoopedModules", "DispatchDecision", "Trials", "op_trials", "custom_trials", "build"]
 
 # A strategy's wide module of N modules: build(modules, strategy).
 Make = Callable[[List[nn.Module], str], nn.Module]
@@ -86,28 +88,27 @@ class DispatchDecision:
         return "\n".join(lines)
 
 
-class ModuleGroup(nn.Module):
-    """N modules behind the wide modules' interface: `pack` keeps the N inputs as they are (no
-    copy), `unpack` gives the N outputs. The packed value is opaque: pass what `pack` gives to the
-    module, and its output to `unpack`. `decision` says what runs, and why."""
+def one_each(inputs: Sequence[Any], n: int) -> Tuple[Any, ...]:
+    """The N inputs of a loop, as its packed value: one per module."""
+    if not isinstance(inputs, (list, tuple)) or len(inputs) != n:
+        raise WideTesseraError(f"pack needs a list of {n} inputs, one per module")
+    return tuple(inputs)
 
-    decision: DispatchDecision
+
+class LoopedModules(nn.Module):
+    """The N modules called one by one: `pack` keeps the N inputs as they are (no copy), `unpack`
+    gives the N outputs. The packed value is opaque: pass what `pack` gives to the module, and its
+    output to `unpack`."""
 
     def __init__(self, modules: Sequence[nn.Module]):
         super().__init__()
         self.models = nn.ModuleList(modules)
 
     def pack(self, inputs: Sequence[Any]) -> Tuple[Any, ...]:
-        if not isinstance(inputs, (list, tuple)) or len(inputs) != len(self.models):
-            raise WideTesseraError(f"pack needs a list of {len(self.models)} inputs, one per module")
-        return tuple(inputs)
+        return one_each(inputs, len(self.models))
 
     def unpack(self, output: Tuple[Any, ...]) -> List[Any]:
         return list(output)
-
-
-class LoopedModules(ModuleGroup):
-    """The N modules called one by one: what `fuse` gives where measurements do not say fuse."""
 
     def forward(self, inputs: Tuple[Any, ...]) -> Tuple[Any, ...]:
         if not isinstance(inputs, tuple) or len(inputs) != len(self.models):  # a tensor would pair rows with modules
@@ -116,19 +117,105 @@ class LoopedModules(ModuleGroup):
             )
         return tuple(trees.call_each(self.models, inputs))
 
+    def model_slots(self) -> Dict[str, Slot]:
+        """Each module's own tensors, all of them that model's."""
+        return {
+            f"models.{i}.{k}": Slot(k, Layout.own(i)) for i, m in enumerate(self.models) for k in m.state_dict()
+        }
 
-def build(decision: DispatchDecision, modules: Sequence[nn.Module], make: Make) -> Tuple[nn.Module, DispatchDecision]:
-    """The decision's wide module of `modules` (made by `make`), or the loop, and the decision
-    that holds, also set as the module's `decision` attribute. A wide module that cannot be built
-    here falls back to the loop, the reason added: a dispatcher in a model's forward path never
-    breaks it."""
+
+class Fused(nn.Module):
+    """What `fuse` returns: N modules of one kind as one module.
+
+    `runs` is what its forward runs: a strategy's wide module, or the N modules as a loop
+    (LoopedModules). It owns the parameters that run: `parameters()`, `state_dict()`, `.to()`,
+    `.train()` and `requires_grad_()` act on `runs`, so an optimizer over `fused.parameters()`
+    trains what runs, whichever strategy won. A wide module holds a copy of the modules' weights:
+    `state_dicts()` and `unfuse()` give the N models back, current weights and buffers included.
+    `pack(inputs)`, `forward(packed)` and `unpack(output)` are the runner's; `decision` says what
+    decided (print it).
+    """
+
+    def __init__(self, modules: Sequence[nn.Module], runs: nn.Module, decision: DispatchDecision):
+        super().__init__()
+        self.runs, self.decision, self.n = runs, decision, len(modules)
+        # the modules given, kept as templates of unfuse() (a tuple: not submodules; the loop's own are in runs)
+        self._given: Tuple[nn.Module, ...] = tuple(modules)
+
+    @property
+    def strategy(self) -> Optional[str]:
+        """The wide strategy that runs (None: the loop)."""
+        return self.decision.strategy
+
+    def pack(self, inputs: Sequence[Any]) -> Any:
+        runs: Any = self.runs  # a wide module or the loop: pack, call, unpack (nn.Module's typing cannot say so)
+        return runs.pack(inputs)
+
+    def forward(self, packed: Any) -> Any:
+        return self.runs(packed)
+
+    def unpack(self, output: Any) -> List[Any]:
+        runs: Any = self.runs
+        unpacked: List[Any] = runs.unpack(output)
+        return unpacked
+
+    def model_slots(self) -> Dict[str, Slot]:
+        return prefixed(slots_of(self.runs), "runs", "")
+
+    def parameter_names(self) -> List[str]:
+        """One model's parameter names, in the order its `parameters()` gives them (and a torch
+        optimizer over them indexes its state)."""
+        return [name for name, _ in self._given[0].named_parameters()]
+
+    def state_dicts(self) -> List[Dict[str, Any]]:
+        """The N models' state_dicts, as `load_state_dict` of the modules' class takes them: their
+        current parameters and persistent buffers (BatchNorm's running statistics), each a copy."""
+        return model_state_dicts(self.runs, self.n, self._given)
+
+    def unfuse(self, into: Optional[Sequence[nn.Module]] = None) -> List[nn.Module]:
+        """The N models, each a module of the class given to fuse() holding its current weights, on
+        the device they are on now, in this module's train or eval mode; `into`: load them into
+        these N modules instead (the ones given to fuse(), say), and return them."""
+        if into is None:
+            targets = [copy.deepcopy(m) for m in self._given]
+        else:
+            targets = list(into) if isinstance(into, (list, tuple, nn.ModuleList)) else []
+            if len(targets) != self.n or any(type(t) is not type(self._given[0]) for t in targets):
+                raise WideTesseraError(
+                    f"unfuse(into=...): give {self.n} {type(self._given[0]).__name__} modules, one per model"
+                )
+        tensors = list(self.runs.state_dict(keep_vars=True).values())
+        held = next((t for t in tensors if t.is_floating_point()), None)
+        for target, state in zip(targets, self.state_dicts()):
+            if into is None and held is not None:
+                target.to(device=held.device, dtype=held.dtype)
+            target.load_state_dict(state)
+            target.train(self.training)
+        self._frozen_as_runs(targets)
+        return targets
+
+    def _frozen_as_runs(self, models: List[nn.Module]) -> None:
+        """Each model's parameter frozen (requires_grad False) where the tensor that holds it is."""
+        params = dict(self.runs.named_parameters())
+        for name, slot in slots_of(self.runs).items():
+            if name in params:
+                for i, model in enumerate(models):
+                    if slot.layout.model in (None, i):
+                        model.get_parameter(slot.name).requires_grad_(params[name].requires_grad)
+
+
+def build(decision: DispatchDecision, modules: Sequence[nn.Module], make: Make, forced: bool = False) -> Fused:
+    """The decision's wide module of `modules` (made by `make`), or the loop, as a Fused whose
+    `decision` is the one that holds. A wide module that cannot be built here falls back to the
+    loop, the reason added (a dispatcher in a model's forward path never breaks it), unless the
+    strategy was `forced`: then the error is the caller's."""
     match = decision.match
-    built: nn.Module = LoopedModules(modules)
+    runs: nn.Module = LoopedModules(modules)
     if match.fuse and match.strategy is not None:
         try:
-            built = make(list(modules), match.strategy)
+            runs = make(list(modules), match.strategy)
         except Exception as e:  # noqa: BLE001  fall back, and say why
+            if forced:
+                raise
             match = replace(match, fuse=False, strategy=None, reason=f"{match.reason}; but building it failed: {e}")
-    held = replace(decision, match=match)
-    built.decision = held  # type: ignore[assignment]  # a plain attribute: nn.Module's typing knows only tensors
-    return built, held
+    return Fused(modules, runs, replace(decision, match=match))

@@ -26,11 +26,13 @@ from ..core.files import results_lock
 from ..core.job import DTYPES
 from ..core.roles import BASELINE
 from ..core.stats import paired_ratio
+from ..measurement.modes import preserved
 from ..measurement.settings import RunSettings
 from ..measurement.timing import TimingConfig, measure_paired
 from ..results.decisions import Call, decide, level_of, stop_rule
 from ..results.manifest import now
-from .build import DispatchDecision, ModuleGroup, Trials
+from .build import DispatchDecision, Fused, LoopedModules, Trials, one_each
+from .handover import replaced
 from .table import FIRST_CALL, Case, DispatchEntry, DispatchTable, Match, NVerdict, measured_entry
 
 __all__ = ["FirstCall"]
@@ -39,10 +41,12 @@ __all__ = ["FirstCall"]
 _UNDECIDED = "no measured entry: the first call measures the loop against the strategies and decides"
 
 
-class FirstCall(ModuleGroup):
+class FirstCall(Fused):
     """N modules whose first call measures and decides; the packed value is the N inputs:
-    whichever side won packs them itself on every call.
-    `decision` says what decided, after the first call too."""
+    whichever side won packs them itself on every call. `decision` says what decided, after the
+    first call too. Until then `runs` is the loop; a first call that chooses a wide module makes
+    it `runs`, built from the modules' weights as they are then, and hands torch optimizers made
+    over the loop's parameters to it at their next step (dispatch.handover)."""
 
     def __init__(
         self,
@@ -57,18 +61,27 @@ class FirstCall(ModuleGroup):
         it needs: an op's own, or a custom class's vmap and surgery. The entry measured is written
         to `table_path` (None: kept in this process); `source` names the table the decision
         cites."""
-        super().__init__(modules)
+        undecided = DispatchDecision(case, Match(False, None, (), None, None, _UNDECIDED), source)
+        super().__init__(modules, LoopedModules(modules), undecided)
         self._trials, self._case, self._table, self._bound = trials, case, table_path, time_bound_s
-        self.decision = DispatchDecision(case, Match(False, None, (), None, None, _UNDECIDED), source)
-        self._chosen: Optional[Callable[[List[Any]], List[Any]]] = None
+        self._decided = False
+
+    def pack(self, inputs: Sequence[Any]) -> Tuple[Any, ...]:
+        return one_each(inputs, self.n)
+
+    def unpack(self, output: Tuple[Any, ...]) -> List[Any]:
+        return list(output)
 
     def forward(self, inputs: Tuple[Any, ...]) -> Tuple[Any, ...]:
-        if self._chosen is None:
-            self._chosen = self._decide(list(inputs))
-        return tuple(self._chosen(list(inputs)))
+        if not self._decided:
+            self._decide(list(inputs))
+        wide: Any = self.runs  # a wide module: pack, call, unpack (nn.Module's typing cannot say so)
+        if self.strategy is None:
+            return tuple(wide(inputs))
+        return tuple(wide.unpack(wide(wide.pack(list(inputs)))))
 
     def _loop(self, inputs: List[Any]) -> List[Any]:
-        return trees.call_each(self.models, inputs)
+        return trees.call_each(self._given, inputs)
 
     def _correct(self, inputs: List[Any]) -> Dict[str, Any]:
         """Each strategy that can run here, built, whose outputs match the separate calls' (a wrong
@@ -81,7 +94,7 @@ class FirstCall(ModuleGroup):
             if unmet_need(self._trials.needs.get(strategy), device, DTYPES[case.dtype], case.params):
                 continue
             try:
-                wide: Any = self._trials.make(list(self.models), strategy)
+                wide: Any = self._trials.make(list(self._given), strategy)
                 out = wide.unpack(wide(wide.pack([trees.clone(x) for x in inputs])))
             except Exception:  # noqa: BLE001  a strategy that cannot run here is not chosen
                 continue
@@ -89,17 +102,22 @@ class FirstCall(ModuleGroup):
                 correct[strategy] = wide
         return correct
 
-    def _decide(self, inputs: List[Any]) -> Callable[[List[Any]], List[Any]]:
-        """Measure, keep the answer as `decision`, write the entry; what every later call runs."""
+    def _decide(self, inputs: List[Any]) -> None:
+        """Measure, keep the answer as `decision`, write the entry, and run the winner from now on.
+
+        The measurement leaves no trace on the modules or the random state: buffers a call
+        updates (BatchNorm's running statistics) are restored, and random draws (dropout) are
+        made on a forked generator, so this call's own run is the one the separate calls make."""
         device = str(inputs_device(inputs))
-        with torch.no_grad():
+        with torch.no_grad(), torch.random.fork_rng(_cuda_devices(device)), preserved(self._given):
             candidates = self._correct(inputs)
-            timed: Dict[str, Callable[[], object]] = {BASELINE: lambda: self._loop(inputs)}
-            for strategy, wide in candidates.items():
-                timed[strategy] = partial(wide, wide.pack(inputs))
-            settings = RunSettings(device=device, timing=TimingConfig(budget_s=self._bound / len(timed)))
-            stop = stop_rule(list(candidates), [], settings)
-            stats = measure_paired(timed, device, settings.timing, stop=stop).stats
+            with preserved(list(candidates.values())):
+                timed: Dict[str, Callable[[], object]] = {BASELINE: lambda: self._loop(inputs)}
+                for strategy, wide in candidates.items():
+                    timed[strategy] = partial(wide, wide.pack(inputs))
+                settings = RunSettings(device=device, timing=TimingConfig(budget_s=self._bound / len(timed)))
+                stop = stop_rule(list(candidates), [], settings)
+                stats = measure_paired(timed, device, settings.timing, stop=stop).stats
         samples = {name: st.samples_ms for name, st in stats.items()}
         call = decide(samples, list(candidates), level_of(settings))
         entry = self._entry(call, samples)
@@ -109,15 +127,16 @@ class FirstCall(ModuleGroup):
             if verdict.speedup is not None
             else f"measured on its first call: no strategy ran correctly here, {call.kind}"
         )
-        fused = call.kind == "fuse"
+        fused = call.kind == "fuse" and call.strategy is not None
         match = Match(fused, verdict.strategy if fused else None, (entry,), 0.0, self._case.n, reason)
         self.decision = replace(self.decision, match=match)
+        self._decided = True
         if self._table is not None:
             _merge(self._table, entry)
         if fused and call.strategy is not None:
-            wide = candidates[call.strategy]
-            return lambda xs: wide.unpack(wide(wide.pack(xs)))
-        return self._loop
+            loop, wide = self.runs, candidates[call.strategy]
+            self.runs = wide.train(loop.training)
+            replaced(loop, wide, self.n)
 
     def _entry(self, call: Call, samples: Dict[str, List[float]]) -> DispatchEntry:
         """The table entry of this one measured N; a Call's kinds (fuse, marginal, loop, open) are
@@ -127,6 +146,11 @@ class FirstCall(ModuleGroup):
         verdicts = [NVerdict(self._case.n, call.kind, best, speedup)]
         versions: Dict[str, Optional[str]] = {"torch": torch.__version__}
         return measured_entry(self._case, verdicts, now(), versions, torch.get_num_threads(), FIRST_CALL)
+
+
+def _cuda_devices(device: str) -> List[int]:
+    """The CUDA devices whose generators fork_rng forks: the one the call runs on (none on a CPU)."""
+    return [torch.device(device).index or 0] if torch.device(device).type == "cuda" else []
 
 
 def inputs_device(inputs: List[Any]) -> torch.device:

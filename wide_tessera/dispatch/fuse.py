@@ -16,6 +16,7 @@ from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, Type, Union
 import torch
 from torch import nn
 
+from ..core.capabilities import unmet_need
 from ..core.environment import capture_environment
 from ..core.errors import WideTesseraError, unknown
 from ..core.files import make_folder
@@ -27,7 +28,7 @@ from ..ops.base import WideOp, fusing_ops, layout_difference, op_fusing
 from ..ops.registry import REGISTRY, get_op
 from ..widen.custom import model_identity
 from ..widen.functional import RANDOMNESS
-from .build import DispatchDecision, build, custom_trials, op_trials
+from .build import DispatchDecision, Fused, Trials, build, custom_trials, op_trials
 from .first_call import FirstCall
 from .table import TABLE_ENV, Case, DispatchTable, Match, decide, default_table_path
 
@@ -57,14 +58,19 @@ def fuse(
     measure: str = "table",
     time_bound_s: float = 0.5,
     dtype: Optional[str] = None,
+    strategy: Optional[str] = None,
     **hints: Any,
-) -> nn.Module:
-    """N modules of one kind as one module: the wide module of the strategy that won on this
-    machine at this N, where the dispatch table says fusing wins; else `LoopedModules`.
+) -> Fused:
+    """N modules of one kind as one module, a `Fused`: it runs the wide module of the strategy
+    that won on this machine at this N, where the dispatch table says fusing wins; else the
+    modules as a loop.
 
     Either way the result has `pack(inputs)`, `forward(packed)` and `unpack(output)`, and
-    `decision` says what decided (print it). The wide module holds a copy of the modules'
-    parameters, stacked, as `from_modules` makes it.
+    `decision` says what decided (print it). It owns what it runs: train it through its
+    `parameters()` (or wide_tessera.optim, with settings per model), and read the N models back
+    with `state_dicts()` or `unfuse()`. A wide module holds a copy of the modules' parameters, as
+    `from_modules` makes it: the modules given are left as they were (the loop runs them).
+    `strategy`: run this one (one of the op's strategies, or 'loop'), whatever the table says.
 
     table: a path or a DispatchTable; default $WIDE_TESSERA_DISPATCH, else the per-user cache
     file `wide_tessera tune` writes. op: the registered op (name or class) when the module
@@ -85,6 +91,8 @@ def fuse(
     cls = _op_class(modules[0], op)
     trials = op_trials(cls) if cls is not None else custom_trials(randomness)
     case = _case(modules, cls, mode, compile, cuda_graph, dtype, hints)
+    if strategy is not None:
+        return _forced(modules, trials, case, strategy)
     loaded, source = _load_table(table, measure)
     unmeasurable = _unmeasurable(modules, case.dtype)
     if unmeasurable is not None:  # nothing measured can say: the loop, with one warning
@@ -96,10 +104,28 @@ def fuse(
             return FirstCall(modules, trials, case, _table_file(table), time_bound_s, source)
         if not answer.entries:
             _warn_untuned(case, source)
-    built, held = build(DispatchDecision(case, answer, source), modules, trials.make)
-    if answer.fuse and not held.fused:
-        _warn_once(case, f"{held.match.reason}: running the modules as a loop")
+    built = build(DispatchDecision(case, answer, source), modules, trials.make)
+    if answer.fuse and not built.decision.fused:
+        _warn_once(case, f"{built.decision.match.reason}: running the modules as a loop")
     return built
+
+
+# fuse(strategy=LOOP): the modules as a loop, whatever the table says
+LOOP = "loop"
+
+
+def _forced(modules: List[nn.Module], trials: Trials, case: Case, strategy: str) -> Fused:
+    """The strategy the caller names, built (an error if it cannot be: nothing falls back)."""
+    valid = [*trials.strategies, LOOP]
+    if strategy not in valid:
+        raise unknown(f"strategy for {case.op}", strategy, valid)
+    if strategy != LOOP:
+        why = unmet_need(trials.needs.get(strategy), _device(modules[0]), getattr(torch, case.dtype), case.params)
+        if why is not None:
+            raise WideTesseraError(f"fuse: strategy {strategy!r} cannot run here: {why}")
+    fused = strategy != LOOP
+    match = Match(fused, strategy if fused else None, (), None, None, f"forced: strategy={strategy!r}")
+    return build(DispatchDecision(case, match, None), modules, trials.make, forced=True)
 
 
 def _check_options(

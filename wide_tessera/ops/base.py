@@ -12,6 +12,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from ..core.capabilities import Needs
 from ..core.errors import ContractError, WideTesseraError, unknown
 from ..core.job import DTYPES, BenchmarkJob, SweepParams, Work
+from ..core.layout import JOINED, STACKED, Layout, Slot, own_slots, prefixed, slots_of
 from ..core.user_input import check_shape
 from .registry import REGISTRY, RESERVED_STRATEGY_NAMES, op_names, outside_strategies
 
@@ -21,7 +22,6 @@ __all__ = [
     "shared_config",
     "check_alike",
     "layout_difference",
-    "load_joined_parameters",
     "fusing_ops",
     "wide_module",
     "TRITON",
@@ -52,7 +52,14 @@ class WideOp:
     from_modules(modules, strategy) -> the wide module
     pack(inputs) -> the wide input; unpack(output) -> n outputs (default: stacked on axis 0)
 
-    and may set FUSES, the nn.Module class its from_modules fuses (nn.Linear for gemm): the
+    Its own parameters and buffers are named as in one model and hold the N models' as LAYOUT
+    says (core.layout; default stacked on a new leading axis; LAYOUTS names the exceptions), and
+    its children that are wide modules are named as the model's submodules they fuse: from that,
+    `model_slots()` says where each model's part of every tensor is, and from_modules fills them
+    (core.layout.load_joined), and fuse()'s state_dicts() and unfuse() read them back. An op
+    that holds its tensors otherwise overrides model_slots.
+
+    It may set FUSES, the nn.Module class its from_modules fuses (nn.Linear for gemm): the
     `surgery` strategy of whole models swaps such layers for the op's wide module. It may
     implement check_params(**params), which rejects axis values that cannot work
     together (attention's d_model must divide by heads), and set STRATEGY_NEEDS (strategy ->
@@ -66,6 +73,8 @@ class WideOp:
     BENCHMARK_STRATEGIES: ClassVar[Tuple[str, ...]]
     STRATEGY_NEEDS: ClassVar[Dict[str, Needs]] = {}
     FUSES: ClassVar[Optional[type]] = None
+    LAYOUT: ClassVar[Layout] = STACKED
+    LAYOUTS: ClassVar[Dict[str, Layout]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """Make the subclass's own from_modules keep the models' frozen parameters frozen (_frozen_as_in)."""
@@ -178,9 +187,15 @@ class WideOp:
     def from_modules(cls, modules: Sequence[nn.Module], strategy: Optional[str] = None) -> nn.Module:
         raise NotImplementedError
 
+    def model_slots(self) -> Dict[str, Slot]:
+        """Each tensor of the wide module's state_dict: its name in one model, and where the N
+        models' parts lie (LAYOUT, LAYOUTS; the children's own)."""
+        assert isinstance(self, nn.Module)
+        return own_slots(self, self.LAYOUT, self.LAYOUTS)
+
     def pack(self, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
         """The default wide layout: the N inputs stacked on a new leading axis."""
-        return torch.stack(self.check_inputs(inputs))
+        return STACKED.join(self.check_inputs(inputs))
 
     def input_shape(self) -> Optional[List[Union[int, str]]]:
         """Each model's input shape, as core.user_input.check_shape reads it; None where any goes."""
@@ -216,7 +231,8 @@ class WideOp:
         """The N outputs: every tensor of the output (a tensor, or a tuple such as a GRU's output
         and hidden state) split on its leading axis."""
         leaves, spec = tree_flatten(output)
-        return [tree_unflatten(list(models), spec) for models in zip(*(t.unbind(0) for t in leaves))]
+        n = getattr(self, "n", None) or (leaves[0].shape[0] if leaves else 0)
+        return [tree_unflatten(list(models), spec) for models in zip(*(STACKED.parts(t, n) for t in leaves))]
 
 
 class WideChannelsOp(WideOp):
@@ -230,6 +246,7 @@ class WideChannelsOp(WideOp):
     n: int
     in_channels: int
     out_channels: int
+    LAYOUT = JOINED
 
     def memory_format(self) -> torch.memory_format:
         """The layout `pack` gives its output."""
@@ -239,10 +256,14 @@ class WideChannelsOp(WideOp):
         return ["batch", self.in_channels, "..."]
 
     def pack(self, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
-        return torch.cat(self.check_inputs(inputs), dim=1).contiguous(memory_format=self.memory_format())
+        return _CHANNELS.join(self.check_inputs(inputs)).contiguous(memory_format=self.memory_format())
 
     def unpack(self, output: torch.Tensor) -> List[torch.Tensor]:
-        return list(output.unflatten(1, (self.n, self.out_channels)).unbind(1))
+        return [part for part in _CHANNELS.parts(output, self.n) if part is not None]
+
+
+# The channels op's input and output: the N models' channels side by side, [B, N*C, ...].
+_CHANNELS = Layout(dim=1, joined=True)
 
 
 _FACTORIES = ("bench_model", "bench_inputs", "from_modules")
@@ -261,6 +282,9 @@ class OutsideWide(nn.Module):
 
     def unpack(self, output: Any) -> List[Any]:
         return self.wide.unpack(output)
+
+    def model_slots(self) -> Dict[str, Slot]:
+        return prefixed(slots_of(self.wide), "wide", "")
 
     def forward(self, *inputs: Any) -> Any:
         return self.run(*inputs)
@@ -401,16 +425,3 @@ def shared_config(
     config = _alike(modules, describe)
     check_alike(modules, "from_modules")
     return config
-
-
-def load_joined_parameters(
-    wide: nn.Module, modules: Sequence[nn.Module], join: Callable[[List[torch.Tensor]], torch.Tensor]
-) -> nn.Module:
-    """Move `wide` to the modules' device and dtype; fill its weight and bias by joining theirs."""
-    ref = modules[0].weight
-    wide.to(device=ref.device, dtype=ref.dtype)
-    with torch.no_grad():
-        wide.weight.copy_(join([m.weight for m in modules]))
-        if wide.bias is not None:
-            wide.bias.copy_(join([m.bias for m in modules]))
-    return wide

@@ -11,7 +11,8 @@ from torch import nn
 
 from ..core.errors import WideTesseraError
 from ..core.job import SweepParams
-from .base import WideChannelsOp, load_joined_parameters, shared_config
+from ..core.layout import load_joined
+from .base import WideChannelsOp, shared_config
 from .registry import register
 
 __all__ = ["WideConv1d", "WideConv2d", "WideConv3d", "WideConvTranspose2d"]
@@ -73,7 +74,7 @@ class _WideConvNd(WideChannelsOp, nn.Module):
         config = shared_config(modules, cls.FUSES, _describe_conv)
         if config.pop("groups") != 1 or config.pop("padding_mode") != "zeros":
             raise WideTesseraError(f"{cls.__name__} fuses only groups=1, padding_mode='zeros' convolutions")
-        return load_joined_parameters(cls(len(modules), strategy=strategy, **config), modules, torch.cat)
+        return load_joined(cls(len(modules), strategy=strategy, **config), modules)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.strategy == "vmap":

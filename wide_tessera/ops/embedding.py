@@ -10,7 +10,8 @@ from torch import nn
 
 from ..core.errors import WideTesseraError
 from ..core.job import SweepParams, Work
-from .base import WideOp, itemsize, load_joined_parameters, shared_config
+from ..core.layout import load_joined
+from .base import WideOp, itemsize, shared_config
 from .registry import register
 
 __all__ = ["WideEmbedding"]
@@ -47,7 +48,6 @@ class WideEmbedding(WideOp, nn.Module):
         self.n, self.vocab, self.dim = n, vocab, dim
         self.strategy = self.check_strategy(strategy)
         self.weight = nn.Parameter(torch.empty(n, vocab, dim))
-        self.bias = None  # for load_joined_parameters: tables have none
 
     @classmethod
     def from_modules(cls, modules: Sequence[nn.Module], strategy: Optional[str] = None) -> "WideEmbedding":
@@ -60,7 +60,7 @@ class WideEmbedding(WideOp, nn.Module):
             raise WideTesseraError(
                 "WideEmbedding fuses embeddings without max_norm (it renormalizes in place) or sparse gradients"
             )
-        return load_joined_parameters(cls(len(modules), strategy=strategy, **config), modules, torch.stack)
+        return load_joined(cls(len(modules), strategy=strategy, **config), modules)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if ids.dtype.is_floating_point:

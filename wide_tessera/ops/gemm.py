@@ -8,7 +8,8 @@ import torch
 from torch import nn
 
 from ..core.job import SweepParams, Work
-from .base import TRITON, WideOp, itemsize, load_joined_parameters, shared_config
+from ..core.layout import load_joined
+from .base import TRITON, WideOp, itemsize, shared_config
 from .registry import register
 
 __all__ = ["WideLinear"]
@@ -53,7 +54,7 @@ class WideLinear(WideOp, nn.Module):
             nn.Linear,
             lambda m: dict(in_features=m.in_features, out_features=m.out_features, bias=m.bias is not None),
         )
-        return load_joined_parameters(cls(len(modules), strategy=strategy, **config), modules, torch.stack)
+        return load_joined(cls(len(modules), strategy=strategy, **config), modules)
 
     def input_shape(self) -> Optional[List[Union[int, str]]]:
         return ["...", self.in_features]

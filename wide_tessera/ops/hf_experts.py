@@ -20,6 +20,7 @@ import ast
 import importlib
 import importlib.util
 import inspect
+import operator
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -31,6 +32,7 @@ from ..core.advice import Advice, register_advice
 from ..core.capabilities import Needs
 from ..core.errors import MissingDependency, WideTesseraError, one_line, unknown
 from ..core.job import SweepParams, Work
+from ..core.layout import JOINED, Slot, load_joined, prefixed
 from .base import TRITON, WideOp, itemsize, shared_config
 from .experts import padded_rows
 from .registry import register
@@ -159,12 +161,6 @@ def experts_sizes(experts: nn.Module) -> Tuple[int, int, int]:
     return (n, cols, rows) if experts.is_transposed else (n, rows, cols)
 
 
-def _per_expert(experts: nn.Module) -> List[str]:
-    """The names of `experts`' parameters that hold one slice per expert (its 3-D weights, 2-D biases)."""
-    n = experts_sizes(experts)[0]
-    return [name for name, p in experts.named_parameters(recurse=False) if p.shape[0] == n]
-
-
 class HFExpert(nn.Module):
     """One expert of a family: its experts class with one expert, run by transformers' eager
     implementation. forward(x [t, hidden], weights [t]) -> its weighted output [t, hidden]."""
@@ -185,13 +181,12 @@ def split_experts(experts: nn.Module, model_type: str) -> List[HFExpert]:
     """The N experts of a family's experts module, each an HFExpert with a copy of its slices."""
     n, hidden, intermediate = experts_sizes(experts)
     ones = [HFExpert(model_type, hidden, intermediate) for _ in range(n)]
-    shared, per_expert = dict(experts.named_parameters()), set(_per_expert(experts))
     ref = experts.down_proj
     with torch.no_grad():
-        for i, one in enumerate(ones):
-            one.to(device=ref.device, dtype=ref.dtype)
-            for name, p in one.experts.named_parameters():
-                p.copy_(shared[name][i : i + 1] if name in per_expert else shared[name])
+        for name, wide in experts.state_dict().items():
+            for one, part in zip(ones, JOINED.parts(wide, n)):
+                one.to(device=ref.device, dtype=ref.dtype)
+                operator.attrgetter(name)(one.experts).copy_(part)
     return ones
 
 
@@ -390,15 +385,12 @@ class WideHFExperts(WideOp, nn.Module):
         config = shared_config(
             modules, HFExpert, lambda m: dict(model_type=m.model_type, hidden=m.hidden, intermediate=m.intermediate)
         )
-        first = modules[0].experts
         experts = build_experts(config["model_type"], len(modules), config["hidden"], config["intermediate"])
-        experts.to(device=next(first.parameters()).device, dtype=next(first.parameters()).dtype)
-        per_expert = set(_per_expert(experts))
-        with torch.no_grad():
-            for name, p in experts.named_parameters():
-                own = [dict(m.experts.named_parameters())[name] for m in modules]
-                p.copy_(torch.cat(own) if name in per_expert else own[0])
-        return cls(experts, config["model_type"], strategy)
+        return load_joined(cls(experts, config["model_type"], strategy), modules)
+
+    def model_slots(self) -> Dict[str, Slot]:
+        """The N experts side by side on every tensor's first axis, as the family holds its experts."""
+        return prefixed({k: Slot(k, JOINED) for k in self.experts.state_dict()}, "experts", "experts")
 
     def pack(self, inputs: Sequence[Tuple[torch.Tensor, torch.Tensor]]) -> List[torch.Tensor]:
         """[rows sorted by expert, their expert ids [S, 1], their weights [S, 1]]: one value, a list,

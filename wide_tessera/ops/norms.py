@@ -13,7 +13,8 @@ from torch.func import vmap
 
 from ..core.errors import WideTesseraError
 from ..core.job import SweepParams, Work
-from .base import WideChannelsOp, WideOp, itemsize, load_joined_parameters, shared_config
+from ..core.layout import STACKED, load_joined
+from .base import WideChannelsOp, WideOp, itemsize, shared_config
 from .registry import register
 
 __all__ = [
@@ -67,7 +68,7 @@ class WideLayerNorm(WideOp, nn.Module):
         if len(config["shape"]) != 1 or not config["affine"] or not config["bias"]:
             raise WideTesseraError("WideLayerNorm fuses LayerNorms over one axis with a weight and a bias only")
         wide = cls(len(modules), config["shape"][0], config["eps"], strategy)
-        return load_joined_parameters(wide, modules, torch.stack)
+        return load_joined(wide, modules)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.strategy == "vmap":
@@ -113,6 +114,7 @@ class _WideChannelNorm(WideChannelsOp, nn.Module):
     """
 
     BENCHMARK_STRATEGIES = ("stacked", "vmap")
+    LAYOUTS = {"num_batches_tracked": STACKED}  # one count per model; the rest joined, as the channels
     SPATIAL: ClassVar[Tuple[str, ...]]  # the sweep axes that size the input after [batch, channels]
 
     def __init__(
@@ -143,15 +145,7 @@ class _WideChannelNorm(WideChannelsOp, nn.Module):
     def from_modules(cls, modules: Sequence[nn.Module], strategy: Optional[str] = None) -> "_WideChannelNorm":
         config = shared_config(modules, cls.FUSES, cls._describe)
         config.pop("num_batches_tracked", None)  # checked alike, then copied with the buffers
-        wide = cls(len(modules), strategy=strategy, **config)
-        states = [m.state_dict() for m in modules]
-        ref = next(iter(states[0].values()), None)
-        if ref is not None:
-            wide.to(device=ref.device, dtype=ref.dtype)
-        with torch.no_grad():
-            for name, t in wide.state_dict().items():
-                parts = [state[name] for state in states]
-                t.copy_(torch.stack(parts) if name == "num_batches_tracked" else torch.cat(parts))
+        wide = load_joined(cls(len(modules), strategy=strategy, **config), modules)
         return wide.train(modules[0].training)  # batch statistics or running ones, as the models use
 
     @staticmethod

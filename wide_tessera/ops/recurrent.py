@@ -21,6 +21,7 @@ from torch import nn
 
 from ..core.errors import WideTesseraError
 from ..core.job import SweepParams, Work
+from ..core.layout import load_joined
 from .base import WideOp, itemsize, shared_config
 from .registry import register
 
@@ -81,13 +82,7 @@ class _WideRNN(WideOp, nn.Module):
             raise WideTesseraError(
                 f"{cls.__name__} fuses single-direction {cls.FUSES.__name__}s without dropout or projections only"
             )
-        wide = cls(len(modules), strategy=strategy, **config)
-        ref = modules[0].weight_ih_l0
-        wide.to(device=ref.device, dtype=ref.dtype)
-        with torch.no_grad():
-            for name, p in wide.named_parameters():
-                p.copy_(torch.stack([getattr(m, name) for m in modules]))
-        return wide
+        return load_joined(cls(len(modules), strategy=strategy, **config), modules)
 
     def _layer_parameters(self, layer: int) -> List[torch.Tensor]:
         names = ["weight_ih", "weight_hh", "bias_ih", "bias_hh"][: 4 if self.bias else 2]

@@ -33,6 +33,7 @@ from torch.func import vmap
 from torch.utils._pytree import tree_flatten, tree_map
 
 from ..core.errors import NotApplicable, one_line
+from ..core.layout import STACKED, Slot, prefixed, slots_of
 from ..ops.base import fusing_ops, op_fusing
 from .functional import is_shared, tensors_only, with_others
 from .layers import hold_stacked, wide_layer
@@ -84,16 +85,27 @@ class ExportedSurgery(nn.Module):
             self.wides[self._wide_names[path]] = wide
         self.stacked = nn.Module()
         self._stacked_names: Dict[str, str] = {}  # parameter or buffer path -> its name in stacked
+        saved = modules[0].state_dict()
         for path, _ in chain(modules[0].named_parameters(), modules[0].named_buffers()):
             if not path.startswith(_within(self.swapped)):
                 self._stacked_names[path] = f"t{len(self._stacked_names)}"
-                hold_stacked(self.stacked, self._stacked_names[path], [operator.attrgetter(path)(m) for m in modules])
+                values = [operator.attrgetter(path)(m) for m in modules]
+                hold_stacked(self.stacked, self._stacked_names[path], values, persistent=path in saved)
         self._captures: Dict[Hashable, fx.GraphModule] = {}
         self.train(modules[0].training)
 
     @property
     def swapped(self) -> List[str]:
         return list(self._wide_names)
+
+    def model_slots(self) -> Dict[str, Slot]:
+        """The swapped layers' slots under their paths, and every other tensor the models save, stacked."""
+        slots = {f"stacked.{t}": Slot(path, STACKED) for path, t in self._stacked_names.items()}
+        kept = self.stacked.state_dict(keep_vars=True)
+        slots = {k: s for k, s in slots.items() if k[len("stacked.") :] in kept}
+        for path, w in self._wide_names.items():
+            slots.update(prefixed(slots_of(self.wides[w]), f"wides.{w}", path))
+        return slots
 
     def forward(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
         key = _signature(self.training, (args, kwargs))

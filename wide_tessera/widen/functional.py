@@ -12,6 +12,7 @@ from torch.func import functional_call, stack_module_state, vmap
 from torch.utils._pytree import register_dataclass, tree_flatten, tree_map, tree_unflatten
 
 from ..core.errors import WideTesseraError, unknown
+from ..core.layout import STACKED, Slot
 from ..ops.base import WideOp, shared_config
 
 __all__ = [
@@ -90,7 +91,9 @@ class StackedIO(WideOp):
         return first
 
     def unpack(self, output: Any) -> List[Any]:
-        return [tree_map(lambda t, i=i: t[i] if isinstance(t, torch.Tensor) else t, output) for i in range(self.n)]
+        leaves, spec = tree_flatten(output)
+        parts = [STACKED.parts(t, self.n) if isinstance(t, torch.Tensor) else [t] * self.n for t in leaves]
+        return [tree_unflatten(list(model), spec) for model in zip(*parts)]
 
 
 def vmap_dims(tree: Any) -> Tuple[Any, Any]:
@@ -149,8 +152,9 @@ class WideFunctional(StackedIO, nn.Module):
         self.stacked_params = nn.ParameterList(
             [nn.Parameter(p.detach(), requires_grad=p.requires_grad) for p in params.values()]
         )
-        for i, b in enumerate(buffers.values()):
-            self.register_buffer(f"stacked_buffer_{i}", b)
+        kept = modules[0].state_dict()  # a buffer the model does not save (rotary tables) is not saved here either
+        for i, (name, b) in enumerate(buffers.items()):
+            self.register_buffer(f"stacked_buffer_{i}", b, persistent=name in kept)
         # A structure-only copy for functional_call; kept out of the module tree so .to() and
         # state_dict see only the stacked tensors. It keeps the modules' train/eval mode.
         self._skeleton: Tuple[nn.Module] = (copy.deepcopy(modules[0]).to("meta"),)
@@ -163,6 +167,13 @@ class WideFunctional(StackedIO, nn.Module):
         cls.check_strategy(strategy)
         shared_config(modules, nn.Module, lambda m: dict(cls=type(m).__name__))  # layouts included
         return cls(modules, randomness)
+
+    def model_slots(self) -> Dict[str, Slot]:
+        """Each stacked tensor, by the name it has in one model."""
+        params = {f"stacked_params.{i}": Slot(name, STACKED) for i, name in enumerate(self._param_names)}
+        buffers = {f"stacked_buffer_{i}": Slot(name, STACKED) for i, name in enumerate(self._buffer_names)}
+        kept = self.state_dict(keep_vars=True)
+        return {k: slot for k, slot in {**params, **buffers}.items() if k in kept}
 
     def _state(self) -> Tuple[Dict[str, torch.Tensor], Dict[str, torch.Tensor]]:
         params = dict(zip(self._param_names, self.stacked_params))

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from ..core.errors import WideTesseraError
+from ..core.layout import STACKED, Slot, prefixed, slots_of
 from ..ops.base import WideOp, op_fusing
 
 __all__ = ["wide_layer", "hold_stacked"]
@@ -37,17 +38,21 @@ class _Relayout(nn.Module):
         super().__init__()
         self.wide = wide
 
+    def model_slots(self) -> Dict[str, Slot]:
+        return prefixed(slots_of(self.wide), "wide", "")
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.wide
         return torch.stack(w.unpack(w(w.pack(list(x.unbind(0))))))
 
 
-def hold_stacked(holder: nn.Module, name: str, values: List[Any]) -> None:
-    """Each model's tensor attribute, stacked: a parameter stays a parameter."""
+def hold_stacked(holder: nn.Module, name: str, values: List[Any], persistent: bool = True) -> None:
+    """Each model's tensor attribute, stacked: a parameter stays a parameter; a buffer the models
+    do not save (`persistent` False: rotary tables) is not saved here either."""
     if not isinstance(values[0], torch.Tensor):
         raise WideTesseraError(f"surgery: attribute of type {type(values[0]).__name__} read in forward")
-    stacked = torch.stack([v.detach() for v in values])
+    stacked = STACKED.join([v.detach() for v in values])
     if isinstance(values[0], nn.Parameter):
         holder.register_parameter(name, nn.Parameter(stacked, requires_grad=values[0].requires_grad))
     else:
-        holder.register_buffer(name, stacked)
+        holder.register_buffer(name, stacked, persistent=persistent)

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import copy
 import inspect
-from typing import Any, Sequence
+from typing import Any, Dict, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ..core.errors import NotApplicable
+from ..core.layout import JOINED, Slot, prefixed, slots_of
 from .functional import StackedIO, WideFunctional, unpacked
 
 __all__ = ["WideSparseMoe", "is_sparse_moe", "loops_over_experts"]
@@ -58,7 +59,7 @@ class WideSparseMoe(StackedIO, nn.Module):
         self.experts.num_experts = self.n * self.e
         with torch.no_grad():
             for name, p in modules[0].experts.named_parameters(recurse=False):
-                joined = torch.cat([getattr(m.experts, name).detach() for m in modules])
+                joined = JOINED.join([getattr(m.experts, name).detach() for m in modules])
                 setattr(self.experts, name, nn.Parameter(joined, requires_grad=p.requires_grad))
         shared = [getattr(m, "shared_expert", None) for m in modules]
         self.shared = None if shared[0] is None else WideFunctional(shared, randomness)
@@ -66,6 +67,16 @@ class WideSparseMoe(StackedIO, nn.Module):
         self.shared_gate = None if gates[0] is None else WideFunctional(gates, randomness)
         self.input_name = next(iter(inspect.signature(modules[0].forward).parameters))
         self.train(modules[0].training)
+
+    def model_slots(self) -> Dict[str, Slot]:
+        """The routers' and shared experts' slots, and the experts side by side on their first axis."""
+        slots = prefixed({k: Slot(k, JOINED) for k in self.experts.state_dict()}, "experts", "experts")
+        slots.update(prefixed(slots_of(self.routers), "routers", "gate"))
+        if self.shared is not None:
+            slots.update(prefixed(slots_of(self.shared), "shared", "shared_expert"))
+        if self.shared_gate is not None:
+            slots.update(prefixed(slots_of(self.shared_gate), "shared_gate", "shared_expert_gate"))
+        return slots
 
     def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         args, kwargs = unpacked(args, kwargs)  # the block takes its hidden states alone, by position or name

@@ -29,7 +29,8 @@ from torch import fx, nn
 from torch.func import vmap
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
-from ..core.errors import one_line
+from ..core.errors import NotApplicable, one_line
+from ..core.layout import STACKED, Slot, prefixed, slots_of
 from ..ops.base import check_alike, fusing_ops, op_fusing
 from .exported import ExportedSurgery
 from .functional import StackedIO, WideFunctional, tensors_only, unpacked, vmap_dims, with_others
@@ -120,6 +121,9 @@ class _Repeated(nn.Module):
         super().__init__()
         self.layer, self.mask, self.n = layer, mask, n
 
+    def model_slots(self) -> Dict[str, Slot]:
+        return prefixed(slots_of(self.layer), "layer", "")
+
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         repeated = (
             x if st or not isinstance(x, torch.Tensor) else x.expand(self.n, *x.shape) for x, st in zip(args, self.mask)
@@ -154,6 +158,9 @@ class WideSurgery(StackedIO, nn.Module):
         graph = traced.graph
         stacked: Set[fx.Node] = set()
         ops = fusing_ops()
+        self._slots: Dict[str, Slot] = {}  # the holder's tensors, by their names in one model
+        held: Dict[str, Tuple[str, Any]] = {}  # a model's attribute or layer -> its name in holder (and mask)
+        saved = modules[0].state_dict()
         for node in list(graph.nodes):
             mask = tree_map(
                 lambda a: isinstance(a, fx.Node) and a in stacked,  # (a slice is unhashable before Python 3.12)
@@ -166,17 +173,36 @@ class WideSurgery(StackedIO, nn.Module):
                 if node.args != (None,):  # not an argument _trace specialised to None
                     stacked.add(node)
             elif node.op == "get_attr":
-                try:
-                    hold_stacked(holder, name, [operator.attrgetter(node.target)(m) for m in modules])
+                where = node.target
+                if where in held:  # read twice: one stacked tensor, or training would update two copies
                     stacked.add(node)
+                    node.target = held[where][0]
+                    continue
+                try:
+                    values = [operator.attrgetter(where)(m) for m in modules]
+                    hold_stacked(holder, name, values, persistent=where in saved)
+                    stacked.add(node)
+                    held[where] = (name, None)
+                    if where in saved:
+                        self._slots[name] = Slot(where, STACKED)
                 except AttributeError:  # a tensor the tracer made a constant (torch.ones(3) in forward)
-                    holder.register_buffer(name, operator.attrgetter(node.target)(traced))
+                    holder.register_buffer(name, operator.attrgetter(where)(traced), persistent=False)
                 node.target = name
             elif node.op == "call_module":
                 where = node.target
-                holder.add_module(name, self._layer(node, where, [m.get_submodule(where) for m in modules], mask, ops))
-                node.target = name
-                if inputs_stacked or not isinstance(getattr(holder, name), _ELEMENTWISE_MODULES):
+                if where not in held:
+                    layer = self._layer(node, where, [m.get_submodule(where) for m in modules], mask, ops)
+                    holder.add_module(name, layer)
+                    held[where] = (name, mask)
+                    if layer.state_dict():
+                        self._slots.update(prefixed(slots_of(layer), name, where))
+                elif held[where][1] != mask:
+                    raise NotApplicable(
+                        f"surgery: layer {where} is called twice with different arguments stacked; its one wide "
+                        "layer cannot take both"
+                    )
+                node.target = held[where][0]
+                if inputs_stacked or not isinstance(getattr(holder, node.target), _ELEMENTWISE_MODULES):
                     stacked.add(node)
             elif _is_shape_query(node) and node.args[0] in stacked:
                 # one model's shape, the same for every model: not stacked
@@ -215,6 +241,11 @@ class WideSurgery(StackedIO, nn.Module):
         self.looped.append(where)
         looped = WideFunctional(subs, self.randomness)
         return looped if all(args_mask) and not node.kwargs else _Repeated(looped, args_mask, self.n)
+
+    def model_slots(self) -> Dict[str, Slot]:
+        if self.captured is not None:
+            return prefixed(slots_of(self.captured), "captured", "")
+        return prefixed(self._slots, "graph_module", "")
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         args, kwargs = unpacked(args, kwargs)

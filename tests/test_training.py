@@ -1,0 +1,368 @@
+"""Training N models through what fuse() returns: it owns what runs, gives the N models back,
+and with wide_tessera.optim trains them as N separate torch trainings would, per-model settings,
+clipping and schedules included, whichever strategy runs."""
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import wide_tessera as wt
+import wide_tessera.optim as wto
+from wide_tessera.core.correctness import ADAM_TRAINED, SGD_TRAINED, check_trained
+from wide_tessera.core.layout import model_state_dicts, slots_of
+from wide_tessera.dispatch import first_call
+from wide_tessera.ops.registry import REGISTRY
+from wide_tessera.results.decisions import Call
+
+N, D, H, B, STEPS = 4, 8, 16, 8, 50
+STRATEGIES = ["loop", "vmap", "surgery"]
+
+
+class MLP(nn.Module):
+    def __init__(self, d=D, hidden=H):
+        super().__init__()
+        self.fc1, self.fc2, self.fc3 = nn.Linear(d, hidden), nn.Linear(hidden, hidden), nn.Linear(hidden, 1)
+
+    def forward(self, x):
+        return self.fc3(torch.tanh(self.fc2(F.relu(self.fc1(x)))))
+
+
+def mlps(n=N, seed=0):
+    torch.manual_seed(seed)
+    return [MLP() for _ in range(n)]
+
+
+def data(n=N, steps=STEPS, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    xs = [torch.randn(steps, B, D, generator=g) for _ in range(n)]
+    return xs, [torch.randn(steps, B, 1, generator=g) for _ in range(n)]
+
+
+# per-model settings, all different: what a sweep trains
+LRS = [1e-2, 3e-3, 1e-3, 3e-2]
+DECAYS = [0.0, 0.1, 0.01, 0.05]
+BETAS = [(0.9, 0.999), (0.8, 0.99), (0.95, 0.9), (0.5, 0.999)]
+MOMENTA = [0.9, 0.5, 0.0, 0.99]
+NESTEROV = [True, False, False, True]
+CLIP = 0.5
+
+
+def torch_optimizer(kind, params, i):
+    if kind == "sgd":
+        return torch.optim.SGD(params, lr=LRS[i], momentum=MOMENTA[i], weight_decay=DECAYS[i], nesterov=NESTEROV[i])
+    cls = torch.optim.Adam if kind == "adam" else torch.optim.AdamW
+    return cls(params, lr=LRS[i], betas=BETAS[i], weight_decay=DECAYS[i])
+
+
+def our_optimizer(kind, fused):
+    if kind == "sgd":
+        return wto.SGD(fused, lr=LRS, momentum=MOMENTA, weight_decay=DECAYS, nesterov=NESTEROV)
+    cls = wto.Adam if kind == "adam" else wto.AdamW
+    return cls(fused, lr=LRS, betas=BETAS, weight_decay=DECAYS)
+
+
+def separate_trainings(models, kind, xs, ys, steps=STEPS):
+    """N torch trainings, one per model: its own optimizer, clip and cosine schedule."""
+    trained = []
+    for i, m in enumerate(copy.deepcopy(models)):
+        opt = torch_optimizer(kind, m.parameters(), i)
+        schedule = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps)
+        for t in range(steps):
+            F.mse_loss(m(xs[i][t]), ys[i][t]).backward()
+            torch.nn.utils.clip_grad_norm_(m.parameters(), CLIP)
+            opt.step()
+            opt.zero_grad()
+            schedule.step()
+        trained.append(m)
+    return trained
+
+
+def fused_training(fused, opt, xs, ys, steps=STEPS, clip=None, schedule=True):
+    """Train what fuse() returned as a user's loop does: per-model losses summed, backward, clip, step, schedule."""
+    cosine = wto.CosineAnnealingLR(opt, T_max=steps) if schedule else None
+    for t in range(steps):
+        outs = fused.unpack(fused(fused.pack([x[t] for x in xs])))
+        sum(F.mse_loss(o, y[t]) for o, y in zip(outs, ys)).backward()
+        (clip or (lambda f: wto.clip_grad_norm_(f, CLIP)))(fused)
+        opt.step()
+        opt.zero_grad()
+        if cosine is not None:
+            cosine.step()
+
+
+def parameters_of(models):
+    return [{k: p.detach() for k, p in m.named_parameters()} for m in models]
+
+
+TOLERANCE = {"sgd": SGD_TRAINED, "adam": ADAM_TRAINED, "adamw": ADAM_TRAINED}
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adam", "adamw"])
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_per_model_settings_clipping_and_schedules_train_as_n_separate_trainings(kind, strategy):
+    models = mlps()
+    xs, ys = data()
+    want = separate_trainings(models, kind, xs, ys)
+    fused = wt.fuse(copy.deepcopy(models), strategy=strategy)
+    fused_training(fused, our_optimizer(kind, fused), xs, ys)
+    unfused = fused.unfuse()
+    check = check_trained(parameters_of(unfused), parameters_of(want), TOLERANCE[kind])
+    assert check.correct, check.error
+    x = torch.randn(5, D)
+    for u, w in zip(unfused, want):  # the unfused models are the user's class, and compute as the trained ones
+        assert type(u) is MLP
+        torch.testing.assert_close(u(x), w(x), rtol=1e-3, atol=1e-4)
+
+
+MUTATIONS = {
+    "one learning rate for all": lambda f: wto.Adam(f, lr=LRS[0], betas=BETAS, weight_decay=DECAYS),
+    "a joint clip": "joint",
+    "a lost update": "lost",
+}
+
+
+@pytest.mark.parametrize("mutation", list(MUTATIONS))
+def test_the_trained_check_fails_a_wrong_learning_rate_a_joint_clip_and_a_lost_update(mutation):
+    models = mlps()
+    xs, ys = data()
+    want = separate_trainings(models, "adam", xs, ys)
+    fused = wt.fuse(copy.deepcopy(models), strategy="vmap")
+    make = MUTATIONS[mutation]
+    opt = make(fused) if callable(make) else our_optimizer("adam", fused)
+    clip = (lambda f: torch.nn.utils.clip_grad_norm_(f.parameters(), CLIP)) if make == "joint" else None
+    if make == "lost":  # model 2 misses its 10th update
+        calls = []
+
+        def lose_the_tenth(optimizer, args, kwargs):
+            calls.append(None)
+            optimizer.freeze(2) if len(calls) == 10 else optimizer.unfreeze(2)
+
+        opt.register_step_pre_hook(lose_the_tenth)
+    fused_training(fused, opt, xs, ys, clip=clip)
+    check = check_trained(parameters_of(fused.unfuse()), parameters_of(want), ADAM_TRAINED)
+    assert not check.correct and "end away from its separate training" in check.error
+
+
+def test_clipping_gives_each_model_its_own_norm():
+    models = mlps()
+    fused = wt.fuse(copy.deepcopy(models), strategy="vmap")
+    xs = [torch.randn(B, D) * (10.0**i) for i in range(N)]  # gradients of very different sizes
+    sum(o.pow(2).sum() for o in fused.unpack(fused(fused.pack(xs)))).backward()
+    norms = wto.clip_grad_norm_(fused, [1.0, 2.0, 3.0, 4.0])
+    for i, (m, x) in enumerate(zip(models, xs)):
+        m(x).pow(2).sum().backward()
+        norm = torch.nn.utils.clip_grad_norm_(m.parameters(), i + 1.0)
+        assert norm.item() == pytest.approx(norms[i].item(), rel=1e-5)
+    for m, clipped in zip(models, unfused_grads(fused)):
+        for (k, p), (_, g) in zip(m.named_parameters(), clipped.named_parameters()):
+            torch.testing.assert_close(g, p.grad, rtol=1e-5, atol=1e-7, msg=k)
+
+
+def unfused_grads(fused):
+    """The N models holding, as their weights, their parts of the wide gradients."""
+    with torch.no_grad():
+        for p in fused.parameters():
+            p.copy_(p.grad)
+    return fused.unfuse()
+
+
+def test_a_frozen_model_stops_and_the_others_train_on():
+    models = mlps()
+    xs, ys = data(steps=20)
+    fused = wt.fuse(copy.deepcopy(models), strategy="surgery")
+    opt = our_optimizer("adam", fused)
+    fused_training(fused, opt, xs, ys, steps=10)
+    frozen_at = fused.state_dicts()[1]
+    moments = opt.state_dicts()[1]
+    opt.freeze(1)
+    xs_nan = [x.clone() for x in xs]
+    xs_nan[1][10:] = float("nan")  # a pruned trial that diverged: its NaN must stay its own
+    fused_training(fused, opt, [x[10:] for x in xs_nan], [y[10:] for y in ys], steps=10)
+    after = fused.state_dicts()[1]
+    for k, v in frozen_at.items():
+        assert torch.equal(after[k], v), k
+    assert all(torch.equal(a, b) for a, b in zip(
+        [t for s in moments["state"].values() for t in s.values()],
+        [t for s in opt.state_dicts()[1]["state"].values() for t in s.values()],
+    ))
+    assert all(torch.isfinite(t).all() for s in fused.state_dicts() for t in s.values())
+    assert not torch.equal(fused.state_dicts()[0]["fc1.weight"], frozen_at["fc1.weight"])
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_optimizer_state_is_n_torch_states_and_a_repacked_group_trains_on_exactly(strategy):
+    """Train 4 models 10 steps, keep models 0 and 2 with their optimizer state, train on 10 steps
+    as a group of 2; each ends as its uninterrupted separate training does."""
+    models = mlps()
+    xs, ys = data(steps=20)
+    fused = wt.fuse(copy.deepcopy(models), strategy=strategy)
+    opt = wto.Adam(fused, lr=LRS, betas=BETAS)
+    no_clip = dict(clip=lambda f: None, schedule=False)
+    fused_training(fused, opt, [x[:10] for x in xs], [y[:10] for y in ys], steps=10, **no_clip)
+    keep = [0, 2]
+    survivors = [fused.unfuse()[i] for i in keep]
+    states = [opt.state_dicts()[i] for i in keep]
+    for model, state in zip(survivors, states):  # torch's own Adam takes model i's state
+        torch.optim.Adam(model.parameters()).load_state_dict(state)
+    regroup = wt.fuse(survivors, strategy=strategy)
+    opt2 = wto.Adam(regroup, lr=0.5)  # the settings come with the states
+    opt2.load_state_dicts(states)
+    assert [g["lr"] for g in opt2.param_groups] == [LRS[i] for i in keep]
+    fused_training(regroup, opt2, [xs[i][10:] for i in keep], [ys[i][10:] for i in keep], steps=10, **no_clip)
+    want = []
+    for i in keep:
+        m = copy.deepcopy(models[i])
+        o = torch.optim.Adam(m.parameters(), lr=LRS[i], betas=BETAS[i])
+        for t in range(20):
+            F.mse_loss(m(xs[i][t]), ys[i][t]).backward()
+            o.step()
+            o.zero_grad()
+        want.append(m)
+    check = check_trained(parameters_of(regroup.unfuse()), parameters_of(want), ADAM_TRAINED)
+    assert check.correct, check.error
+
+
+@pytest.mark.parametrize("strategy", ["loop", "vmap", "surgery", "bmm"])
+def test_what_fuse_returns_owns_what_runs(strategy):
+    models = [nn.Linear(D, 3) for _ in range(N)] if strategy == "bmm" else mlps()
+    fused = wt.fuse(models, strategy=strategy)
+    assert fused.strategy == (None if strategy == "loop" else strategy)
+    assert {id(p) for p in fused.parameters()} == {id(p) for p in fused.runs.parameters()}
+    assert set(fused.state_dict()) == {f"runs.{k}" for k in fused.runs.state_dict()}
+    assert set(slots_of(fused)) == set(fused.state_dict())  # every tensor says where each model's part is
+    fused.requires_grad_(False)
+    assert not any(p.requires_grad for p in fused.runs.parameters())
+    fused.eval()
+    assert not fused.runs.training
+    fused.double()
+    assert all(p.dtype == torch.float64 for p in fused.runs.parameters())
+    unfused = fused.unfuse()
+    assert all(p.dtype == torch.float64 and not p.requires_grad for u in unfused for p in u.parameters())
+    assert not any(u.training for u in unfused)
+
+
+def test_unfuse_into_loads_the_trained_weights_into_the_given_modules():
+    models = mlps()
+    fused = wt.fuse(copy.deepcopy(models), strategy="vmap")
+    with torch.no_grad():
+        for p in fused.parameters():
+            p.add_(1.0)
+    targets = fused.unfuse(into=models)
+    assert targets == models
+    assert torch.equal(models[3].fc1.weight, fused.state_dicts()[3]["fc1.weight"])
+    with pytest.raises(wt.WideTesseraError, match="give 4 MLP modules"):
+        fused.unfuse(into=models[:2])
+
+
+def test_a_forced_strategy_is_checked_and_never_falls_back():
+    with pytest.raises(wt.WideTesseraError, match="unknown strategy for gemm 'bmmm'; did you mean 'bmm'"):
+        wt.fuse([nn.Linear(2, 2)] * 2, strategy="bmmm")
+    with pytest.raises(wt.WideTesseraError, match="strategy 'triton' cannot run here"):
+        wt.fuse([nn.Linear(2, 2) for _ in range(2)], strategy="triton")
+    assert "forced: strategy='einsum'" in str(wt.fuse([nn.Linear(2, 2) for _ in range(2)], strategy="einsum").decision)
+
+
+def ops_and_strategies():
+    seen, cases = set(), []
+    for cls in REGISTRY.values():
+        if cls in seen:
+            continue
+        seen.add(cls)
+        cases += [(cls.NAME, s) for s in cls.BENCHMARK_STRATEGIES if s != "triton"]
+    return cases
+
+
+@pytest.mark.parametrize("op,strategy", ops_and_strategies())
+def test_every_ops_wide_module_gives_the_n_models_back(op, strategy):
+    cls = REGISTRY[op]
+    params = next(iter(cls.BENCHMARK_SWEEPS["ci"].param_grid()))
+    torch.manual_seed(0)
+    models = [cls.bench_model(**params) for _ in range(3)]
+    wide = cls.from_modules(models, strategy)
+    assert set(slots_of(wide)) == set(wide.state_dict())
+    for state, m in zip(model_state_dicts(wide, 3, models), models):
+        assert list(state) == list(m.state_dict())
+        for k, v in m.state_dict().items():
+            assert torch.equal(state[k], v), k
+            assert state[k].untyped_storage().nbytes() == v.untyped_storage().nbytes() or v.numel() == 0, k  # a copy
+
+
+@pytest.fixture
+def first_call_chooses(monkeypatch):
+    """Make a first call choose `strategy` whatever it measures: the trap must not depend on a timing."""
+
+    def choose(strategy):
+        kind = "loop" if strategy == "loop" else "fuse"
+        monkeypatch.setattr(first_call, "decide", lambda *a, **k: Call(kind, None if kind == "loop" else strategy))
+
+    return choose
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_a_torch_optimizer_made_before_the_first_call_trains_what_runs(strategy, first_call_chooses, tmp_path):
+    first_call_chooses(strategy)
+    models = mlps()
+    xs, ys = data(steps=5)
+    fused = wt.fuse(copy.deepcopy(models), table=tmp_path / "t.json", measure="first-call", time_bound_s=0.05)
+    opt = torch.optim.Adam(fused.parameters(), lr=1e-2)  # the loop's parameters, before the first call
+    losses = []
+    for _t in range(5):
+        outs = fused.unpack(fused(fused.pack([x[0] for x in xs])))
+        loss = sum(F.mse_loss(o, y[0]) for o, y in zip(outs, ys))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    assert fused.strategy == (None if strategy == "loop" else strategy)
+    separate = copy.deepcopy(models)
+    ref_opt = torch.optim.Adam([p for m in separate for p in m.parameters()], lr=1e-2)
+    want = []
+    for _t in range(5):
+        loss = sum(F.mse_loss(m(x[0]), y[0]) for m, x, y in zip(separate, xs, ys))
+        loss.backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+        want.append(loss.item())
+    assert losses == pytest.approx(want, rel=1e-4)
+    assert losses[-1] < 0.75 * losses[0]
+    check = check_trained(parameters_of(fused.unfuse()), parameters_of(separate), ADAM_TRAINED)
+    assert check.correct, check.error
+
+
+def test_per_model_groups_made_before_a_first_call_that_fuses_are_refused_loudly(first_call_chooses, tmp_path):
+    first_call_chooses("vmap")
+    models = mlps()
+    fused = wt.fuse(models, table=tmp_path / "t.json", measure="first-call", time_bound_s=0.05)
+    opt = torch.optim.SGD([{"params": m.parameters(), "lr": lr} for m, lr in zip(models, LRS)])
+    xs = [torch.randn(B, D) for _ in range(N)]
+    sum(o.sum() for o in fused.unpack(fused(fused.pack(xs)))).backward()
+    with pytest.raises(wt.WideTesseraError, match="holds 1 of the 4 models' 'fc1.weight'.*wide_tessera.optim"):
+        opt.step()
+
+
+def test_our_optimizer_made_before_the_first_call_follows_the_switch(first_call_chooses, tmp_path):
+    first_call_chooses("surgery")
+    models = mlps()
+    xs, ys = data()
+    want = separate_trainings(models, "adamw", xs, ys)
+    fused = wt.fuse(copy.deepcopy(models), table=tmp_path / "t.json", measure="first-call", time_bound_s=0.05)
+    fused_training(fused, our_optimizer("adamw", fused), xs, ys)
+    assert fused.strategy == "surgery"
+    check = check_trained(parameters_of(fused.unfuse()), parameters_of(want), ADAM_TRAINED)
+    assert check.correct, check.error
+
+
+def test_an_optimizer_over_the_modules_after_unfuse_into_is_left_alone(first_call_chooses, tmp_path):
+    first_call_chooses("vmap")
+    models = mlps()
+    fused = wt.fuse(models, table=tmp_path / "t.json", measure="first-call", time_bound_s=0.05)
+    fused(fused.pack([torch.randn(B, D) for _ in range(N)]))
+    fused.unfuse(into=models)
+    opt = torch.optim.SGD([p for m in models for p in m.parameters()], lr=0.1)
+    before = models[0].fc1.weight.detach().clone()
+    sum(m(torch.randn(B, D)).sum() for m in models).backward()
+    opt.step()
+    assert opt.param_groups[0]["params"][0] is models[0].fc1.weight and not torch.equal(models[0].fc1.weight, before)

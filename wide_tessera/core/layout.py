@@ -1,0 +1,196 @@
+"""Where the N models' values lie in a wide tensor, and the way back: the one home of stacking
+and unstacking N models.
+
+A wide module holds the N models' tensors of one name (a parameter, a buffer, an input) in one
+tensor, and its `Layout` says where model i's part is: stacked on a new axis (a WideLinear's
+weight, [N, out, in]), joined along an axis the models already have (a grouped convolution's
+weight, [N*C_out, C_in, k], or its input's channels), or all of it one model's (a loop's
+modules, `Layout.own(i)`). Everything that moves between one model and N derives from it:
+
+* `join`: the N models' tensors -> the wide tensor (from_modules, pack);
+* `parts`: the wide tensor -> each model's part (unpack, state_dicts, unfuse);
+* `spread`: one value per model (a learning rate) -> a tensor that broadcasts against the wide one
+  (per-model optimizers);
+* `norms`: each model's norm of a wide tensor (per-model gradient clipping).
+
+A wide module says how it holds the models with `model_slots()`: for each tensor of its
+state_dict, the name the tensor has in one model and its Layout (a `Slot`). `slots_of` reads
+them, `load_joined` fills a wide module from N models by them, and `model_state_dicts` gives the
+N models' state_dicts back.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence
+
+import torch
+from torch import nn
+
+from .errors import ContractError, WideTesseraError
+
+__all__ = [
+    "Layout",
+    "STACKED",
+    "JOINED",
+    "Slot",
+    "slots_of",
+    "prefixed",
+    "own_slots",
+    "load_joined",
+    "model_state_dicts",
+    "persistent_tensors",
+]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where each model's part of a wide tensor is.
+
+    dim: the axis holding the N models. joined: False, stacked on a new axis `dim` (model i's
+    part is `wide.select(dim, i)`); True, joined along the models' own axis `dim` in N equal
+    blocks (`wide.chunk(n, dim)[i]`). model: set, the whole tensor is that one model's (`dim`
+    and `joined` unused).
+    """
+
+    dim: int = 0
+    joined: bool = False
+    model: Optional[int] = None
+
+    @staticmethod
+    def own(i: int) -> "Layout":
+        """A tensor that is all model i's: one of a loop's modules."""
+        return Layout(model=i)
+
+    def join(self, values: Sequence[torch.Tensor]) -> torch.Tensor:
+        """The N models' tensors (in model order) as one wide tensor."""
+        if self.model is not None:
+            raise ContractError("a tensor owned by one model joins nothing")
+        return torch.cat(list(values), self.dim) if self.joined else torch.stack(list(values), self.dim)
+
+    def parts(self, wide: torch.Tensor, n: int) -> List[Optional[torch.Tensor]]:
+        """Each model's part of `wide`, a view (None for a model with no part in it)."""
+        if self.model is not None:
+            return [wide if i == self.model else None for i in range(n)]
+        size = wide.shape[self.dim]
+        if (size % n if self.joined else size != n) or size == 0:
+            raise WideTesseraError(
+                f"a wide value of shape {list(wide.shape)} does not hold {n} models on axis {self.dim}: give what "
+                f"the wide module of {n} models gave"
+            )
+        return list(wide.chunk(n, self.dim) if self.joined else wide.unbind(self.dim))
+
+    def spread(self, values: torch.Tensor, wide: torch.Tensor) -> torch.Tensor:
+        """`values` (one per model, [N]) as a tensor that broadcasts against `wide`, each model's
+        value over its part."""
+        if self.model is not None:
+            return values[self.model]
+        dim = self.dim % wide.dim()
+        if self.joined:
+            values = values.repeat_interleave(wide.shape[dim] // values.numel())
+        return values.view(values.numel(), *(1,) * (wide.dim() - dim - 1))
+
+    def norms(self, wide: torch.Tensor, n: int, p: float) -> torch.Tensor:
+        """Each model's p-norm of its part of `wide`, [N] (zero for a model with no part)."""
+        if self.model is not None:
+            out = wide.new_zeros(n)
+            out[self.model] = torch.linalg.vector_norm(wide, p)
+            return out
+        # joined: the axis holds model 0's rows, then model 1's...: moved first, they split into N rows as well
+        blocks = wide.movedim(self.dim, 0).reshape(n, -1)
+        norms: torch.Tensor = torch.linalg.vector_norm(blocks, p, dim=1)
+        return norms
+
+
+STACKED = Layout()
+JOINED = Layout(joined=True)
+
+
+class Slot(NamedTuple):
+    """One tensor of a wide module: its name in one model, and where the N models' parts lie."""
+
+    name: str
+    layout: Layout
+
+
+def slots_of(module: nn.Module) -> Dict[str, Slot]:
+    """The module's slots (its `model_slots()`): a wide module of wide_tessera, or any that says."""
+    declared = getattr(module, "model_slots", None)
+    if not callable(declared):
+        raise ContractError(f"{type(module).__name__} does not say how it holds the N models (model_slots)")
+    slots: Dict[str, Slot] = declared()
+    return slots
+
+
+def prefixed(slots: Dict[str, Slot], wide_prefix: str, model_prefix: str) -> Dict[str, Slot]:
+    """A submodule's slots as its parent names them: `wide_prefix` in the wide module, `model_prefix`
+    in one model (either may be empty)."""
+
+    def join(prefix: str, name: str) -> str:
+        return f"{prefix}.{name}" if prefix else name
+
+    return {join(wide_prefix, k): Slot(join(model_prefix, s.name), s.layout) for k, s in slots.items()}
+
+
+def persistent_tensors(module: nn.Module) -> List[str]:
+    """The names of the module's own parameters and persistent buffers, not its submodules': what
+    its state_dict holds of it."""
+    params = [k for k, p in module._parameters.items() if p is not None]
+    buffers = [k for k, b in module._buffers.items() if b is not None and k not in module._non_persistent_buffers_set]
+    return params + buffers
+
+
+def own_slots(module: nn.Module, layout: Layout, layouts: Optional[Dict[str, Layout]] = None) -> Dict[str, Slot]:
+    """The slots of a wide module whose own tensors are named as in one model, each held by
+    `layout` (or its entry in `layouts`), and of its children that say theirs, named alike."""
+    layouts = layouts or {}
+    slots = {k: Slot(k, layouts.get(k, layout)) for k in persistent_tensors(module)}
+    for name, child in module.named_children():
+        if child.state_dict():
+            slots.update(prefixed(slots_of(child), name, name))
+    return slots
+
+
+def load_joined(wide: nn.Module, modules: Sequence[nn.Module]) -> nn.Module:
+    """`wide` on the modules' device (and floating dtype), each tensor of its slots filled with
+    the modules' tensors of that name, joined by its layout: what from_modules does."""
+    ref = next((t for t in modules[0].state_dict().values() if t.is_floating_point()), None)
+    if ref is not None:
+        wide.to(device=ref.device, dtype=ref.dtype)
+    state = wide.state_dict(keep_vars=True)
+    with torch.no_grad():
+        for name, slot in slots_of(wide).items():
+            state[name].copy_(slot.layout.join([operator.attrgetter(slot.name)(m) for m in modules]))
+    return wide
+
+
+def model_state_dicts(
+    module: nn.Module, n: int, templates: Optional[Sequence[nn.Module]] = None
+) -> List[Dict[str, Any]]:
+    """The N models' state_dicts, read from the wide module's slots: each tensor a copy (a view
+    would save all N models' storage with every one). Keys follow each template's state_dict
+    (a weight tied to another, GPT-2's lm_head to its embedding, is given under both names);
+    without templates, the slots' order."""
+    states: List[Dict[str, Any]] = [{} for _ in range(n)]
+    tensors = module.state_dict()
+    for name, slot in slots_of(module).items():
+        for i, part in enumerate(slot.layout.parts(tensors[name], n)):
+            if part is not None:
+                states[i][slot.name] = part.clone()
+    if templates is None:
+        return states
+    return [_in_order(state, template) for state, template in zip(states, templates)]
+
+
+def _in_order(state: Dict[str, Any], template: nn.Module) -> Dict[str, Any]:
+    """`state` keyed and ordered as `template.state_dict()`: a key missing from it is a tied alias
+    of one present (the same tensor in the template), given its value."""
+    own = template.state_dict(keep_vars=True)
+    held = {id(t): key for key, t in own.items() if key in state}  # a tensor's name in `state`
+    ordered = {}
+    for key, t in own.items():
+        if id(t) not in held:
+            raise ContractError(f"the wide module holds no {key!r} of the models")
+        ordered[key] = state[held[id(t)]]
+    return ordered

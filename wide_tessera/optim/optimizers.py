@@ -1,0 +1,445 @@
+"""N models' optimizers as one, each model with its own settings: SGD, Adam and AdamW over what
+fuse() returned, whichever strategy runs it.
+
+A hyperparameter sweep trains N copies of a model that differ in their learning rate, weight
+decay, momentum or betas. In a wide module every tensor holds all N models (a WideLinear's weight
+is [N, out, in]), so torch's parameter groups cannot give the models different settings, and
+scaling the gradients does nothing under Adam. These optimizers read where each model's part of
+every tensor lies (core.layout, the module's `model_slots()`) and step each part with its own
+model's settings:
+
+* a tensor that is one model's own (the loop's modules) is stepped by torch's own optimizer,
+  one parameter group per model: exactly N separate torch optimizers, in the implementation
+  asked for ('foreach', 'fused', or torch's default for the device);
+* a wide tensor is stepped at once, each setting spread over its model's part: torch's update
+  rule, term by term, with per-model numbers where torch has one number.
+
+`param_groups[i]` holds model i's settings, so torch's learning-rate schedulers schedule each
+model (LambdaLR with a list of N functions gives each its own; wide_tessera.optim's StepLR,
+CosineAnnealingLR and LinearLR take per-model arguments). `freeze(i)` stops model i's updates
+(a pruned trial) without touching the others. `state_dicts()` gives N optimizer states in
+torch's own format (`torch.optim.Adam(model.parameters()).load_state_dict` takes model i's),
+and `load_state_dicts` takes them back, so a group of models can be repacked without losing a
+moment. When what the module runs changes (a first call of fuse() chose a wide module), the
+optimizer rebinds to it at its next step, its state carried over.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, ClassVar, Dict, Iterable, List, Optional, Set, Tuple, Type, Union
+
+import torch
+from torch import nn
+
+from ..core.errors import WideTesseraError, unknown
+from ..core.layout import Layout, slots_of
+from .per_model import models_in, number, parameter_names, per_model
+
+__all__ = ["SGD", "Adam", "AdamW", "IMPLEMENTATIONS"]
+
+# How the N models' own tensors (a loop's) are stepped: torch's default for the device, or one of
+# torch's multi-tensor implementations (wide tensors are always stepped at once).
+IMPLEMENTATIONS = (None, "foreach", "fused")
+
+Check = Callable[[str, Any], Any]
+
+
+def _flag(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise WideTesseraError(f"{name}={value!r}: give True or False")
+    return value
+
+
+def _betas(name: str, value: Any) -> Tuple[float, float]:
+    if not (isinstance(value, (tuple, list)) and len(value) == 2):
+        raise WideTesseraError(f"{name}={value!r}: give a pair (beta1, beta2), each in [0, 1)")
+    beta = number(0.0, 1.0, open_high=True)
+    return beta(f"{name}[0]", value[0]), beta(f"{name}[1]", value[1])
+
+
+class _Wide:
+    """A wide tensor this optimizer steps: its name in one model, and where the models' parts lie."""
+
+    __slots__ = ("name", "tensor", "layout")
+
+    def __init__(self, name: str, tensor: torch.Tensor, layout: Layout):
+        self.name, self.tensor, self.layout = name, tensor, layout
+
+
+class _PerModel(torch.optim.Optimizer):
+    """The machinery the optimizers share (see the module's docstring). A subclass names torch's
+    class (TORCH), its settings and their checks (SETTINGS; a pair where PAIRS), its per-element
+    state (MOMENTS), and implements `_update(p, layout, settings)` for a wide tensor."""
+
+    TORCH: ClassVar[Type[torch.optim.Optimizer]]
+    SETTINGS: ClassVar[Dict[str, Check]]
+    PAIRS: ClassVar[Tuple[str, ...]] = ()
+    MOMENTS: ClassVar[Tuple[str, ...]]
+
+    def __init__(self, module: nn.Module, implementation: Optional[str] = None, **settings: Any):
+        self.n = models_in(module)
+        if implementation not in IMPLEMENTATIONS:
+            raise unknown("implementation", implementation, [str(i) for i in IMPLEMENTATIONS])
+        values = {
+            k: per_model(k, settings[k], self.n, check, pairs=k in self.PAIRS) for k, check in self.SETTINGS.items()
+        }
+        groups = [{"params": [], **{k: values[k][i] for k in self.SETTINGS}} for i in range(self.n)]
+        for i, group in enumerate(groups):
+            self._check_group(i, group)
+        super().__init__(groups, {})
+        self.module, self.implementation = module, implementation
+        self.frozen: Set[int] = set()
+        self._runs: Optional[nn.Module] = None
+        self._own: List[List[Tuple[str, torch.Tensor]]] = []
+        self._wide: List[_Wide] = []
+        self._inner: Optional[torch.optim.Optimizer] = None
+        self._bind()
+
+    def _check_group(self, i: int, group: Dict[str, Any]) -> None:
+        """Refuse settings that cannot go together for model i (SGD's nesterov without momentum)."""
+
+    # --- what the module runs -------------------------------------------------------------------
+
+    def _bind(self) -> None:
+        """Read the module's tensors and where each model's parts lie; again, its state carried
+        over, when what the module runs has changed since."""
+        runs = getattr(self.module, "runs", self.module)
+        if runs is self._runs:
+            return
+        carried = self.state_dicts() if self._runs is not None else None
+        self._runs = runs
+        params = dict(self.module.named_parameters())
+        own: List[List[Tuple[str, torch.Tensor]]] = [[] for _ in range(self.n)]
+        wide: List[_Wide] = []
+        seen: Set[int] = set()
+        for key, slot in slots_of(self.module).items():
+            p = params.get(key)
+            if p is None or id(p) in seen:  # a buffer, or a second name of a tied weight
+                continue
+            seen.add(id(p))
+            if slot.layout.model is not None:
+                own[slot.layout.model].append((slot.name, p))
+            else:
+                wide.append(_Wide(slot.name, p, slot.layout))
+        self._own, self._wide = own, wide
+        self.state.clear()
+        self._inner = None
+        if any(own):
+            implementation: Dict[str, Any] = {} if self.implementation is None else {self.implementation: True}
+            groups = [{"params": [p for _, p in own[i]], **self._torch_settings(i)} for i in range(self.n)]
+            self._inner = self.TORCH(groups, **implementation)
+        if carried is not None:
+            self.load_state_dicts(carried)
+
+    def _torch_settings(self, i: int) -> Dict[str, Any]:
+        """Model i's settings as torch's optimizer takes them."""
+        return {k: self.param_groups[i][k] for k in self.SETTINGS}
+
+    # --- stepping ---------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._bind()
+        if self._inner is not None:
+            for i, theirs in enumerate(self._inner.param_groups):
+                theirs.update(self._torch_settings(i))
+                theirs["params"] = [] if i in self.frozen else [p for _, p in self._own[i]]
+            self._inner.step()
+        if self._wide:
+            self._step_wide()
+        return loss
+
+    def _step_wide(self) -> None:
+        active = torch.tensor([0.0 if i in self.frozen else 1.0 for i in range(self.n)], dtype=torch.float64)
+        settings = self._settings_per_model()
+        for w in self._wide:
+            p = w.tensor
+            if p.grad is None:
+                continue
+            if p.grad.is_sparse:
+                raise WideTesseraError(f"{w.name}: sparse gradients are not supported")
+            state = self.state[p]
+            if not state:
+                self._init_state(state, p)
+            kept = self._frozen_parts(p, w.layout, state)
+            state["step"] += active
+            self._update(p, w.layout, state, settings)
+            for tensor, i, value in kept:
+                w.layout.parts(tensor, self.n)[i].copy_(value)  # type: ignore[union-attr]
+
+    def _frozen_parts(
+        self, p: torch.Tensor, layout: Layout, state: Dict[str, Any]
+    ) -> List[Tuple[torch.Tensor, int, torch.Tensor]]:
+        """The frozen models' parts of `p` and its moments, copied before an update that steps all N
+        at once, to be put back after it (a pruned trial may have NaN gradients: masking its update
+        arithmetically would spread them)."""
+        kept = []
+        for t in [p, *(state[k] for k in self.MOMENTS if state.get(k) is not None)]:
+            parts = layout.parts(t, self.n)
+            kept += [(t, i, parts[i].clone()) for i in self.frozen]  # type: ignore[union-attr]
+        return kept
+
+    def _settings_per_model(self) -> Dict[str, torch.Tensor]:
+        """Each number of the models' settings as a float64 tensor of N (betas split into beta1 and beta2)."""
+        out: Dict[str, torch.Tensor] = {}
+        for k in self.SETTINGS:
+            values = [g[k] for g in self.param_groups]
+            if k in self.PAIRS:
+                for j in range(2):
+                    out[f"{k[:-1]}{j + 1}"] = torch.tensor([float(v[j]) for v in values], dtype=torch.float64)
+            else:
+                out[k] = torch.tensor([float(v) for v in values], dtype=torch.float64)
+        return out
+
+    def _init_state(self, state: Dict[str, Any], p: torch.Tensor) -> None:
+        state["step"] = torch.zeros(self.n, dtype=torch.float64)
+        for k in self.MOMENTS:
+            state[k] = torch.zeros_like(p, memory_format=torch.preserve_format)
+
+    def _update(self, p: torch.Tensor, layout: Layout, state: Dict[str, Any], s: Dict[str, torch.Tensor]) -> None:
+        raise NotImplementedError
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.module.zero_grad(set_to_none=set_to_none)
+
+    # --- models -----------------------------------------------------------------------------------
+
+    def freeze(self, models: Union[int, Iterable[int]]) -> None:
+        """Stop stepping these models (their parameters and optimizer state stay as they are)."""
+        self.frozen |= set(self._indices(models))
+
+    def unfreeze(self, models: Union[int, Iterable[int]]) -> None:
+        self.frozen -= set(self._indices(models))
+
+    def _indices(self, models: Union[int, Iterable[int]]) -> List[int]:
+        indices: List[Any] = [models] if isinstance(models, int) else list(models)
+        for i in indices:
+            if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < self.n:
+                raise WideTesseraError(f"model {i!r}: give model indices from 0 to {self.n - 1}")
+        return [int(i) for i in indices]
+
+    def add_param_group(self, param_group: Dict[str, Any]) -> None:
+        if getattr(self, "module", None) is not None:  # torch's __init__ adds the N models' groups
+            raise WideTesseraError(f"{type(self).__name__} steps the N models it was made over; it takes no new group")
+        super().add_param_group(param_group)
+
+    # --- state: N torch optimizers' --------------------------------------------------------------
+
+    def _names(self) -> List[str]:
+        """One model's parameter names, in the order a torch optimizer over it indexes them."""
+        names = parameter_names(self.module)
+        if names is not None:
+            return names
+        bound = [w.name for w in self._wide] + [name for model in self._own[:1] for name, _ in model]
+        return list(dict.fromkeys(bound))
+
+    def state_dicts(self) -> List[Dict[str, Any]]:
+        """Each model's optimizer state as `torch.optim.<class>(model.parameters()).state_dict()`
+        gives it: its settings (its learning rate as scheduled now) and its parameters' state."""
+        index = {name: i for i, name in enumerate(self._names())}
+        states: List[Dict[int, Dict[str, Any]]] = [{} for _ in range(self.n)]
+        if self._inner is not None:
+            for i, model in enumerate(self._own):
+                for name, p in model:
+                    if self._inner.state.get(p):
+                        states[i][index[name]] = {k: _copy(v) for k, v in self._inner.state[p].items()}
+        for w in self._wide:
+            state = self.state.get(w.tensor)
+            if not state:
+                continue
+            parts = {k: w.layout.parts(state[k], self.n) for k in self.MOMENTS if state.get(k) is not None}
+            for i in range(self.n):
+                if state["step"][i] > 0:
+                    states[i][index[w.name]] = self._torch_state(i, state, {k: v[i] for k, v in parts.items()})
+        return [
+            {"state": states[i], "param_groups": [{**_plain(group), "params": list(range(len(index)))}]}
+            for i, group in enumerate(self.param_groups)
+        ]
+
+    def _torch_state(self, i: int, state: Dict[str, Any], parts: Dict[str, Any]) -> Dict[str, Any]:
+        """Model i's state of one wide tensor in torch's format."""
+        return {"step": torch.tensor(float(state["step"][i])), **{k: v.clone() for k, v in parts.items()}}
+
+    def load_state_dicts(self, states: List[Dict[str, Any]]) -> None:
+        """Take N models' optimizer states (state_dicts' format, torch's): settings and moments."""
+        if not isinstance(states, (list, tuple)) or len(states) != self.n:
+            raise WideTesseraError(f"load_state_dicts: give {self.n} optimizer states, one per model")
+        names = self._names()
+        for i, state in enumerate(states):
+            group = state["param_groups"][0]
+            self.param_groups[i].update({k: group[k] for k in group if k != "params"})
+        if self._inner is not None:
+            index = {name: j for j, name in enumerate(names)}
+            for i, model in enumerate(self._own):
+                self._inner.state.update({p: _copy(states[i]["state"][index[n]]) for n, p in model
+                                          if index[n] in states[i]["state"]})  # fmt: skip
+        for w in self._wide:
+            j = names.index(w.name)
+            per_model = [s["state"].get(j) for s in states]
+            if not any(per_model):
+                continue
+            state = self.state[w.tensor]
+            self._init_state(state, w.tensor)
+            for i, one in enumerate(per_model):
+                if one:
+                    self._load_part(i, state, one, w.layout)
+
+    def _load_part(self, i: int, state: Dict[str, Any], one: Dict[str, Any], layout: Layout) -> None:
+        state["step"][i] = float(one.get("step", 1))
+        for k in self.MOMENTS:
+            if one.get(k) is not None:
+                layout.parts(state[k], self.n)[i].copy_(one[k])  # type: ignore[union-attr]
+
+    def state_dict(self) -> Dict[str, Any]:
+        """The N models' optimizer states (`state_dicts`), for a checkpoint of the whole group."""
+        return {"models": self.state_dicts()}
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        if not isinstance(state_dict, dict) or "models" not in state_dict:
+            raise WideTesseraError(f"{type(self).__name__}.load_state_dict takes what its state_dict() gave")
+        self.load_state_dicts(state_dict["models"])
+
+
+def _copy(value: Any) -> Any:
+    return value.clone() if isinstance(value, torch.Tensor) else value
+
+
+def _plain(group: Dict[str, Any]) -> Dict[str, Any]:
+    return {k: v for k, v in group.items() if k != "params"}
+
+
+def _spread(layout: Layout, values: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """Per-model numbers over their models' parts of `p`, in at least float32 (a learning rate of
+    1e-3 in bfloat16 is 0.000999)."""
+    dtype = torch.promote_types(p.dtype, torch.float32)
+    return layout.spread(values.to(device=p.device, dtype=dtype), p)
+
+
+class SGD(_PerModel):
+    """torch.optim.SGD for each of the N models: lr, momentum, dampening, weight_decay and nesterov,
+    each one value or one per model."""
+
+    TORCH: ClassVar[Type[torch.optim.Optimizer]] = torch.optim.SGD
+    SETTINGS = {
+        "lr": number(0.0),
+        "momentum": number(0.0),
+        "dampening": number(0.0),
+        "weight_decay": number(0.0),
+        "nesterov": _flag,
+    }
+    MOMENTS = ("momentum_buffer",)
+
+    def __init__(
+        self,
+        module: nn.Module,
+        lr: Any = 1e-3,
+        momentum: Any = 0.0,
+        dampening: Any = 0.0,
+        weight_decay: Any = 0.0,
+        nesterov: Any = False,
+        implementation: Optional[str] = None,
+    ):
+        super().__init__(
+            module, implementation, lr=lr, momentum=momentum, dampening=dampening,
+            weight_decay=weight_decay, nesterov=nesterov,
+        )  # fmt: skip
+
+    def _check_group(self, i: int, group: Dict[str, Any]) -> None:
+        if group["nesterov"] and (group["momentum"] <= 0 or group["dampening"] != 0):
+            raise WideTesseraError(f"model {i}: nesterov momentum needs momentum > 0 and dampening 0")
+
+    def _update(self, p: torch.Tensor, layout: Layout, state: Dict[str, Any], s: Dict[str, torch.Tensor]) -> None:
+        g = p.grad
+        assert g is not None
+        if s["weight_decay"].any():
+            g = g.add(p * _spread(layout, s["weight_decay"], p))  # torch: grad.add(param, alpha=weight_decay)
+        if s["momentum"].any():
+            buf = state["momentum_buffer"]
+            # torch: the first step's buffer is the gradient itself; later, momentum * buf + (1 - dampening) * grad;
+            # a model without momentum has none, its step the gradient (here: a buffer equal to it)
+            fresh = (state["step"] == 1) | (s["momentum"] == 0)
+            keep = torch.where(fresh, 0.0, s["momentum"])
+            scale = torch.where(fresh, 1.0, 1.0 - s["dampening"])
+            buf.mul_(_spread(layout, keep, p)).add_(g * _spread(layout, scale, p))
+            if s["nesterov"].any():
+                g = torch.where(_spread(layout, s["nesterov"], p) > 0, g + buf * _spread(layout, s["momentum"], p), buf)
+            else:
+                g = buf
+        p.sub_(g * _spread(layout, s["lr"], p))
+
+    def _init_state(self, state: Dict[str, Any], p: torch.Tensor) -> None:
+        state["step"] = torch.zeros(self.n, dtype=torch.float64)
+        momentum = any(g["momentum"] > 0 for g in self.param_groups)
+        state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format) if momentum else None
+
+    def _torch_state(self, i: int, state: Dict[str, Any], parts: Dict[str, Any]) -> Dict[str, Any]:
+        """torch's SGD keeps a momentum buffer only where there is momentum, and no step count."""
+        buf = parts.get("momentum_buffer")
+        return {"momentum_buffer": buf.clone() if buf is not None and self.param_groups[i]["momentum"] > 0 else None}
+
+    def _load_part(self, i: int, state: Dict[str, Any], one: Dict[str, Any], layout: Layout) -> None:
+        state["step"][i] = 1.0  # torch's SGD counts no steps: it has stepped, so its buffer is not fresh
+        if one.get("momentum_buffer") is not None and state["momentum_buffer"] is not None:
+            layout.parts(state["momentum_buffer"], self.n)[i].copy_(one["momentum_buffer"])  # type: ignore[union-attr]
+
+
+class Adam(_PerModel):
+    """torch.optim.Adam for each of the N models: lr, betas, eps and weight_decay (added to the
+    gradient), each one value or one per model (betas: one pair, or N pairs)."""
+
+    TORCH: ClassVar[Type[torch.optim.Optimizer]] = torch.optim.Adam
+    SETTINGS = {"lr": number(0.0), "betas": _betas, "eps": number(0.0), "weight_decay": number(0.0)}
+    PAIRS = ("betas",)
+    MOMENTS = ("exp_avg", "exp_avg_sq")
+    DECOUPLED = False
+
+    def __init__(
+        self,
+        module: nn.Module,
+        lr: Any = 1e-3,
+        betas: Any = (0.9, 0.999),
+        eps: Any = 1e-8,
+        weight_decay: Any = 0.0,
+        implementation: Optional[str] = None,
+    ):
+        super().__init__(module, implementation, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+
+    def _update(self, p: torch.Tensor, layout: Layout, state: Dict[str, Any], s: Dict[str, torch.Tensor]) -> None:
+        g = p.grad
+        assert g is not None
+        m, v = state["exp_avg"], state["exp_avg_sq"]
+        steps = state["step"].clamp(min=1.0)  # a frozen model's 0 steps would divide by zero; its part is restored
+        bias1, bias2 = 1 - s["beta1"] ** steps, 1 - s["beta2"] ** steps
+        if s["weight_decay"].any():
+            if self.DECOUPLED:  # torch: param.mul_(1 - lr * weight_decay)
+                p.mul_(_spread(layout, 1 - s["lr"] * s["weight_decay"], p))
+            else:  # torch: grad.add(param, alpha=weight_decay)
+                g = g.add(p * _spread(layout, s["weight_decay"], p))
+        m.lerp_(g, _spread(layout, 1 - s["beta1"], p))
+        v.mul_(_spread(layout, s["beta2"], p)).addcmul_(g, g * _spread(layout, 1 - s["beta2"], p))
+        denom = (v.sqrt() / _spread(layout, bias2.sqrt(), p)).add_(_spread(layout, s["eps"], p))
+        # torch: param.addcdiv_(exp_avg, denom, value=-lr / bias_correction1)
+        p.sub_(torch.div(m, denom, out=denom).mul_(_spread(layout, s["lr"] / bias1, p)))
+
+
+class AdamW(Adam):
+    """torch.optim.AdamW for each of the N models: Adam with its weight decay applied to the
+    parameters (decoupled), default 0.01 as torch's."""
+
+    TORCH = torch.optim.AdamW
+    DECOUPLED = True
+
+    def __init__(
+        self,
+        module: nn.Module,
+        lr: Any = 1e-3,
+        betas: Any = (0.9, 0.999),
+        eps: Any = 1e-8,
+        weight_decay: Any = 1e-2,
+        implementation: Optional[str] = None,
+    ):
+        super().__init__(module, lr, betas, eps, weight_decay, implementation)
