@@ -366,3 +366,57 @@ def test_an_optimizer_over_the_modules_after_unfuse_into_is_left_alone(first_cal
     sum(m(torch.randn(B, D)).sum() for m in models).backward()
     opt.step()
     assert opt.param_groups[0]["params"][0] is models[0].fc1.weight and not torch.equal(models[0].fc1.weight, before)
+
+
+ADAMW = wto.AdamW
+
+
+class LosingTheFifthStep(wto.AdamW):
+    def step(self, closure=None):
+        self.calls = getattr(self, "calls", 0) + 1
+        return None if self.calls == 5 else super().step(closure)
+
+
+MODE_MUTATIONS = {
+    "none": None,
+    "one learning rate for all": ("AdamW", lambda module, lr, **k: ADAMW(module, lr=lr[0], **k)),
+    "a joint clip": ("clip_grad_norm_", lambda m, limit: torch.nn.utils.clip_grad_norm_(m.parameters(), limit)),
+    "a lost update": ("AdamW", LosingTheFifthStep),
+}
+
+
+@pytest.mark.parametrize("mutation", list(MODE_MUTATIONS))
+def test_the_train_mode_checks_each_strategy_against_n_separate_trainings(mutation, monkeypatch):
+    """The train mode's check passes a correct fused training and fails one whose optimizer has one
+    learning rate for all, clips jointly or loses a step (only the wide side is mutated: the
+    baseline trains with torch's own)."""
+    if MODE_MUTATIONS[mutation] is not None:
+        name, replacement = MODE_MUTATIONS[mutation]
+        monkeypatch.setattr(wto, name, replacement)
+    result = wt.benchmark_custom(
+        MLP, (B, D), [3], mode="train", verbose=False, confirm="none", controls=False,
+        timing=wt.TimingConfig(budget_s=0.02, min_samples=3),
+    )  # fmt: skip
+    (point,) = result.points
+    for strategy in ("vmap", "surgery"):
+        check = point.checks[strategy]
+        if mutation == "none":
+            assert check.correct, check.error
+        else:
+            assert not check.correct and "after 10 steps, model" in check.error, (strategy, check)
+
+
+@pytest.mark.parametrize("strategy", ["offset", "gather"])
+def test_an_embeddings_padding_row_gets_no_gradient(strategy):
+    """nn.Embedding(padding_idx=p) gives row p no gradient; so does its wide module (vmap's batching
+    rule does not: torch's, caught by the training checks)."""
+    torch.manual_seed(0)
+    tables = [nn.Embedding(10, 4, padding_idx=0) for _ in range(3)]
+    ids = [torch.tensor([[0, 1, 0], [2, 0, 3]]) for _ in range(3)]
+    fused = wt.fuse(tables, strategy=strategy)
+    sum(o.pow(2).sum() for o in fused.unpack(fused(fused.pack(ids)))).backward()
+    for t, x in zip(tables, ids):
+        t(x).pow(2).sum().backward()
+    for m, clipped in zip(tables, unfused_grads(fused)):
+        torch.testing.assert_close(clipped.weight, m.weight.grad)
+        assert not clipped.weight[0].any()

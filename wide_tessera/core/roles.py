@@ -15,8 +15,8 @@ BASELINE, POINT = "baseline", "point"
 CONTROLS = {
     "loop_graph": "the N calls captured in one CUDA graph (CUDA, inference)",
     "loop_compiled": "the N calls compiled with torch.compile's default mode",
-    "loop_foreach": "the N calls, all N models stepped by one foreach optimizer (train_step)",
-    "loop_fused": "the N calls, all N models stepped by one fused optimizer (train_step)",
+    "loop_foreach": "the N calls, all N models stepped by one foreach optimizer (train_step, train)",
+    "loop_fused": "the N calls, all N models stepped by one fused optimizer (train_step, train)",
 }
 
 RESERVED_NAMES = (BASELINE, POINT, *CONTROLS)

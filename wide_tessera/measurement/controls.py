@@ -6,7 +6,7 @@ removes most of that overhead while the N problems stay separate. Timed beside t
 strategies, the controls answer "fuse, or just capture the loop?". They are checked
 like strategies but are never winners: they do not fuse.
 
-In train_step a loop of N models also pays N optimizer steps of a few small tensors each.
+In train_step and train a loop of N models also pays N optimizer steps of a few small tensors each.
 torch's foreach (multi-tensor) and fused optimizers step all N models' parameters in a
 few kernels, without fusing the models: "fuse, or just step them together?". They are
 controls, not strategies: no wide module comes out of them for `fuse` to build, and
@@ -57,13 +57,13 @@ def control_unavailable(
     `mode`: the loop is captured for inference only; capturing a backward pass and an
     optimizer step is whole-network graph capture, which this control does not do. The
     compiled loop cannot be timed in the backward mode (see BACKWARD_NOT_COMPILED). The
-    optimizer controls step an optimizer, which only train_step has.
+    optimizer controls step an optimizer, which only train_step and train have.
     """
     if name in OPTIMIZER_CONTROLS:
         return (
             None
-            if mode == "train_step"
-            else f"steps an optimizer, which only train_step has; this run's mode is {mode}"
+            if mode in ("train_step", "train")
+            else f"steps an optimizer, which only train_step and train have; this run's mode is {mode}"
         )
     if random:
         return "the models draw random numbers, which a compiled or captured loop draws its own way"

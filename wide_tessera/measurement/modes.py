@@ -4,7 +4,11 @@ inference: the N outputs under no_grad (the default).
 forward: the same forward with autograd recording (parameters and float inputs need gradients).
 backward: the backward pass alone, from one recorded forward kept for every call.
 forward_backward: forward, then the gradients of every parameter and float input.
-train_step: forward, backward and one optimizer step over every parameter.
+train_step: forward, backward and one SGD step over every parameter, one learning rate for all:
+    the op's training path, checked as strictly as its gradients.
+train: one step of what a hyperparameter sweep runs (measurement.recipe): forward, backward,
+    each model clipped, stepped by AdamW with its own settings and scheduled; checked by the
+    N models' parameters after TRAIN_STEPS steps against N separate torch trainings.
 
 Both sides do the same in each mode: the baseline over N models and N inputs, a wide
 strategy over its wide module and the packed input. The gradient flowing back is that of
@@ -38,8 +42,9 @@ from torch import nn
 from torch.utils._pytree import tree_map
 
 from ..core import trees
-from ..core.correctness import Check, check_outputs
+from ..core.correctness import ADAM_TRAINED, Check, check_outputs, check_trained
 from ..core.errors import unknown
+from .recipe import TRAIN_STEPS, Recipe
 
 __all__ = [
     "MODES",
@@ -54,7 +59,7 @@ __all__ = [
     "preserved",
 ]
 
-MODES = ("inference", "forward", "backward", "forward_backward", "train_step")
+MODES = ("inference", "forward", "backward", "forward_backward", "train_step", "train")
 TRAINING_MODES = MODES[1:]
 
 # SGD with momentum: its first step moves every parameter by lr times its gradient, so a
@@ -76,9 +81,9 @@ class Side:
 
     forward(x) -> the side's output, for x = pack(inputs) made from the N models' inputs;
     unpack(output) -> the N models' outputs; modules: what holds the side's parameters (N
-    models, or one wide module); optimizer: None, each module stepped by its own optimizer
+    models, or one wide module: `wide`); optimizer: None, each module stepped by its own optimizer
     in torch's default implementation, or 'foreach'/'fused', all modules by one optimizer
-    in that implementation.
+    in that implementation; recipe: the train mode's per-model settings.
     """
 
     forward: Callable[[Any], Any]
@@ -86,6 +91,8 @@ class Side:
     unpack: Callable[[Any], List[Any]]
     modules: List[nn.Module]
     optimizer: Optional[str] = None
+    wide: bool = False
+    recipe: Optional[Recipe] = None
 
     def parameters(self) -> List[torch.Tensor]:
         return [p for m in self.modules for p in _trained(m)]
@@ -119,7 +126,7 @@ def grad_weights(reference: Sequence[Any], seed: int) -> List[Any]:
             return None
         return torch.randn(t.shape, generator=generator).to(device=t.device, dtype=t.dtype)
 
-    return [tree_map(weight, out) for out in reference]
+    return [trees.map_leaves(weight, out) for out in reference]
 
 
 def loss(outputs: Sequence[Any], weights: Sequence[Any]) -> torch.Tensor:
@@ -153,6 +160,15 @@ def timed_call(mode: str, side: Side, inputs: List[Any], weights: List[Any]) -> 
         return _with_grad(
             lambda x: torch.autograd.grad(loss(side.unpack(side.forward(x)), weights), wrt, allow_unused=True), x
         )
+    if mode == "train":
+        assert side.recipe is not None
+        stepper = side.recipe.stepper(side.modules, side.wide, side.optimizer)
+
+        def train(x: Any) -> None:
+            loss(side.unpack(side.forward(x)), weights).backward()
+            stepper()
+
+        return _with_grad(train, x)
     optimizers = side.optimizers()
 
     def train_step(x: Any) -> None:
@@ -176,20 +192,42 @@ def _with_grad(fn: Callable[[Any], Any], x: Any) -> Callable[[], Any]:
 class Outcome:
     """What one checked call in a training mode did: the N outputs, each model's input
     gradients, and per module of the side its parameter gradients, its persistent buffers
-    after the call, and (train_step) its parameters after the step."""
+    after the call, and (train_step) its parameters after the step. In the train mode:
+    the first step's outputs, and `trained`, each model's parameters and buffers after
+    TRAIN_STEPS steps."""
 
     outputs: List[Any]
     input_grads: List[Any]
     grads: List[Dict[str, torch.Tensor]]
     buffers: List[Dict[str, torch.Tensor]]
     stepped: Optional[List[Dict[str, torch.Tensor]]]
+    trained: Optional[List[Dict[str, torch.Tensor]]] = None
 
 
 def outcome(mode: str, side: Side, inputs: List[Any], weights: List[Any], seeded: Callable[[Callable], Any]) -> Outcome:
     """One forward and backward (and step, for train_step) of `side` on the N models' inputs,
     the gradients taken through `pack`; the side's modules are left as they were."""
     with preserved(side.modules):
+        if mode == "train":
+            return _train_steps(side, inputs, weights, seeded)
         return _outcome(mode, side, inputs, weights, seeded)
+
+
+def _train_steps(side: Side, inputs: List[Any], weights: List[Any], seeded: Callable[[Callable], Any]) -> Outcome:
+    """TRAIN_STEPS steps of the train mode on one batch: the first step's outputs, and the N
+    models' state at the end."""
+    assert side.recipe is not None
+    stepper = side.recipe.stepper(side.modules, side.wide, side.optimizer)
+    x = side.pack(inputs)
+    first: List[Any] = []
+    for _ in range(TRAIN_STEPS):
+        with torch.enable_grad():
+            outputs = side.unpack(seeded(lambda: side.forward(x)))
+            if not first:
+                first = [_detached(o) for o in outputs]
+            loss(outputs, weights).backward()
+        stepper()
+    return Outcome(first, [], [], [], None, side.recipe.states(side.modules, side.wide))
 
 
 @contextmanager
@@ -249,12 +287,14 @@ def _or_zeros(grad: Optional[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
 
 
 def _detached(tree: Any) -> Any:
-    return tree_map(lambda t: t.detach() if isinstance(t, torch.Tensor) else t, tree)
+    return trees.map_leaves(lambda t: t.detach() if isinstance(t, torch.Tensor) else t, tree)
 
 
 def _persistent_buffers(m: nn.Module) -> Dict[str, torch.Tensor]:
-    """The buffers a state_dict holds (running statistics), not scratch a module keeps for itself."""
-    names = {k for k, _ in m.named_parameters()}
+    """The buffers a state_dict holds (running statistics), not scratch a module keeps for itself;
+    not a parameter under its second name (GPT-2's lm_head tied to its embedding), which was
+    taken for a buffer and wrote the weight over the gradient joined for the check."""
+    names = {k for k, _ in m.named_parameters(remove_duplicate=False)}
     return {k: v.detach().clone() for k, v in m.state_dict().items() if k not in names}
 
 
@@ -286,6 +326,15 @@ def compare(
     are first joined by `join` (the strategy's from_modules) into its layout; a loop over the N
     models (join None) is compared model by model."""
 
+    if reference.trained is not None and got.trained is not None:
+        outputs = check_outputs(got.outputs, reference.outputs, tol)
+        if not outputs.correct:
+            return Check(False, outputs.max_rel_error, tol, f"output: {outputs.error}")
+        trained = check_trained(got.trained, reference.trained, ADAM_TRAINED)
+        if not trained.correct:
+            return Check(False, trained.max_rel_error, tol, f"after {TRAIN_STEPS} steps, {trained.error}")
+        return Check(True, max(outputs.max_rel_error or 0.0, trained.max_rel_error or 0.0), tol, None,
+                     list(outputs.per_model_rel_error), list(outputs.per_model_abs_error))  # fmt: skip
     if join is None:
         grads, buffers, stepped = reference.grads, reference.buffers, reference.stepped
     else:

@@ -138,7 +138,9 @@ class RunSettings:
     mode: str = _field(
         "inference",
         "What is timed: inference (no autograd), forward (recording), backward, forward_backward, train_step "
-        "(forward, backward, SGD step). Training modes also check gradients and updated parameters.",
+        "(forward, backward, one SGD step), train (a sweep's step: forward, backward, each model clipped, stepped by "
+        "AdamW with its own settings, scheduled). Training modes also check gradients and updated parameters; "
+        "train, each model after 10 steps against its separate training.",
         option="--mode",
         resume=True,
     )
@@ -171,7 +173,7 @@ class RunSettings:
     )
     controls: Optional[bool] = _field(
         None,
-        "Also time the baseline loop in one CUDA graph (CUDA) and compiled, and in train_step stepped by "
+        "Also time the baseline loop in one CUDA graph (CUDA) and compiled, and in train_step and train stepped by "
         "one foreach or fused optimizer: cheaper loops that do not fuse.  "
         "[default: controls; preset ci: no-controls; preset quick: on a GPU only]",
         option="--controls",

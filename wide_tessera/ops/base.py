@@ -7,8 +7,8 @@ from typing import Any, Callable, ClassVar, Dict, List, Optional, Sequence, Tupl
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from ..core import trees
 from ..core.capabilities import Needs
 from ..core.errors import ContractError, WideTesseraError, unknown
 from ..core.job import DTYPES, BenchmarkJob, SweepParams, Work
@@ -230,9 +230,9 @@ class WideOp:
     def unpack(self, output: Any) -> List[Any]:
         """The N outputs: every tensor of the output (a tensor, or a tuple such as a GRU's output
         and hidden state) split on its leading axis."""
-        leaves, spec = tree_flatten(output)
+        leaves, structure = trees.flat(output)
         n = getattr(self, "n", None) or (leaves[0].shape[0] if leaves else 0)
-        return [tree_unflatten(list(models), spec) for models in zip(*(STACKED.parts(t, n) for t in leaves))]
+        return [trees.unflat(list(models), structure) for models in zip(*(STACKED.parts(t, n) for t in leaves))]
 
 
 class WideChannelsOp(WideOp):

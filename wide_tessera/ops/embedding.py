@@ -23,7 +23,10 @@ class WideEmbedding(WideOp, nn.Module):
 
     The N tables are one parameter [N, vocab, dim]. Strategies: 'offset' (the tables seen as
     one of N*vocab rows, each model's ids shifted by its offset, one F.embedding); 'gather'
-    (advanced indexing of the stacked tables by model and id).
+    (advanced indexing of the stacked tables by model and id). A `padding_idx` row gets no
+    gradient, as in nn.Embedding: one lookup of N tables cannot name N padding rows, so the
+    looked-up rows of padding ids are detached (a transformers model's embedding has one; the
+    stacked lookup without it gave the padding row a gradient, and a trained Bert drifted).
     """
 
     BENCHMARK_SWEEPS = {
@@ -43,9 +46,11 @@ class WideEmbedding(WideOp, nn.Module):
     BENCHMARK_STRATEGIES = ("offset", "gather")
     FUSES = nn.Embedding
 
-    def __init__(self, n: int, vocab: int, dim: int, strategy: Optional[str] = None):
+    def __init__(
+        self, n: int, vocab: int, dim: int, strategy: Optional[str] = None, padding_idx: Optional[int] = None
+    ):
         super().__init__()
-        self.n, self.vocab, self.dim = n, vocab, dim
+        self.n, self.vocab, self.dim, self.padding_idx = n, vocab, dim, padding_idx
         self.strategy = self.check_strategy(strategy)
         self.weight = nn.Parameter(torch.empty(n, vocab, dim))
 
@@ -54,7 +59,13 @@ class WideEmbedding(WideOp, nn.Module):
         config = shared_config(
             modules,
             nn.Embedding,
-            lambda m: dict(vocab=m.num_embeddings, dim=m.embedding_dim, max_norm=m.max_norm, sparse=m.sparse),
+            lambda m: dict(
+                vocab=m.num_embeddings,
+                dim=m.embedding_dim,
+                max_norm=m.max_norm,
+                sparse=m.sparse,
+                padding_idx=m.padding_idx,
+            ),
         )
         if config.pop("max_norm") is not None or config.pop("sparse"):
             raise WideTesseraError(
@@ -67,8 +78,13 @@ class WideEmbedding(WideOp, nn.Module):
             raise WideTesseraError(f"WideEmbedding takes integer token ids, got {ids.dtype}")
         models = torch.arange(self.n, device=ids.device).view(self.n, *(1,) * (ids.dim() - 1))
         if self.strategy == "gather":
-            return self.weight[models, ids]
-        return F.embedding(ids + models * self.vocab, self.weight.view(self.n * self.vocab, self.dim))
+            rows = self.weight[models, ids]
+        else:
+            rows = F.embedding(ids + models * self.vocab, self.weight.view(self.n * self.vocab, self.dim))
+        if self.padding_idx is None or not rows.requires_grad:
+            return rows
+        padding = (ids == self.padding_idx % self.vocab).unsqueeze(-1)
+        return torch.where(padding, rows.detach(), rows)
 
     @classmethod
     def work(cls, n: int, batch: int, seq_len: int, dim: int, **params: Any) -> Work:

@@ -156,6 +156,7 @@ class _PerModel(torch.optim.Optimizer):
     def _step_wide(self) -> None:
         active = torch.tensor([0.0 if i in self.frozen else 1.0 for i in range(self.n)], dtype=torch.float64)
         settings = self._settings_per_model()
+        numbers: Dict[Tuple[float, ...], Dict[str, Any]] = {}  # per step counts: the numbers of this step
         for w in self._wide:
             p = w.tensor
             if p.grad is None:
@@ -167,7 +168,10 @@ class _PerModel(torch.optim.Optimizer):
                 self._init_state(state, p)
             kept = self._frozen_parts(p, w.layout, state)
             state["step"] += active
-            self._update(p, w.layout, state, settings)
+            steps = tuple(state["step"].tolist())
+            if steps not in numbers:
+                numbers[steps] = self._numbers(settings, state["step"])
+            self._update(p, w.layout, state, numbers[steps])
             for tensor, i, value in kept:
                 w.layout.parts(tensor, self.n)[i].copy_(value)  # type: ignore[union-attr]
 
@@ -177,7 +181,9 @@ class _PerModel(torch.optim.Optimizer):
         """The frozen models' parts of `p` and its moments, copied before an update that steps all N
         at once, to be put back after it (a pruned trial may have NaN gradients: masking its update
         arithmetically would spread them)."""
-        kept = []
+        kept: List[Tuple[torch.Tensor, int, torch.Tensor]] = []
+        if not self.frozen:
+            return kept
         for t in [p, *(state[k] for k in self.MOMENTS if state.get(k) is not None)]:
             parts = layout.parts(t, self.n)
             kept += [(t, i, parts[i].clone()) for i in self.frozen]  # type: ignore[union-attr]
@@ -200,7 +206,12 @@ class _PerModel(torch.optim.Optimizer):
         for k in self.MOMENTS:
             state[k] = torch.zeros_like(p, memory_format=torch.preserve_format)
 
-    def _update(self, p: torch.Tensor, layout: Layout, state: Dict[str, Any], s: Dict[str, torch.Tensor]) -> None:
+    def _numbers(self, s: Dict[str, torch.Tensor], steps: torch.Tensor) -> Dict[str, Any]:
+        """What an update of a wide tensor at these per-model step counts multiplies by, each a
+        `_PerModel` number (computed once a step for all tensors stepped alike)."""
+        raise NotImplementedError
+
+    def _update(self, p: torch.Tensor, layout: Layout, state: Dict[str, Any], c: Dict[str, Any]) -> None:
         raise NotImplementedError
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -312,11 +323,25 @@ def _plain(group: Dict[str, Any]) -> Dict[str, Any]:
     return {k: v for k, v in group.items() if k != "params"}
 
 
-def _spread(layout: Layout, values: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
-    """Per-model numbers over their models' parts of `p`, in at least float32 (a learning rate of
-    1e-3 in bfloat16 is 0.000999)."""
-    dtype = torch.promote_types(p.dtype, torch.float32)
-    return layout.spread(values.to(device=p.device, dtype=dtype), p)
+class _Numbers:
+    """One number per model for a step of the wide tensors: a Python float where the N agree (then
+    torch's own arithmetic, scalar for scalar), else the N spread over each model's part of a
+    tensor, in at least float32 (a learning rate of 1e-3 in bfloat16 is 0.000999), converted once
+    a step per device and dtype."""
+
+    def __init__(self, values: torch.Tensor):
+        self.values = values
+        first = float(values[0])
+        self.same: Optional[float] = first if bool((values == first).all()) else None
+        self._on: Dict[Tuple[torch.device, torch.dtype], torch.Tensor] = {}
+
+    def over(self, layout: Layout, p: torch.Tensor) -> Union[float, torch.Tensor]:
+        if self.same is not None:
+            return self.same
+        key = (p.device, torch.promote_types(p.dtype, torch.float32))
+        if key not in self._on:
+            self._on[key] = self.values.to(device=key[0], dtype=key[1])
+        return layout.spread(self._on[key], p)
 
 
 class SGD(_PerModel):
@@ -352,24 +377,41 @@ class SGD(_PerModel):
         if group["nesterov"] and (group["momentum"] <= 0 or group["dampening"] != 0):
             raise WideTesseraError(f"model {i}: nesterov momentum needs momentum > 0 and dampening 0")
 
-    def _update(self, p: torch.Tensor, layout: Layout, state: Dict[str, Any], s: Dict[str, torch.Tensor]) -> None:
+    def _numbers(self, s: Dict[str, torch.Tensor], steps: torch.Tensor) -> Dict[str, Any]:
+        # torch: the first step's buffer is the gradient itself; later, momentum * buf + (1 - dampening) * grad;
+        # a model without momentum has none, its step the gradient (here: a buffer equal to it)
+        fresh = (steps == 1) | (s["momentum"] == 0)
+        return {
+            "decay": _Numbers(s["weight_decay"]) if s["weight_decay"].any() else None,
+            "keep": _Numbers(torch.where(fresh, 0.0, s["momentum"])) if s["momentum"].any() else None,
+            "scale": _Numbers(torch.where(fresh, 1.0, 1.0 - s["dampening"])),
+            "nesterov": _Numbers(s["nesterov"]) if s["nesterov"].any() else None,
+            "momentum": _Numbers(s["momentum"]),
+            "lr": _Numbers(s["lr"]),
+        }
+
+    def _update(self, p: torch.Tensor, layout: Layout, state: Dict[str, Any], c: Dict[str, Any]) -> None:
         g = p.grad
         assert g is not None
-        if s["weight_decay"].any():
-            g = g.add(p * _spread(layout, s["weight_decay"], p))  # torch: grad.add(param, alpha=weight_decay)
-        if s["momentum"].any():
+        if c["decay"] is not None:
+            g = g.add(p * c["decay"].over(layout, p))  # torch: grad.add(param, alpha=weight_decay)
+        if c["keep"] is not None:
             buf = state["momentum_buffer"]
-            # torch: the first step's buffer is the gradient itself; later, momentum * buf + (1 - dampening) * grad;
-            # a model without momentum has none, its step the gradient (here: a buffer equal to it)
-            fresh = (state["step"] == 1) | (s["momentum"] == 0)
-            keep = torch.where(fresh, 0.0, s["momentum"])
-            scale = torch.where(fresh, 1.0, 1.0 - s["dampening"])
-            buf.mul_(_spread(layout, keep, p)).add_(g * _spread(layout, scale, p))
-            if s["nesterov"].any():
-                g = torch.where(_spread(layout, s["nesterov"], p) > 0, g + buf * _spread(layout, s["momentum"], p), buf)
-            else:
+            buf.mul_(c["keep"].over(layout, p)).add_(g * c["scale"].over(layout, p))
+            if c["nesterov"] is None:
                 g = buf
-        p.sub_(g * _spread(layout, s["lr"], p))
+            else:
+                nesterov = c["nesterov"].over(layout, p)
+                ahead = g + buf * c["momentum"].over(layout, p)
+                if isinstance(nesterov, float):
+                    g = ahead if nesterov else buf
+                else:
+                    g = torch.where(nesterov > 0, ahead, buf)
+        lr = c["lr"].over(layout, p)
+        if isinstance(lr, float):
+            p.add_(g, alpha=-lr)  # torch: param.add_(grad, alpha=-lr)
+        else:
+            p.sub_(g * lr)
 
     def _init_state(self, state: Dict[str, Any], p: torch.Tensor) -> None:
         state["step"] = torch.zeros(self.n, dtype=torch.float64)
@@ -408,22 +450,43 @@ class Adam(_PerModel):
     ):
         super().__init__(module, implementation, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
 
-    def _update(self, p: torch.Tensor, layout: Layout, state: Dict[str, Any], s: Dict[str, torch.Tensor]) -> None:
+    def _numbers(self, s: Dict[str, torch.Tensor], steps: torch.Tensor) -> Dict[str, Any]:
+        steps = steps.clamp(min=1.0)  # a frozen model's 0 steps would divide by zero; its part is restored
+        bias1, bias2 = 1 - s["beta1"] ** steps, 1 - s["beta2"] ** steps
+        decay = (1 - s["lr"] * s["weight_decay"]) if self.DECOUPLED else s["weight_decay"]
+        return {
+            "decay": _Numbers(decay) if s["weight_decay"].any() else None,
+            "beta1": _Numbers(1 - s["beta1"]),
+            "beta2": _Numbers(s["beta2"]),
+            "beta2_rest": _Numbers(1 - s["beta2"]),
+            "bias2_sqrt": _Numbers(bias2.sqrt()),
+            "eps": _Numbers(s["eps"]),
+            "step_size": _Numbers(s["lr"] / bias1),
+        }
+
+    def _update(self, p: torch.Tensor, layout: Layout, state: Dict[str, Any], c: Dict[str, Any]) -> None:
+        """torch's single-tensor Adam, line by line, with each model's numbers over its part."""
         g = p.grad
         assert g is not None
         m, v = state["exp_avg"], state["exp_avg_sq"]
-        steps = state["step"].clamp(min=1.0)  # a frozen model's 0 steps would divide by zero; its part is restored
-        bias1, bias2 = 1 - s["beta1"] ** steps, 1 - s["beta2"] ** steps
-        if s["weight_decay"].any():
+        if c["decay"] is not None:
+            decay = c["decay"].over(layout, p)
             if self.DECOUPLED:  # torch: param.mul_(1 - lr * weight_decay)
-                p.mul_(_spread(layout, 1 - s["lr"] * s["weight_decay"], p))
+                p.mul_(decay)
             else:  # torch: grad.add(param, alpha=weight_decay)
-                g = g.add(p * _spread(layout, s["weight_decay"], p))
-        m.lerp_(g, _spread(layout, 1 - s["beta1"], p))
-        v.mul_(_spread(layout, s["beta2"], p)).addcmul_(g, g * _spread(layout, 1 - s["beta2"], p))
-        denom = (v.sqrt() / _spread(layout, bias2.sqrt(), p)).add_(_spread(layout, s["eps"], p))
-        # torch: param.addcdiv_(exp_avg, denom, value=-lr / bias_correction1)
-        p.sub_(torch.div(m, denom, out=denom).mul_(_spread(layout, s["lr"] / bias1, p)))
+                g = g.add(p, alpha=decay) if isinstance(decay, float) else g.add(p * decay)
+        m.lerp_(g, c["beta1"].over(layout, p))  # torch: exp_avg.lerp_(grad, 1 - beta1)
+        rest = c["beta2"].over(layout, p), c["beta2_rest"].over(layout, p)
+        if isinstance(rest[1], float):  # torch: exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+            v.mul_(rest[0]).addcmul_(g, g, value=rest[1])
+        else:
+            v.mul_(rest[0]).addcmul_(g, g * rest[1])
+        denom = (v.sqrt() / c["bias2_sqrt"].over(layout, p)).add_(c["eps"].over(layout, p))
+        step_size = c["step_size"].over(layout, p)
+        if isinstance(step_size, float):  # torch: param.addcdiv_(exp_avg, denom, value=-step_size)
+            p.addcdiv_(m, denom, value=-step_size)
+        else:
+            p.sub_(torch.div(m, denom, out=denom).mul_(step_size))
 
 
 class AdamW(Adam):

@@ -41,6 +41,7 @@ from ..measurement.energy import measure_energy
 from ..measurement.launches import count_launches
 from ..measurement.memory import peak_memory
 from ..measurement.modes import TRAINING_MODES, Side
+from ..measurement.recipe import Recipe
 from ..measurement.settings import RunSettings
 from ..measurement.stages import StageObserver, StageTimeout, stage_limit
 from ..measurement.timing import PairedTimings, TimedFunctionError, measure_paired
@@ -169,6 +170,8 @@ class _PointMeasurement:
         self.device = settings.device
         self.dtype = DTYPES[params.get("dtype", "float32")]
         self.training = settings.mode in TRAINING_MODES
+        # the train mode's per-model settings, drawn per point as a sweep draws them
+        self.recipe = Recipe.drawn(n, settings.seed) if settings.mode == "train" else None
         self.compiling = settings.compile != "none"
         self.tol = tolerance(self.dtype, self.device)  # every candidate, every draw: one bound for the point
         self.modules: List[torch.nn.Module] = []
@@ -265,7 +268,7 @@ class _PointMeasurement:
                     self.references.append((reference, returns_input))
                     if self.training:
                         self.weights.append(modes.grad_weights(reference, self.settings.seed + i))
-                        side = Side(self.reference_calls, list, list, modules)
+                        side = Side(self.reference_calls, list, list, modules, recipe=self.recipe)
                         outcome = modes.outcome(self.settings.mode, side, _clones(inputs), self.weights[i], _call)
                         self.outcomes.append(outcome)
                 self.timed[BASELINE] = self.timed_of(self.loop_side())
@@ -299,7 +302,8 @@ class _PointMeasurement:
         them must not see another side's check restore their running statistics."""
         models = [copy.deepcopy(m) for m in self.modules] if self.training else self.modules
         loop = partial(trees.call_each, models)
-        return Side(loop if compile_mode == "none" else compiled(loop, compile_mode), list, list, models, optimizer)
+        forward = loop if compile_mode == "none" else compiled(loop, compile_mode)
+        return Side(forward, list, list, models, optimizer, recipe=self.recipe)
 
     def timed_of(self, side: Side) -> Callable[[], object]:
         weights = self.weights[0] if self.weights else []
@@ -337,8 +341,8 @@ class _PointMeasurement:
         except Exception as e:  # noqa: BLE001  a strategy that cannot be built is a result to report
             self.failures[strategy] = _failure("check", e)
             return None
-        side = _wide_side(wide, compiled(wide, settings.compile) if self.compiling else wide)
-        check_side = seeded_wide and _wide_side(seeded_wide, seeded_wide)
+        side = _wide_side(wide, compiled(wide, settings.compile) if self.compiling else wide, self.recipe)
+        check_side = seeded_wide and _wide_side(seeded_wide, seeded_wide, self.recipe)
         return _Candidate(strategy, side, partial(_join, job.wide_factory, strategy), check_side)
 
     def control_candidates(self) -> Iterator[_Candidate]:
@@ -468,9 +472,9 @@ class _PointMeasurement:
             point.flags.append(f"no trace written: {type(e).__name__}: {e}")
 
 
-def _wide_side(wide: Any, forward: Callable) -> Side:
+def _wide_side(wide: Any, forward: Callable, recipe: Optional[Recipe]) -> Side:
     """The inputs packed into the wide module's layout, `forward` (the module, or it compiled) on them."""
-    return Side(partial(trees.call, forward), wide.pack, wide.unpack, [wide])
+    return Side(partial(trees.call, forward), wide.pack, wide.unpack, [wide], wide=True, recipe=recipe)
 
 
 def _join(wide_factory: Callable[[List[Any], str], Any], strategy: str, modules: List[Any]) -> Any:

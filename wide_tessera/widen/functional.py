@@ -11,6 +11,7 @@ from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
 from torch.utils._pytree import register_dataclass, tree_flatten, tree_map, tree_unflatten
 
+from ..core import trees
 from ..core.errors import WideTesseraError, unknown
 from ..core.layout import STACKED, Slot
 from ..ops.base import WideOp, shared_config
@@ -91,9 +92,9 @@ class StackedIO(WideOp):
         return first
 
     def unpack(self, output: Any) -> List[Any]:
-        leaves, spec = tree_flatten(output)
+        leaves, structure = trees.flat(output)  # an object holding tensors (a DynamicCache) is rebuilt per model
         parts = [STACKED.parts(t, self.n) if isinstance(t, torch.Tensor) else [t] * self.n for t in leaves]
-        return [tree_unflatten(list(model), spec) for model in zip(*parts)]
+        return [trees.unflat(list(model), structure) for model in zip(*parts)]
 
 
 def vmap_dims(tree: Any) -> Tuple[Any, Any]:
@@ -118,8 +119,8 @@ def tensors_only(fn: Callable[..., Any], kept: List[Any]) -> Callable[..., Tuple
     """`fn` returning only its output's tensors, as vmap needs; `kept` gets (structure, other leaves)."""
 
     def call(*args: Any, **kwargs: Any) -> Tuple[torch.Tensor, ...]:
-        leaves, spec = tree_flatten(fn(*args, **kwargs))
-        kept[:] = [spec, [_TENSOR if isinstance(t, torch.Tensor) else t for t in leaves]]
+        leaves, structure = trees.flat(fn(*args, **kwargs))  # a DynamicCache's tensors too: none escapes vmap
+        kept[:] = [structure, [_TENSOR if isinstance(t, torch.Tensor) else t for t in leaves]]
         return tuple(t for t in leaves if isinstance(t, torch.Tensor))
 
     return call
@@ -127,9 +128,22 @@ def tensors_only(fn: Callable[..., Any], kept: List[Any]) -> Callable[..., Tuple
 
 def with_others(tensors: Sequence[torch.Tensor], kept: List[Any]) -> Any:
     """The output tensors_only split, whole again."""
-    spec, others = kept
+    structure, others = kept
     stream = iter(tensors)
-    return tree_unflatten([next(stream) if o is _TENSOR else o for o in others], spec)
+    return trees.unflat([next(stream) if o is _TENSOR else o for o in others], structure)
+
+
+def _aliases(module: nn.Module) -> Dict[str, str]:
+    """Each second name of a tied parameter or buffer -> its first name (the one stack_module_state keeps)."""
+    first: Dict[int, str] = {}
+    aliases = {}
+    named = [*module.named_parameters(remove_duplicate=False), *module.named_buffers(remove_duplicate=False)]
+    for name, t in named:
+        if id(t) in first:
+            aliases[name] = first[id(t)]
+        else:
+            first[id(t)] = name
+    return aliases
 
 
 _TENSOR = object()  # where tensors_only took a tensor out (an output may hold None itself)
@@ -149,6 +163,10 @@ class WideFunctional(StackedIO, nn.Module):
         self.n, self.randomness = len(modules), randomness
         params, buffers = stack_module_state(list(modules))
         self._param_names, self._buffer_names = list(params), list(buffers)
+        # a weight tied to another (GPT-2's lm_head to its embedding) under its second name: the
+        # skeleton on the meta device no longer ties them, and functional_call left lm_head's
+        # weight a meta tensor (logits off by 1e24)
+        self._aliases = _aliases(modules[0])
         self.stacked_params = nn.ParameterList(
             [nn.Parameter(p.detach(), requires_grad=p.requires_grad) for p in params.values()]
         )
@@ -178,6 +196,8 @@ class WideFunctional(StackedIO, nn.Module):
     def _state(self) -> Tuple[Dict[str, torch.Tensor], Dict[str, torch.Tensor]]:
         params = dict(zip(self._param_names, self.stacked_params))
         buffers = {name: getattr(self, f"stacked_buffer_{i}") for i, name in enumerate(self._buffer_names)}
+        for alias, name in self._aliases.items():
+            (params if name in params else buffers)[alias] = params.get(name, buffers.get(name))
         return params, buffers
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
