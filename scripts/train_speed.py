@@ -13,7 +13,8 @@ zero_grad. Timed in one interleaved run (paired rounds), each ratio against the 
     wt surgery   wide_tessera.fuse(strategy='surgery') stepped by wide_tessera.optim.Adam, per-model lr
 
 Before timing, each fused side trains 5 steps beside 5 separate trainings and is checked
-against them (core.correctness.check_trained, Adam's tolerance). Pin it for quotable numbers:
+against them as the train mode checks (core.correctness.check_trained: Adam's tolerance, or
+as far as the separate trainings' rounding twin ends). Pin it for quotable numbers:
 
     taskset -c 1 python scripts/train_speed.py [--n-values 8,32] [--hidden 256] [--batch 256] [--budget 2]
 """
@@ -33,6 +34,7 @@ import wide_tessera as wt
 import wide_tessera.optim as wto
 from wide_tessera.core.correctness import ADAM_TRAINED, check_trained
 from wide_tessera.core.stats import paired_ratio
+from wide_tessera.measurement.modes import round_differently
 from wide_tessera.measurement.timing import TimingConfig, measure_paired
 from wide_tessera.reports.text import format_table
 
@@ -89,16 +91,22 @@ def fused_step(fused: nn.Module, lrs: List[float], xs, ys) -> Callable[[], None]
 
 
 def check(strategy: str, models: List[nn.Module], lrs: List[float], xs, ys) -> str:
-    """5 steps fused against 5 separate trainings, by Adam's tolerance."""
-    separate = copy.deepcopy(models)
-    step = loop_step(separate, lrs, xs, ys)
+    """5 steps fused against 5 separate trainings, by Adam's tolerance and the separate trainings'
+    rounding twin (as the train mode checks)."""
+    separate, twin = copy.deepcopy(models), copy.deepcopy(models)
+    steps = [loop_step(separate, lrs, xs, ys), loop_step(twin, lrs, xs, ys)]
     fused = wt.fuse(copy.deepcopy(models), strategy=strategy)
-    fused_one = fused_step(fused, lrs, xs, ys)
+    steps.append(fused_step(fused, lrs, xs, ys))
+    noise = torch.Generator().manual_seed(0)
     for _ in range(5):
-        step()
-        fused_one()
-    got = [dict(m.named_parameters()) for m in fused.unfuse()]
-    verdict = check_trained(got, [dict(m.named_parameters()) for m in separate], ADAM_TRAINED)
+        round_differently([p for m in twin for p in m.parameters()], noise)
+        for step in steps:
+            step()
+
+    def parameters(trained: List[nn.Module]) -> List[dict]:
+        return [dict(m.named_parameters()) for m in trained]
+
+    verdict = check_trained(parameters(fused.unfuse()), parameters(separate), ADAM_TRAINED, parameters(twin))
     return "correct" if verdict.correct else f"INCORRECT: {verdict.error}"
 
 

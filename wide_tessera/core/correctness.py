@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from dataclasses_json import dataclass_json
@@ -26,6 +26,7 @@ __all__ = [
     "SGD_TRAINED",
     "ADAM_TRAINED",
     "check_trained",
+    "TWIN_FACTOR",
 ]
 
 # Norm-wise relative error allowed per dtype: a few units of rounding of the
@@ -236,42 +237,72 @@ SGD_TRAINED = TrainedTolerance(rtol=1e-4, atol=1e-6, share=0.0)
 ADAM_TRAINED = TrainedTolerance(rtol=1e-3, atol=1e-5, share=1e-3)
 
 
+# A correct fused training ends at most this many times as far from the separate training as the
+# separate training itself ends from its rounding twin (check_trained's `twin`).
+TWIN_FACTOR = 4.0
+
+
 def check_trained(
-    got: Sequence[Dict[str, torch.Tensor]], want: Sequence[Dict[str, torch.Tensor]], tol: TrainedTolerance
+    got: Sequence[Dict[str, torch.Tensor]],
+    want: Sequence[Dict[str, torch.Tensor]],
+    tol: TrainedTolerance,
+    twin: Optional[Sequence[Dict[str, torch.Tensor]]] = None,
 ) -> Check:
     """The N models' parameters (or any named tensors) after training as one, against the N
     separate trainings', model by model, by `tol`. `max_rel_error` is the worst model's
     norm-wise relative error; the error names the model, its share of elements out of
-    tolerance and the tensor with most of them."""
+    tolerance and the tensor with most of them.
+
+    `twin`: the separate trainings again, from parameters nudged by one rounding unit. Adam
+    amplifies rounding: at hidden 256, N=32, after 10 steps at learning rates up to 1e-2, a
+    fused training whose gradients matched the loop's to 2e-7 ended 1% to 2.5% of some models'
+    elements away, and so does the twin. A model may then end as far from its separate
+    training as TWIN_FACTOR times its twin does (and at least `tol.share`): what no
+    implementation with other rounding could do better, while a wrong learning rate, a joint
+    clip or a lost step still moves most elements."""
     if len(got) != len(want):
         return Check(False, None, tol.rtol, f"{len(got)} trained models for {len(want)}")
     rel_errors = []
     for i, (g, w) in enumerate(zip(got, want)):
         if sorted(g) != sorted(w):
             return Check(False, None, tol.rtol, f"model {i} has {sorted(g)}, its separate training {sorted(w)}")
-        off, total, worst, diff_sq, scale_sq = 0, 0, ("", -1), 0.0, 0.0
-        for name, ref in w.items():
-            mine = g[name]
-            if mine.shape != ref.shape:
-                shapes = f"{tuple(mine.shape)}, not {tuple(ref.shape)}"
-                return Check(False, None, tol.rtol, f"model {i}'s {name} has shape {shapes}")
-            if not ref.is_floating_point():
-                off_here = int((mine != ref).sum())
-            else:
-                difference = (mine.double() - ref.double()).abs()
-                off_here = int((~(difference <= tol.atol + tol.rtol * ref.double().abs())).sum())  # NaN is off
-                diff_sq += float(difference.pow(2).sum())
-                scale_sq += float(ref.double().pow(2).sum())
-            off, total = off + off_here, total + ref.numel()
-            worst = max(worst, (name, off_here), key=lambda pair: pair[1])
-        rel_errors.append(math.sqrt(diff_sq / scale_sq) if scale_sq > 0 else math.sqrt(diff_sq))
-        if off > tol.share * total:
+        off, total, worst, rel = _away(g, w, tol)
+        if isinstance(off, str):
+            return Check(False, None, tol.rtol, f"model {i}'s {off}")
+        rel_errors.append(rel)
+        twin_off = _away(twin[i], w, tol)[0] if twin is not None else 0
+        floor = twin_off / total if isinstance(twin_off, int) and total else 0.0
+        allowed = max(tol.share, TWIN_FACTOR * floor)
+        if off > allowed * total:
+            twin_note = f", {TWIN_FACTOR:g} x its rounding twin's {floor:.2%}" if allowed > tol.share else ""
             return Check(
                 False,
                 max(rel_errors),
                 tol.rtol,
                 f"model {i}: {off} of its {total} parameter elements ({off / total:.1%}) end away from its separate "
-                f"training ({tol.describe()}), most in {worst[0]} ({worst[1]})",
+                f"training ({tol.describe()}{twin_note}), most in {worst[0]} ({worst[1]})",
                 rel_errors,
             )
     return Check(True, max(rel_errors, default=0.0), tol.rtol, None, rel_errors)
+
+
+def _away(
+    got: Dict[str, torch.Tensor], want: Dict[str, torch.Tensor], tol: TrainedTolerance
+) -> Tuple[Any, int, Tuple[str, int], float]:
+    """(elements of `got` out of `tol` from `want`, or what is wrong with its shapes; elements in
+    all; the tensor with most of them; the norm-wise relative error)."""
+    off, total, worst, diff_sq, scale_sq = 0, 0, ("", -1), 0.0, 0.0
+    for name, ref in want.items():
+        mine = got[name]
+        if mine.shape != ref.shape:
+            return f"{name} has shape {tuple(mine.shape)}, not {tuple(ref.shape)}", 0, worst, 0.0
+        if not ref.is_floating_point():
+            off_here = int((mine != ref).sum())
+        else:
+            difference = (mine.detach().double() - ref.detach().double()).abs()
+            off_here = int((~(difference <= tol.atol + tol.rtol * ref.detach().double().abs())).sum())  # NaN is off
+            diff_sq += float(difference.pow(2).sum())
+            scale_sq += float(ref.detach().double().pow(2).sum())
+        off, total = off + off_here, total + ref.numel()
+        worst = max(worst, (name, off_here), key=lambda pair: pair[1])
+    return off, total, worst, math.sqrt(diff_sq / scale_sq) if scale_sq > 0 else math.sqrt(diff_sq)

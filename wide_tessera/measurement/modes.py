@@ -57,6 +57,7 @@ __all__ = [
     "compare",
     "grad_weights",
     "preserved",
+    "round_differently",
 ]
 
 MODES = ("inference", "forward", "backward", "forward_backward", "train_step", "train")
@@ -202,25 +203,37 @@ class Outcome:
     buffers: List[Dict[str, torch.Tensor]]
     stepped: Optional[List[Dict[str, torch.Tensor]]]
     trained: Optional[List[Dict[str, torch.Tensor]]] = None
+    # the reference's only: the same trainings, each gradient carrying rounding noise (outcome's `twin`)
+    twin: Optional[List[Dict[str, torch.Tensor]]] = None
 
 
-def outcome(mode: str, side: Side, inputs: List[Any], weights: List[Any], seeded: Callable[[Callable], Any]) -> Outcome:
+def outcome(
+    mode: str, side: Side, inputs: List[Any], weights: List[Any], seeded: Callable[[Callable], Any], twin: bool = False
+) -> Outcome:
     """One forward and backward (and step, for train_step) of `side` on the N models' inputs,
     the gradients taken through `pack`; the side's modules are left as they were."""
     with preserved(side.modules):
         if mode == "train":
-            return _train_steps(side, inputs, weights, seeded)
+            return _train_steps(side, inputs, weights, seeded, twin)
         return _outcome(mode, side, inputs, weights, seeded)
 
 
-def _train_steps(side: Side, inputs: List[Any], weights: List[Any], seeded: Callable[[Callable], Any]) -> Outcome:
+def _train_steps(
+    side: Side, inputs: List[Any], weights: List[Any], seeded: Callable[[Callable], Any], twin: bool
+) -> Outcome:
     """TRAIN_STEPS steps of the train mode on one batch: the first step's outputs, and the N
-    models' state at the end."""
+    models' state at the end. `twin`: before each step's forward, every parameter is nudged by
+    random rounding noise (up to ROUNDING_UNITS units of its dtype), as another summation order
+    nudges what it computes: how far the training carries such differences
+    (core.correctness.check_trained's twin)."""
+    noise = torch.Generator().manual_seed(0)
     assert side.recipe is not None
     stepper = side.recipe.stepper(side.modules, side.wide, side.optimizer)
     x = side.pack(inputs)
     first: List[Any] = []
     for _ in range(TRAIN_STEPS):
+        if twin:
+            round_differently(side.parameters(), noise)
         with torch.enable_grad():
             outputs = side.unpack(seeded(lambda: side.forward(x)))
             if not first:
@@ -228,6 +241,20 @@ def _train_steps(side: Side, inputs: List[Any], weights: List[Any], seeded: Call
             loss(outputs, weights).backward()
         stepper()
     return Outcome(first, [], [], [], None, side.recipe.states(side.modules, side.wide))
+
+
+# How many units of rounding the twin's parameters are nudged by, at most, each step.
+ROUNDING_UNITS = 2.0
+
+
+@torch.no_grad()
+def round_differently(params: List[torch.Tensor], generator: torch.Generator) -> None:
+    """Each floating-point parameter nudged by random rounding noise, up to ROUNDING_UNITS units of its dtype."""
+    for p in params:
+        if p.is_floating_point():
+            units = torch.rand(p.shape, generator=generator, dtype=torch.float64) * 2 - 1
+            scale = ROUNDING_UNITS * torch.finfo(p.dtype).eps
+            p.mul_((1 + units * scale).to(device=p.device, dtype=p.dtype))
 
 
 @contextmanager
@@ -330,7 +357,7 @@ def compare(
         outputs = check_outputs(got.outputs, reference.outputs, tol)
         if not outputs.correct:
             return Check(False, outputs.max_rel_error, tol, f"output: {outputs.error}")
-        trained = check_trained(got.trained, reference.trained, ADAM_TRAINED)
+        trained = check_trained(got.trained, reference.trained, ADAM_TRAINED, reference.twin)
         if not trained.correct:
             return Check(False, trained.max_rel_error, tol, f"after {TRAIN_STEPS} steps, {trained.error}")
         return Check(True, max(outputs.max_rel_error or 0.0, trained.max_rel_error or 0.0), tol, None,

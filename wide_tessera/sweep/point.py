@@ -270,6 +270,9 @@ class _PointMeasurement:
                         self.weights.append(modes.grad_weights(reference, self.settings.seed + i))
                         side = Side(self.reference_calls, list, list, modules, recipe=self.recipe)
                         outcome = modes.outcome(self.settings.mode, side, _clones(inputs), self.weights[i], _call)
+                        if outcome.trained is not None:  # how far training itself carries a rounding difference
+                            again = modes.outcome("train", side, _clones(inputs), self.weights[i], _call, twin=True)
+                            outcome.twin = again.trained
                         self.outcomes.append(outcome)
                 self.timed[BASELINE] = self.timed_of(self.loop_side())
                 if self.facts:
