@@ -32,7 +32,7 @@ from .build import DispatchDecision, Fused, Trials, build, custom_trials, op_tri
 from .first_call import FirstCall
 from .table import TABLE_ENV, Case, DispatchTable, Match, decide, default_table_path
 
-__all__ = ["fuse", "DispatchWarning", "tune_command"]
+__all__ = ["fuse", "decide_at", "DispatchWarning", "tune_command"]
 
 
 # How fuse() decides where the table has no entry: 'table' loops, 'first-call' measures.
@@ -108,6 +108,19 @@ def fuse(
     if answer.fuse and not built.decision.fused:
         _warn_once(case, f"{built.decision.match.reason}: running the modules as a loop")
     return built
+
+
+def decide_at(
+    module: nn.Module, n: int, table: Union[None, str, Path, DispatchTable] = None, mode: str = "inference"
+) -> Tuple[Match, Case]:
+    """What the table says of N copies of `module` (fuse()'s answer at that N, and the case it
+    asked), without building anything: how a caller sizes groups of models before making them."""
+    check_mode(mode)
+    cls = _op_class(module, None)
+    trials = op_trials(cls) if cls is not None else custom_trials("error")
+    case = _case([module] * n, cls, mode, "none", False, None, {})
+    loaded, _ = _load_table(table, "first-call")
+    return decide(loaded, case, trials.needs, _device(module)), case
 
 
 # fuse(strategy=LOOP): the modules as a loop, whatever the table says

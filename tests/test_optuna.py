@@ -1,0 +1,143 @@
+"""Optuna studies whose trials train fused: the same trials and curves as Optuna's sequential
+loop, groups that never mix shapes, pruning that frees its group mates, and bad input refused."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import wide_tessera as wt
+
+optuna = pytest.importorskip("optuna")
+from wide_tessera.integrations.optuna import Training, optimize, sequential_objective  # noqa: E402
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+D, B, STEPS = 8, 16, 30
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden=16, depth=2):
+        super().__init__()
+        widths = [D] + [hidden] * depth
+        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(widths, widths[1:]))
+        self.out = nn.Linear(hidden, 1)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = F.relu(layer(x))
+        return self.out(x)
+
+
+GEN = torch.Generator().manual_seed(0)
+X = torch.randn(STEPS, B, D, generator=GEN)
+Y = X.sum(-1, keepdim=True).sin()
+
+
+def suggest(trial):
+    return {
+        "lr": trial.suggest_float("lr", 1e-4, 1e-2, log=True),
+        "weight_decay": trial.suggest_float("weight_decay", 0.0, 0.1),
+    }
+
+
+def build(params):
+    return MLP(params.get("hidden", 16), params.get("depth", 2))
+
+
+TRAINING = Training(steps=STEPS, batch=lambda params, step: (X[step], Y[step]), loss=F.mse_loss, optimizer="adamw",
+                    clip=1.0, cosine=True, report_every=5)  # fmt: skip
+
+
+def study(pruner=None):
+    sampler = optuna.samplers.RandomSampler(seed=0)  # the same trials whatever was told: fused and sequential alike
+    return optuna.create_study(sampler=sampler, pruner=pruner or optuna.pruners.NopPruner())
+
+
+@pytest.mark.parametrize("strategy", ["vmap", "surgery"])
+def test_a_fused_study_runs_the_sequential_studys_trials_and_curves(strategy):
+    sequential = study()
+    sequential.optimize(sequential_objective(suggest, build, TRAINING), n_trials=6)
+    fused = study()
+    summary = optimize(fused, suggest, build, TRAINING, n_trials=6, group_size=3, strategy=strategy, progress=False)
+    assert [len(g.trials) for g in summary.groups] == [3, 3] and {g.strategy for g in summary.groups} == {strategy}
+    for a, b in zip(sequential.trials, fused.trials):
+        assert a.params == b.params
+        steps = sorted(a.intermediate_values)
+        assert steps == sorted(b.intermediate_values) == [4, 9, 14, 19, 24, 29]
+        want, got = [a.intermediate_values[s] for s in steps], [b.intermediate_values[s] for s in steps]
+        assert got == pytest.approx(want, rel=1e-3)
+        assert b.value == pytest.approx(a.value, rel=1e-3)
+    assert fused.best_trial.number == sequential.best_trial.number
+    frame = fused.trials_dataframe()
+    assert len(frame) == 6 and set(frame["user_attrs_wide_tessera_strategy"]) == {strategy}
+
+
+def test_groups_never_mix_shapes_and_the_summary_names_what_tells_them_apart():
+    def shaped(trial):
+        return {**suggest(trial), "hidden": trial.suggest_categorical("hidden", [8, 16]),
+                "depth": trial.suggest_categorical("depth", [1, 2])}  # fmt: skip
+
+    s = study()
+    training = Training(steps=5, batch=TRAINING.batch, loss=F.mse_loss, report_every=5)
+    summary = optimize(s, shaped, build, training, n_trials=16, group_size=4, strategy="vmap", progress=False)
+    assert summary.shape_params == ["depth", "hidden"]
+    by_number = {t.number: (t.params["hidden"], t.params["depth"]) for t in s.trials}
+    for g in summary.groups:
+        assert len({by_number[n] for n in g.trials}) == 1
+    assert len({by_number[g.trials[0]] for g in summary.groups}) == 4
+    assert all(t.state == optuna.trial.TrialState.COMPLETE for t in s.trials)
+
+
+def test_a_pruned_trial_leaves_its_group_and_the_survivors_train_on_unchanged():
+    plain, pruned = study(), study(optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=4))
+    optimize(plain, suggest, build, TRAINING, n_trials=9, group_size=3, strategy="surgery", progress=False)
+    summary = optimize(pruned, suggest, build, TRAINING, n_trials=9, group_size=3, strategy="surgery", progress=False)
+    gone = [n for g in summary.groups for n in g.pruned]
+    assert gone and all(g.repacked for g in summary.groups if 0 < len(g.pruned) < len(g.trials))
+    states = {t.number: t.state for t in pruned.trials}
+    assert all(states[n] == optuna.trial.TrialState.PRUNED for n in gone)
+    for a, b in zip(plain.trials, pruned.trials):
+        if b.state == optuna.trial.TrialState.COMPLETE:  # a survivor: as if its group mates had not been pruned
+            assert b.value == pytest.approx(a.value, rel=1e-3)
+            assert [b.intermediate_values[s] for s in b.intermediate_values] == pytest.approx(
+                [a.intermediate_values[s] for s in b.intermediate_values], rel=1e-3
+            )
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(n_trials=0), "n_trials=0: give a positive int"),
+        (dict(group_size=0), "group_size=0: give a positive int"),
+        (dict(study="study"), "give an optuna.Study"),
+        (dict(suggest=lambda trial: [1]), "suggest\\(trial\\) returned list"),
+        (dict(build=lambda params: "model"), "build\\(params\\) returned str"),
+        (dict(strategy="vmapp"), "unknown strategy for MLP 'vmapp'"),
+    ],
+)
+def test_bad_input_is_one_line_before_any_training(kwargs, message):
+    args = dict(study=study(), suggest=suggest, build=build, training=TRAINING, n_trials=2, group_size=2,
+                strategy="vmap", progress=False)  # fmt: skip
+    args.update(kwargs)
+    with pytest.raises(wt.WideTesseraError, match=message):
+        optimize(**args)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [(dict(steps=0), "steps=0"), (dict(optimizer="lion"), "unknown optimizer 'lion'"), (dict(clip=-1), "clip=-1")],
+)
+def test_a_training_of_bad_settings_is_refused(kwargs, message):
+    with pytest.raises(wt.WideTesseraError, match=message):
+        Training(**{**dict(steps=5, batch=TRAINING.batch, loss=F.mse_loss), **kwargs})
+
+
+@pytest.mark.slow
+def test_a_measured_group_size_comes_from_the_table_it_wrote(tmp_path):
+    table = tmp_path / "table.json"
+    training = Training(steps=3, batch=TRAINING.batch, loss=F.mse_loss, report_every=3)
+    summary = optimize(study(), suggest, build, training, n_trials=4, table=table, progress=False)
+    (why,) = summary.sizes.values()
+    assert table.exists() and str(table) in why
+    again = optimize(study(), suggest, build, training, n_trials=4, table=table, progress=False)
+    assert list(again.sizes.values()) == [why]  # read from the table: nothing measured again

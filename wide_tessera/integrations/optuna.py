@@ -1,0 +1,546 @@
+"""Optuna studies whose trials train fused: each group of trials whose models share a shape trains
+as one wide model (`fuse()` and `wide_tessera.optim`), each trial with its own settings, its
+intermediate values reported to Optuna and pruned one by one.
+
+    import optuna
+    from wide_tessera.integrations.optuna import Training, optimize
+
+    def suggest(trial):
+        return {"lr": trial.suggest_float("lr", 1e-4, 1e-1, log=True),
+                "weight_decay": trial.suggest_float("weight_decay", 0.0, 0.1)}
+
+    training = Training(steps=200, batch=lambda params, step: data[step], loss=F.mse_loss, optimizer="adamw")
+    study = optuna.create_study(pruner=optuna.pruners.MedianPruner())
+    summary = optimize(study, suggest, lambda params: MLP(), training, n_trials=16)
+    print(summary)
+
+A hyperparameter sweep of a small model leaves a machine idle one trial at a time; its trials
+differ in numbers (learning rate, weight decay, betas, seed) that change no shape. HFTA (MLSys'21)
+trained such trials as one fused model with its own driver; this runs them under the study you
+already have, through Optuna's ask-and-tell, so its storage, dashboard and trials_dataframe()
+work as usual.
+
+* **Groups.** Trials are asked one at a time; a trial joins the trials waiting whose models have
+  its shape (every parameter's and buffer's name, shape and dtype, and every setting a module
+  keeps: a dropout rate). A group trains when it has `group_size` trials (or when no trial is
+  left to ask). The summary says which suggested parameters told groups apart.
+* **Group size.** The user's number, or the measurement's: the largest N at which this
+  machine's dispatch table says the model's training step fuses (`--mode train` entries: a
+  `tune` run's, or measured here by `benchmark_custom(mode='train')` and written to the table
+  for the next study), capped by memory. The summary says which size and why.
+* **Pruning.** A trial Optuna's pruner stops is frozen at once (`opt.freeze`); the group is then
+  repacked without it (its survivors' weights, optimizer states and schedule carried over
+  exactly), so a pruned trial stops costing time.
+* **Same answer.** Each trial's model is built under `torch.manual_seed(params.get('seed',
+  trial.number))`, and `sequential_objective` trains one trial alone with torch's own optimizer,
+  clipping and schedule: the baseline a fused study is compared with, per step.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+import psutil
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from .. import optim
+from ..api import benchmark_custom
+from ..core import trees
+from ..core.errors import MissingDependency, WideTesseraError, unknown
+from ..dispatch.build import Fused
+from ..dispatch.fuse import decide_at, fuse
+from ..dispatch.table import default_table_path, merge_into
+from ..measurement.timing import TimingConfig
+
+try:
+    import optuna
+except ImportError:  # pragma: no cover  the extra is not installed: optimize() says so
+    optuna = None
+
+__all__ = ["Training", "optimize", "sequential_objective", "StudySummary", "GroupRecord", "trial_seed"]
+
+OPTIMIZERS: Dict[str, Tuple[Any, Any]] = {
+    "sgd": (torch.optim.SGD, optim.SGD),
+    "adam": (torch.optim.Adam, optim.Adam),
+    "adamw": (torch.optim.AdamW, optim.AdamW),
+}
+# the suggested parameters each optimizer takes by name (betas as a pair, or beta1 and beta2)
+_SETTINGS = {
+    "sgd": ("lr", "momentum", "dampening", "weight_decay", "nesterov"),
+    "adam": ("lr", "betas", "eps", "weight_decay"),
+    "adamw": ("lr", "betas", "eps", "weight_decay"),
+}
+# the group sizes a measurement tries, at most
+_MEASURED_NS = (2, 4, 8, 16, 32, 64)
+
+
+@dataclass(frozen=True)
+class Training:
+    """How one trial's model trains: what a sequential objective's loop does, for one model.
+
+    steps: training steps. batch(params, step) -> (input, target) of one trial at a step (an
+    input: a tensor, a tuple of positional or a dict of keyword arguments). loss(output, target)
+    -> the trial's loss. optimizer: 'sgd', 'adam' or 'adamw', its settings taken from the trial's
+    parameters by name (lr, momentum, dampening, weight_decay, nesterov, betas or beta1/beta2,
+    eps), torch's defaults for the rest. clip: each trial's gradient norm limit (None: none).
+    cosine: the learning rate follows a cosine to 0 over `steps`. report_every: how often the
+    mean loss of the last steps is reported to Optuna (and its pruner asked). evaluate(model,
+    params) -> the value told to Optuna at the end (default: the last reported mean loss).
+    """
+
+    steps: int
+    batch: Callable[[Dict[str, Any], int], Tuple[Any, Any]]
+    loss: Callable[[Any, Any], torch.Tensor]
+    optimizer: str = "adam"
+    clip: Optional[float] = None
+    cosine: bool = False
+    report_every: int = 10
+    evaluate: Optional[Callable[[nn.Module, Dict[str, Any]], float]] = None
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "report_every"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise WideTesseraError(f"Training: {name}={value!r}: give a positive int")
+        if self.optimizer not in OPTIMIZERS:
+            raise unknown("optimizer", self.optimizer, OPTIMIZERS)
+        if self.clip is not None and not (isinstance(self.clip, (int, float)) and self.clip > 0):
+            raise WideTesseraError(f"Training: clip={self.clip!r}: give a positive number, or None")
+        for name in ("batch", "loss"):
+            if not callable(getattr(self, name)):
+                raise WideTesseraError(f"Training: {name}={getattr(self, name)!r} is not callable")
+        if self.evaluate is not None and not callable(self.evaluate):
+            raise WideTesseraError(f"Training: evaluate={self.evaluate!r} is not callable")
+
+    def settings(self, params: Dict[str, Any]) -> Dict[str, Any]:
+        """The optimizer's settings in a trial's parameters."""
+        found = {k: params[k] for k in _SETTINGS[self.optimizer] if k in params}
+        if "betas" in _SETTINGS[self.optimizer] and ("beta1" in params or "beta2" in params):
+            found["betas"] = (params.get("beta1", 0.9), params.get("beta2", 0.999))
+        return found
+
+
+def trial_seed(trial: Any, params: Dict[str, Any]) -> int:
+    """The seed a trial's model is built under: its 'seed' parameter, else its number."""
+    return int(params.get("seed", trial.number))
+
+
+def _build(build: Callable[[Dict[str, Any]], nn.Module], trial: Any, params: Dict[str, Any]) -> nn.Module:
+    with torch.random.fork_rng():
+        torch.manual_seed(trial_seed(trial, params))
+        model = build(params)
+    if not isinstance(model, nn.Module):
+        raise WideTesseraError(f"build(params) returned {type(model).__name__}, not an nn.Module")
+    return model
+
+
+def sequential_objective(
+    suggest: Callable[[Any], Dict[str, Any]],
+    build: Callable[[Dict[str, Any]], nn.Module],
+    training: Training,
+    device: str = "cpu",
+) -> Callable[[Any], float]:
+    """An Optuna objective that trains one trial alone, with torch's own optimizer, clipping and
+    schedule, reporting and pruning as `optimize` does: the sequential study a fused one is
+    compared with (`study.optimize(sequential_objective(...), n_trials=16)`)."""
+
+    def objective(trial: Any) -> float:
+        params = _suggested(suggest, trial)
+        model = _build(build, trial, params).to(device).train()
+        opt = OPTIMIZERS[training.optimizer][0](model.parameters(), **training.settings(params))
+        schedule = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=training.steps) if training.cosine else None
+        losses: List[float] = []
+        value = math.nan
+        for step in range(training.steps):
+            x, y = _on(device, training.batch(params, step))
+            loss = training.loss(trees.call(model, x), y)
+            loss.backward()
+            if training.clip is not None:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), training.clip)
+            opt.step()
+            opt.zero_grad()
+            if schedule is not None:
+                schedule.step()
+            losses.append(float(loss.detach()))
+            if (step + 1) % training.report_every == 0 or step + 1 == training.steps:
+                value = sum(losses[-training.report_every :]) / len(losses[-training.report_every :])
+                trial.report(value, step)
+                if trial.should_prune():
+                    raise optuna.TrialPruned()
+        return training.evaluate(model, params) if training.evaluate is not None else value
+
+    return objective
+
+
+@dataclass
+class GroupRecord:
+    """One group of trials trained as one: their numbers, N, what ran, for how long, and why."""
+
+    trials: List[int]
+    shape: str
+    strategy: Optional[str]
+    seconds: float
+    pruned: List[int] = field(default_factory=list)
+    repacked: List[int] = field(default_factory=list)  # the group's N after each repack
+
+
+@dataclass
+class StudySummary:
+    """What `optimize` did: the group size and why, per shape; every group; the wall time against
+    an estimate of the sequential study (one trial's step timed alone, times every trial's steps)."""
+
+    sizes: Dict[str, str]
+    groups: List[GroupRecord]
+    seconds: float
+    sequential_estimate_s: float
+    shape_params: List[str]
+
+    def __str__(self) -> str:
+        lines = [
+            f"{sum(len(g.trials) for g in self.groups)} trials in {len(self.groups)} fused group(s), "
+            f"{sum(len(g.pruned) for g in self.groups)} pruned; {self.seconds:.1f} s "
+            f"(sequential, unpruned, estimated {self.sequential_estimate_s:.1f} s)"
+        ]
+        if self.shape_params:
+            lines.append(f"groups told apart by: {', '.join(self.shape_params)}")
+        lines += [f"group size for {shape}: {why}" for shape, why in self.sizes.items()]
+        for i, g in enumerate(self.groups):
+            pruned = f", pruned {g.pruned} (repacked to N={', '.join(map(str, g.repacked))})" if g.pruned else ""
+            lines.append(
+                f"  group {i}: trials {g.trials} as {g.strategy or 'a loop'}, {g.seconds:.1f} s{pruned}"
+            )
+        return "\n".join(lines)
+
+
+def _on(device: str, tree: Any) -> Any:
+    """Every tensor of `tree` on `device`, its dtype kept (token ids stay integers)."""
+    return trees.map_leaves(lambda t: t.to(device) if isinstance(t, torch.Tensor) else t, tree)
+
+
+def _suggested(suggest: Callable[[Any], Dict[str, Any]], trial: Any) -> Dict[str, Any]:
+    params = suggest(trial)
+    if not isinstance(params, dict):
+        what = type(params).__name__
+        raise WideTesseraError(f"suggest(trial) returned {what}; return a dict of the trial's parameters")
+    return params
+
+
+@dataclass
+class _Member:
+    trial: Any
+    params: Dict[str, Any]
+    model: nn.Module
+
+
+def optimize(
+    study: Any,
+    suggest: Callable[[Any], Dict[str, Any]],
+    build: Callable[[Dict[str, Any]], nn.Module],
+    training: Training,
+    n_trials: int,
+    group_size: Optional[int] = None,
+    table: Union[None, str, Path] = None,
+    strategy: Optional[str] = None,
+    device: str = "cpu",
+    progress: bool = True,
+) -> StudySummary:
+    """Run `n_trials` trials of `study`, each group of trials whose models share a shape trained
+    as one fused model (see the module's docstring). suggest(trial) -> the trial's parameters
+    (Optuna's define-by-run: trial.suggest_float(...)); build(params) -> its model; training: how
+    it trains. group_size: trials per group (None: the largest N the dispatch `table` says fuses
+    a training step, measured here where it says nothing, capped by memory). strategy: the fused
+    strategy every group runs (fuse(strategy=...)); None: the table's choice at the group's N,
+    measured here where it says nothing."""
+    if optuna is None:
+        raise MissingDependency("wide_tessera.integrations.optuna needs optuna: pip install optuna")
+    if not isinstance(study, optuna.Study):
+        raise WideTesseraError(f"study={study!r}: give an optuna.Study (optuna.create_study(...))")
+    if isinstance(n_trials, bool) or not isinstance(n_trials, int) or n_trials < 1:
+        raise WideTesseraError(f"n_trials={n_trials!r}: give a positive int")
+    if group_size is not None and (isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1):
+        raise WideTesseraError(f"group_size={group_size!r}: give a positive int, or None to size groups by measurement")
+    if not isinstance(training, Training):
+        raise WideTesseraError(f"training={training!r}: give a wide_tessera.integrations.optuna.Training")
+    table_path = Path(table) if table is not None else default_table_path()
+    start = time.perf_counter()
+    pending: Dict[str, List[_Member]] = {}
+    sizes: Dict[str, Tuple[int, str]] = {}
+    shapes: Dict[str, List[Dict[str, Any]]] = {}
+    groups: List[GroupRecord] = []
+    estimate: Optional[float] = None
+    asked = 0
+    while asked < n_trials or pending:
+        ready = next((k for k, ms in pending.items() if len(ms) >= sizes[k][0]), None)
+        if ready is None and asked < n_trials:
+            trial = study.ask()
+            asked += 1
+            params = _suggested(suggest, trial)
+            member = _Member(trial, params, _build(build, trial, params).to(device))
+            key = _shape_key(member.model)
+            if key not in sizes:
+                sizes[key] = _group_size(build, member, training, group_size, strategy, table_path, n_trials, device)
+            if estimate is None:
+                estimate = _step_seconds(member, training, device) * training.steps * n_trials
+            pending.setdefault(key, []).append(member)
+            shapes.setdefault(key, []).append(params)
+            continue
+        key = ready if ready is not None else next(iter(pending))
+        members, rest = pending[key][: sizes[key][0]], pending[key][sizes[key][0] :]
+        if rest:
+            pending[key] = rest
+        else:
+            del pending[key]
+        plan = _Plan(training, table_path, strategy, device)
+        clock = (start, estimate or 0.0) if progress else None
+        groups.append(_train_group(study, members, plan, clock, len(groups), key))
+    return StudySummary(
+        {key: why for key, (_, why) in sizes.items()},
+        groups,
+        time.perf_counter() - start,
+        estimate or 0.0,
+        _shape_params(shapes),
+    )
+
+
+def _shape_key(model: nn.Module) -> str:
+    """What N models must share to train as one: every tensor's name, shape and dtype, and every
+    plain setting a module keeps (a dropout's rate, a norm's eps)."""
+    tensors = sorted((k, tuple(t.shape), str(t.dtype)) for k, t in model.state_dict().items())
+    settings = sorted(
+        (name, k, repr(v))
+        for name, m in model.named_modules()
+        for k, v in vars(m).items()
+        if not k.startswith("_") and k != "training" and isinstance(v, (int, float, bool, str, tuple, type(None)))
+    )
+    return repr((type(model).__qualname__, tensors, settings))
+
+
+def _shape_params(shapes: Dict[str, List[Dict[str, Any]]]) -> List[str]:
+    """The suggested parameters whose values tell the groups' shapes apart: one value within each
+    shape, different values between them."""
+    if len(shapes) < 2:
+        return []
+    names = set.intersection(*(set(p) for ps in shapes.values() for p in ps))
+    found = []
+    for name in sorted(names):
+        per_shape = [{repr(p[name]) for p in ps} for ps in shapes.values()]
+        if all(len(v) == 1 for v in per_shape) and len(set.union(*per_shape)) > 1:
+            found.append(name)
+    return found
+
+
+def _group_size(
+    build: Callable[[Dict[str, Any]], nn.Module],
+    member: _Member,
+    training: Training,
+    given: Optional[int],
+    strategy: Optional[str],
+    table: Path,
+    n_trials: int,
+    device: str,
+) -> Tuple[int, str]:
+    """How many trials of this shape train as one, and why (a given size whose strategy the table
+    does not say is measured, so that fuse() finds its entry)."""
+    cap, memory = _memory_cap(member, training, device)
+    if given is not None:
+        size = min(given, n_trials)
+        if strategy is None and size > 1 and _fusing_ns(member, training, [size], table) is None:
+            _measure(build, member, training, [size], table, device)
+        return size, f"{size}, as given" + (f" (memory would allow {cap})" if cap < size else "")
+    ns = [n for n in _MEASURED_NS if n <= min(n_trials, cap)]
+    if not ns:
+        return 1, f"1: {memory} allows one model"
+    fusing = _fusing_ns(member, training, ns, table)
+    if fusing is None:
+        _measure(build, member, training, ns, table, device)
+        fusing = _fusing_ns(member, training, ns, table) or []
+    if not fusing:
+        return 1, f"1: fusing a training step does not pay at N = {', '.join(map(str, ns))} on this machine ({table})"
+    size = max(fusing)
+    return size, (
+        f"{size}: the largest N at which a training step fuses on this machine ({table}; fuses at N = "
+        f"{', '.join(map(str, fusing))}), {memory}"
+    )
+
+
+def _fusing_ns(member: _Member, training: Training, ns: Sequence[int], table: Path) -> Optional[List[int]]:
+    """The Ns at which the table says a training step of this model fuses; None where it has no entry."""
+    fusing = []
+    for n in ns:
+        match, _ = decide_at(member.model, n, table, mode="train")
+        if not match.entries:
+            return None
+        if match.fuse:
+            fusing.append(n)
+    return fusing
+
+
+def _measure(
+    build: Callable[[Dict[str, Any]], nn.Module], member: _Member, training: Training, ns: Sequence[int], table: Path,
+    device: str,
+) -> None:  # fmt: skip
+    """benchmark_custom of this model's training step at `ns` (N models built afresh, each its own
+    weights), merged into the table."""
+    params = member.params
+    x, _ = training.batch(params, 0)
+    result = benchmark_custom(
+        partial(build, dict(params)),
+        None,
+        [1, *ns],
+        input_factory=lambda: trees.clone(x),
+        mode="train",
+        randomness="different",
+        device=device,
+        verbose=False,
+        timing=TimingConfig(budget_s=0.25),
+    )
+    table.parent.mkdir(parents=True, exist_ok=True)
+    merge_into(table, result)
+
+
+def _memory_cap(member: _Member, training: Training, device: str) -> Tuple[int, str]:
+    """How many models' training fits in half the device's free memory: a model's weights,
+    gradients and two optimizer moments, and its input and output three times over (forward,
+    backward, the packed copy)."""
+    x, _ = training.batch(member.params, 0)
+    with torch.no_grad():
+        y = trees.call(member.model, x)
+    weights = sum(t.numel() * t.element_size() for t in member.model.state_dict().values())
+    io = sum(t.numel() * t.element_size() for t in trees.tensors([x, y]))
+    per_model = 4 * weights + 3 * io
+    free = torch.cuda.mem_get_info()[0] if torch.device(device).type == "cuda" else psutil.virtual_memory().available
+    cap = max(1, int(free / 2 // max(per_model, 1)))
+    return cap, f"memory for {cap} ({per_model / 2**20:.1f} MiB a model, {free / 2**30:.1f} GiB free)"
+
+
+def _step_seconds(member: _Member, training: Training, device: str) -> float:
+    """One training step of one model alone, timed after a first one (on copies)."""
+    model = copy.deepcopy(member.model)
+    opt = OPTIMIZERS[training.optimizer][0](model.parameters(), **training.settings(member.params))
+    times = []
+    for step in range(3):
+        x, y = training.batch(member.params, step % training.steps)
+        begin = time.perf_counter()
+        training.loss(trees.call(model, x), y).backward()
+        opt.step()
+        opt.zero_grad()
+        if torch.device(device).type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - begin)
+    return min(times[1:])
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """How every group of a study trains: the training, the table fuse() decides from, the strategy
+    forced (None: the table's), the device."""
+
+    training: Training
+    table: Path
+    strategy: Optional[str]
+    device: str
+
+
+class _Group:
+    """The trials of one group as they train: the fused model, its optimizer and schedule."""
+
+    def __init__(self, members: List[_Member], plan: _Plan):
+        self.members, self.plan, training = members, plan, plan.training
+        models = [m.model for m in members]
+        strategy = "loop" if len(models) == 1 else plan.strategy  # one trial: nothing to fuse, nothing to ask
+        self.fused: Fused = fuse(models, table=plan.table, mode="train", randomness="different", strategy=strategy)
+        settings = [training.settings(m.params) for m in members]
+        names = set().union(*settings)
+        kwargs = {k: [s[k] for s in settings] for k in names if all(k in s for s in settings)}
+        if set(kwargs) != names:
+            raise WideTesseraError(
+                f"the trials of one group give {sorted(names - set(kwargs))} in some trials only: suggest them in "
+                "every trial"
+            )
+        self.opt = OPTIMIZERS[training.optimizer][1](self.fused, **kwargs)
+        self.schedule = optim.CosineAnnealingLR(self.opt, T_max=training.steps) if training.cosine else None
+
+    def step(self, step: int) -> List[float]:
+        training = self.plan.training
+        batches = [_on(self.plan.device, training.batch(m.params, step)) for m in self.members]
+        outs = self.fused.unpack(self.fused(self.fused.pack([x for x, _ in batches])))
+        losses = [training.loss(o, y) for o, (_, y) in zip(outs, batches)]
+        sum(losses).backward()
+        if training.clip is not None:
+            optim.clip_grad_norm_(self.fused, training.clip)
+        self.opt.step()
+        self.opt.zero_grad()
+        if self.schedule is not None:
+            self.schedule.step()
+        return [float(loss.detach()) for loss in losses]
+
+    def without(self, kept: List[int], step: int) -> "_Group":
+        """The group repacked with only the members at `kept`, after step `step`: their weights and
+        optimizer states as they are, their schedule where it is."""
+        models = self.fused.unfuse()
+        states = self.opt.state_dicts()
+        members = [_Member(self.members[i].trial, self.members[i].params, models[i]) for i in kept]
+        regroup = _Group(members, self.plan)
+        regroup.opt.load_state_dicts([states[i] for i in kept])  # each model's lr as scheduled, its initial lr
+        if regroup.schedule is not None:  # at its position: step + 1 steps taken
+            regroup.schedule = optim.CosineAnnealingLR(regroup.opt, T_max=self.plan.training.steps, last_epoch=step)
+        return regroup
+
+
+def _train_group(
+    study: Any, members: List[_Member], plan: _Plan, clock: Optional[Tuple[float, float]], index: int, key: str
+) -> GroupRecord:
+    """Train one group to the end (reporting each trial's mean loss, pruning and repacking on the
+    way), and tell Optuna each surviving trial's value. `clock`: when the study began and the
+    sequential study's estimated time, for the progress bar (None: no bar)."""
+    start, training = time.perf_counter(), plan.training
+    group = _Group(members, plan)
+    record = GroupRecord([m.trial.number for m in members], key, group.fused.strategy, 0.0)
+    for m in members:
+        m.trial.set_user_attr("wide_tessera_group", index)
+        m.trial.set_user_attr("wide_tessera_strategy", group.fused.strategy or "loop")
+    history: Dict[int, List[float]] = {m.trial.number: [] for m in members}
+    values: Dict[int, float] = {}
+    what = f"group {index}: {len(members)} trials, {group.fused.strategy or 'loop'}"
+    bar = tqdm(total=training.steps, desc=what, disable=clock is None, leave=False)
+    for step in range(training.steps):
+        for m, loss in zip(group.members, group.step(step)):
+            history[m.trial.number].append(loss)
+        bar.update(1)
+        if (step + 1) % training.report_every and step + 1 != training.steps:
+            continue
+        kept = []
+        for i, m in enumerate(group.members):
+            recent = history[m.trial.number][-training.report_every :]
+            values[m.trial.number] = sum(recent) / len(recent)
+            m.trial.report(values[m.trial.number], step)
+            if step + 1 < training.steps and m.trial.should_prune():
+                group.opt.freeze(i)
+                study.tell(m.trial, state=optuna.trial.TrialState.PRUNED)
+                record.pruned.append(m.trial.number)
+            else:
+                kept.append(i)
+        if not kept:
+            break
+        if len(kept) < len(group.members):  # a pruned trial stops costing time
+            group = group.without(kept, step)
+            record.repacked.append(len(kept))
+        if clock is not None:
+            elapsed = f"{time.perf_counter() - clock[0]:.0f}s of ~{clock[1]:.0f}s sequential"
+            bar.set_postfix(training=len(group.members), pruned=len(record.pruned), study=elapsed)
+    bar.close()
+    if len(record.pruned) < len(members):
+        models = group.fused.unfuse() if training.evaluate is not None else []
+        for i, m in enumerate(group.members):
+            value = training.evaluate(models[i], m.params) if training.evaluate is not None else values[m.trial.number]
+            study.tell(m.trial, value)
+    record.seconds = time.perf_counter() - start
+    return record
