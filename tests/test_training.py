@@ -420,3 +420,26 @@ def test_an_embeddings_padding_row_gets_no_gradient(strategy):
     for m, clipped in zip(tables, unfused_grads(fused)):
         torch.testing.assert_close(clipped.weight, m.weight.grad)
         assert not clipped.weight[0].any()
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adam", "adamw"])
+def test_a_wide_tensor_is_stepped_bit_for_bit_as_torch_steps_each_model(kind):
+    """Given the same gradients, each model's part of a wide tensor ends each step exactly where
+    torch's own optimizer, with that model's settings, puts the model's tensor."""
+    torch.manual_seed(0)
+    models = [nn.Linear(32, 16) for _ in range(N)]
+    fused = wt.fuse(copy.deepcopy(models), strategy="bmm")
+    separate = copy.deepcopy(models)
+    ours = our_optimizer(kind, fused)
+    theirs = [torch_optimizer(kind, m.parameters(), i) for i, m in enumerate(separate)]
+    for _ in range(5):
+        for name in ("weight", "bias"):
+            grads = [torch.randn_like(getattr(m, name)) for m in separate]
+            getattr(fused.runs, name).grad = torch.stack(grads)
+            for m, g in zip(separate, grads):
+                getattr(m, name).grad = g.clone()
+        ours.step()
+        for o in theirs:
+            o.step()
+        for i, m in enumerate(separate):
+            assert torch.equal(fused.runs.weight[i], m.weight) and torch.equal(fused.runs.bias[i], m.bias), i

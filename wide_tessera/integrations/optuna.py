@@ -187,6 +187,7 @@ class GroupRecord:
     trials: List[int]
     shape: str
     strategy: Optional[str]
+    why: str
     seconds: float
     pruned: List[int] = field(default_factory=list)
     repacked: List[int] = field(default_factory=list)  # the group's N after each repack
@@ -214,9 +215,8 @@ class StudySummary:
         lines += [f"group size for {shape}: {why}" for shape, why in self.sizes.items()]
         for i, g in enumerate(self.groups):
             pruned = f", pruned {g.pruned} (repacked to N={', '.join(map(str, g.repacked))})" if g.pruned else ""
-            lines.append(
-                f"  group {i}: trials {g.trials} as {g.strategy or 'a loop'}, {g.seconds:.1f} s{pruned}"
-            )
+            ran = f"{g.strategy or 'a loop'} ({g.why})"
+            lines.append(f"  group {i}: trials {g.trials} as {ran}, {g.seconds:.1f} s{pruned}")
         return "\n".join(lines)
 
 
@@ -301,13 +301,24 @@ def optimize(
         plan = _Plan(training, table_path, strategy, device)
         clock = (start, estimate or 0.0) if progress else None
         groups.append(_train_group(study, members, plan, clock, len(groups), key))
+    told_apart = _shape_params(shapes)
+    labels = {key: _label(key, params[0], told_apart) for key, params in shapes.items()}
+    for g in groups:
+        g.shape = labels[g.shape]
     return StudySummary(
-        {key: why for key, (_, why) in sizes.items()},
+        {labels[key]: why for key, (_, why) in sizes.items()},
         groups,
         time.perf_counter() - start,
         estimate or 0.0,
-        _shape_params(shapes),
+        told_apart,
     )
+
+
+def _label(key: str, params: Dict[str, Any], told_apart: List[str]) -> str:
+    """A shape as a person reads it: the model's class, and the values of the parameters that
+    tell the shapes apart."""
+    name = key[2 : key.index("'", 2)]  # _shape_key's repr begins with the class's name
+    return " ".join([name, *(f"{p}={params[p]!r}" for p in told_apart)])
 
 
 def _shape_key(model: nn.Module) -> str:
@@ -352,35 +363,39 @@ def _group_size(
     cap, memory = _memory_cap(member, training, device)
     if given is not None:
         size = min(given, n_trials)
-        if strategy is None and size > 1 and _fusing_ns(member, training, [size], table) is None:
+        if strategy is None and size > 1 and _verdicts(member, [size], table)[size] == "none":
             _measure(build, member, training, [size], table, device)
         return size, f"{size}, as given" + (f" (memory would allow {cap})" if cap < size else "")
     ns = [n for n in _MEASURED_NS if n <= min(n_trials, cap)]
     if not ns:
         return 1, f"1: {memory} allows one model"
-    fusing = _fusing_ns(member, training, ns, table)
-    if fusing is None:
+    verdicts = _verdicts(member, ns, table)
+    if not any(v in _DECIDED for v in verdicts.values()):  # nothing measured, or nothing measured cleanly
         _measure(build, member, training, ns, table, device)
-        fusing = _fusing_ns(member, training, ns, table) or []
+        verdicts = _verdicts(member, ns, table)
+    fusing = [n for n, v in verdicts.items() if v == "fuse"]
+    said = ", ".join(f"N={n} {v}" for n, v in verdicts.items())
     if not fusing:
-        return 1, f"1: fusing a training step does not pay at N = {', '.join(map(str, ns))} on this machine ({table})"
+        undecided = not any(v in _DECIDED for v in verdicts.values())
+        hint = "; on a quieter machine, or with group_size=, it may fuse" if undecided else ""
+        return 1, f"1, one trial at a time: no measured N fuses a training step ({said}; {table}){hint}"
     size = max(fusing)
-    return size, (
-        f"{size}: the largest N at which a training step fuses on this machine ({table}; fuses at N = "
-        f"{', '.join(map(str, fusing))}), {memory}"
-    )
+    return size, f"{size}: the largest N at which a training step fuses on this machine ({said}; {table}), {memory}"
 
 
-def _fusing_ns(member: _Member, training: Training, ns: Sequence[int], table: Path) -> Optional[List[int]]:
-    """The Ns at which the table says a training step of this model fuses; None where it has no entry."""
-    fusing = []
+# the table's verdicts that decided something (dispatch.table.N_VERDICTS): the others ask to measure again
+_DECIDED = ("fuse", "marginal", "same", "loop")
+
+
+def _verdicts(member: _Member, ns: Sequence[int], table: Path) -> Dict[int, str]:
+    """What the table says of a training step of N of this model at each of `ns` ('none' where it
+    has no entry)."""
+    out = {}
     for n in ns:
         match, _ = decide_at(member.model, n, table, mode="train")
-        if not match.entries:
-            return None
-        if match.fuse:
-            fusing.append(n)
-    return fusing
+        at_n = [v for e in match.entries for v in e.verdicts if v.n == match.measured_n]
+        out[n] = "fuse" if match.fuse else at_n[0].verdict if at_n else "none"
+    return out
 
 
 def _measure(
@@ -503,7 +518,8 @@ def _train_group(
     sequential study's estimated time, for the progress bar (None: no bar)."""
     start, training = time.perf_counter(), plan.training
     group = _Group(members, plan)
-    record = GroupRecord([m.trial.number for m in members], key, group.fused.strategy, 0.0)
+    why = group.fused.decision.match.reason
+    record = GroupRecord([m.trial.number for m in members], key, group.fused.strategy, why, 0.0)
     for m in members:
         m.trial.set_user_attr("wide_tessera_group", index)
         m.trial.set_user_attr("wide_tessera_strategy", group.fused.strategy or "loop")
