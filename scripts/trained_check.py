@@ -19,23 +19,13 @@ from contextlib import contextmanager
 from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 import torch
-import torch.nn.functional as F
-from torch import nn
+from train_speed import MLP  # the same MLP as the speed script (scripts/ is the path of a script run there)
 
 import wide_tessera as wt
 import wide_tessera.optim as wto
 from wide_tessera.reports.text import format_table
 
 ADAMW = wto.AdamW
-
-
-class MLP(nn.Module):
-    def __init__(self, d: int, hidden: int):
-        super().__init__()
-        self.fc1, self.fc2, self.fc3 = nn.Linear(d, hidden), nn.Linear(hidden, hidden), nn.Linear(hidden, d)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc3(F.relu(self.fc2(F.relu(self.fc1(x)))))
 
 
 class LosingTheFifthStep(ADAMW):
