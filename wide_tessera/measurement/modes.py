@@ -57,7 +57,6 @@ __all__ = [
     "compare",
     "grad_weights",
     "preserved",
-    "round_differently",
 ]
 
 MODES = ("inference", "forward", "backward", "forward_backward", "train_step", "train")
@@ -233,7 +232,7 @@ def _train_steps(
     first: List[Any] = []
     for _ in range(TRAIN_STEPS):
         if twin:
-            round_differently(side.parameters(), noise)
+            _round_differently(side.parameters(), noise)
         with torch.enable_grad():
             outputs = side.unpack(seeded(lambda: side.forward(x)))
             if not first:
@@ -248,7 +247,7 @@ ROUNDING_UNITS = 2.0
 
 
 @torch.no_grad()
-def round_differently(params: List[torch.Tensor], generator: torch.Generator) -> None:
+def _round_differently(params: List[torch.Tensor], generator: torch.Generator) -> None:
     """Each floating-point parameter nudged by random rounding noise, up to ROUNDING_UNITS units of its dtype."""
     for p in params:
         if p.is_floating_point():
