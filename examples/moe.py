@@ -32,7 +32,7 @@ N_VALUES = (4, 16, 64)
 class MoE(nn.Module):
     """Top-1 routing: each token goes to its highest-scoring expert, its output scaled by that score.
 
-    `experts` is what `wt.fuse` returned (or a `wt.LoopedModules`): pack the routed groups,
+    `experts` is what `wt.fuse` returned, fused or a loop: pack the routed groups,
     call, unpack, whichever it is.
     """
 
@@ -80,7 +80,8 @@ def main() -> None:
         # (skew 0.0), far from skew 1.0 (1.9x, 4.7x, 13.5x); a trained router may need skew=1.0.
         fused = wt.fuse(experts, table=args.table, op="moe_experts", tokens=TOKENS // n, skew=0.0)
         print(f"N={n}: {fused.decision}\n")
-        with_fuse, with_loop = MoE(router, fused).eval(), MoE(router, wt.LoopedModules(experts)).eval()
+        looped = wt.fuse(experts, op="moe_experts", strategy="loop")
+        with_fuse, with_loop = MoE(router, fused).eval(), MoE(router, looped).eval()
         x = torch.randn(TOKENS, D_MODEL)
         with torch.no_grad():
             error = ((with_fuse(x) - with_loop(x)).norm() / with_loop(x).norm()).item()
