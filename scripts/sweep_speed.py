@@ -7,16 +7,18 @@ AdamW for --steps steps on generated data. The sequential study runs
 `wide_tessera.integrations.optuna.sequential_objective` (torch's own optimizer, one trial at a
 time) under `study.optimize`; the fused one `optimize(...)`, all 16 trials in one group of
 --strategy. Then again with a MedianPruner (4 trials a group, so that later groups can be
-pruned against finished ones), to see pruned trials stop costing time. Pin it:
+pruned against finished ones), to see pruned trials stop costing time. With --table T, the
+fused study sizes its groups and picks its strategy as it does by default, from the dispatch
+table T (a first, untimed study measures what T lacks). Pin it:
 
-    taskset -c 1 python scripts/sweep_speed.py [--hidden 64,256] [--batch 64,256] [--steps 200]
+    taskset -c 1 python scripts/sweep_speed.py [--hidden 64,256] [--batch 64,256] [--steps 200] [--table T]
 """
 
 from __future__ import annotations
 
 import argparse
 import time
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import optuna
 import torch
@@ -37,8 +39,9 @@ def suggest(trial: Any) -> Dict[str, Any]:
 
 
 def run(
-    hidden: int, batch: int, steps: int, strategy: str, pruner: Any, group: int, verbose: bool = False
-) -> Tuple[Any, ...]:
+    hidden: int, batch: int, steps: int, strategy: Optional[str], pruner: Any, group: Optional[int],
+    table: Optional[str] = None, verbose: bool = False,
+) -> Tuple[Any, ...]:  # fmt: skip
     class MLP(nn.Module):
         def __init__(self) -> None:
             super().__init__()
@@ -58,14 +61,18 @@ def run(
     def create() -> optuna.Study:
         return optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0), pruner=pruner())
 
+    if table is not None:  # the table learns what it lacks, untimed
+        optimize(create(), suggest, lambda p: MLP(), training, n_trials=TRIALS, table=table, progress=False)
     begin = time.perf_counter()
     sequential = create()
     sequential.optimize(sequential_objective(suggest, lambda p: MLP(), training), n_trials=TRIALS)
     sequential_s = time.perf_counter() - begin
     begin = time.perf_counter()
     fused = create()
-    optimize(fused, suggest, lambda p: MLP(), training, n_trials=TRIALS, group_size=group, strategy=strategy,
-             progress=False)  # fmt: skip
+    summary = optimize(fused, suggest, lambda p: MLP(), training, n_trials=TRIALS, group_size=group,
+                       strategy=strategy, table=table, progress=False)  # fmt: skip
+    if verbose or table is not None:
+        print(summary)
     fused_s = time.perf_counter() - begin
     complete = optuna.trial.TrialState.COMPLETE
     done = [(a, b) for a, b in zip(sequential.trials, fused.trials) if a.state == b.state == complete]
@@ -84,6 +91,7 @@ def main() -> None:
     parser.add_argument("--batch", default="64,256")
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--strategy", default="surgery")
+    parser.add_argument("--table", default=None, help="size groups and pick strategies from this dispatch table")
     args = parser.parse_args()
     torch.set_num_threads(1)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -91,13 +99,17 @@ def main() -> None:
     for hidden, batch in zip(map(int, args.hidden.split(",")), map(int, args.batch.split(","))):
         studies = (("none", optuna.pruners.NopPruner, TRIALS), ("median", optuna.pruners.MedianPruner, 4))
         for name, pruner, group in studies:
-            sequential_s, fused_s, worst, best, pruned = run(hidden, batch, args.steps, args.strategy, pruner, group)
+            strategy, size = (None, None) if args.table else (args.strategy, group)
+            timed = run(hidden, batch, args.steps, strategy, pruner, size, args.table)
+            sequential_s, fused_s, worst, best, pruned = timed
             rows.append([
-                f"{hidden}/{batch}", name, str(group), f"{sequential_s:.2f}", f"{fused_s:.2f}",
+                f"{hidden}/{batch}", name, "measured" if args.table else str(group), f"{sequential_s:.2f}",
+                f"{fused_s:.2f}",
                 f"{sequential_s / fused_s:.2f}x", f"{worst:.1e}", f"{best[0]} / {best[1]}",
                 f"{pruned[0]} / {pruned[1]}",
             ])  # fmt: skip
-    print(f"{TRIALS} trials, {args.steps} steps, AdamW, fused as {args.strategy}, {torch.get_num_threads()} thread")
+    how = f"groups and strategies from {args.table}" if args.table else f"fused as {args.strategy}"
+    print(f"{TRIALS} trials, {args.steps} steps, AdamW, {how}, {torch.get_num_threads()} thread")
     header = ["hidden/batch", "pruner", "group", "sequential s", "fused s", "speedup", "final loss rel. diff",
               "best trial seq / fused", "pruned seq / fused"]  # fmt: skip
     print(format_table(header, rows))
