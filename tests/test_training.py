@@ -12,7 +12,7 @@ from torch import nn
 import wide_tessera as wt
 import wide_tessera.optim as wto
 from wide_tessera.core.correctness import ADAM_TRAINED, SGD_TRAINED, check_trained
-from wide_tessera.core.layout import model_state_dicts, slots_of
+from wide_tessera.core.layout import Layout, Slot, model_state_dicts, slots_of
 from wide_tessera.dispatch import first_call
 from wide_tessera.ops.registry import REGISTRY
 from wide_tessera.results.decisions import Call
@@ -443,3 +443,55 @@ def test_a_wide_tensor_is_stepped_bit_for_bit_as_torch_steps_each_model(kind):
             o.step()
         for i, m in enumerate(separate):
             assert torch.equal(fused.runs.weight[i], m.weight) and torch.equal(fused.runs.bias[i], m.bias), i
+
+
+class _Columns(nn.Module):
+    """N models' [3, 5] weights joined along their columns: each model's part is a view that is not
+    contiguous (torch's fused kernel reads such a view as if it were)."""
+
+    def __init__(self, weights):
+        super().__init__()
+        self.n, self.weight = len(weights), nn.Parameter(torch.cat(weights, 1))
+
+    def model_slots(self):
+        return {"weight": Slot("weight", Layout(dim=1, joined=True))}
+
+
+@pytest.mark.parametrize("implementation", ["foreach", "fused"])
+@pytest.mark.parametrize("kind", ["adam", "adamw"])
+def test_a_wide_tensor_is_stepped_by_torchs_own_kernels_bit_for_bit(kind, implementation):
+    """Asked for torch's foreach or fused Adam, each model's part of a wide tensor (contiguous or
+    not) ends each step exactly where torch's optimizer of that implementation puts the model's
+    tensor; a frozen model's part stays where it was."""
+    torch.manual_seed(0)
+    models = [nn.Linear(32, 16) for _ in range(N)]
+    columns = [torch.randn(3, 5) for _ in range(N)]
+    stacked, joined = wt.fuse(copy.deepcopy(models), strategy="bmm"), _Columns(columns)
+    separate = [[m.weight, m.bias] for m in copy.deepcopy(models)]
+    separate = [[*ps, nn.Parameter(c.clone())] for ps, c in zip(separate, columns)]
+    cls = wto.Adam if kind == "adam" else wto.AdamW
+    ours = [cls(w, lr=LRS, betas=BETAS, weight_decay=DECAYS, implementation=implementation) for w in (stacked, joined)]
+    torch_cls = torch.optim.Adam if kind == "adam" else torch.optim.AdamW
+    theirs = [
+        torch_cls(ps, lr=LRS[i], betas=BETAS[i], weight_decay=DECAYS[i], **{implementation: True})
+        for i, ps in enumerate(separate)
+    ]
+    wide = [stacked.runs.weight, stacked.runs.bias, joined.weight]
+    for step in range(5):
+        grads = [[torch.randn_like(p) for p in ps] for ps in separate]
+        for j, w in enumerate(wide):
+            w.grad = torch.stack([g[j] for g in grads]) if j < 2 else torch.cat([g[j] for g in grads], 1)
+        for ps, gs in zip(separate, grads):
+            for p, g in zip(ps, gs):
+                p.grad = g.clone()
+        if step == 3:
+            for o in ours:
+                o.freeze(1)
+        for o in ours:
+            o.step()
+        for i, o in enumerate(theirs):
+            if not (step >= 3 and i == 1):
+                o.step()
+        for i, ps in enumerate(separate):
+            got = [wide[0][i], wide[1][i], wide[2][:, 5 * i : 5 * i + 5]]
+            assert all(torch.equal(a, b) for a, b in zip(got, ps)), (step, i)

@@ -12,7 +12,11 @@ model's settings:
   one parameter group per model: exactly N separate torch optimizers, in the implementation
   asked for ('foreach', 'fused', or torch's default for the device);
 * a wide tensor is stepped at once, each setting spread over its model's part: torch's update
-  rule, term by term, with per-model numbers where torch has one number.
+  rule, term by term, with per-model numbers where torch has one number. Adam and AdamW asked for
+  'foreach' or 'fused' instead call torch's own kernels over the models' parts, one call per set
+  of models with equal settings: the fused kernel reads a tensor once where the term-by-term
+  rule reads it about eight times (N=32 MLPs of hidden 256 on one CPU core: a step of 24 ms
+  against 7 ms, scripts/train_speed.py).
 
 `param_groups[i]` holds model i's settings, so torch's learning-rate schedulers schedule each
 model (LambdaLR with a list of N functions gives each its own; wide_tessera.optim's StepLR,
@@ -30,6 +34,8 @@ from typing import Any, Callable, ClassVar, Dict, Iterable, List, Optional, Set,
 
 import torch
 from torch import nn
+from torch.optim.adam import adam as torch_adam
+from torch.optim.adamw import adamw as torch_adamw
 
 from ..core.errors import WideTesseraError, unknown
 from ..core.layout import Layout, slots_of
@@ -38,7 +44,8 @@ from .per_model import models_in, number, parameter_names, per_model
 __all__ = ["SGD", "Adam", "AdamW", "IMPLEMENTATIONS"]
 
 # How the N models' own tensors (a loop's) are stepped: torch's default for the device, or one of
-# torch's multi-tensor implementations (wide tensors are always stepped at once).
+# torch's multi-tensor implementations (so are Adam's and AdamW's wide tensors; SGD's are always
+# stepped at once, term by term).
 IMPLEMENTATIONS = (None, "foreach", "fused")
 
 Check = Callable[[str, Any], Any]
@@ -157,15 +164,8 @@ class _PerModel(torch.optim.Optimizer):
         active = torch.tensor([0.0 if i in self.frozen else 1.0 for i in range(self.n)], dtype=torch.float64)
         settings = self._settings_per_model()
         numbers: Dict[Tuple[float, ...], Dict[str, Any]] = {}  # per step counts: the numbers of this step
-        for w in self._wide:
-            p = w.tensor
-            if p.grad is None:
-                continue
-            if p.grad.is_sparse:
-                raise WideTesseraError(f"{w.name}: sparse gradients are not supported")
-            state = self.state[p]
-            if not state:
-                self._init_state(state, p)
+        for w in self._stepped():
+            p, state = w.tensor, self.state[w.tensor]
             kept = self._frozen_parts(p, w.layout, state)
             state["step"] += active
             steps = tuple(state["step"].tolist())
@@ -174,6 +174,20 @@ class _PerModel(torch.optim.Optimizer):
             self._update(p, w.layout, state, numbers[steps])
             for tensor, i, value in kept:
                 w.layout.parts(tensor, self.n)[i].copy_(value)  # type: ignore[union-attr]
+
+    def _stepped(self) -> List[_Wide]:
+        """The wide tensors this step updates (those with a gradient), their state made where new."""
+        wides = []
+        for w in self._wide:
+            grad = w.tensor.grad
+            if grad is None:
+                continue
+            if grad.is_sparse:
+                raise WideTesseraError(f"{w.name}: sparse gradients are not supported")
+            if not self.state[w.tensor]:
+                self._init_state(self.state[w.tensor], w.tensor)
+            wides.append(w)
+        return wides
 
     def _frozen_parts(
         self, p: torch.Tensor, layout: Layout, state: Dict[str, Any]
@@ -446,6 +460,7 @@ class Adam(_PerModel):
     PAIRS = ("betas",)
     MOMENTS = ("exp_avg", "exp_avg_sq")
     DECOUPLED = False
+    TORCH_STEP: ClassVar[Callable[..., None]] = staticmethod(torch_adam)
 
     def __init__(
         self,
@@ -496,6 +511,56 @@ class Adam(_PerModel):
         else:  # in addcdiv's order, value * exp_avg / denom: the same rounding, bit for bit
             p.sub_(torch.mul(m, step_size).div_(denom))
 
+    def _step_wide(self) -> None:
+        if self.implementation is None:
+            super()._step_wide()
+            return
+        wides = self._stepped()
+        alike: Dict[str, List[int]] = {}  # the models of equal settings, stepped by one call
+        for i, group in enumerate(self.param_groups):
+            if i not in self.frozen:
+                alike.setdefault(repr([group[k] for k in self.SETTINGS]), []).append(i)
+        parts = []  # each wide tensor's, its gradient's and its moments' parts, for every call
+        for w in wides:
+            state = self.state[w.tensor]
+            tensors = (w.tensor, w.tensor.grad, state["exp_avg"], state["exp_avg_sq"])
+            parts.append([w.layout.parts(t, self.n) for t in tensors])  # type: ignore[arg-type]
+        for models in alike.values():
+            self._step_by_torch(wides, parts, models)
+
+    def _step_by_torch(
+        self, wides: List[_Wide], parts: List[List[List[Optional[torch.Tensor]]]], models: List[int]
+    ) -> None:
+        """Models of equal settings stepped by torch's own Adam in the implementation asked for, over
+        their parts of every wide tensor: what their torch optimizers do, kernel for kernel. The
+        fused kernel reads a non-contiguous view as if it were contiguous (a joined part along an
+        inner axis came out wrong): such a part is stepped as a contiguous copy and copied back."""
+        fused = self.implementation == "fused"
+        lists: List[List[torch.Tensor]] = [[], [], [], []]
+        steps: List[torch.Tensor] = []
+        back: List[Tuple[torch.Tensor, torch.Tensor]] = []
+        for w, of_w in zip(wides, parts):
+            state = self.state[w.tensor]
+            for i in models:
+                for into, of_t in zip(lists, of_w):
+                    part = of_t[i]
+                    assert part is not None
+                    if fused and not part.is_contiguous():
+                        back.append((part, part.contiguous()))
+                        part = back[-1][1]
+                    into.append(part)
+                device = w.tensor.device if fused else torch.device("cpu")  # where torch's Adam keeps it
+                steps.append(torch.tensor(float(state["step"][i]), dtype=torch.float32, device=device))
+                state["step"][i] += 1  # the kernel counts its copy
+        group = self.param_groups[models[0]]
+        beta1, beta2 = group["betas"]
+        self.TORCH_STEP(
+            *lists, [], steps, foreach=not fused, fused=fused, amsgrad=False, beta1=beta1, beta2=beta2,
+            lr=group["lr"], weight_decay=group["weight_decay"], eps=group["eps"], maximize=False,
+        )  # fmt: skip
+        for part, stepped in back:
+            part.copy_(stepped)
+
 
 class AdamW(Adam):
     """torch.optim.AdamW for each of the N models: Adam with its weight decay applied to the
@@ -503,6 +568,7 @@ class AdamW(Adam):
 
     TORCH = torch.optim.AdamW
     DECOUPLED = True
+    TORCH_STEP = staticmethod(torch_adamw)
 
     def __init__(
         self,
