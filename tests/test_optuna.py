@@ -1,6 +1,8 @@
 """Optuna studies whose trials train fused: the same trials and curves as Optuna's sequential
 loop, groups that never mix shapes, pruning that frees its group mates, and bad input refused."""
 
+import json
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -150,3 +152,18 @@ def test_a_measured_group_size_comes_from_the_table_it_wrote(tmp_path, monkeypat
     # the same verdicts from the same table; only the free memory the cap reads may differ
     assert why_again.split("), memory")[0] == why.split("), memory")[0]
     assert table.read_bytes() == written
+
+    # The size is where fuse() fuses: a win at N=4 that N=8 does not confirm fuses nothing (fuse()
+    # fuses N only where every larger measured N fused), and each group of the size runs fused.
+    for verdicts, size, crossover in (("same fuse unconfirmed", 1, None), ("same fuse fuse", 8, 4)):
+        document = json.loads(written)
+        (entry,) = document["entries"]
+        entry["verdicts"] = [
+            {"n": n, "verdict": v, "strategy": "vmap" if v == "fuse" else None}
+            for n, v in zip((2, 4, 8), verdicts.split())
+        ]
+        entry["crossover_n"] = crossover
+        table.write_text(json.dumps(document))
+        summary = optimize(study(), suggest, build, training, n_trials=8, table=table, progress=False)
+        assert [len(g.trials) for g in summary.groups] == [size] * (8 // size), verdicts
+        assert all((g.strategy == "vmap") == (size > 1) for g in summary.groups), verdicts

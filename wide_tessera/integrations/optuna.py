@@ -205,8 +205,9 @@ class StudySummary:
     shape_params: List[str]
 
     def __str__(self) -> str:
+        fused = sum(g.strategy is not None for g in self.groups)
         lines = [
-            f"{sum(len(g.trials) for g in self.groups)} trials in {len(self.groups)} fused group(s), "
+            f"{sum(len(g.trials) for g in self.groups)} trials in {len(self.groups)} group(s), {fused} of them fused, "
             f"{sum(len(g.pruned) for g in self.groups)} pruned; {self.seconds:.1f} s "
             f"(sequential, unpruned, estimated {self.sequential_estimate_s:.1f} s)"
         ]
@@ -214,7 +215,8 @@ class StudySummary:
             lines.append(f"groups told apart by: {', '.join(self.shape_params)}")
         lines += [f"group size for {shape}: {why}" for shape, why in self.sizes.items()]
         for i, g in enumerate(self.groups):
-            pruned = f", pruned {g.pruned} (repacked to N={', '.join(map(str, g.repacked))})" if g.pruned else ""
+            repacked = f" (repacked to N={', '.join(map(str, g.repacked))})" if g.repacked else ""
+            pruned = f", pruned {g.pruned}{repacked}" if g.pruned else ""
             ran = f"{g.strategy or 'a loop'} ({g.why})"
             lines.append(f"  group {i}: trials {g.trials} as {ran}, {g.seconds:.1f} s{pruned}")
         return "\n".join(lines)
@@ -363,20 +365,20 @@ def _group_size(
     cap, memory = _memory_cap(member, training, device)
     if given is not None:
         size = min(given, n_trials)
-        if strategy is None and size > 1 and _verdicts(member, [size], table)[size] == "none":
+        if strategy is None and size > 1 and _verdicts(member, [size], table)[size][1] == "none":
             _measure(build, member, training, [size], table, device)
         return size, f"{size}, as given" + (f" (memory would allow {cap})" if cap < size else "")
     ns = [n for n in _MEASURED_NS if n <= min(n_trials, cap)]
     if not ns:
         return 1, f"1: {memory} allows one model"
     verdicts = _verdicts(member, ns, table)
-    if not any(v in _DECIDED for v in verdicts.values()):  # nothing measured, or nothing measured cleanly
+    if not any(v in _DECIDED for _, v in verdicts.values()):  # nothing measured, or nothing measured cleanly
         _measure(build, member, training, ns, table, device)
         verdicts = _verdicts(member, ns, table)
-    fusing = [n for n, v in verdicts.items() if v == "fuse"]
-    said = ", ".join(f"N={n} {v}" for n, v in verdicts.items())
+    fusing = [n for n, (fuses, _) in verdicts.items() if fuses]
+    said = ", ".join(f"N={n} {v}" for n, (_, v) in verdicts.items())
     if not fusing:
-        undecided = not any(v in _DECIDED for v in verdicts.values())
+        undecided = not any(v in _DECIDED for _, v in verdicts.values())
         hint = "; on a quieter machine, or with group_size=, it may fuse" if undecided else ""
         return 1, f"1, one trial at a time: no measured N fuses a training step ({said}; {table}){hint}"
     size = max(fusing)
@@ -387,14 +389,15 @@ def _group_size(
 _DECIDED = ("fuse", "marginal", "same", "loop")
 
 
-def _verdicts(member: _Member, ns: Sequence[int], table: Path) -> Dict[int, str]:
-    """What the table says of a training step of N of this model at each of `ns` ('none' where it
-    has no entry)."""
+def _verdicts(member: _Member, ns: Sequence[int], table: Path) -> Dict[int, Tuple[bool, str]]:
+    """What the table says of a training step of N of this model at each of `ns`: whether fuse()
+    fuses N of them (its rule: the measured N deciding N fused, and every larger measured N), and
+    the verdict measured at that N ('none' where the table has no entry)."""
     out = {}
     for n in ns:
         match, _ = decide_at(member.model, n, table, mode="train")
         at_n = [v for e in match.entries for v in e.verdicts if v.n == match.measured_n]
-        out[n] = "fuse" if match.fuse else at_n[0].verdict if at_n else "none"
+        out[n] = match.fuse, at_n[0].verdict if at_n else "none"
     return out
 
 
@@ -412,6 +415,7 @@ def _measure(
         [1, *ns],
         input_factory=lambda: trees.clone(x),
         mode="train",
+        confirm="all",  # fuse() fuses N only where every larger measured N fused, confirmed: measure them all
         randomness="different",
         device=device,
         verbose=False,
@@ -518,7 +522,7 @@ def _train_group(
     sequential study's estimated time, for the progress bar (None: no bar)."""
     start, training = time.perf_counter(), plan.training
     group = _Group(members, plan)
-    why = group.fused.decision.match.reason
+    why = group.fused.decision.match.reason if len(members) > 1 else "one trial: nothing to fuse"
     record = GroupRecord([m.trial.number for m in members], key, group.fused.strategy, why, 0.0)
     for m in members:
         m.trial.set_user_attr("wide_tessera_group", index)
