@@ -167,3 +167,21 @@ def test_a_measured_group_size_comes_from_the_table_it_wrote(tmp_path, monkeypat
         summary = optimize(study(), suggest, build, training, n_trials=8, table=table, progress=False)
         assert [len(g.trials) for g in summary.groups] == [size] * (8 // size), verdicts
         assert all((g.strategy == "vmap") == (size > 1) for g in summary.groups), verdicts
+
+
+def test_a_study_with_dropout_gives_the_same_values_run_after_run():
+    """A trial's dropout masks come from its seed, not from whatever drew random numbers before the
+    study: a seeded sampler's study, sequential or fused, is reproducible."""
+
+    def dropped(params):
+        return nn.Sequential(nn.Linear(D, 16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 1))
+
+    training = Training(steps=6, batch=TRAINING.batch, loss=F.mse_loss, report_every=3)
+    runs = []
+    for _ in range(2):
+        torch.rand(7)  # the caller's generator moved on between the two runs
+        sequential, fused = study(), study()
+        sequential.optimize(sequential_objective(suggest, dropped, training), n_trials=4)
+        optimize(fused, suggest, dropped, training, n_trials=4, group_size=2, strategy="vmap", progress=False)
+        runs.append([[t.value for t in s.trials] for s in (sequential, fused)])
+    assert runs[0] == runs[1]

@@ -41,10 +41,11 @@ from __future__ import annotations
 import copy
 import math
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import psutil
 import torch
@@ -133,9 +134,21 @@ def trial_seed(trial: Any, params: Dict[str, Any]) -> int:
     return int(params.get("seed", trial.number))
 
 
-def _build(build: Callable[[Dict[str, Any]], nn.Module], trial: Any, params: Dict[str, Any]) -> nn.Module:
-    with torch.random.fork_rng():
-        torch.manual_seed(trial_seed(trial, params))
+@contextmanager
+def _seeded(device: str, seed: int) -> Iterator[None]:
+    """Random draws (a model's initial weights, dropout's masks) from `seed`, the caller's generator
+    left as it was: a trial's model, and its training, are the same whatever ran before them, so a
+    study of a seeded sampler gives the same values run after run."""
+    where = torch.device(device)
+    with torch.random.fork_rng(devices=[where.index or 0] if where.type == "cuda" else []):
+        torch.manual_seed(seed)
+        yield
+
+
+def _build(
+    build: Callable[[Dict[str, Any]], nn.Module], trial: Any, params: Dict[str, Any], device: str
+) -> nn.Module:
+    with _seeded(device, trial_seed(trial, params)):
         model = build(params)
     if not isinstance(model, nn.Module):
         raise WideTesseraError(f"build(params) returned {type(model).__name__}, not an nn.Module")
@@ -154,28 +167,29 @@ def sequential_objective(
 
     def objective(trial: Any) -> float:
         params = _suggested(suggest, trial)
-        model = _build(build, trial, params).to(device).train()
+        model = _build(build, trial, params, device).to(device).train()
         opt = OPTIMIZERS[training.optimizer][0](model.parameters(), **training.settings(params))
         schedule = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=training.steps) if training.cosine else None
         losses: List[float] = []
         value = math.nan
-        for step in range(training.steps):
-            x, y = _on(device, training.batch(params, step))
-            loss = training.loss(trees.call(model, x), y)
-            loss.backward()
-            if training.clip is not None:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), training.clip)
-            opt.step()
-            opt.zero_grad()
-            if schedule is not None:
-                schedule.step()
-            losses.append(float(loss.detach()))
-            if (step + 1) % training.report_every == 0 or step + 1 == training.steps:
-                value = sum(losses[-training.report_every :]) / len(losses[-training.report_every :])
-                trial.report(value, step)
-                if trial.should_prune():
-                    raise optuna.TrialPruned()
-        return training.evaluate(model, params) if training.evaluate is not None else value
+        with _seeded(device, trial_seed(trial, params)):  # its dropout masks
+            for step in range(training.steps):
+                x, y = _on(device, training.batch(params, step))
+                loss = training.loss(trees.call(model, x), y)
+                loss.backward()
+                if training.clip is not None:
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), training.clip)
+                opt.step()
+                opt.zero_grad()
+                if schedule is not None:
+                    schedule.step()
+                losses.append(float(loss.detach()))
+                if (step + 1) % training.report_every == 0 or step + 1 == training.steps:
+                    value = sum(losses[-training.report_every :]) / len(losses[-training.report_every :])
+                    trial.report(value, step)
+                    if trial.should_prune():
+                        raise optuna.TrialPruned()
+            return training.evaluate(model, params) if training.evaluate is not None else value
 
     return objective
 
@@ -196,13 +210,16 @@ class GroupRecord:
 @dataclass
 class StudySummary:
     """What `optimize` did: the group size and why, per shape; every group; the wall time against
-    an estimate of the sequential study (one trial's step timed alone, times every trial's steps)."""
+    an estimate of the sequential study (one trial's step timed alone, times every trial's steps),
+    and how much of it went to sizing the groups (measuring what the table lacked: a cost the
+    next study on this machine, reading the table, does not pay)."""
 
     sizes: Dict[str, str]
     groups: List[GroupRecord]
     seconds: float
     sequential_estimate_s: float
     shape_params: List[str]
+    sizing_s: float = 0.0
 
     def __str__(self) -> str:
         fused = sum(g.strategy is not None for g in self.groups)
@@ -211,6 +228,8 @@ class StudySummary:
             f"{sum(len(g.pruned) for g in self.groups)} pruned; {self.seconds:.1f} s "
             f"(sequential, unpruned, estimated {self.sequential_estimate_s:.1f} s)"
         ]
+        if self.sizing_s >= 0.05:
+            lines.append(f"of which {self.sizing_s:.1f} s measured what the table lacked (once: later studies read it)")
         if self.shape_params:
             lines.append(f"groups told apart by: {', '.join(self.shape_params)}")
         lines += [f"group size for {shape}: {why}" for shape, why in self.sizes.items()]
@@ -278,17 +297,19 @@ def optimize(
     shapes: Dict[str, List[Dict[str, Any]]] = {}
     groups: List[GroupRecord] = []
     estimate: Optional[float] = None
-    asked = 0
+    asked, sizing = 0, 0.0
     while asked < n_trials or pending:
         ready = next((k for k, ms in pending.items() if len(ms) >= sizes[k][0]), None)
         if ready is None and asked < n_trials:
             trial = study.ask()
             asked += 1
             params = _suggested(suggest, trial)
-            member = _Member(trial, params, _build(build, trial, params).to(device))
+            member = _Member(trial, params, _build(build, trial, params, device).to(device))
             key = _shape_key(member.model)
             if key not in sizes:
+                began = time.perf_counter()
                 sizes[key] = _group_size(build, member, training, group_size, strategy, table_path, n_trials, device)
+                sizing += time.perf_counter() - began
             if estimate is None:
                 estimate = _step_seconds(member, training, device) * training.steps * n_trials
             pending.setdefault(key, []).append(member)
@@ -302,7 +323,8 @@ def optimize(
             del pending[key]
         plan = _Plan(training, table_path, strategy, device)
         clock = (start, estimate or 0.0) if progress else None
-        groups.append(_train_group(study, members, plan, clock, len(groups), key))
+        with _seeded(device, trial_seed(members[0].trial, members[0].params)):  # the group's dropout masks
+            groups.append(_train_group(study, members, plan, clock, len(groups), key))
     told_apart = _shape_params(shapes)
     labels = {key: _label(key, params[0], told_apart) for key, params in shapes.items()}
     for g in groups:
@@ -313,6 +335,7 @@ def optimize(
         time.perf_counter() - start,
         estimate or 0.0,
         told_apart,
+        sizing,
     )
 
 
