@@ -9,7 +9,10 @@ time) under `study.optimize`; the fused one `optimize(...)`, all 16 trials in on
 --strategy. Then again with a MedianPruner (4 trials a group, so that later groups can be
 pruned against finished ones), to see pruned trials stop costing time. With --table T, the
 fused study sizes its groups and picks its strategy as it does by default, from the dispatch
-table T (a first, untimed study measures what T lacks). Pin it:
+table T (a first, untimed study measures what T lacks). Without a pruner, the sequential study
+runs again from weights moved by one unit of rounding: its final losses' distance from the first
+is how far these trainings carry a difference as small as a fused forward's other summation
+order, the floor for "final loss rel. diff". Pin it:
 
     taskset -c 1 python scripts/sweep_speed.py [--hidden 64,256] [--batch 64,256] [--steps 200] [--table T]
 """
@@ -40,7 +43,7 @@ def suggest(trial: Any) -> Dict[str, Any]:
 
 def run(
     hidden: int, batch: int, steps: int, strategy: Optional[str], pruner: Any, group: Optional[int],
-    table: Optional[str] = None, verbose: bool = False,
+    table: Optional[str] = None, twin: bool = False, verbose: bool = False,
 ) -> Tuple[Any, ...]:  # fmt: skip
     class MLP(nn.Module):
         def __init__(self) -> None:
@@ -57,6 +60,16 @@ def run(
     training = Training(
         steps=steps, batch=lambda p, s: (x[s], y[s]), loss=F.mse_loss, optimizer="adamw", report_every=20
     )
+
+    def nudged(params: Dict[str, Any]) -> nn.Module:
+        """The trial's model, each weight moved by one unit of rounding (random signs): how far the
+        training carries a difference as small as another summation order makes."""
+        model = MLP()
+        signs = torch.Generator().manual_seed(1)
+        with torch.no_grad():
+            for t in model.parameters():
+                t.add_((torch.randint(0, 2, t.shape, generator=signs) * 2 - 1) * t.abs() * torch.finfo(t.dtype).eps)
+        return model
 
     def create() -> optuna.Study:
         return optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0), pruner=pruner())
@@ -75,14 +88,23 @@ def run(
         print(summary)
     fused_s = time.perf_counter() - begin
     complete = optuna.trial.TrialState.COMPLETE
-    done = [(a, b) for a, b in zip(sequential.trials, fused.trials) if a.state == b.state == complete]
-    worst = max(abs(a.value - b.value) / abs(a.value) for a, b in done)
+
+    def worst_of(one: optuna.Study, other: optuna.Study) -> float:
+        done = [(a, b) for a, b in zip(one.trials, other.trials) if a.state == b.state == complete]
+        return max(abs(a.value - b.value) / abs(a.value) for a, b in done)
+
+    worst = worst_of(sequential, fused)
+    twin_worst = None
+    if twin:
+        rounded = create()
+        rounded.optimize(sequential_objective(suggest, nudged, training), n_trials=TRIALS)
+        twin_worst = worst_of(sequential, rounded)
     if verbose:
-        for a, b in done:
+        for a, b in zip(sequential.trials, fused.trials):
             print(a.number, a.params, a.value, b.value)
     pruned = [sum(t.state == optuna.trial.TrialState.PRUNED for t in s.trials) for s in (sequential, fused)]
     best = (sequential.best_trial.number, fused.best_trial.number)
-    return sequential_s, fused_s, worst, best, pruned
+    return sequential_s, fused_s, worst, twin_worst, best, pruned
 
 
 def main() -> None:
@@ -100,17 +122,19 @@ def main() -> None:
         studies = (("none", optuna.pruners.NopPruner, TRIALS), ("median", optuna.pruners.MedianPruner, 4))
         for name, pruner, group in studies:
             strategy, size = (None, None) if args.table else (args.strategy, group)
-            timed = run(hidden, batch, args.steps, strategy, pruner, size, args.table)
-            sequential_s, fused_s, worst, best, pruned = timed
+            timed = run(hidden, batch, args.steps, strategy, pruner, size, args.table, twin=name == "none")
+            sequential_s, fused_s, worst, twin_worst, best, pruned = timed
             rows.append([
                 f"{hidden}/{batch}", name, "measured" if args.table else str(group), f"{sequential_s:.2f}",
                 f"{fused_s:.2f}",
-                f"{sequential_s / fused_s:.2f}x", f"{worst:.1e}", f"{best[0]} / {best[1]}",
+                f"{sequential_s / fused_s:.2f}x", f"{worst:.1e}", "-" if twin_worst is None else f"{twin_worst:.1e}",
+                f"{best[0]} / {best[1]}",
                 f"{pruned[0]} / {pruned[1]}",
             ])  # fmt: skip
     how = f"groups and strategies from {args.table}" if args.table else f"fused as {args.strategy}"
     print(f"{TRIALS} trials, {args.steps} steps, AdamW, {how}, {torch.get_num_threads()} thread")
     header = ["hidden/batch", "pruner", "group", "sequential s", "fused s", "speedup", "final loss rel. diff",
+              "seq. rounding twin's",
               "best trial seq / fused", "pruned seq / fused"]  # fmt: skip
     print(format_table(header, rows))
 
