@@ -30,7 +30,7 @@ optimizer rebinds to it at its next step, its state carried over.
 
 from __future__ import annotations
 
-from typing import Any, Callable, ClassVar, Dict, Iterable, List, Optional, Set, Tuple, Type, Union
+from typing import Any, Callable, ClassVar, Dict, Iterable, List, Optional, Sequence, Set, Tuple, Type, Union
 
 import torch
 from torch import nn
@@ -49,6 +49,8 @@ __all__ = ["SGD", "Adam", "AdamW", "IMPLEMENTATIONS"]
 IMPLEMENTATIONS = (None, "foreach", "fused")
 
 Check = Callable[[str, Any], Any]
+# A wide tensor's part of one model, its gradient's and its moments' (in that order), and the model's step count
+_Parts = List[Tuple[Sequence[Optional[torch.Tensor]], float]]
 
 
 def _flag(name: str, value: Any) -> bool:
@@ -160,8 +162,12 @@ class _PerModel(torch.optim.Optimizer):
             self._step_wide()
         return loss
 
+    def _active(self) -> torch.Tensor:
+        """1 for each model stepped, 0 for a frozen one: what a step adds to the models' step counts."""
+        return torch.tensor([0.0 if i in self.frozen else 1.0 for i in range(self.n)], dtype=torch.float64)
+
     def _step_wide(self) -> None:
-        active = torch.tensor([0.0 if i in self.frozen else 1.0 for i in range(self.n)], dtype=torch.float64)
+        active = self._active()
         settings = self._settings_per_model()
         numbers: Dict[Tuple[float, ...], Dict[str, Any]] = {}  # per step counts: the numbers of this step
         for w in self._stepped():
@@ -515,44 +521,40 @@ class Adam(_PerModel):
         if self.implementation is None:
             super()._step_wide()
             return
-        wides = self._stepped()
         alike: Dict[str, List[int]] = {}  # the models of equal settings, stepped by one call
         for i, group in enumerate(self.param_groups):
             if i not in self.frozen:
                 alike.setdefault(repr([group[k] for k in self.SETTINGS]), []).append(i)
-        parts = []  # each wide tensor's, its gradient's and its moments' parts, for every call
-        for w in wides:
+        # each model's parts of every wide tensor (the tensor, its gradient, its moments) and its step count
+        parts: List[_Parts] = [[] for _ in range(self.n)]
+        for w in self._stepped():
             state = self.state[w.tensor]
+            counts = state["step"].tolist()
+            state["step"] += self._active()  # torch's kernel counts its own copy of the count, below
             tensors = (w.tensor, w.tensor.grad, state["exp_avg"], state["exp_avg_sq"])
-            parts.append([w.layout.parts(t, self.n) for t in tensors])  # type: ignore[arg-type]
+            for i, four in enumerate(zip(*(w.layout.parts(t, self.n) for t in tensors))):  # type: ignore[arg-type]
+                parts[i].append((four, counts[i]))
         for models in alike.values():
-            self._step_by_torch(wides, parts, models)
+            self._step_by_torch([one for i in models for one in parts[i]], self.param_groups[models[0]])
 
-    def _step_by_torch(
-        self, wides: List[_Wide], parts: List[List[List[Optional[torch.Tensor]]]], models: List[int]
-    ) -> None:
-        """Models of equal settings stepped by torch's own Adam in the implementation asked for, over
-        their parts of every wide tensor: what their torch optimizers do, kernel for kernel. The
-        fused kernel reads a non-contiguous view as if it were contiguous (a joined part along an
-        inner axis came out wrong): such a part is stepped as a contiguous copy and copied back."""
+    def _step_by_torch(self, parts: _Parts, group: Dict[str, Any]) -> None:
+        """Models of equal settings (`group`) stepped by torch's own Adam in the implementation asked
+        for, over their parts of every wide tensor: what their torch optimizers do, kernel for
+        kernel. The fused kernel reads a non-contiguous view as if it were contiguous (a joined
+        part along an inner axis came out wrong): such a part is stepped as a contiguous copy."""
         fused = self.implementation == "fused"
         lists: List[List[torch.Tensor]] = [[], [], [], []]
         steps: List[torch.Tensor] = []
         back: List[Tuple[torch.Tensor, torch.Tensor]] = []
-        for w, of_w in zip(wides, parts):
-            state = self.state[w.tensor]
-            for i in models:
-                for into, of_t in zip(lists, of_w):
-                    part = of_t[i]
-                    assert part is not None
-                    if fused and not part.is_contiguous():
-                        back.append((part, part.contiguous()))
-                        part = back[-1][1]
-                    into.append(part)
-                device = w.tensor.device if fused else torch.device("cpu")  # where torch's Adam keeps it
-                steps.append(torch.tensor(float(state["step"][i]), dtype=torch.float32, device=device))
-                state["step"][i] += 1  # the kernel counts its copy
-        group = self.param_groups[models[0]]
+        for four, count in parts:
+            for into, part in zip(lists, four):
+                assert part is not None
+                if fused and not part.is_contiguous():
+                    back.append((part, part.contiguous()))
+                    part = back[-1][1]
+                into.append(part)
+            device = lists[0][-1].device if fused else torch.device("cpu")  # where torch's Adam keeps its count
+            steps.append(torch.tensor(count, dtype=torch.float32, device=device))
         beta1, beta2 = group["betas"]
         self.TORCH_STEP(
             *lists, [], steps, foreach=not fused, fused=fused, amsgrad=False, beta1=beta1, beta2=beta2,
