@@ -96,9 +96,11 @@ def test_every_job_is_measured_before_any_is_confirmed(fast_timing, capsys):
     progress = Progress(0, stream=sys.stderr)
     results = list(run_jobs([JobRun(job, settings, progress=progress) for job in jobs]))
     lines = capsys.readouterr().err.splitlines()
-    firsts = [i for i, line in enumerate(lines) if " confirm " not in line]
-    confirms = [i for i, line in enumerate(lines) if " confirm " in line]
-    assert confirms and max(firsts) < min(confirms), lines
+    # a later pass is a confirmation, or the third pass of a point whose two passes disagreed
+    # (a busy machine can make one UNSTABLE: it too comes after every first pass)
+    later = [i for i, line in enumerate(lines) if " confirm " in line or " third pass " in line]
+    firsts = [i for i in range(len(lines)) if i not in later]
+    assert later and max(firsts) < min(later), lines
     assert [r.op for r in results] == ["gemm", "layernorm"] and all(r.complete for r in results)
     assert all(p.confirmation is not None for r in results for p in r.points if p.timings)
     assert all(0 < r.duration_s < sum(x.duration_s for x in results) for r in results)  # each job's own time
