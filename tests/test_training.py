@@ -495,3 +495,71 @@ def test_a_wide_tensor_is_stepped_by_torchs_own_kernels_bit_for_bit(kind, implem
         for i, ps in enumerate(separate):
             got = [wide[0][i], wide[1][i], wide[2][:, 5 * i : 5 * i + 5]]
             assert all(torch.equal(a, b) for a, b in zip(got, ps)), (step, i)
+
+
+class _Tied(nn.Module):
+    """An embedding whose weight is also the output layer's (GPT-2's lm_head)."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed, self.head = nn.Embedding(10, 8), nn.Linear(8, 10, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, ids):
+        return self.head(self.embed(ids).mean(1))
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_a_tied_weight_trains_as_one_tensor_whichever_strategy_runs(strategy):
+    """Surgery swaps the embedding and the linear layer each for its own wide module: each held a
+    copy of the tied weight, and SGD stepped the copies apart (7.4 off torch after one step)."""
+    torch.manual_seed(0)
+    models = [_Tied() for _ in range(N)]
+    ids = [torch.randint(0, 10, (4, 3), generator=torch.Generator().manual_seed(i)) for i in range(N)]
+    separate = copy.deepcopy(models)
+    fused = wt.fuse(copy.deepcopy(models), strategy=strategy)
+    opt = wto.SGD(fused, lr=LRS, momentum=MOMENTA)
+    theirs = [torch.optim.SGD(m.parameters(), lr=LRS[i], momentum=MOMENTA[i]) for i, m in enumerate(separate)]
+    for _ in range(5):
+        sum(o.square().sum() for o in fused.unpack(fused(fused.pack(ids)))).backward()
+        opt.step()
+        opt.zero_grad()
+        for m, x, o in zip(separate, ids, theirs):
+            m(x).square().sum().backward()
+            o.step()
+            o.zero_grad()
+    assert len(list(fused.parameters())) == (N if strategy == "loop" else 1)
+    for state, m in zip(fused.state_dicts(), separate):
+        torch.testing.assert_close(state["embed.weight"], m.embed.weight, rtol=1e-4, atol=1e-5)
+        assert torch.equal(state["embed.weight"], state["head.weight"])
+
+
+class _ReadTwice(nn.Module):
+    """A layer's weight also read outside its call."""
+
+    def __init__(self, conv=False):
+        super().__init__()
+        self.lin, self.conv = nn.Linear(4, 4), nn.Conv1d(4, 4, 1) if conv else None
+
+    def forward(self, x):
+        y = self.lin(x) + F.linear(x, self.lin.weight)
+        if self.conv is not None:  # a grouped convolution holds its weight joined, the read one stacked
+            y = y + self.conv(x.unsqueeze(-1)).squeeze(-1) + F.conv1d(x.unsqueeze(-1), self.conv.weight).squeeze(-1)
+        return y
+
+
+def test_a_weight_read_outside_its_layer_is_one_tensor_or_surgery_is_refused():
+    torch.manual_seed(0)
+    models = [_ReadTwice() for _ in range(N)]
+    xs = [torch.randn(5, 4) for _ in range(N)]
+    fused = wt.fuse(copy.deepcopy(models), strategy="surgery")
+    opt = wto.SGD(fused, lr=LRS)
+    sum(o.square().sum() for o in fused.unpack(fused(fused.pack(xs)))).backward()
+    opt.step()
+    for i, (m, x) in enumerate(zip(separate := copy.deepcopy(models), xs)):
+        m(x).square().sum().backward()
+        torch.optim.SGD(m.parameters(), lr=LRS[i]).step()
+    for state, m in zip(fused.state_dicts(), separate):
+        torch.testing.assert_close(state["lin.weight"], m.lin.weight, rtol=1e-4, atol=1e-6)
+    with pytest.raises(wt.WideTesseraError, match="conv.weight is used by two wide layers"):
+        wt.fuse([_ReadTwice(conv=True) for _ in range(N)], strategy="surgery")

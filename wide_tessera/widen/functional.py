@@ -26,6 +26,7 @@ __all__ = [
     "tensors_only",
     "with_others",
     "is_shared",
+    "tied_aliases",
 ]
 
 # vmap's randomness modes: 'error' refuses random ops; 'different' gives each model its own
@@ -133,7 +134,7 @@ def with_others(tensors: Sequence[torch.Tensor], kept: List[Any]) -> Any:
     return trees.unflat([next(stream) if o is _TENSOR else o for o in others], structure)
 
 
-def _aliases(module: nn.Module) -> Dict[str, str]:
+def tied_aliases(module: nn.Module) -> Dict[str, str]:
     """Each second name of a tied parameter or buffer -> its first name (the one stack_module_state keeps)."""
     first: Dict[int, str] = {}
     aliases = {}
@@ -166,7 +167,7 @@ class WideFunctional(StackedIO, nn.Module):
         # a weight tied to another (GPT-2's lm_head to its embedding) under its second name: the
         # skeleton on the meta device no longer ties them, and functional_call left lm_head's
         # weight a meta tensor (logits off by 1e24)
-        self._aliases = _aliases(modules[0])
+        self._aliases = tied_aliases(modules[0])
         self.stacked_params = nn.ParameterList(
             [nn.Parameter(p.detach(), requires_grad=p.requires_grad) for p in params.values()]
         )

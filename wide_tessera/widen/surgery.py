@@ -33,7 +33,7 @@ from ..core.errors import NotApplicable, one_line
 from ..core.layout import STACKED, Slot, prefixed, slots_of
 from ..ops.base import check_alike, fusing_ops, op_fusing
 from .exported import ExportedSurgery
-from .functional import StackedIO, WideFunctional, tensors_only, unpacked, vmap_dims, with_others
+from .functional import StackedIO, WideFunctional, tensors_only, tied_aliases, unpacked, vmap_dims, with_others
 from .layers import hold_stacked, wide_layer
 
 __all__ = ["WideSurgery"]
@@ -226,6 +226,7 @@ class WideSurgery(StackedIO, nn.Module):
                         is_leaf=lambda a: isinstance(a, fx.Node),
                     )
                 )
+        _tie(holder, self._slots, tied_aliases(modules[0]))
         self.graph_module = fx.GraphModule(holder, graph, class_name=f"Wide{type(modules[0]).__name__}")
         self.train(modules[0].training)
 
@@ -260,6 +261,28 @@ class WideSurgery(StackedIO, nn.Module):
             for x, st in zip(leaves, self.output_stacked)
         ]
         return tree_unflatten(leaves, spec)
+
+
+def _tie(holder: nn.Module, slots: Dict[str, Slot], aliases: Dict[str, str]) -> None:
+    """Each tensor of one model one wide tensor, however many wide layers use it. A weight tied to
+    another (GPT-2's lm_head to its embedding), or read outside its layer's call (F.linear(x,
+    self.lin.weight)), was held by each wide layer that used it, and training stepped the copies
+    apart (a tied embedding ended 7.4 away from torch after one SGD step). Copies of one shape and
+    layout become one parameter; copies that cannot refuse surgery."""
+    first: Dict[str, str] = {}  # a model's tensor (by its first name) -> the wide tensor holding it
+    for name, slot in slots.items():
+        tensor = aliases.get(slot.name, slot.name)
+        if tensor not in first:
+            first[tensor] = name
+            continue
+        kept, copy = operator.attrgetter(first[tensor])(holder), operator.attrgetter(name)(holder)
+        if kept.shape != copy.shape or slots[first[tensor]].layout != slot.layout:
+            raise NotApplicable(
+                f"surgery: the models' {tensor} is used by two wide layers that hold it in different layouts "
+                f"({list(kept.shape)} and {list(copy.shape)}); the vmap strategy keeps it one tensor"
+            )
+        owner, _, attribute = name.rpartition(".")
+        setattr(holder.get_submodule(owner), attribute, kept)
 
 
 def _trace(model: nn.Module) -> fx.GraphModule:
