@@ -42,7 +42,7 @@ import copy
 import math
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
@@ -145,9 +145,43 @@ def _seeded(device: str, seed: int) -> Iterator[None]:
         yield
 
 
-def _build(
-    build: Callable[[Dict[str, Any]], nn.Module], trial: Any, params: Dict[str, Any], device: str
-) -> nn.Module:
+class _Draws:
+    """A trial's random numbers, each stream seeded from the trial's seed and kept apart from the
+    others and from the caller's generator: its model's initial weights (drawn under the seed
+    itself), its batches (`batch(params, step)` drawing random data or indices), and its
+    training's (dropout's masks). A trial then gets the same weights and batches alone and in a
+    group, whatever its group mates draw: with one stream for the group, each trial's random
+    batches were other data than alone, and final values up to 71% apart."""
+
+    def __init__(self, seed: int, device: str):
+        self.where = torch.device(device)
+        seeds = torch.randint(2**62, (2,), generator=torch.Generator().manual_seed(seed))
+        data_seed, self.training_seed = seeds.tolist()
+        with self._forked():
+            torch.manual_seed(data_seed)
+            self._data = self._state()
+
+    def _forked(self) -> Any:
+        return torch.random.fork_rng(devices=[self.where.index or 0] if self.where.type == "cuda" else [])
+
+    def _state(self) -> List[torch.Tensor]:
+        cuda = [torch.cuda.get_rng_state(self.where)] if self.where.type == "cuda" else []
+        return [torch.get_rng_state(), *cuda]
+
+    def batch(self, training: Training, params: Dict[str, Any], step: int, keep: bool = True) -> Tuple[Any, Any]:
+        """training.batch(params, step) drawn from the trial's data stream (`keep`: the stream moves
+        on; False: a look that leaves it where it was, for sizing and timing)."""
+        with self._forked():
+            torch.set_rng_state(self._data[0])
+            if self.where.type == "cuda":
+                torch.cuda.set_rng_state(self._data[1], self.where)
+            drawn = training.batch(params, step)
+            if keep:
+                self._data = self._state()
+        return drawn
+
+
+def _build(build: Callable[[Dict[str, Any]], nn.Module], trial: Any, params: Dict[str, Any], device: str) -> nn.Module:
     with _seeded(device, trial_seed(trial, params)):
         model = build(params)
     if not isinstance(model, nn.Module):
@@ -168,14 +202,15 @@ def sequential_objective(
     def objective(trial: Any) -> float:
         params = _suggested(suggest, trial)
         model = _build(build, trial, params, device).to(device).train()
+        draws = _Draws(trial_seed(trial, params), device)
         opt = OPTIMIZERS[training.optimizer][0](model.parameters(), **training.settings(params))
         schedule = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=training.steps) if training.cosine else None
         losses: List[float] = []
         value = math.nan
-        with _seeded(device, trial_seed(trial, params)):  # its dropout masks
+        with _seeded(device, draws.training_seed):  # its dropout masks
             for step in range(training.steps):
-                x, y = _on(device, training.batch(params, step))
-                loss = training.loss(trees.call(model, x), y)
+                x, y = _on(device, draws.batch(training, params, step))
+                loss = _loss(training, trees.call(model, x), y)
                 loss.backward()
                 if training.clip is not None:
                     torch.nn.utils.clip_grad_norm_(model.parameters(), training.clip)
@@ -259,6 +294,15 @@ class _Member:
     trial: Any
     params: Dict[str, Any]
     model: nn.Module
+    draws: _Draws
+
+
+def _loss(training: Training, output: Any, target: Any) -> torch.Tensor:
+    loss = training.loss(output, target)
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        what = f"a tensor of shape {list(loss.shape)}" if isinstance(loss, torch.Tensor) else type(loss).__name__
+        raise WideTesseraError(f"loss(output, target) returned {what}: return one trial's loss, a scalar tensor")
+    return loss
 
 
 def optimize(
@@ -290,6 +334,11 @@ def optimize(
         raise WideTesseraError(f"group_size={group_size!r}: give a positive int, or None to size groups by measurement")
     if not isinstance(training, Training):
         raise WideTesseraError(f"training={training!r}: give a wide_tessera.integrations.optuna.Training")
+    if len(study.directions) != 1:
+        raise WideTesseraError(
+            f"the study has {len(study.directions)} objectives: optimize trains each trial to one loss; give a "
+            "single-objective study"
+        )
     table_path = Path(table) if table is not None else default_table_path()
     start = time.perf_counter()
     pending: Dict[str, List[_Member]] = {}
@@ -298,33 +347,48 @@ def optimize(
     groups: List[GroupRecord] = []
     estimate: Optional[float] = None
     asked, sizing = 0, 0.0
-    while asked < n_trials or pending:
-        ready = next((k for k, ms in pending.items() if len(ms) >= sizes[k][0]), None)
-        if ready is None and asked < n_trials:
-            trial = study.ask()
-            asked += 1
-            params = _suggested(suggest, trial)
-            member = _Member(trial, params, _build(build, trial, params, device).to(device))
-            key = _shape_key(member.model)
-            if key not in sizes:
-                began = time.perf_counter()
-                sizes[key] = _group_size(build, member, training, group_size, strategy, table_path, n_trials, device)
-                sizing += time.perf_counter() - began
-            if estimate is None:
-                estimate = _step_seconds(member, training, device) * training.steps * n_trials
-            pending.setdefault(key, []).append(member)
-            shapes.setdefault(key, []).append(params)
-            continue
-        key = ready if ready is not None else next(iter(pending))
-        members, rest = pending[key][: sizes[key][0]], pending[key][sizes[key][0] :]
-        if rest:
-            pending[key] = rest
-        else:
-            del pending[key]
-        plan = _Plan(training, table_path, strategy, device)
-        clock = (start, estimate or 0.0) if progress else None
-        with _seeded(device, trial_seed(members[0].trial, members[0].params)):  # the group's dropout masks
-            groups.append(_train_group(study, members, plan, clock, len(groups), key))
+    numbers: List[int] = []  # the trials this call asked
+    try:
+        while asked < n_trials or pending:
+            ready = next((k for k, ms in pending.items() if len(ms) >= sizes[k][0]), None)
+            if ready is None and asked < n_trials:
+                trial = study.ask()
+                asked += 1
+                numbers.append(trial.number)
+                try:
+                    params = _suggested(suggest, trial)
+                except optuna.TrialPruned:  # as study.optimize does: this trial is over, the study goes on
+                    study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+                    continue
+                seed = trial_seed(trial, params)
+                member = _Member(trial, params, _build(build, trial, params, device).to(device), _Draws(seed, device))
+                key = _shape_key(member.model)
+                if key not in sizes:
+                    began = time.perf_counter()
+                    sizes[key] = _group_size(
+                        build, member, training, group_size, strategy, table_path, n_trials, device
+                    )
+                    sizing += time.perf_counter() - began
+                if estimate is None:
+                    estimate = _step_seconds(member, training, device) * training.steps * n_trials
+                pending.setdefault(key, []).append(member)
+                shapes.setdefault(key, []).append(params)
+                continue
+            key = ready if ready is not None else next(iter(pending))
+            members, rest = pending[key][: sizes[key][0]], pending[key][sizes[key][0] :]
+            if rest:
+                pending[key] = rest
+            else:
+                del pending[key]
+            plan = _Plan(training, table_path, strategy, device)
+            clock = (start, estimate or 0.0) if progress else None
+            with _seeded(device, members[0].draws.training_seed):  # the group's dropout masks
+                groups.append(_train_group(study, members, plan, clock, len(groups), key))
+    except BaseException:  # as study.optimize does: a trial that raised, or was interrupted, FAILED
+        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+            if t.number in numbers:
+                study.tell(t.number, state=optuna.trial.TrialState.FAIL)
+        raise
     told_apart = _shape_params(shapes)
     labels = {key: _label(key, params[0], told_apart) for key, params in shapes.items()}
     for g in groups:
@@ -431,7 +495,7 @@ def _measure(
     """benchmark_custom of this model's training step at `ns` (N models built afresh, each its own
     weights), merged into the table."""
     params = member.params
-    x, _ = training.batch(params, 0)
+    x, _ = member.draws.batch(training, params, 0, keep=False)
     result = benchmark_custom(
         partial(build, dict(params)),
         None,
@@ -452,7 +516,7 @@ def _memory_cap(member: _Member, training: Training, device: str) -> Tuple[int, 
     """How many models' training fits in half the device's free memory: a model's weights,
     gradients and two optimizer moments, and its input and output three times over (forward,
     backward, the packed copy)."""
-    x, _ = training.batch(member.params, 0)
+    x, _ = member.draws.batch(training, member.params, 0, keep=False)
     with torch.no_grad():
         y = trees.call(member.model, x)
     weights = sum(t.numel() * t.element_size() for t in member.model.state_dict().values())
@@ -469,9 +533,9 @@ def _step_seconds(member: _Member, training: Training, device: str) -> float:
     opt = OPTIMIZERS[training.optimizer][0](model.parameters(), **training.settings(member.params))
     times = []
     for step in range(3):
-        x, y = training.batch(member.params, step % training.steps)
+        x, y = member.draws.batch(training, member.params, step % training.steps, keep=False)
         begin = time.perf_counter()
-        training.loss(trees.call(model, x), y).backward()
+        _loss(training, trees.call(model, x), y).backward()
         opt.step()
         opt.zero_grad()
         if torch.device(device).type == "cuda":
@@ -512,9 +576,9 @@ class _Group:
 
     def step(self, step: int) -> List[float]:
         training = self.plan.training
-        batches = [_on(self.plan.device, training.batch(m.params, step)) for m in self.members]
+        batches = [_on(self.plan.device, m.draws.batch(training, m.params, step)) for m in self.members]
         outs = self.fused.unpack(self.fused(self.fused.pack([x for x, _ in batches])))
-        losses = [training.loss(o, y) for o, (_, y) in zip(outs, batches)]
+        losses = [_loss(training, o, y) for o, (_, y) in zip(outs, batches)]
         sum(losses).backward()
         if training.clip is not None:
             optim.clip_grad_norm_(self.fused, training.clip)
@@ -529,7 +593,7 @@ class _Group:
         optimizer states as they are, their schedule where it is."""
         models = self.fused.unfuse()
         states = self.opt.state_dicts()
-        members = [_Member(self.members[i].trial, self.members[i].params, models[i]) for i in kept]
+        members = [replace(self.members[i], model=models[i]) for i in kept]
         regroup = _Group(members, self.plan)
         regroup.opt.load_state_dicts([states[i] for i in kept])  # each model's lr as scheduled, its initial lr
         if regroup.schedule is not None:  # at its position: step + 1 steps taken
