@@ -422,12 +422,13 @@ def test_an_embeddings_padding_row_gets_no_gradient(strategy):
         assert not clipped.weight[0].any()
 
 
+@pytest.mark.parametrize("features", [(32, 16), (256, 128)])  # parts below and above optimizers._LARGE_PART
 @pytest.mark.parametrize("kind", ["sgd", "adam", "adamw"])
-def test_a_wide_tensor_is_stepped_bit_for_bit_as_torch_steps_each_model(kind):
+def test_a_wide_tensor_is_stepped_bit_for_bit_as_torch_steps_each_model(kind, features):
     """Given the same gradients, each model's part of a wide tensor ends each step exactly where
     torch's own optimizer, with that model's settings, puts the model's tensor."""
     torch.manual_seed(0)
-    models = [nn.Linear(32, 16) for _ in range(N)]
+    models = [nn.Linear(*features) for _ in range(N)]
     fused = wt.fuse(copy.deepcopy(models), strategy="bmm")
     separate = copy.deepcopy(models)
     ours = our_optimizer(kind, fused)

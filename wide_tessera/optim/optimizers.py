@@ -375,6 +375,20 @@ class _Numbers:
             mine.add_(theirs, alpha=sign * value)  # type: ignore[union-attr, arg-type]
         return target
 
+    def addcdiv_to(self, target: torch.Tensor, t1: torch.Tensor, t2: torch.Tensor, layout: Layout) -> None:
+        """target -= number * t1 / t2, model by model: torch's `addcdiv_(t1, t2, value=-number)`."""
+        n = self.values.numel()
+        parts = zip(layout.parts(target, n), layout.parts(t1, n), layout.parts(t2, n), self.values.tolist())
+        for mine, a, b, value in parts:
+            mine.addcdiv_(a, b, value=-value)  # type: ignore[union-attr, arg-type]
+
+
+# Elements of one model's part from which an update runs model by model rather than over the wide
+# tensor with a per-model factor: the factor's temporary costs a pass over memory, N calls cost
+# their overhead. One core: a per-model addcdiv_ took 0.27 ms against 0.40 ms at [8, 256, 256],
+# 0.35 against 0.40 at [32, 128, 128], 0.15 against 0.07 at [32, 64, 64].
+_LARGE_PART = 16384
+
 
 class SGD(_PerModel):
     """torch.optim.SGD for each of the N models: lr, momentum, dampening, weight_decay and nesterov,
@@ -514,8 +528,10 @@ class Adam(_PerModel):
         step_size = c["step_size"].over(layout, p)
         if isinstance(step_size, float):  # torch: param.addcdiv_(exp_avg, denom, value=-step_size)
             p.addcdiv_(m, denom, value=-step_size)
+        elif p.numel() >= _LARGE_PART * self.n:  # torch's addcdiv_ on each model's part: one pass, no temporary
+            c["step_size"].addcdiv_to(p, m, denom, layout)
         else:  # in addcdiv's order, value * exp_avg / denom: the same rounding, bit for bit
-            p.sub_(torch.mul(m, step_size).div_(denom))
+            p.addcdiv_(torch.mul(m, step_size), denom, value=-1.0)
 
     def _step_wide(self) -> None:
         if self.implementation is None:
