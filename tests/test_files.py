@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from wide_tessera import entry, load_results, save_results
+from wide_tessera import DispatchTable, entry, load_results, save_results
 from wide_tessera.cli import cli
 from wide_tessera.cli import measure as measure_commands
 from wide_tessera.core.files import lock_path, results_lock
+from wide_tessera.sweep.progress import Progress
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN = ["benchmark", "gemm", "--preset", "ci", "--device", "cpu", "--n-values", "1", "--quiet"]
@@ -183,3 +184,21 @@ def test_ctrl_c_while_torch_is_still_loading_exits_130_without_a_traceback():
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert "Traceback" not in err
+
+
+def test_a_dispatch_table_is_locked_by_each_merge_not_by_the_whole_run(tmp_path, monkeypatch):
+    """A run that saves to a table leaves it free between merges, so that a first call in another
+    process can write its measurement meanwhile (it waits for a merge, not for the run)."""
+    table = tmp_path / "t.json"
+    free = []
+    done = Progress.done
+
+    def done_and_lock(self, line):
+        with results_lock(table):  # fails at once where the run holds the table
+            free.append(line)
+        done(self, line)
+
+    monkeypatch.setattr(Progress, "done", done_and_lock)
+    r = CliRunner().invoke(cli, [*RUN, *FAST, "--n-values", "1,2", "--save-dispatch", str(table)])
+    assert r.exit_code == 0, r.output
+    assert free and DispatchTable.load(table).entries

@@ -3,6 +3,7 @@ strategy, keeps the winner and writes it to the table, which the next process re
 
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -99,3 +100,38 @@ def test_a_second_process_reuses_the_entry_without_measuring(tmp_path):
 def test_measure_is_one_of_its_values():
     with pytest.raises(wt.WideTesseraError, match="unknown measure 'always'"):
         wt.fuse(modules(2, 4), measure="always")
+
+
+def _hold_lock(path, seconds):
+    """Another process holding the table's lock for `seconds` (as a writer merging into it does)."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom wide_tessera.core.files import results_lock\n"
+         f"with results_lock(sys.argv[1]):\n    print('held', flush=True)\n    time.sleep({seconds})", str(path)],
+        cwd=ROOT, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert holder.stdout.readline().strip() == "held"
+    return holder
+
+
+@pytest.mark.parametrize("held_s, kept", [(1.5, True), (60, False)])
+def test_a_first_call_waits_for_another_writer_of_the_table_and_says_so_if_the_wait_runs_out(
+    held_s, kept, tmp_path, monkeypatch
+):
+    """Every writer of a table holds its lock only to merge: a first call waits for it (up to
+    TABLE_WAIT_S) rather than drop what it measured; a lock held past that is a warning."""
+    monkeypatch.setattr("wide_tessera.dispatch.table.TABLE_WAIT_S", 4.0)
+    table = tmp_path / "table.json"
+    holder = _hold_lock(table, held_s)
+    try:
+        fused = wt.fuse(modules(4, 16), table=table, measure="first-call", time_bound_s=0.05)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            fused(fused.pack([torch.randn(8, 16) for _ in range(4)]))
+    finally:
+        holder.kill()
+        holder.communicate()
+    said = [str(w.message) for w in caught if "was not written" in str(w.message)]
+    if kept:
+        assert not said and len(DispatchTable.load(table).entries) == 1
+    else:
+        assert len(said) == 1 and f"PID {holder.pid}" in said[0] and "waited 4 s" in said[0], said

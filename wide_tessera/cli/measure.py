@@ -405,9 +405,8 @@ def _measure(
             writer = shard is None or shard.rank == 0  # rank 0 writes the results file and the table
             if output and writer:
                 held.enter_context(results_lock(output))  # until the last save: one writer per file
-            if save_dispatch is not None and writer:
+            if save_dispatch is not None and writer:  # locked by each merge, not the run: first calls write it too
                 check_table_target(save_dispatch, output)
-                held.enter_context(results_lock(save_dispatch))
             previous = previous_results(output, settings, shard is not None) if resume else {}
         kept_as = _run_file(command, jobs, preset) if writer and not no_save else None
         run_file = kept_as

@@ -169,8 +169,9 @@ def _holder(lock: Path) -> str:
 
 
 @contextmanager
-def results_lock(path: Union[str, Path]) -> Iterator[None]:
-    """Hold an exclusive lock on the results file `path` for the block; fail at once if another process holds it.
+def results_lock(path: Union[str, Path], wait_s: float = 0.0) -> Iterator[None]:
+    """Hold an exclusive lock on the results file `path` for the block; if another process holds
+    it, wait up to `wait_s` seconds for it (0: fail at once).
 
     Two runs writing one file would each replace the other's results. The lock is an OS
     lock (flock) on `<file>.lock`, so it dies with its holder; the lock file itself is
@@ -178,11 +179,12 @@ def results_lock(path: Union[str, Path]) -> Iterator[None]:
     """
     lock = lock_path(path)
     try:
-        held = FileLock(str(lock), blocking=False, on_acquired=_write_pid)
+        held = FileLock(str(lock), timeout=wait_s, blocking=wait_s > 0, on_acquired=_write_pid)
         held.acquire()
     except Timeout:
+        waited = f" (waited {wait_s:g} s)" if wait_s > 0 else ""
         raise WideTesseraError(
-            f"{path}: {_holder(lock)} is writing it; wait for it to finish or give another file"
+            f"{path}: {_holder(lock)} is writing it{waited}; wait for it to finish or give another file"
         ) from None
     except OSError as e:
         raise WideTesseraError(f"{path}: cannot lock {lock} ({e.strerror or e})") from None

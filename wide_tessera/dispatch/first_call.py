@@ -13,7 +13,6 @@ from __future__ import annotations
 import warnings
 from dataclasses import replace
 from functools import partial
-from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -22,7 +21,6 @@ from torch import nn
 from ..core import trees
 from ..core.capabilities import unmet_need
 from ..core.correctness import check_outputs, tolerance
-from ..core.files import results_lock
 from ..core.job import DTYPES
 from ..core.roles import BASELINE
 from ..core.stats import paired_ratio
@@ -33,7 +31,7 @@ from ..results.decisions import Call, decide, level_of, stop_rule
 from ..results.manifest import now
 from .build import DispatchDecision, Fused, LoopedModules, Trials, one_each
 from .handover import replaced
-from .table import FIRST_CALL, Case, DispatchEntry, DispatchTable, Match, NVerdict, measured_entry
+from .table import FIRST_CALL, Case, DispatchEntry, Match, NVerdict, measured_entry, merge_entries
 
 __all__ = ["FirstCall"]
 
@@ -162,8 +160,6 @@ def _merge(path: str, entry: DispatchEntry) -> None:
     """Add the entry to the table file; a table that cannot be written is a warning, never an error
     in the model's forward."""
     try:
-        with results_lock(path):
-            table = DispatchTable.load(path) if Path(path).exists() else DispatchTable()
-            table.merged([entry]).save(path)
+        merge_entries(path, [entry])
     except Exception as e:  # noqa: BLE001  the decision stands in this process; only its record is lost
         warnings.warn(f"the first call's measurement was not written to {path}: {e}", stacklevel=3)

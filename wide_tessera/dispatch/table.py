@@ -24,7 +24,7 @@ from dataclasses_json import dataclass_json
 
 from ..core.capabilities import Needs, unmet_need
 from ..core.errors import WideTesseraError
-from ..core.files import cache_dir, results_target
+from ..core.files import cache_dir, results_lock, results_target
 from ..core.job import params_text
 from ..core.jsonio import load_document, write_json
 from ..reports.answer import n_or_never
@@ -41,6 +41,8 @@ __all__ = [
     "default_table_path",
     "check_table_target",
     "merge_into",
+    "merge_entries",
+    "TABLE_WAIT_S",
     "entries_of",
     "match",
     "decide",
@@ -214,14 +216,28 @@ def check_table_target(path: str, output: Optional[str]) -> None:
         DispatchTable.load(path)
 
 
+# How long a writer of a table waits for another's merge. Every writer (tune, --save-dispatch,
+# a first call, a study sizing its groups) holds the lock only to read, merge and write the file,
+# milliseconds; a writer that held it for a whole run made every first call meanwhile drop its
+# measurement (12 of 12 while tune ran, 10 of 24 between two processes of first calls).
+TABLE_WAIT_S = 10.0
+
+
+def merge_entries(path: Union[str, Path], entries: Sequence[DispatchEntry]) -> None:
+    """Merge `entries` into the table at `path` under its lock (waiting up to TABLE_WAIT_S for
+    another writer's merge), so that no writer's entries replace another's."""
+    with results_lock(path, wait_s=TABLE_WAIT_S):
+        table = DispatchTable.load(path) if Path(path).exists() else DispatchTable()
+        table.merged(entries).save(path)
+
+
 def merge_into(path: Union[str, Path], result: BenchmarkResult) -> Optional[str]:
     """Merge `result`'s entries into the table at `path`; what was merged, in one line (None
     for an interrupted op, whose entries are left out)."""
     if not result.complete:
         return None
     entries = entries_of(result)
-    table = DispatchTable.load(path) if Path(path).exists() else DispatchTable()
-    table.merged(entries).save(path)
+    merge_entries(path, entries)
     unconfirmed = sum(v.verdict == "unconfirmed" for e in entries for v in e.verdicts)
     note = f"; {unconfirmed} win(s) not confirmed, kept out (tune confirms every point)" if unconfirmed else ""
     count = f"{len(entries)} {'entry' if len(entries) == 1 else 'entries'}"
