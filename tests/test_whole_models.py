@@ -72,6 +72,7 @@ def test_a_language_model_fuses_whole_and_its_outputs_equal_the_separate_calls(m
         torch.testing.assert_close(trees.tensors(g), trees.tensors(w), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("make,strategy", [(gpt2, "vmap"), (bert, "surgery"), (llama, "vmap")])
 def test_a_language_model_trains_fused_as_n_separate_trainings(make, strategy):
     torch.manual_seed(0)
