@@ -332,6 +332,25 @@ def test_a_torch_optimizer_made_before_the_first_call_trains_what_runs(strategy,
     assert check.correct, check.error
 
 
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_a_first_call_leaves_running_statistics_as_the_separate_call_does(strategy, first_call_chooses, tmp_path):
+    """The first call's checks and timings run BatchNorm in train mode: the wide module chosen
+    held the statistics of three batches after the one call it was asked for."""
+    first_call_chooses(strategy)
+    torch.manual_seed(0)
+    models = [nn.Sequential(nn.Linear(D, H), nn.BatchNorm1d(H)) for _ in range(N)]
+    separate = copy.deepcopy(models)
+    xs = [torch.randn(B, D) for _ in range(N)]
+    fused = wt.fuse(models, table=tmp_path / "t.json", measure="first-call", time_bound_s=0.05)
+    fused(fused.pack(xs))
+    for m, x in zip(separate, xs):
+        m(x)
+    assert fused.strategy == (None if strategy == "loop" else strategy)
+    for state, m in zip(fused.state_dicts(), separate):
+        for k, want in m.state_dict().items():
+            torch.testing.assert_close(state[k], want, msg=k)
+
+
 def test_per_model_groups_made_before_a_first_call_that_fuses_are_refused_loudly(first_call_chooses, tmp_path):
     first_call_chooses("vmap")
     models = mlps()

@@ -83,17 +83,26 @@ class FirstCall(Fused):
 
     def _correct(self, inputs: List[Any]) -> Dict[str, Any]:
         """Each strategy that can run here, built, whose outputs match the separate calls' (a wrong
-        strategy is never chosen)."""
+        strategy is never chosen). Each is built before the separate calls run and checked under
+        `preserved`: the one chosen then runs from the buffers the modules had before this call
+        (a wide module built after the separate calls, and checked as it was, held BatchNorm's
+        statistics of three batches after the first call's one)."""
         case, device = self._case, str(inputs_device(inputs))
-        reference = self._loop([trees.clone(x) for x in inputs])
-        tol = tolerance(DTYPES[case.dtype], device)
-        correct: Dict[str, Any] = {}  # wide modules: pack, call, unpack (nn.Module's typing cannot say so)
+        built: Dict[str, Any] = {}  # wide modules: pack, call, unpack (nn.Module's typing cannot say so)
         for strategy in self._trials.strategies:
             if unmet_need(self._trials.needs.get(strategy), device, DTYPES[case.dtype], case.params):
                 continue
             try:
-                wide: Any = self._trials.make(list(self._given), strategy)
-                out = wide.unpack(wide(wide.pack([trees.clone(x) for x in inputs])))
+                built[strategy] = self._trials.make(list(self._given), strategy)
+            except Exception:  # noqa: BLE001  a strategy that cannot run here is not chosen
+                continue
+        reference = self._loop([trees.clone(x) for x in inputs])
+        tol = tolerance(DTYPES[case.dtype], device)
+        correct: Dict[str, Any] = {}
+        for strategy, wide in built.items():
+            try:
+                with preserved([wide]):
+                    out = wide.unpack(wide(wide.pack([trees.clone(x) for x in inputs])))
             except Exception:  # noqa: BLE001  a strategy that cannot run here is not chosen
                 continue
             if check_outputs(out, reference, tol).correct:
