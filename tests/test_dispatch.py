@@ -232,7 +232,7 @@ def test_the_loop_keeps_the_interface_and_the_modules():
         looped = fuse(modules, table=DispatchTable([]), batch=4)
     assert list(looped.runs.models) == modules  # the user's own modules, not copies
     assert_same_as_separate_calls(looped, modules, [torch.randn(4, 32) for _ in range(3)])
-    with pytest.raises(WideTesseraError, match="one per module"):
+    with pytest.raises(WideTesseraError, match="give a list of 3 inputs, one per model; got 1"):
         looped.pack([torch.randn(4, 32)])
 
 

@@ -257,3 +257,47 @@ def test_a_multi_line_error_of_a_model_is_one_line():
     with pytest.raises(wt.WideTesseraError) as info:
         wt.benchmark_custom(Loud, (2, 3), [2])
     assert "\n" not in str(info.value) and "first line second line" in str(info.value)
+
+
+class _Tiny(nn.Module):  # a class of the user's: fused by vmap or surgery
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return torch.relu(self.lin(x))
+
+
+def _fused(strategy, n=4, tmp=None):
+    torch.manual_seed(0)
+    if strategy == "first call":
+        return wt.fuse(
+            [nn.Linear(4, 4) for _ in range(n)], table=tmp / "t.json", measure="first-call", time_bound_s=0.02
+        )
+    return wt.fuse(
+        [_Tiny() if strategy in ("vmap", "surgery") else nn.Linear(4, 4) for _ in range(n)], strategy=strategy
+    )
+
+
+XS = [torch.randn(16, 4) for _ in range(4)]
+# Calls of the wrong shape through what fuse() returns (issue 50, cause 1): one check where all pass.
+CALL_CASES = [
+    ("a stack of the inputs, not packed", lambda f, tmp: f(torch.stack(XS)),
+     "call it with what its pack gives, fused\\(fused.pack\\(inputs\\)\\) of 4 inputs; got a Tensor of shape"),
+    ("the unpacked list", lambda f, tmp: f(XS), "of 4 inputs; got a list"),
+    ("a value packed for 2 models", lambda f, tmp: f(_fused("bmm", 2).pack(XS[:2])), "got a value packed for 2 models"),
+    ("pack of 2 inputs", lambda f, tmp: f.pack(XS[:2]), "pack: give a list of 4 inputs, one per model; got 2"),
+    ("pack of a tensor", lambda f, tmp: f.pack(torch.stack(XS)), "got a Tensor of shape \\[4, 16, 4\\]"),
+    ("unpack of a foreign tensor", lambda f, tmp: f.unpack(torch.randn(7, 16, 4)),
+     "holds 7 outputs, not 4|shape \\[7, 16, 4\\] does not hold 4 models"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("strategy", ["loop", "bmm", "vmap", "surgery", "first call"])
+@pytest.mark.parametrize("name,call,message", CALL_CASES, ids=[c[0] for c in CALL_CASES])
+def test_a_call_of_the_wrong_shape_is_one_error_whatever_runs(name, call, message, strategy, tmp_path):
+    fused = _fused(strategy, tmp=tmp_path)
+    with pytest.raises(wt.WideTesseraError, match=message):
+        call(fused, tmp_path)
+    out = fused.unpack(fused(fused.pack(XS)))  # and the module still runs as the separate calls do
+    assert all(torch.allclose(o, m(x), atol=1e-6) for o, m, x in zip(out, fused.unfuse(), XS))

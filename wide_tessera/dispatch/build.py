@@ -25,7 +25,7 @@ from ..ops.base import WideOp, wide_module
 from ..widen.custom import CUSTOM_STRATEGIES, custom_wide
 from .table import Case, Match
 
-__all__ = ["Fused", "LoopedModules", "DispatchDecision", "Trials", "op_trials", "custom_trials", "build"]
+__all__ = ["Fused", "FusedInput", "LoopedModules", "DispatchDecision", "Trials", "op_trials", "custom_trials", "build"]
 
 # A strategy's wide module of N modules: build(modules, strategy).
 Make = Callable[[List[nn.Module], str], nn.Module]
@@ -119,9 +119,24 @@ class LoopedModules(nn.Module):
 
     def model_slots(self) -> Dict[str, Slot]:
         """Each module's own tensors, all of them that model's."""
-        return {
-            f"models.{i}.{k}": Slot(k, Layout.own(i)) for i, m in enumerate(self.models) for k in m.state_dict()
-        }
+        return {f"models.{i}.{k}": Slot(k, Layout.own(i)) for i, m in enumerate(self.models) for k in m.state_dict()}
+
+
+@dataclass(frozen=True)
+class FusedInput:
+    """What `Fused.pack` gives and its forward takes: the N models' inputs as the module that runs
+    them packs them, with the N they are for. Anything else given to the forward (a stack of the N
+    inputs without pack, the list unpacked, a value packed for another N) is one error naming what
+    to give: a loop took a stack's rows for its N inputs and returned N outputs, and a wide module
+    raised torch's own error about a shape."""
+
+    value: Any
+    n: int
+
+
+def _described(value: Any) -> str:
+    shape = getattr(value, "shape", None)
+    return f"a {type(value).__name__} of shape {list(shape)}" if shape is not None else f"a {type(value).__name__}"
 
 
 class Fused(nn.Module):
@@ -147,17 +162,42 @@ class Fused(nn.Module):
         """The wide strategy that runs (None: the loop)."""
         return self.decision.strategy
 
-    def pack(self, inputs: Sequence[Any]) -> Any:
+    def pack(self, inputs: Sequence[Any]) -> FusedInput:
+        """The N models' inputs (a list of N, one per model) as this module's forward takes them."""
+        if not isinstance(inputs, (list, tuple)) or len(inputs) != self.n:
+            got = f"{len(inputs)}" if isinstance(inputs, (list, tuple)) else _described(inputs)
+            raise WideTesseraError(f"pack: give a list of {self.n} inputs, one per model; got {got}")
+        return FusedInput(self._pack(list(inputs)), self.n)
+
+    def forward(self, packed: FusedInput) -> Any:
+        if not isinstance(packed, FusedInput) or packed.n != self.n:
+            got = f"a value packed for {packed.n} models" if isinstance(packed, FusedInput) else _described(packed)
+            raise WideTesseraError(
+                f"call it with what its pack gives, fused(fused.pack(inputs)) of {self.n} inputs; got {got}"
+            )
+        return self._forward(packed.value)
+
+    def unpack(self, output: Any) -> List[Any]:
+        """The N models' outputs of what this module's forward returned."""
+        outputs = self._unpack(output)
+        if len(outputs) != self.n:
+            raise WideTesseraError(
+                f"unpack: give what this module's forward returned; this value holds {len(outputs)} outputs, not "
+                f"{self.n}"
+            )
+        return outputs
+
+    # what `runs` does with the N inputs: a subclass that packs otherwise (FirstCall) says so here
+    def _pack(self, inputs: List[Any]) -> Any:
         runs: Any = self.runs  # a wide module or the loop: pack, call, unpack (nn.Module's typing cannot say so)
         return runs.pack(inputs)
 
-    def forward(self, packed: Any) -> Any:
+    def _forward(self, packed: Any) -> Any:
         return self.runs(packed)
 
-    def unpack(self, output: Any) -> List[Any]:
+    def _unpack(self, output: Any) -> List[Any]:
         runs: Any = self.runs
-        unpacked: List[Any] = runs.unpack(output)
-        return unpacked
+        return list(runs.unpack(output))
 
     def model_slots(self) -> Dict[str, Slot]:
         return prefixed(slots_of(self.runs), "runs", "")

@@ -64,13 +64,13 @@ class FirstCall(Fused):
         self._trials, self._case, self._table, self._bound = trials, case, table_path, time_bound_s
         self._decided = False
 
-    def pack(self, inputs: Sequence[Any]) -> Tuple[Any, ...]:
+    def _pack(self, inputs: List[Any]) -> Tuple[Any, ...]:
         return one_each(inputs, self.n)
 
-    def unpack(self, output: Tuple[Any, ...]) -> List[Any]:
+    def _unpack(self, output: Tuple[Any, ...]) -> List[Any]:
         return list(output)
 
-    def forward(self, inputs: Tuple[Any, ...]) -> Tuple[Any, ...]:
+    def _forward(self, inputs: Tuple[Any, ...]) -> Tuple[Any, ...]:
         if not self._decided:
             self._decide(list(inputs))
         wide: Any = self.runs  # a wide module: pack, call, unpack (nn.Module's typing cannot say so)
