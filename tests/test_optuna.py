@@ -209,6 +209,8 @@ def test_a_trial_that_raises_is_failed_and_one_its_suggest_prunes_is_pruned_as_s
     s = study()
     summary = optimize(s, pruned_second, build, TRAINING, n_trials=3, group_size=2, strategy="vmap", progress=False)
     assert [t.state.name for t in s.trials] == ["COMPLETE", "PRUNED", "COMPLETE"] and len(summary.groups) == 1
+    assert str(summary).startswith("3 trials, 2 in 1 group(s), 1 of them fused, 1 pruned (1 by suggest)")
+    assert [t.user_attrs["wide_tessera_group"] for t in s.trials if t.state.name == "COMPLETE"] == [0, 0]
 
     def negative_lr(trial):
         return {**suggest(trial), "lr": -1.0} if trial.number == 2 else suggest(trial)
@@ -217,3 +219,56 @@ def test_a_trial_that_raises_is_failed_and_one_its_suggest_prunes_is_pruned_as_s
     with pytest.raises(ValueError, match="-1.0"):
         optimize(s, negative_lr, build, TRAINING, n_trials=3, group_size=3, strategy="vmap", progress=False)
     assert [t.state.name for t in s.trials] == ["FAIL"] * 3  # asked, never told: none is left RUNNING
+
+
+class _PrunesOddTrialsAtTheEnd(optuna.pruners.BasePruner):
+    def prune(self, study, trial):
+        return trial.number % 2 == 1 and max(trial.intermediate_values) == STEPS - 1
+
+
+def test_a_trial_is_pruned_at_its_last_report_as_an_objective_prunes_it():
+    sequential, fused = study(_PrunesOddTrialsAtTheEnd()), study(_PrunesOddTrialsAtTheEnd())
+    sequential.optimize(sequential_objective(suggest, build, TRAINING), n_trials=4)
+    optimize(fused, suggest, build, TRAINING, n_trials=4, group_size=4, strategy="vmap", progress=False)
+    states = [[t.state.name for t in s.trials] for s in (sequential, fused)]
+    assert states[0] == states[1] == ["COMPLETE", "PRUNED", "COMPLETE", "PRUNED"]
+
+
+def test_sizing_leaves_the_trials_models_and_the_callers_generator_as_they_were():
+    """Sizing a group calls the first trial's model once: on a copy, its BatchNorm statistics are
+    the sequential study's (it counted one batch more), and the caller's generator does not move."""
+
+    def normed(params):
+        return nn.Sequential(nn.Linear(D, 16), nn.BatchNorm1d(16), nn.Linear(16, 1))
+
+    def batches_seen(model, params):
+        return float(model[1].num_batches_tracked) + float(model[1].running_mean.abs().sum())
+
+    training = Training(steps=6, batch=TRAINING.batch, loss=F.mse_loss, report_every=3, evaluate=batches_seen)
+    sequential, fused = study(), study()
+    sequential.optimize(sequential_objective(suggest, normed, training), n_trials=4)
+    optimize(fused, suggest, normed, training, n_trials=4, group_size=2, strategy="vmap", progress=False)
+    assert [t.value for t in fused.trials] == pytest.approx([t.value for t in sequential.trials], rel=1e-6)
+
+    def dropped(params):
+        return nn.Sequential(nn.Linear(D, 16), nn.Dropout(0.2), nn.Linear(16, 1))
+
+    torch.manual_seed(123)
+    optimize(study(), suggest, dropped, TRAINING, n_trials=4, group_size=2, strategy="vmap", progress=False)
+    after = torch.rand(1)
+    assert torch.equal(after, torch.manual_seed(123) and torch.rand(1))
+
+
+def test_an_optimizer_setting_suggested_in_some_trials_only_takes_torchs_default_in_the_others():
+    def conditional(trial):
+        params = suggest(trial)
+        if trial.suggest_categorical("use_momentum", [True, False]):
+            params["momentum"] = trial.suggest_float("momentum", 0.5, 0.99)
+        return params
+
+    training = Training(steps=10, batch=TRAINING.batch, loss=F.mse_loss, optimizer="sgd", report_every=5)
+    sequential, fused = study(), study()
+    sequential.optimize(sequential_objective(conditional, build, training), n_trials=6)
+    optimize(fused, conditional, build, training, n_trials=6, group_size=6, strategy="vmap", progress=False)
+    assert {"momentum" in t.params for t in fused.trials} == {True, False}
+    assert [t.value for t in fused.trials] == pytest.approx([t.value for t in sequential.trials], rel=1e-5)

@@ -39,6 +39,7 @@ work as usual.
 from __future__ import annotations
 
 import copy
+import inspect
 import math
 import time
 from contextlib import contextmanager
@@ -134,13 +135,19 @@ def trial_seed(trial: Any, params: Dict[str, Any]) -> int:
     return int(params.get("seed", trial.number))
 
 
+def _forked(device: str) -> Any:
+    """The block's random draws on a fork of the generators `device` draws from: the caller's are
+    left as they were."""
+    where = torch.device(device)
+    return torch.random.fork_rng(devices=[where.index or 0] if where.type == "cuda" else [])
+
+
 @contextmanager
 def _seeded(device: str, seed: int) -> Iterator[None]:
     """Random draws (a model's initial weights, dropout's masks) from `seed`, the caller's generator
     left as it was: a trial's model, and its training, are the same whatever ran before them, so a
     study of a seeded sampler gives the same values run after run."""
-    where = torch.device(device)
-    with torch.random.fork_rng(devices=[where.index or 0] if where.type == "cuda" else []):
+    with _forked(device):
         torch.manual_seed(seed)
         yield
 
@@ -157,12 +164,9 @@ class _Draws:
         self.where = torch.device(device)
         seeds = torch.randint(2**62, (2,), generator=torch.Generator().manual_seed(seed))
         data_seed, self.training_seed = seeds.tolist()
-        with self._forked():
+        with _forked(device):
             torch.manual_seed(data_seed)
             self._data = self._state()
-
-    def _forked(self) -> Any:
-        return torch.random.fork_rng(devices=[self.where.index or 0] if self.where.type == "cuda" else [])
 
     def _state(self) -> List[torch.Tensor]:
         cuda = [torch.cuda.get_rng_state(self.where)] if self.where.type == "cuda" else []
@@ -171,7 +175,7 @@ class _Draws:
     def batch(self, training: Training, params: Dict[str, Any], step: int, keep: bool = True) -> Tuple[Any, Any]:
         """training.batch(params, step) drawn from the trial's data stream (`keep`: the stream moves
         on; False: a look that leaves it where it was, for sizing and timing)."""
-        with self._forked():
+        with _forked(str(self.where)):
             torch.set_rng_state(self._data[0])
             if self.where.type == "cuda":
                 torch.cuda.set_rng_state(self._data[1], self.where)
@@ -255,12 +259,15 @@ class StudySummary:
     sequential_estimate_s: float
     shape_params: List[str]
     sizing_s: float = 0.0
+    pruned_by_suggest: int = 0  # trials whose suggest raised TrialPruned: asked, never trained
 
     def __str__(self) -> str:
         fused = sum(g.strategy is not None for g in self.groups)
+        trained, pruned = sum(len(g.trials) for g in self.groups), sum(len(g.pruned) for g in self.groups)
+        by_suggest = f" ({self.pruned_by_suggest} by suggest)" if self.pruned_by_suggest else ""
         lines = [
-            f"{sum(len(g.trials) for g in self.groups)} trials in {len(self.groups)} group(s), {fused} of them fused, "
-            f"{sum(len(g.pruned) for g in self.groups)} pruned; {self.seconds:.1f} s "
+            f"{trained + self.pruned_by_suggest} trials, {trained} in {len(self.groups)} group(s), {fused} of them "
+            f"fused, {pruned + self.pruned_by_suggest} pruned{by_suggest}; {self.seconds:.1f} s "
             f"(sequential, unpruned, estimated {self.sequential_estimate_s:.1f} s)"
         ]
         if self.sizing_s >= 0.05:
@@ -346,49 +353,54 @@ def optimize(
     shapes: Dict[str, List[Dict[str, Any]]] = {}
     groups: List[GroupRecord] = []
     estimate: Optional[float] = None
-    asked, sizing = 0, 0.0
-    numbers: List[int] = []  # the trials this call asked
-    try:
-        while asked < n_trials or pending:
-            ready = next((k for k, ms in pending.items() if len(ms) >= sizes[k][0]), None)
-            if ready is None and asked < n_trials:
-                trial = study.ask()
-                asked += 1
-                numbers.append(trial.number)
-                try:
-                    params = _suggested(suggest, trial)
-                except optuna.TrialPruned:  # as study.optimize does: this trial is over, the study goes on
-                    study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-                    continue
-                seed = trial_seed(trial, params)
-                member = _Member(trial, params, _build(build, trial, params, device).to(device), _Draws(seed, device))
-                key = _shape_key(member.model)
-                if key not in sizes:
-                    began = time.perf_counter()
-                    sizes[key] = _group_size(
-                        build, member, training, group_size, strategy, table_path, n_trials, device
+    asked, sizing, pruned_by_suggest = 0, 0.0, 0
+    # every draw the study makes (sizing, timing, training) on a fork: the caller's generator stays as it was
+    with _forked(device):
+        numbers: List[int] = []  # the trials this call asked
+        try:
+            while asked < n_trials or pending:
+                ready = next((k for k, ms in pending.items() if len(ms) >= sizes[k][0]), None)
+                if ready is None and asked < n_trials:
+                    trial = study.ask()
+                    asked += 1
+                    numbers.append(trial.number)
+                    try:
+                        params = _suggested(suggest, trial)
+                    except optuna.TrialPruned:  # as study.optimize does: this trial is over, the study goes on
+                        study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+                        pruned_by_suggest += 1
+                        continue
+                    seed = trial_seed(trial, params)
+                    member = _Member(
+                        trial, params, _build(build, trial, params, device).to(device), _Draws(seed, device)
                     )
-                    sizing += time.perf_counter() - began
-                if estimate is None:
-                    estimate = _step_seconds(member, training, device) * training.steps * n_trials
-                pending.setdefault(key, []).append(member)
-                shapes.setdefault(key, []).append(params)
-                continue
-            key = ready if ready is not None else next(iter(pending))
-            members, rest = pending[key][: sizes[key][0]], pending[key][sizes[key][0] :]
-            if rest:
-                pending[key] = rest
-            else:
-                del pending[key]
-            plan = _Plan(training, table_path, strategy, device)
-            clock = (start, estimate or 0.0) if progress else None
-            with _seeded(device, members[0].draws.training_seed):  # the group's dropout masks
-                groups.append(_train_group(study, members, plan, clock, len(groups), key))
-    except BaseException:  # as study.optimize does: a trial that raised, or was interrupted, FAILED
-        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-            if t.number in numbers:
-                study.tell(t.number, state=optuna.trial.TrialState.FAIL)
-        raise
+                    key = _shape_key(member.model)
+                    if key not in sizes:
+                        began = time.perf_counter()
+                        sizes[key] = _group_size(
+                            build, member, training, group_size, strategy, table_path, n_trials, device
+                        )
+                        sizing += time.perf_counter() - began
+                    if estimate is None:
+                        estimate = _step_seconds(member, training, device) * training.steps * n_trials
+                    pending.setdefault(key, []).append(member)
+                    shapes.setdefault(key, []).append(params)
+                    continue
+                key = ready if ready is not None else next(iter(pending))
+                members, rest = pending[key][: sizes[key][0]], pending[key][sizes[key][0] :]
+                if rest:
+                    pending[key] = rest
+                else:
+                    del pending[key]
+                plan = _Plan(training, table_path, strategy, device)
+                clock = (start, estimate or 0.0) if progress else None
+                with _seeded(device, members[0].draws.training_seed):  # the group's dropout masks
+                    groups.append(_train_group(study, members, plan, clock, len(groups), key))
+        except BaseException:  # as study.optimize does: a trial that raised, or was interrupted, FAILED
+            for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+                if t.number in numbers:
+                    study.tell(t.number, state=optuna.trial.TrialState.FAIL)
+            raise
     told_apart = _shape_params(shapes)
     labels = {key: _label(key, params[0], told_apart) for key, params in shapes.items()}
     for g in groups:
@@ -400,6 +412,7 @@ def optimize(
         estimate or 0.0,
         told_apart,
         sizing,
+        pruned_by_suggest,
     )
 
 
@@ -454,7 +467,8 @@ def _group_size(
         size = min(given, n_trials)
         if strategy is None and size > 1 and _verdicts(member, [size], table)[size][1] == "none":
             _measure(build, member, training, [size], table, device)
-        return size, f"{size}, as given" + (f" (memory would allow {cap})" if cap < size else "")
+        capped = f" ({given} given; {n_trials} trials)" if size < given else ""
+        return size, f"{size}, as given{capped}" + (f" (memory would allow {cap})" if cap < size else "")
     ns = [n for n in _MEASURED_NS if n <= min(n_trials, cap)]
     if not ns:
         return 1, f"1: {memory} allows one model"
@@ -517,8 +531,8 @@ def _memory_cap(member: _Member, training: Training, device: str) -> Tuple[int, 
     gradients and two optimizer moments, and its input and output three times over (forward,
     backward, the packed copy)."""
     x, _ = member.draws.batch(training, member.params, 0, keep=False)
-    with torch.no_grad():
-        y = trees.call(member.model, x)
+    with torch.no_grad():  # on a copy: a call in train mode moves BatchNorm's statistics
+        y = trees.call(copy.deepcopy(member.model), x)
     weights = sum(t.numel() * t.element_size() for t in member.model.state_dict().values())
     io = sum(t.numel() * t.element_size() for t in trees.tensors([x, y]))
     per_model = 4 * weights + 3 * io
@@ -563,15 +577,11 @@ class _Group:
         models = [m.model for m in members]
         strategy = "loop" if len(models) == 1 else plan.strategy  # one trial: nothing to fuse, nothing to ask
         self.fused: Fused = fuse(models, table=plan.table, mode="train", randomness="different", strategy=strategy)
+        cls = OPTIMIZERS[training.optimizer][1]
         settings = [training.settings(m.params) for m in members]
-        names = set().union(*settings)
-        kwargs = {k: [s[k] for s in settings] for k in names if all(k in s for s in settings)}
-        if set(kwargs) != names:
-            raise WideTesseraError(
-                f"the trials of one group give {sorted(names - set(kwargs))} in some trials only: suggest them in "
-                "every trial"
-            )
-        self.opt = OPTIMIZERS[training.optimizer][1](self.fused, **kwargs)
+        defaults = inspect.signature(cls).parameters  # torch's, for a setting a trial does not suggest
+        kwargs = {k: [s.get(k, defaults[k].default) for s in settings] for k in set().union(*settings)}
+        self.opt = cls(self.fused, **kwargs)
         self.schedule = optim.CosineAnnealingLR(self.opt, T_max=training.steps) if training.cosine else None
 
     def step(self, step: int) -> List[float]:
@@ -612,7 +622,7 @@ def _train_group(
     why = group.fused.decision.match.reason if len(members) > 1 else "one trial: nothing to fuse"
     record = GroupRecord([m.trial.number for m in members], key, group.fused.strategy, why, 0.0)
     for m in members:
-        m.trial.set_user_attr("wide_tessera_group", index)
+        m.trial.set_user_attr("wide_tessera_group", members[0].trial.number)  # unique in the study, whatever call
         m.trial.set_user_attr("wide_tessera_strategy", group.fused.strategy or "loop")
     history: Dict[int, List[float]] = {m.trial.number: [] for m in members}
     values: Dict[int, float] = {}
@@ -629,7 +639,7 @@ def _train_group(
             recent = history[m.trial.number][-training.report_every :]
             values[m.trial.number] = sum(recent) / len(recent)
             m.trial.report(values[m.trial.number], step)
-            if step + 1 < training.steps and m.trial.should_prune():
+            if m.trial.should_prune():  # at the last report too, as an objective asks its pruner
                 group.opt.freeze(i)
                 study.tell(m.trial, state=optuna.trial.TrialState.PRUNED)
                 record.pruned.append(m.trial.number)
