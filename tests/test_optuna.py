@@ -272,3 +272,11 @@ def test_an_optimizer_setting_suggested_in_some_trials_only_takes_torchs_default
     optimize(fused, conditional, build, training, n_trials=6, group_size=6, strategy="vmap", progress=False)
     assert {"momentum" in t.params for t in fused.trials} == {True, False}
     assert [t.value for t in fused.trials] == pytest.approx([t.value for t in sequential.trials], rel=1e-5)
+
+
+def test_trials_run_one_at_a_time_train_exactly_as_the_sequential_loop_trains_them():
+    sequential, alone = study(), study()
+    sequential.optimize(sequential_objective(suggest, build, TRAINING), n_trials=3)
+    summary = optimize(alone, suggest, build, TRAINING, n_trials=3, group_size=1, progress=False)
+    assert [t.value for t in alone.trials] == [t.value for t in sequential.trials]  # bit for bit
+    assert all(g.why == "one trial: nothing to fuse" and g.strategy is None for g in summary.groups)
