@@ -103,6 +103,11 @@ def main() -> None:
     def create() -> optuna.Study:
         return optuna.create_study(sampler=optuna.samplers.TPESampler(seed=0), pruner=optuna.pruners.MedianPruner())
 
+    # Both once, untimed, on a trial of a few steps: the first study a process runs pays torch's lazy
+    # set-up, which timed cold made the sequential study 1.5x slower (scripts/sweep_speed.py)
+    warm = Training(steps=3, batch=training.batch, loss=training.loss, optimizer="adamw", report_every=3)
+    create().optimize(sequential_objective(suggest, build, warm), n_trials=1)
+    optimize(create(), suggest, build, warm, n_trials=2, group_size=2, strategy="vmap", progress=False)
     began = time.time()
     sequential = create()
     sequential.optimize(sequential_objective(suggest, build, training), n_trials=args.trials)
