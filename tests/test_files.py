@@ -202,3 +202,24 @@ def test_a_dispatch_table_is_locked_by_each_merge_not_by_the_whole_run(tmp_path,
     r = CliRunner().invoke(cli, [*RUN, *FAST, "--n-values", "1,2", "--save-dispatch", str(table)])
     assert r.exit_code == 0, r.output
     assert free and DispatchTable.load(table).entries
+
+
+@pytest.mark.parametrize(
+    "stop_in, said",
+    [("[gemm]", "no op had finished"), ("[layernorm]", "no op had finished"), ("[layernorm] confirm", "gemm")],
+)
+def test_an_interrupted_tune_names_the_ops_that_reached_the_table(stop_in, said, tmp_path, monkeypatch):
+    """It said 'the ops finished before it are in the dispatch table' when none had: every op's
+    first pass runs before any is confirmed, so an op stopped in its first pass leaves none."""
+    table = tmp_path / "t.json"
+    done = Progress.done
+
+    def interrupt_in(self, line):
+        if line.startswith(stop_in):
+            raise KeyboardInterrupt
+        done(self, line)
+
+    monkeypatch.setattr(Progress, "done", interrupt_in)
+    args = ["tune", "gemm", "layernorm", "--preset", "ci", "--n-values", "1", "-o", str(table), "--budget", "0.001"]
+    r = CliRunner().invoke(cli, args)
+    assert r.exit_code == 130 and f"in the dispatch table {table}: {said}" in r.output, r.output

@@ -43,6 +43,10 @@ CLI_CASES = [
     ([*GEMM, "--trace", "{blocker}"], "--trace {blocker}: exists and is not a directory"),
     ([*GEMM, "--trace", "{blocker}/tr"], "--trace {blocker}/tr: cannot write there: {blocker} is not a directory"),
     ([*GEMM, "--dump-ir", "{blocker}/ir"], "--dump-ir {blocker}/ir: cannot write there: {blocker} is not a directory"),
+    # --trace-n that would trace nothing (issue 50, cause 5)
+    ([*GEMM, "--trace-n", "1"], "--trace-n [1]: traces are written only where trace (--trace) names a folder"),
+    ([*GEMM, "--trace", "{tmp}/tr", "--trace-n", "3"], "--trace-n 3: this run measures no such N (its N values: 1)"),
+    ([*GEMM, "--trace", "{tmp}/tr", "--trace-n", "99999999999999999999"], "--trace-n 99999999999999999999: this run"),
     # empty paths are not "not given"
     (["tune", "gemm", "--preset", "ci", "--n-values", "1", "-o", ""], "'': give a file name"),
     ([*GEMM, "--save-dispatch", ""], "'': give a file name"),

@@ -402,6 +402,7 @@ def _measure(
             jobs = make_jobs(settings, texts)
             for job in jobs:
                 check_runnable(job, settings)
+            _check_trace_n(jobs, settings)
             writer = shard is None or shard.rank == 0  # rank 0 writes the results file and the table
             if output and writer:
                 held.enter_context(results_lock(output))  # until the last save: one writer per file
@@ -415,12 +416,16 @@ def _measure(
         # --dump-ir: clock every Triton compilation of the run (nothing without triton)
         clock = held.enter_context(CompileClock()) if dump_ir and triton_unavailable_reason("cuda") is None else None
 
+        in_table: List[str] = []  # the ops merged into the dispatch table so far
+
         def finished(result: BenchmarkResult, progress: Progress) -> None:
             progress.echo(result.brief() + "\n")  # each op's answer as soon as it is done
             try:
                 merged = merge_into(save_dispatch, result) if save_dispatch is not None else None
             except WideTesseraError as e:  # the table changed under the run: the answer above stands
                 merged = f"dispatch table {save_dispatch}: {result.op} not merged: {e}"
+            else:
+                in_table.extend([result.op] if merged else [])
             if merged:
                 progress.echo(merged + "\n")
 
@@ -448,9 +453,8 @@ def _measure(
                     for result in results:
                         finished(result, progress)
             except Interrupted as stop:
-                table = (
-                    f"; the ops finished before it are in the dispatch table {save_dispatch}" if save_dispatch else ""
-                )
+                ops = ", ".join(in_table) or "no op had finished"
+                table = f"; in the dispatch table {save_dispatch}: {ops}" if save_dispatch else ""
                 click.echo(
                     f"\ninterrupted: {stop}{table}" if stop.output else f"\ninterrupted ({stop}){table}", err=True
                 )
@@ -514,3 +518,16 @@ def _report(
         return 3
     return 0
 
+
+
+def _check_trace_n(jobs: List[BenchmarkJob], settings: RunSettings) -> None:
+    """--trace-n names Ns the run measures (a search measures the Ns it chooses: not checked)."""
+    if settings.trace_n is None or settings.search is not None:
+        return
+    measured = sorted({n for job in jobs for n in job.sweep.n_values})
+    missing = [n for n in settings.trace_n if n not in measured]
+    if missing:
+        raise WideTesseraError(
+            f"--trace-n {','.join(map(str, missing))}: this run measures no such N (its N values: "
+            f"{', '.join(map(str, measured))}), so nothing would be traced"
+        )

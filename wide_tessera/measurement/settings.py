@@ -245,6 +245,10 @@ class RunSettings:
             not isinstance(self.trace_n, list) or not all(isinstance(n, int) and n > 0 for n in self.trace_n)
         ):
             raise WideTesseraError(f"trace_n={self.trace_n!r}: give a list of N values (positive integers)")
+        if self.trace_n is not None and self.trace is None:
+            raise WideTesseraError(
+                f"trace_n={self.trace_n!r}: traces are written only where trace (--trace) names a folder"
+            )
         if self.memory_budget is not None:
             check_number("memory_budget", self.memory_budget, 0, 2**60, integer=True, what="a number of bytes")
 
