@@ -305,3 +305,11 @@ def test_a_call_of_the_wrong_shape_is_one_error_whatever_runs(name, call, messag
         call(fused, tmp_path)
     out = fused.unpack(fused(fused.pack(XS)))  # and the module still runs as the separate calls do
     assert all(torch.allclose(o, m(x), atol=1e-6) for o, m, x in zip(out, fused.unfuse(), XS))
+
+
+@pytest.mark.parametrize("args", [["runs"], ["show", "@-1"]])
+def test_a_runs_folder_that_is_a_file_is_named(args, places, monkeypatch):
+    """It said 'no run kept in .../a-file yet' and exited 0."""
+    monkeypatch.setenv("WIDE_TESSERA_RUNS", places["blocker"])
+    r = CliRunner().invoke(cli, args)
+    assert r.exit_code == 2 and f"runs folder {places['blocker']} ($WIDE_TESSERA_RUNS" in r.output, r.output

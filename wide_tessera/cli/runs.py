@@ -10,6 +10,7 @@ from ..core.runs import runs_dir, saved_runs
 from ..reports.answer import result_n_text
 from ..reports.text import format_table
 from ..results.load import load_results
+from .options import usage_errors
 
 __all__ = ["runs"]
 
@@ -22,7 +23,8 @@ def runs() -> None:
 
     A damaged file in the folder is listed as such and hides no other.
     """
-    paths = saved_runs()
+    with usage_errors():
+        paths = saved_runs()
     rows = []
     for k, path in enumerate(paths):
         index, run_id = f"@-{len(paths) - k}", path.stem.split("_")[-1]

@@ -58,8 +58,11 @@ def new_run_path(command: str, ops: Sequence[str], preset: str, run_id: str) -> 
 
 
 def saved_runs() -> List[Path]:
-    """Every run file in the folder, oldest first (a missing folder has none)."""
+    """Every run file in the folder, oldest first (a missing folder has none; one that is not a
+    folder is an error naming it: it was 'no run kept in .../afile yet')."""
     folder = runs_dir()
+    if folder.exists() and not folder.is_dir():
+        raise WideTesseraError(f"runs folder {folder} (${RUNS_ENV} or .wide_tessera/runs) is not a folder")
     try:
         names = sorted(p for p in folder.iterdir() if p.suffix == _SUFFIX and not p.name.startswith("."))
     except OSError:
