@@ -706,3 +706,31 @@ def test_surgery_keeps_dropout_comparable(fast_timing):
         Dropped, (4, 8), [3], device="cpu", verbose=False, timing=fast_timing, randomness="different", train=True
     )
     assert r.points[0].correct == {"vmap": True, "surgery": True}
+
+
+_ONE = nn.Linear(8, 8)
+
+
+def one_instance():
+    return _ONE
+
+
+class Counting(nn.Module):
+    """A forward that updates a buffer in place: stateful, not random."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.register_buffer("calls", torch.zeros(()))
+
+    def forward(self, x):
+        self.calls += 1
+        return self.lin(x) * self.calls
+
+
+def test_a_factory_returning_one_object_is_named_and_a_stateful_forward_is_not_called_random():
+    with pytest.warns(UserWarning, match="the factory returned one Linear object for two builds"):
+        custom_job(one_instance, (3, 8), [2], None, "float32", {})
+    # it was refused as drawing random numbers, and told to give randomness=
+    with pytest.raises(WideTesseraError, match="Counting's forward updates its own buffers \\(calls\\) and its output"):
+        custom_job(Counting, (3, 8), [2], None, "float32", {})

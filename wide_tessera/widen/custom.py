@@ -224,6 +224,7 @@ def _check_fits(
             "of keyword arguments, holding tensors"
         )
     outputs = []
+    before = {k: t.clone() for k, t in model.state_dict().items()}
     for seed in (1, 2):  # two generator states: a model whose output differs between them draws random numbers
         torch.manual_seed(seed)
         try:
@@ -238,6 +239,13 @@ def _check_fits(
         )
     # equal_nan: a model whose output is NaN gives NaN twice, which is no sign of random numbers
     same = all(_same(a, b) for a, b in zip(trees.tensors(outputs[0]), trees.tensors(outputs[1])))
+    changed = [k for k, t in model.state_dict().items() if not _same(t, before[k])]
+    if not same and changed and not train:
+        # a buffer its forward updates (a step counter): stateful, not random; it was told to give randomness
+        raise WideTesseraError(
+            f"{name}'s forward updates its own buffers ({', '.join(changed)}) and its output depends on them: two "
+            "calls on one input differ, so N separate calls and a fused one cannot be compared"
+        )
     if not same and randomness == "error":
         raise WideTesseraError(
             f"{name} draws random numbers (two calls on one input "
@@ -260,6 +268,11 @@ def model_identity(model: nn.Module) -> Dict[str, str]:
 
 def _identical(a: nn.Module, b: nn.Module) -> Optional[str]:
     """A warning when two models built from different generator states have the same weights."""
+    if a is b:
+        return (
+            f"the factory returned one {type(a).__name__} object for two builds, so the N models would be one module "
+            "and a strategy that mixes them up passes the check; return a new model from each call"
+        )
     first, second = a.state_dict(), b.state_dict()
     weights = [k for k, t in first.items() if t.is_floating_point() and t.numel() > 1]
     if not weights or any(not _same(first[k], second[k]) for k in weights):
