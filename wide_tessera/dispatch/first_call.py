@@ -29,7 +29,7 @@ from ..measurement.settings import RunSettings
 from ..measurement.timing import TimingConfig, measure_paired
 from ..results.decisions import Call, decide, level_of, stop_rule
 from ..results.manifest import now
-from .build import DispatchDecision, Fused, LoopedModules, Trials, one_each
+from .build import DispatchDecision, Fused, LoopedModules, Trials
 from .handover import replaced
 from .table import FIRST_CALL, Case, DispatchEntry, Match, NVerdict, measured_entry, merge_entries
 
@@ -65,7 +65,7 @@ class FirstCall(Fused):
         self._decided = False
 
     def _pack(self, inputs: List[Any]) -> Tuple[Any, ...]:
-        return one_each(inputs, self.n)
+        return tuple(inputs)  # Fused.pack checked there are N
 
     def _unpack(self, output: Tuple[Any, ...]) -> List[Any]:
         return list(output)

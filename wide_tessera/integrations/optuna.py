@@ -122,6 +122,15 @@ class Training:
         if self.evaluate is not None and not callable(self.evaluate):
             raise WideTesseraError(f"Training: evaluate={self.evaluate!r} is not callable")
 
+    def reports_at(self, step: int) -> bool:
+        """Whether a trial reports after `step`: every `report_every`-th step, and the last."""
+        return (step + 1) % self.report_every == 0 or step + 1 == self.steps
+
+    def reported(self, losses: List[float]) -> float:
+        """What a trial reports: the mean of its last `report_every` losses."""
+        recent = losses[-self.report_every :]
+        return sum(recent) / len(recent)
+
     def settings(self, params: Dict[str, Any]) -> Dict[str, Any]:
         """The optimizer's settings in a trial's parameters."""
         found = {k: params[k] for k in _SETTINGS[self.optimizer] if k in params}
@@ -237,8 +246,8 @@ def _train_alone(
             schedule.step()
         losses.append(float(loss.detach()))
         tick()
-        if (step + 1) % training.report_every == 0 or step + 1 == training.steps:
-            value = sum(losses[-training.report_every :]) / len(losses[-training.report_every :])
+        if training.reports_at(step):
+            value = training.reported(losses)
             trial.report(value, step)
             if trial.should_prune():
                 raise optuna.TrialPruned()
@@ -645,12 +654,11 @@ def _train_group(
         for m, loss in zip(group.members, group.step(step)):
             history[m.trial.number].append(loss)
         bar.update(1)
-        if (step + 1) % training.report_every and step + 1 != training.steps:
+        if not training.reports_at(step):
             continue
         kept = []
         for i, m in enumerate(group.members):
-            recent = history[m.trial.number][-training.report_every :]
-            values[m.trial.number] = sum(recent) / len(recent)
+            values[m.trial.number] = training.reported(history[m.trial.number])
             m.trial.report(values[m.trial.number], step)
             if m.trial.should_prune():  # at the last report too, as an objective asks its pruner
                 group.opt.freeze(i)
