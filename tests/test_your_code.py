@@ -513,6 +513,18 @@ class Reshaping(nn.Module):
         return y * self.w + x.size(-1) + x.ndim
 
 
+class OnItsDevice(nn.Module):
+    """A constant made where the input lives, in its dtype: x.device and x.dtype are each model's
+    too, so the constant is made once (as a stacked value it was vmapped over no tensor and failed)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.fc(x) * torch.tensor([0.5], device=x.device, dtype=x.dtype)
+
+
 class Branchy(nn.Module):
     """Control flow on the input's rank: vmap runs it (each model's rank is known), torch.fx cannot
     trace it, torch.export captures it (it runs forward on a fake tensor of known rank)."""
@@ -556,7 +568,14 @@ def test_surgery_swaps_the_layers_ops_fuse_and_matches_separate_calls():
 
 @pytest.mark.parametrize(
     "model,shape",
-    [(Expert, (4, 16)), (Mixed, (2, 4, 16)), (Reshaping, (5, 8)), (TwoInputs, [(3, 8), (3, 4)]), (Tagger, (2, 5))],
+    [
+        (Expert, (4, 16)),
+        (Mixed, (2, 4, 16)),
+        (Reshaping, (5, 8)),
+        (OnItsDevice, (5, 8)),
+        (TwoInputs, [(3, 8), (3, 4)]),
+        (Tagger, (2, 5)),
+    ],
 )
 def test_surgery_is_checked_like_every_strategy(model, shape, fast_timing):
     ids = dict(input_dtype="int64", int_high=50) if model is Tagger else {}

@@ -204,6 +204,8 @@ class WideSurgery(StackedIO, nn.Module):
                 node.target = held[where][0]
                 if inputs_stacked or not isinstance(getattr(holder, node.target), _ELEMENTWISE_MODULES):
                     stacked.add(node)
+            elif _is_model_fact(node) and node.args[0] in stacked:
+                pass  # x.device, x.dtype, ...: the same for the stack as for each model, and not stacked
             elif _is_shape_query(node) and node.args[0] in stacked:
                 # one model's shape, the same for every model: not stacked
                 holder.add_module(name, _ShapeQuery(node))
@@ -333,6 +335,19 @@ def _is_shape_query(node: fx.Node) -> bool:
     if node.op == "call_function":
         return node.target is getattr and len(node.args) == 2 and node.args[1] in ("shape", "ndim")
     return node.op == "call_method" and node.target in ("size", "dim") and not node.kwargs
+
+
+# What a stacked tensor says of itself that each model's tensor would say too. As stacked values,
+# a constant made on x.device (torch.tensor([0.5], device=x.device)) was vmapped over no tensor
+# and failed the surgery strategy.
+_MODEL_FACT_ATTRIBUTES = ("device", "dtype", "is_cuda", "layout")
+_MODEL_FACT_METHODS = ("is_floating_point", "is_complex", "element_size", "get_device")
+
+
+def _is_model_fact(node: fx.Node) -> bool:
+    if node.op == "call_function":
+        return node.target is getattr and len(node.args) == 2 and node.args[1] in _MODEL_FACT_ATTRIBUTES
+    return node.op == "call_method" and node.target in _MODEL_FACT_METHODS and len(node.args) == 1
 
 
 def _elementwise(node: fx.Node) -> bool:
