@@ -67,3 +67,30 @@ def test_compile_clock_times_a_real_compilation():
         add_one[(1,)](x, BLOCK=16)
     ((key, _),) = compiled_kernels(add_one)
     assert x.sum().item() == 16 and clock.of(add_one, key) > 0
+
+
+class _MakesAConstant(torch.nn.Module):
+    """Runs on a GPU, under vmap too, but not in a CUDA graph: its constant is copied from the
+    host's pageable memory, which capture forbids (what torch._grouped_mm in float32 does)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(32, 32)
+
+    def forward(self, x):
+        return self.lin(x) * torch.tensor([0.5], device=x.device)
+
+
+def test_what_cannot_be_captured_is_skipped_with_the_reason_and_harms_nothing_after_it():
+    """Under --cuda-graph, torch._grouped_mm in float32 (H100, torch 2.11) copied to the host and
+    its points were reported incorrect; a function that cannot be captured is skipped instead,
+    and a graphed run after it in the same process measures as before."""
+    from wide_tessera import TimingConfig, benchmark_custom
+
+    graphed = TimingConfig(cuda_graph=True)
+    r = benchmark_custom(_MakesAConstant, (8, 32), [2], device="cuda", verbose=False, timing=graphed)
+    skipped = [f for p in r.points for f in p.failures.values()]
+    assert skipped and all(f.kind == "skipped" and "CUDA graph" in f.message for f in skipped), skipped
+    assert r.all_correct and "CUDA graph" in r.summary()
+    after = benchmark("gemm", preset="ci", device="cuda", verbose=False, timing=graphed)
+    assert after.all_correct and not after.failures, after.failures

@@ -165,3 +165,46 @@ def test_statistics_count_outliers_without_dropping_them():
 def test_config_refuses_too_few_samples_for_an_interval():
     with pytest.raises(ValueError, match="min_samples=1"):
         TimingConfig(min_samples=1)
+
+
+def test_a_function_that_runs_but_cannot_be_captured_is_not_capturable(monkeypatch):
+    """capture_graph on stand-ins for torch.cuda's streams and graphs: a function whose warm-up
+    runs and whose capture raises is NotCapturable (the point skips it, naming why), and one that
+    raises when warmed up is the function's own error, as before."""
+    from contextlib import contextmanager, nullcontext
+
+    from wide_tessera.measurement.timing import NotCapturable, capture_graph
+
+    capturing = []
+
+    @contextmanager
+    def graph(_):
+        capturing.append(True)
+        try:
+            yield
+        finally:
+            capturing.clear()
+
+    class Stream:
+        def wait_stream(self, other):
+            pass
+
+    monkeypatch.setattr(torch.cuda, "Stream", Stream)
+    monkeypatch.setattr(torch.cuda, "current_stream", Stream)
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: nullcontext())
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: None)
+    monkeypatch.setattr(torch.cuda, "graph", graph)
+
+    def syncs():
+        if capturing:
+            raise RuntimeError("Cannot copy between CPU and CUDA tensors during CUDA graph capture")
+        return 1
+
+    with pytest.raises(NotCapturable, match="cannot be captured in a CUDA graph .*during CUDA graph capture"):
+        capture_graph(syncs)
+
+    def broken():
+        raise ValueError("wrong everywhere")
+
+    with pytest.raises(ValueError, match="wrong everywhere"):
+        capture_graph(broken)

@@ -44,7 +44,7 @@ from ..measurement.modes import TRAINING_MODES, Side
 from ..measurement.recipe import Recipe
 from ..measurement.settings import RunSettings
 from ..measurement.stages import StageObserver, StageTimeout, stage_limit
-from ..measurement.timing import PairedTimings, TimedFunctionError, measure_paired
+from ..measurement.timing import NotCapturable, PairedTimings, TimedFunctionError, measure_paired
 from ..measurement.traces import trace_name, write_traces
 from ..results import analysis
 from ..results.decisions import level_of, stop_rule
@@ -548,7 +548,7 @@ def _measure_until_healthy(
         except TimedFunctionError as e:
             culprit = "point" if e.name == BASELINE else e.name
             phase = e.error.stage if isinstance(e.error, StageTimeout) else "measure"
-            failures[culprit] = _failure(phase, e.error)
+            failures[culprit] = _failure(phase, e.error, e.name if culprit == "point" else "")
             del timed[e.name]
             _release_memory(settings.device)
     return None
@@ -559,9 +559,11 @@ def _unavailable(strategy: str, why: object) -> Failure:
     return Failure("setup", "skipped", "Unavailable", f"{strategy}: {why}")
 
 
-def _failure(stage: str, error: BaseException) -> Failure:
+def _failure(stage: str, error: BaseException, name: str = "") -> Failure:
     if isinstance(error, StageTimeout):
         return Failure(error.stage, "timeout", "Timeout", str(error), error.elapsed_s, error.limit_s)
+    if isinstance(error, NotCapturable):  # skipped, with the reason: nothing it computed was wrong
+        return Failure(stage, "skipped", "NotCapturable", f"{name}: {error}" if name else str(error))
     return Failure(stage, "error", type(error).__name__, one_line(error).partition(": ")[2])
 
 
