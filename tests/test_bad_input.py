@@ -112,6 +112,14 @@ CLI_CASES = [
     (["benchmark", "--preset", "ci"], "name one or more ops, or give --all"),
     (["benchmark", "gemn", "--preset", "ci"], "unknown op 'gemn'; did you mean 'gemm'"),
     (["benchmark", "gemm", "linear", "conv9d", "--preset", "ci"], "unknown op 'conv9d'"),
+    # axes that contradict each other or what the op can build: refused before measuring
+    (["benchmark", "conv_transpose2d", "--preset", "ci", "--set", "kernel_size=1"], "kernel_size=1: this op's"),
+    (["benchmark", "hf_experts", "--preset", "ci", "--set", "top_k=9"], "top_k=9 exceeds N=4 experts"),
+    (["benchmark", "hf_experts", "--preset", "ci", "--n-values", "1"], "top_k=2 exceeds N=1 experts"),
+    (
+        ["benchmark", "hf_experts", "--preset", "ci", "--set", "model_type=qwen3_vl_moe_vision"],
+        "model_type 'qwen3_vl_moe_vision': its experts cannot be built from its own config",
+    ),
     (["show", "/dev/full"], "/dev/full: is a character device, not a results file"),
     (["show", "{fifo}"], "{fifo}: is a FIFO, not a results file"),
     (["show", "{tmp}"], "{tmp}: is a directory, not a results file"),

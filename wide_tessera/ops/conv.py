@@ -236,6 +236,13 @@ class WideConvTranspose2d(_WideConvNd):
         )
 
     @classmethod
+    def check_params(cls, kernel_size: int, **_: Any) -> None:
+        if kernel_size < 2:  # padding (kernel_size - 2) // 2 below: torch refused the point mid-run
+            raise WideTesseraError(
+                f"kernel_size={kernel_size}: this op's stride-2 upsampling layer needs a kernel_size of at least 2"
+            )
+
+    @classmethod
     def bench_model(cls, channels: int, kernel_size: int, **_: Any) -> nn.Module:
         # stride 2: the upsampling layer it is in practice, output twice the input's size
         return nn.ConvTranspose2d(channels, channels, kernel_size, stride=2, padding=(kernel_size - 2) // 2)
