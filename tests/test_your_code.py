@@ -584,6 +584,31 @@ def test_surgery_is_checked_like_every_strategy(model, shape, fast_timing):
     assert all(p.correct["surgery"] for p in r.points)
 
 
+def test_surgery_returns_the_models_own_output_class():
+    """A model returning transformers' BaseModelOutput: torch.fx kept its fields as a plain dict, and
+    surgery was INCORRECT ('output 0 is a dict(...), expected a dict(...)': the message named no class)."""
+    outputs = pytest.importorskip("transformers.modeling_outputs")
+    from wide_tessera.widen.surgery import WideSurgery
+
+    class Encoder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(8, 8)
+
+        def forward(self, x):
+            y = self.fc(x)
+            return outputs.BaseModelOutput(last_hidden_state=y, hidden_states=(x, y.relu()))
+
+    models = [Encoder() for _ in range(3)]
+    xs = [torch.randn(2, 8) for _ in range(3)]
+    wide = WideSurgery(models)
+    assert wide.swapped == ["fc"]
+    for got, model, x in zip(wide.unpack(wide(wide.pack(xs))), models, xs):
+        want = model(x)
+        assert type(got) is outputs.BaseModelOutput and torch.allclose(got.last_hidden_state, want.last_hidden_state)
+        assert all(torch.allclose(g, w) for g, w in zip(got.hidden_states, want.hidden_states))
+
+
 class Rotary(nn.Module):
     """Called as transformers layers are: keyword inputs, a (cos, sin) pair, an optional mask left at
     None, and an output that holds a None."""

@@ -166,8 +166,8 @@ def _structure(tree: Any) -> str:
     """How an output is built, for an error message: 'Tensor', 'tuple(Tensor, Tensor)', 'dict(h: Tensor)'."""
     if isinstance(tree, (tuple, list)):
         return f"{type(tree).__name__}({', '.join(map(_structure, tree))})"
-    if isinstance(tree, dict):
-        return f"dict({', '.join(f'{k}: {_structure(v)}' for k, v in tree.items())})"
+    if isinstance(tree, dict):  # by its class: a ModelOutput and the plain dict of its fields read alike
+        return f"{type(tree).__name__}({', '.join(f'{k}: {_structure(v)}' for k, v in tree.items())})"
     return "Tensor" if isinstance(tree, torch.Tensor) else type(tree).__name__
 
 

@@ -19,6 +19,7 @@ at N=4, 1.91x at N=16 and 1.34x at N=64 (scripts/surgery.py).
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import operator
 from typing import Any, Callable, Dict, List, Sequence, Set, Tuple
@@ -204,6 +205,9 @@ class WideSurgery(StackedIO, nn.Module):
                 node.target = held[where][0]
                 if inputs_stacked or not isinstance(getattr(holder, node.target), _ELEMENTWISE_MODULES):
                     stacked.add(node)
+            elif _is_record(node):
+                if inputs_stacked:  # made of the stacked values as they are: each field is the models' own
+                    stacked.add(node)
             elif _is_model_fact(node) and node.args[0] in stacked:
                 pass  # x.device, x.dtype, ...: the same for the stack as for each model, and not stacked
             elif _is_shape_query(node) and node.args[0] in stacked:
@@ -224,7 +228,7 @@ class WideSurgery(StackedIO, nn.Module):
                 self.output_stacked = _leaf_flags(
                     tree_map(
                         lambda a: not isinstance(a, fx.Node) or a in stacked,
-                        node.args[0],
+                        _opened(node.args[0]),
                         is_leaf=lambda a: isinstance(a, fx.Node),
                     )
                 )
@@ -307,6 +311,32 @@ class _Tracer(fx.Tracer):
 
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
         return super().is_leaf_module(m, qualname) or op_fusing(m, self.ops) is not None
+
+    def create_arg(self, a: Any) -> Any:
+        """torch.fx's argument, but a dataclass that is a dict (transformers' ModelOutput) made again
+        in the graph: torch.fx keeps only its fields, and the wide model returned a plain dict where
+        the models return a BaseModelOutput (INCORRECT, and `out.last_hidden_state` fails)."""
+        if isinstance(a, dict) and dataclasses.is_dataclass(a):
+            return self.create_node("call_function", type(a), (), {k: self.create_arg(v) for k, v in a.items()})
+        return super().create_arg(a)
+
+
+def _is_record(node: fx.Node) -> bool:
+    """Whether the node makes a ModelOutput (a dataclass that is a dict; see _Tracer.create_arg)."""
+    target = node.target
+    return node.op == "call_function" and isinstance(target, type) and issubclass(target, dict) and (
+        dataclasses.is_dataclass(target)
+    )
+
+
+def _opened(arg: Any) -> Any:
+    """The output's arguments, each ModelOutput made in the graph opened into its fields, as
+    torch's pytree flattens the ModelOutput the graph returns."""
+    return tree_map(
+        lambda a: _opened(dict(a.kwargs)) if isinstance(a, fx.Node) and _is_record(a) else a,
+        arg,
+        is_leaf=lambda a: isinstance(a, fx.Node),
+    )
 
 
 def _plain(tree: Any) -> Any:
