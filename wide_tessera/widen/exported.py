@@ -5,8 +5,13 @@ transformers layer tried (BertLayer, GPT2Block, LlamaDecoderLayer, ...) was refu
 transformers 5 dropped its own fx tracer (transformers#41683) for torch.export. torch.export
 (non-strict) runs forward as Python on fake tensors, so such code runs as it does eagerly, and
 records the ATen ops it reaches, each tagged with the modules it ran in (`nn_module_stack`).
-Its graph holds the example input's shapes, so a model is captured on its first call, and again
-for each new input signature (shapes, dtypes, train or eval).
+A model is captured on its first call with every dimension of its inputs dynamic where the
+model allows (torch.export's Dim.AUTO), so a growing sequence reuses one graph: N=8 Llama decoder
+layers fed lengths 1 to 16 were captured 16 times, 219 ms a new length against 2.3 ms a repeat
+call. torch.export specialises a dimension of size 0 or 1, and whatever the model's code fixes,
+so a new length can still need a new capture (a length of 1, then 2): each capture after the
+first says which dimension forced it, and at most _MOST_CAPTURES are kept (the oldest goes).
+A capture is also specialised to the input's structure, dtypes, devices, train or eval.
 
 The captured graph is rewritten:
 
@@ -21,16 +26,21 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import inspect
 import io
 import operator
-from collections import defaultdict
+import warnings
+from collections import OrderedDict, defaultdict
+from dataclasses import dataclass
 from itertools import chain
-from typing import Any, Callable, Dict, Hashable, List, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Set, Tuple
 
 import torch
 from torch import fx, nn
+from torch.export import Dim
 from torch.func import vmap
 from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._sympy.numbers import int_oo
 
 from ..core.errors import NotApplicable, one_line
 from ..core.layout import STACKED, Slot, prefixed, slots_of
@@ -45,10 +55,49 @@ __all__ = ["ExportedSurgery"]
 # value has one more axis, and vmap has no rule for them.
 _CHECKS = {torch.ops.aten._assert_tensor_metadata.default}
 
+# A dynamic dimension's size, read from an input (x.shape[1] of a symbolic length). vmap has no
+# rule for it: read from the stacked input outside the segments, without its N axis (_model_size).
+_SIZE = torch.ops.aten.sym_size.int
+
 # How a sparse MoE block's experts run while it is captured: transformers' eager loop over the
 # experts a batch hit has a data-dependent shape torch.export refuses; gathering each token's
 # weights has none. What is captured of the block is replaced by WideSparseMoe's call.
 _CAPTURED_EXPERTS = "batched_mm"
+
+# Captures kept for inputs that still specialise (each a graph of the model and its rewriting):
+# without a bound, a model captured per new shape grew by 59 MiB over 64 lengths.
+_MOST_CAPTURES = 8
+_UNBOUNDED = 2**63 - 1
+
+
+@dataclass(frozen=True)
+class _Capture:
+    """A rewritten graph and what it takes: the input's structure, and per tensor its dtype,
+    device and whether it is shared, and per dimension its size or, where dynamic, its range."""
+
+    graph: fx.GraphModule
+    fixed: Hashable  # training, structure, dtypes, devices, sharing, and every other value
+    dims: Tuple[Tuple[Any, ...], ...]  # per tensor, per dimension: a size, or a (low, high) range
+    names: Tuple[str, ...]  # per tensor, its input's name in the graph
+
+    def takes(self, fixed: Hashable, shapes: Tuple[Tuple[int, ...], ...]) -> bool:
+        return fixed == self.fixed and all(
+            len(shape) == len(dims) and all(_fits(size, d) for size, d in zip(shape, dims))
+            for shape, dims in zip(shapes, self.dims)
+        )
+
+    def why_not(self, shapes: Tuple[Tuple[int, ...], ...]) -> str:
+        """The first dimension of `shapes` this capture does not take, in words."""
+        for name, shape, dims in zip(self.names, shapes, self.dims):
+            for i, (size, d) in enumerate(zip(shape, dims)):
+                if not _fits(size, d):
+                    held = f"fixed at {d}" if isinstance(d, int) else f"from {d[0]} to {d[1]}"
+                    return f"{name} dimension {i} is {size}, where the last capture took it {held}"
+        return "its input's structure, dtypes, devices or mode differ"
+
+
+def _fits(size: int, dim: Any) -> bool:
+    return size == dim if isinstance(dim, int) else dim[0] <= size <= dim[1]
 
 
 class ExportedSurgery(nn.Module):
@@ -91,7 +140,7 @@ class ExportedSurgery(nn.Module):
                 self._stacked_names[path] = f"t{len(self._stacked_names)}"
                 values = [operator.attrgetter(path)(m) for m in modules]
                 hold_stacked(self.stacked, self._stacked_names[path], values, persistent=path in saved)
-        self._captures: Dict[Hashable, fx.GraphModule] = {}
+        self._captures: "OrderedDict[int, _Capture]" = OrderedDict()  # the latest used last
         self.train(modules[0].training)
 
     @property
@@ -108,11 +157,22 @@ class ExportedSurgery(nn.Module):
         return slots
 
     def forward(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
-        key = _signature(self.training, (args, kwargs))
-        graph = self._captures.get(key)
-        if graph is None:
-            graph = self._captures[key] = self._capture(args, kwargs)
-        return graph(*args, **kwargs)
+        fixed, shapes = _signature(self.training, (args, kwargs))
+        found = next((k for k, c in reversed(self._captures.items()) if c.takes(fixed, shapes)), None)
+        if found is None:
+            if self._captures:
+                last = next(reversed(self._captures.values()))
+                warnings.warn(
+                    f"surgery captures {type(self._skeleton[0]).__name__} again: {last.why_not(shapes)} "
+                    f"(each capture costs a trace; at most {_MOST_CAPTURES} are kept)",
+                    stacklevel=2,
+                )
+            found = max(self._captures, default=-1) + 1
+            self._captures[found] = self._capture(args, kwargs, fixed)
+            if len(self._captures) > _MOST_CAPTURES:
+                self._captures.popitem(last=False)
+        self._captures.move_to_end(found)
+        return self._captures[found].graph(*args, **kwargs)
 
     def _apply(self, fn: Callable, recurse: bool = True) -> "ExportedSurgery":
         # .to(), .half(), ...: the graphs hold the old tensors and devices; capture again
@@ -120,27 +180,32 @@ class ExportedSurgery(nn.Module):
         self._skeleton[0]._apply(fn)
         return super()._apply(fn, recurse)
 
-    def _capture(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> fx.GraphModule:
+    def _capture(self, args: Tuple[Any, ...], kwargs: Dict[str, Any], fixed: Hashable) -> _Capture:
         model = self._skeleton[0].train(self.training)
         one_args, one_kwargs = tree_map(lambda t: t[0] if isinstance(t, torch.Tensor) else t, (args, kwargs))
         try:  # a failed export prints the graph it got so far to stderr, hundreds of lines: the reason is enough
             with contextlib.redirect_stderr(io.StringIO()):
-                exported = torch.export.export(model, tuple(one_args), dict(one_kwargs), strict=False).module()
+                program = _export(model, tuple(one_args), dict(one_kwargs))
         except Exception as e:  # noqa: BLE001  whatever stops the capture: the vmap strategy covers the model
             why = one_line(e)[:200]
             raise NotApplicable(
                 f"neither torch.fx nor torch.export can capture {type(model).__name__}: torch.fx: {self.why_not_fx}; "
                 f"torch.export: {why}"
             ) from None
+        exported, ranges = program
+        names, dims = _input_dims(exported.graph, ranges)
         graph = exported.graph
         for node in list(graph.nodes):
             if (node.op == "call_module" and node.target == "_guards_fn") or node.target in _CHECKS:
                 graph.erase_node(node)
+            elif node.target is _SIZE:
+                node.target = _model_size
         self._swap_layers(graph)
         holder = nn.Module()
         holder.s, holder.w, holder.c = self.stacked, self.wides, nn.Module()
         unstacked = self._hold_attributes(graph, exported, holder.c)
-        return fx.GraphModule(holder, _in_segments(graph, holder, unstacked, self.n, self.randomness), "Captured")
+        rewritten = fx.GraphModule(holder, _in_segments(graph, holder, unstacked, self.n, self.randomness), "Captured")
+        return _Capture(rewritten, fixed, dims, names)
 
     def _swap_layers(self, graph: fx.Graph) -> None:
         """The ops of each call of a swapped layer, one call of its wide module."""
@@ -152,9 +217,10 @@ class ExportedSurgery(nn.Module):
                     break
         for path, nodes in calls.values():
             inside = set(nodes)
-            inputs = {
+            inputs = {  # (a size read from the input is the wide module's own business)
                 a for n in nodes for a in n.all_input_nodes
                 if a not in inside and not (a.op == "get_attr" and a.target.startswith(path + "."))
+                and a.target is not _model_size
             }  # fmt: skip
             outputs = [n for n in nodes if any(u not in inside for u in n.users)]
             if len(inputs) != 1 or len(outputs) != 1:
@@ -225,13 +291,13 @@ def _in_segments(graph: fx.Graph, holder: nn.Module, unstacked: Set[fx.Node], n:
         depth[node] = max((depth[a] for a in node.all_input_nodes), default=0) + swapped
         if swapped:
             layers[depth[node]].append(node)
-        elif node.op in ("call_function", "call_method"):
+        elif node.op in ("call_function", "call_method") and node.target is not _model_size:
             segments[depth[node]].append(node)
     out = fx.Graph()
     out._codegen = graph._codegen  # torch.export's: the model's (args, kwargs) in, its output's structure out
     env: Dict[fx.Node, fx.Node] = {}
-    for node in graph.nodes:
-        if node.op in ("placeholder", "get_attr"):
+    for node in graph.nodes:  # inputs, and the sizes read from them (outside vmap, which has no rule for them)
+        if node.op in ("placeholder", "get_attr") or node.target is _model_size:
             env[node] = out.node_copy(node, env.__getitem__)
     for d in range(max(depth.values(), default=0) + 1):
         for node in layers[d]:
@@ -263,15 +329,63 @@ def _within(paths: Sequence[str]) -> Tuple[str, ...]:
     return tuple(p + "." for p in paths)
 
 
-def _signature(training: bool, value: Any) -> Hashable:
-    """What a capture is specialised to: the input's structure, each tensor's shape, dtype and
-    device (and whether it is shared), each other value itself."""
+def _signature(training: bool, value: Any) -> Tuple[Hashable, Tuple[Tuple[int, ...], ...]]:
+    """What a capture is specialised to (the input's structure, each tensor's dtype and device and
+    whether it is shared, each other value itself), and each tensor's shape without its N axis."""
     leaves, spec = tree_flatten(value)
-    return (
+    fixed = (
         training,
         repr(spec),
-        tuple(
-            (tuple(x.shape), x.dtype, x.device, is_shared(x)) if isinstance(x, torch.Tensor) else repr(x)
-            for x in leaves
-        ),
+        tuple((x.dtype, x.device, is_shared(x)) if isinstance(x, torch.Tensor) else repr(x) for x in leaves),
     )
+    return fixed, tuple(tuple(x.shape[1:]) for x in leaves if isinstance(x, torch.Tensor))
+
+
+def _export(model: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Tuple[fx.GraphModule, Dict[Any, Any]]:
+    """torch.export's graph of `model` on one model's input and its dynamic sizes' ranges, every
+    dimension dynamic where the model allows. Where declaring them fails, or a size is read from
+    a value computed inside the model (which a vmapped segment would have to read), the graph is
+    specialised to the input's shapes, as every capture was before."""
+    named = inspect.signature(model.forward).bind(*args, **kwargs).arguments
+    dynamic = {k: tree_map(lambda t: _auto(t) if isinstance(t, torch.Tensor) else None, v) for k, v in named.items()}
+    try:
+        program = torch.export.export(model, args, kwargs, dynamic_shapes=dynamic, strict=False)
+        module = program.module()
+        if all(n.args[0].op == "placeholder" for n in module.graph.find_nodes(op="call_function", target=_SIZE)):
+            return module, program.range_constraints
+    except Exception:  # noqa: BLE001  a model whose code cannot take symbolic sizes: one graph per shape
+        pass
+    program = torch.export.export(model, args, kwargs, strict=False)
+    return program.module(), program.range_constraints
+
+
+def _model_size(x: torch.Tensor, dim: int) -> int:
+    """One model's size `dim` of a stacked value: the stack's, one axis on."""
+    return x.size(dim + 1 if dim >= 0 else dim)
+
+
+def _auto(t: torch.Tensor) -> Optional[Dict[int, Any]]:
+    return {i: Dim.AUTO for i in range(t.dim())} if t.dim() else None
+
+
+def _input_dims(graph: fx.Graph, ranges: Dict[Any, Any]) -> Tuple[Tuple[str, ...], Tuple[Tuple[Any, ...], ...]]:
+    """Per tensor input of an exported graph, its name and, per dimension, its size or, where the
+    capture left it dynamic, the (low, high) range it takes."""
+    names, dims = [], []
+    for node in graph.find_nodes(op="placeholder"):
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor):
+            continue
+        names.append(node.name)
+        dims.append(tuple(_dim(size, ranges) for size in val.shape))
+    return tuple(names), tuple(dims)
+
+
+def _dim(size: Any, ranges: Dict[Any, Any]) -> Any:
+    if isinstance(size, int):
+        return size
+    bounds = ranges.get(size.node.expr)
+    if bounds is None:  # torch.export's least: sizes 0 and 1 are specialised
+        return (2, _UNBOUNDED)
+    # torch's unbounded size (int_oo) says it is finite, and int() of it fails
+    return (int(bounds.lower), _UNBOUNDED if bounds.upper == int_oo else int(bounds.upper))
