@@ -65,7 +65,7 @@ CLI_CASES = [
     ([*GEMM, "--timeout-multiplier", "1e6"], "--timeout-multiplier 1000000.0"),
     ([*GEMM, "--threads", "0"], "--threads 0: give an integer in [1, 4096]"),
     ([*GEMM, "--threads", "100000"], "--threads 100000"),
-    ([*GEMM, "--threads", "two"], "'two' is not a valid integer"),
+    ([*GEMM, "--threads", "two"], "'two': give a number of threads, or auto"),
     ([*GEMM, "--n-values", "5000"], "n_values: 5000 is more than 4096"),
     ([*GEMM, "--n-values", "99999999999"], "n_values: 99999999999 is more than 4096"),
     ([*GEMM, "--n-values", "1.5"], "n_values: '1.5' is not a positive integer"),

@@ -8,9 +8,10 @@ import dataclasses
 import uuid
 from contextlib import ExitStack, closing
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import click
+import psutil
 import torch
 
 from ..api import build_custom_job, build_job
@@ -27,6 +28,7 @@ from ..dispatch.table import (
 from ..kernels import autotuned_kernels, triton_unavailable_reason
 from ..kernels.facts import CompileClock
 from ..kernels.facts import dump_ir as write_ir
+from ..measurement.health import free_cores, probe_load
 from ..measurement.modes import TRAINING_MODES
 from ..measurement.roofline import cache_path
 from ..measurement.settings import RunSettings
@@ -357,6 +359,31 @@ def _run_file(command: str, jobs: Sequence[BenchmarkJob], preset: str) -> Option
         return None
 
 
+class _LoadWatch:
+    """What other processes leave this CPU run, probed before it measures and between ops: with
+    --threads auto the run takes the free cores; otherwise a busy machine is named, once, with
+    the --threads that would measure cleanly."""
+
+    def __init__(self, auto: bool):
+        self.auto, self.warned = auto, False
+
+    def check(self) -> Optional[str]:
+        other, threads = probe_load(), torch.get_num_threads()
+        free, cores = free_cores(other), psutil.cpu_count() or 1
+        seen = f"other processes use {other:.1f} of {cores} cores"
+        if self.auto:
+            torch.set_num_threads(free)
+            first, self.warned = not self.warned, True
+            return f"--threads auto: {seen}: measuring with {free} thread(s)" if first or free != threads else None
+        if threads <= free or self.warned:
+            return None
+        self.warned = True
+        return (
+            f"busy machine: {seen}, and this run's {threads} threads need {threads} free: its points will wait "
+            f"for time slices and read DISTURBED; --threads {free} (or --threads auto) measures cleanly"
+        )
+
+
 def _measure(
     make_jobs: MakeJobs,
     preset: str,
@@ -366,7 +393,7 @@ def _measure(
     resume: bool,
     n_values: Optional[str],
     sets: Tuple[str, ...],
-    threads: Optional[int],
+    threads: Union[None, int, str],
     dump_ir: Optional[str],
     strict: bool,
     quiet: bool,
@@ -386,7 +413,8 @@ def _measure(
             _check_output(output, resume, overwrite, output_option)
             if dump_ir:
                 check_directory(dump_ir, "--dump-ir")
-            settings = settings_from(preset, threads=threads, **given)
+            auto = threads == "auto"
+            settings = settings_from(preset, threads=None if auto else threads, **given)
             if settings.trace:
                 check_directory(settings.trace, "--trace")
             if settings.roofline:  # the measured peaks are cached there once the first job starts
@@ -396,9 +424,9 @@ def _measure(
                 shard.join(settings.device)
                 held.callback(shard.leave)
                 settings = dataclasses.replace(settings, device=rank_device(settings.device))
-                torch.set_num_threads(threads or rank_threads())
-            elif threads is not None:
-                torch.set_num_threads(threads)
+                torch.set_num_threads(rank_threads() if auto or threads is None else int(threads))
+            elif threads is not None and not auto:
+                torch.set_num_threads(int(threads))
             jobs = make_jobs(settings, texts)
             for job in jobs:
                 check_runnable(job, settings)
@@ -417,9 +445,16 @@ def _measure(
         clock = held.enter_context(CompileClock()) if dump_ir and triton_unavailable_reason("cuda") is None else None
 
         in_table: List[str] = []  # the ops merged into the dispatch table so far
+        load = _LoadWatch(auto) if shard is None and settings.device == "cpu" else None
+        said = load.check() if load is not None else None
+        if said:
+            click.echo(said, err=True)
 
         def finished(result: BenchmarkResult, progress: Progress) -> None:
             progress.echo(result.brief() + "\n")  # each op's answer as soon as it is done
+            said = load.check() if load is not None else None  # before the next op
+            if said:
+                progress.echo(said + "\n")
             try:
                 merged = merge_into(save_dispatch, result) if save_dispatch is not None else None
             except WideTesseraError as e:  # the table changed under the run: the answer above stands

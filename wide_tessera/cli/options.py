@@ -14,7 +14,7 @@ import re
 import sys
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import click
 
@@ -103,7 +103,13 @@ SELECTION = options(
     click.option("--n-values", default=None, metavar="N1,N2,...", help="Replace the preset's N values."),
     click.option("--set", "sets", multiple=True, metavar="AXIS=V1,V2", help="Replace a sweep axis (repeatable)."),
     _option("seed", "--seed", default=0, show_default=True),
-    click.option("--threads", type=int, default=None, help="CPU threads for torch  [default: torch's choice]"),
+    click.option(
+        "--threads",
+        default=None,
+        metavar="K|auto",
+        callback=lambda ctx, param, value: _threads(value),
+        help="CPU threads for torch; auto: the cores other processes leave free  [default: torch's choice]",
+    ),
     _option("search", "--search", default=None, metavar="LO:HI"),
 )
 
@@ -323,6 +329,16 @@ _OPTIONS = {
     "multiplier": "--timeout-multiplier",
     "threads": "--threads",
 }
+
+
+def _threads(value: Optional[str]) -> Union[None, int, str]:
+    """--threads K (checked with the run's settings) or auto."""
+    if value is None or value == "auto":
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: give a number of threads, or auto") from None
 
 
 def settings_from(

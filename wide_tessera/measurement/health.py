@@ -27,6 +27,7 @@ on an idle machine and the detections beside busy ones.
 
 from __future__ import annotations
 
+import math
 import os
 import resource
 import time
@@ -37,7 +38,7 @@ import psutil
 import torch
 from dataclasses_json import dataclass_json
 
-__all__ = ["Health", "RunHealth", "HealthMonitor", "BUSY_CORES", "MAX_DISTURBED_FRACTION"]
+__all__ = ["Health", "RunHealth", "HealthMonitor", "BUSY_CORES", "MAX_DISTURBED_FRACTION", "probe_load", "free_cores"]
 
 # Other processes using more than this many cores on average make the machine busy:
 # they share caches and memory bandwidth even when no sample was preempted.
@@ -226,6 +227,22 @@ class HealthMonitor:
             gpu_max_power_w=self.max_power,
             problems=problems,
         )
+
+
+def probe_load(seconds: float = 0.2) -> float:
+    """Cores other processes use now, over `seconds`: asked before a run measures, so that a busy
+    machine is named in a second, not after ten minutes of DISTURBED points (issue 48: 15 min,
+    14 of 18 ops disturbed, the remedy printed on every row at the end)."""
+    monitor = HealthMonitor("cpu")
+    time.sleep(seconds)
+    return monitor.other_load()
+
+
+def free_cores(other: float) -> int:
+    """The cores left to a run while other processes use `other` of them (at least one): a core
+    counts as busy once its share of the load exceeds BUSY_CORES."""
+    cores = psutil.cpu_count() or 1
+    return max(1, cores - max(0, math.ceil(other - BUSY_CORES)))
 
 
 def _extreme(pick: Callable[[float, float], float], seen: Optional[float], now: Optional[float]) -> Optional[float]:
