@@ -19,6 +19,7 @@ at N=4, 1.91x at N=16 and 1.34x at N=64 (scripts/surgery.py).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import inspect
 import operator
@@ -294,7 +295,13 @@ def _tie(holder: nn.Module, slots: Dict[str, Slot], aliases: Dict[str, str]) -> 
 def _trace(model: nn.Module) -> fx.GraphModule:
     """torch.fx's graph of `model`, every argument whose default is None traced as None: as a
     proxy it is never None, so `if mask is None` would take the branch of a given mask. A call
-    that gives one is refused by the graph, with torch.fx's message."""
+    that gives one is refused by the graph, with torch.fx's message.
+
+    A copy is traced: torch.fx runs forward, and a forward that keeps a value on self
+    (transformers' SwitchTransformersTop1Router keeps `self.input_dtype`) left the user's
+    module holding a torch.fx Proxy, which no deepcopy or pickle could take ("'node' not in
+    new_dict during proxy unpickling") until its next eager call."""
+    model = copy.deepcopy(model)
     optional = inspect.signature(model.forward).parameters.items()
     concrete = {k: None for k, p in optional if p.default is None}
     graph = _Tracer(fusing_ops()).trace(model, concrete_args=concrete or None)
