@@ -7,9 +7,15 @@ import pickle
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+from wide_tessera import DispatchTable, WideTesseraError, benchmark_custom, fuse
+from wide_tessera.dispatch import fuse as fusing
+from wide_tessera.dispatch.fuse import DispatchWarning
 from wide_tessera.widen.surgery import WideSurgery
+
+from .helpers import entry
 
 
 def assert_same_as_separate_calls(wide, models, inputs):
@@ -52,3 +58,102 @@ def test_surgery_captures_a_copy_and_leaves_the_models_as_they_were(model):
         torch.testing.assert_close(m.state_dict(), state)
     assert wide.swapped == ["fc"]
     assert_same_as_separate_calls(wide, models, [torch.randn(4, 8) for _ in range(3)])
+
+
+# --- a layer is swapped for an op's wide module only where it computes that op -------------------
+
+
+class BatchNormAct2d(nn.BatchNorm2d):
+    """As timm's: a BatchNorm2d whose forward also applies its activation."""
+
+    def forward(self, x):
+        return F.relu(super().forward(x))
+
+
+class InvertedResidual(nn.Module):
+    """As timm's (MobileNetV2's block): 1x1 expansion, depthwise 3x3 and 1x1 projection, each
+    followed by a norm, the first two with their activation; a residual around it all."""
+
+    def __init__(self, c=4, hidden=8):
+        super().__init__()
+        self.conv_pw, self.bn1 = nn.Conv2d(c, hidden, 1, bias=False), BatchNormAct2d(hidden)
+        self.conv_dw = nn.Conv2d(hidden, hidden, 3, padding=1, groups=hidden, bias=False)  # grouped: looped
+        self.bn2 = BatchNormAct2d(hidden)
+        self.conv_pwl, self.bn3 = nn.Conv2d(hidden, c, 1, bias=False), nn.BatchNorm2d(c)
+        for norm in (self.bn1, self.bn2, self.bn3):  # not a fresh norm's identity: a lost ReLU shows
+            nn.init.normal_(norm.weight)
+            nn.init.normal_(norm.bias)
+            norm.running_mean.normal_()
+
+    def forward(self, x):
+        y = self.bn2(self.conv_dw(self.bn1(self.conv_pw(x))))
+        return x + self.bn3(self.conv_pwl(y))
+
+
+class InvertedResidualOfAnyRank(InvertedResidual):
+    """The same, and a branch torch.fx cannot trace: torch.export captures it."""
+
+    def forward(self, x):
+        return super().forward(x) if x.dim() == 4 else x
+
+
+@pytest.mark.parametrize("mode", ["inference", "train_step"])
+def test_a_block_whose_norms_also_activate_is_fused_correctly(mode, fast_timing):
+    r = benchmark_custom(
+        InvertedResidual, (2, 4, 5, 5), [2], mode=mode, device="cpu", verbose=False, timing=fast_timing, confirm="none"
+    )
+    assert r.points[0].correct == {"vmap": True, "surgery": True}, r.summary()
+
+
+@pytest.mark.parametrize("model", [InvertedResidual, InvertedResidualOfAnyRank])
+def test_surgery_runs_a_subclass_with_its_own_forward_as_itself_and_says_so(model):
+    models = [model().eval() for _ in range(3)]
+    wide = WideSurgery(models)
+    assert (wide.captured is None) == (model is InvertedResidual)
+    assert wide.swapped == ["conv_pw", "conv_pwl", "bn3"] and sorted(wide.looped) == ["bn1", "bn2", "conv_dw"]
+    assert_same_as_separate_calls(wide, models, [torch.randn(2, 4, 5, 5) for _ in range(3)])
+
+
+class LinearAct(nn.Linear):
+    """An nn.Linear whose own forward also activates: torch.fx traces it to another graph than nn.Linear's."""
+
+    def forward(self, x):
+        return super().forward(x).tanh()
+
+
+def hooked_linear(d_in, d_out):
+    linear = nn.Linear(d_in, d_out)
+    linear.register_forward_hook(lambda module, inputs, output: output.relu())
+    return linear
+
+
+class TwoLayers(nn.Module):
+    def __init__(self, first):
+        super().__init__()
+        self.fc1, self.fc2 = first(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.fc2(self.fc1(x))
+
+
+@pytest.mark.parametrize("first", [LinearAct, hooked_linear])
+def test_a_layer_that_computes_more_than_its_class_is_not_swapped(first):
+    models = [TwoLayers(first) for _ in range(3)]
+    wide = WideSurgery(models)
+    assert wide.swapped == ["fc2"] and wide.looped == ["fc1"]
+    assert_same_as_separate_calls(wide, models, [torch.randn(4, 8) for _ in range(3)])
+
+
+def test_fuse_takes_a_subclass_with_its_own_forward_for_a_class_of_its_own(monkeypatch):
+    monkeypatch.setattr(fusing, "_warned", set())  # warned once per case in a process
+    norms = [InvertedResidual().bn1.eval() for _ in range(3)]
+    inputs = [torch.randn(2, 8, 5, 5) for _ in range(3)]
+    # fusing wins for BatchNorm2d: not for a BatchNorm2d that also activates
+    table = DispatchTable([entry(op="batchnorm2d", params={"channels": 8}, strategy="stacked", verdicts="fuse:2")])
+    with pytest.warns(DispatchWarning, match="no measured entry for BatchNormAct2d x3"):
+        fused = fuse(norms, table=table)
+    assert fused.decision.case.op == "BatchNormAct2d"
+    assert_same_as_separate_calls(fused, norms, inputs)
+    assert_same_as_separate_calls(fuse(norms, strategy="surgery"), norms, inputs)
+    with pytest.raises(WideTesseraError, match="BatchNormAct2d overrides BatchNorm2d.forward with a computation of"):
+        fuse(norms, op="batchnorm2d", table=table)

@@ -681,10 +681,14 @@ def test_surgery_swaps_recurrent_layers_and_batch_norms():
 
 
 class CastingLinear(nn.Linear):
-    """As timm's Linear: an nn.Linear subclass defined outside torch.nn."""
+    """timm's Linear: an nn.Linear subclass defined outside torch.nn, whose own forward computes
+    nn.Linear's (it casts only under TorchScript)."""
 
-    def forward(self, x):
-        return F.linear(x, self.weight.to(x.dtype), self.bias)
+    def forward(self, input):
+        if torch.jit.is_scripting():
+            bias = self.bias.to(dtype=input.dtype) if self.bias is not None else None
+            return F.linear(input, self.weight.to(dtype=input.dtype), bias=bias)
+        return F.linear(input, self.weight, self.bias)
 
 
 class WithCastingLinear(nn.Module):

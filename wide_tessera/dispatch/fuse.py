@@ -25,6 +25,7 @@ from ..core.user_input import check_bool, check_number
 from ..measurement.controls import COMPILE_MODES
 from ..measurement.modes import check_mode
 from ..ops.base import WideOp, fusing_ops, layout_difference, op_fusing
+from ..ops.exact import not_the_op
 from ..ops.registry import REGISTRY, get_op
 from ..widen.custom import model_identity
 from ..widen.functional import RANDOMNESS
@@ -88,7 +89,7 @@ def fuse(
     """
     modules = _check_modules(modules)
     _check_options(mode, compile, randomness, cuda_graph, measure, time_bound_s)
-    cls = _op_class(modules[0], op)
+    cls = _op_class(modules, op)
     trials = op_trials(cls) if cls is not None else custom_trials(randomness)
     case = _case(modules, cls, mode, compile, cuda_graph, dtype, hints)
     if strategy is not None:
@@ -116,7 +117,7 @@ def decide_at(
     """What the table says of N copies of `module` (fuse()'s answer at that N, and the case it
     asked), without building anything: how a caller sizes groups of models before making them."""
     check_mode(mode)
-    cls = _op_class(module, None)
+    cls = _op_class([module], None)
     trials = op_trials(cls) if cls is not None else custom_trials("error")
     case = _case([module] * n, cls, mode, "none", False, None, {})
     loaded, _ = _load_table(table, "first-call")
@@ -222,10 +223,11 @@ def _unmeasurable(modules: Sequence[nn.Module], dtype: str) -> Optional[str]:
     return None
 
 
-def _op_class(module: nn.Module, op: Union[None, str, type]) -> Optional[Type[WideOp]]:
-    """The registered op that fuses `module` (None: the custom way)."""
+def _op_class(modules: Sequence[nn.Module], op: Union[None, str, type]) -> Optional[Type[WideOp]]:
+    """The registered op that fuses `modules` (None: the custom way, as for a subclass of the op's
+    class with a computation of its own)."""
     if op is None:
-        return op_fusing(module, fusing_ops())
+        return op_fusing(modules, fusing_ops())
     if isinstance(op, type):
         if op not in REGISTRY.values():
             raise WideTesseraError(
@@ -236,8 +238,16 @@ def _op_class(module: nn.Module, op: Union[None, str, type]) -> Optional[Type[Wi
     else:
         cls = get_op(op)
     fuses = getattr(cls, "FUSES", None)
-    if fuses is not None and not isinstance(module, fuses):
-        raise WideTesseraError(f"op {cls.NAME} fuses {fuses.__name__} modules, not {type(module).__name__}")
+    if fuses is None:
+        return cls
+    if not isinstance(modules[0], fuses):
+        raise WideTesseraError(f"op {cls.NAME} fuses {fuses.__name__} modules, not {type(modules[0]).__name__}")
+    why = not_the_op(modules, fuses)
+    if why is not None:  # its wide module would compute the op's class's forward, not theirs
+        raise WideTesseraError(
+            f"op {cls.NAME} computes what {fuses.__name__} does, and {why}; without op=, fuse() takes "
+            f"{type(modules[0]).__name__} as a class of its own"
+        )
     return cls
 
 

@@ -14,6 +14,7 @@ from ..core.errors import ContractError, WideTesseraError, unknown
 from ..core.job import DTYPES, BenchmarkJob, SweepParams, Work
 from ..core.layout import JOINED, STACKED, Layout, Slot, own_slots, prefixed, slots_of
 from ..core.user_input import check_shape
+from .exact import not_the_op
 from .registry import REGISTRY, RESERVED_STRATEGY_NAMES, op_names, outside_strategies
 
 __all__ = [
@@ -320,10 +321,12 @@ def fusing_ops() -> Dict[type, Type["WideOp"]]:
     return {cls.FUSES: cls for cls in REGISTRY.values() if getattr(cls, "FUSES", None) is not None}
 
 
-def op_fusing(module: nn.Module, ops: Dict[type, Type["WideOp"]]) -> Optional[Type["WideOp"]]:
-    """The op of `ops` (fusing_ops) that fuses `module`: its class's, or that of the nearest class it
-    derives from (timm's Linear is an nn.Linear, and fuses as one)."""
-    return next((ops[c] for c in type(module).__mro__ if c in ops), None)
+def op_fusing(modules: Sequence[nn.Module], ops: Dict[type, Type["WideOp"]]) -> Optional[Type["WideOp"]]:
+    """The op of `ops` (fusing_ops) that fuses `modules` (N of one class): its class's, or that of
+    the nearest class it derives from (timm's Linear is an nn.Linear, and fuses as one), where
+    they compute what that class computes (ops.exact)."""
+    base = next((c for c in type(modules[0]).__mro__ if c in ops), None)
+    return None if base is None or not_the_op(modules, base) is not None else ops[base]
 
 
 def wide_module(cls: type, modules: Sequence[nn.Module], strategy: str) -> nn.Module:

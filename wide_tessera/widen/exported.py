@@ -44,7 +44,7 @@ from torch.utils._sympy.numbers import int_oo
 
 from ..core.errors import NotApplicable, one_line
 from ..core.layout import STACKED, Slot, prefixed, slots_of
-from ..ops.base import fusing_ops, op_fusing
+from ..ops.base import fusing_ops
 from .functional import is_shared, tensors_only, with_others
 from .layers import hold_stacked, wide_layer
 from .moe import WideSparseMoe, is_sparse_moe, loops_over_experts
@@ -105,7 +105,8 @@ class ExportedSurgery(nn.Module):
     docstring). Called with the wide input's (args, kwargs): every tensor stacked on N.
 
     Every layer an op fuses gets its wide module when built (`swapped`; `looped` names the
-    ones their op refuses, which run in the vmapped segments), so an optimiser made before
+    ones their op refuses or that compute something else (ops.exact), which run in the vmapped
+    segments), so an optimiser made before
     the first call sees every parameter. The rest of the models' parameters and buffers are
     held stacked."""
 
@@ -118,12 +119,13 @@ class ExportedSurgery(nn.Module):
             if loops_over_experts(sub):  # a loop over the experts a batch hit cannot be captured (aten::nonzero):
                 sub.experts.config._experts_implementation = _CAPTURED_EXPERTS  # the block is swapped whole anyway
         ops = fusing_ops()
+        fused = tuple(ops)  # a layer of a class an op fuses: swapped, or named in looped
         self.looped: List[str] = []
         self.wides = nn.ModuleDict()
         self._wide_names: Dict[str, str] = {}  # swapped layer's path -> its key in wides
         for path, sub in modules[0].named_modules():
             moe = is_sparse_moe(sub)
-            if not path or not (moe or op_fusing(sub, ops)) or path.startswith(_within(self.swapped + self.looped)):
+            if not path or not (moe or isinstance(sub, fused)) or path.startswith(_within(self.swapped + self.looped)):
                 continue  # (a fused layer's own parts, an nn.MultiheadAttention's out_proj, are its)
             subs = [m.get_submodule(path) for m in modules]
             wide = WideSparseMoe(subs, randomness) if moe else wide_layer(subs, ops)

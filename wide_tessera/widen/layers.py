@@ -17,9 +17,9 @@ __all__ = ["wide_layer", "hold_stacked"]
 
 def wide_layer(subs: Sequence[nn.Module], ops: Dict[type, type]) -> Optional[nn.Module]:
     """The op's wide module of `subs` (submodule `where` of each model) taking and giving tensors
-    stacked on a leading N axis; None where no op fuses them (no op fuses the class, or the op
-    refuses this configuration: a grouped convolution)."""
-    op = op_fusing(subs[0], ops)
+    stacked on a leading N axis; None where no op fuses them (no op fuses the class, they compute
+    something else than it (ops.exact), or the op refuses this configuration: a grouped convolution)."""
+    op = op_fusing(subs, ops)
     if op is None:
         return None
     try:

@@ -6,7 +6,8 @@ from the models' inputs or parameters is stacked on a leading N axis:
 
 * a submodule whose class a registered op declares in FUSES (nn.Linear, nn.Conv1d, ...) runs as
   that op's wide module, built with its default strategy (its input is moved into the op's
-  layout where that is not the stacked one, as the channels of a grouped convolution are);
+  layout where that is not the stacked one, as the channels of a grouped convolution are),
+  where it computes what that class computes (ops.exact);
 * an elementwise function (activations, +, *, ...) applied to stacked values of one rank runs
   on the stacked tensors at once: it cannot mix the models;
 * everything else (other submodules, reshapes, reductions, a layer an op refuses) runs under
@@ -33,7 +34,7 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from ..core.errors import NotApplicable, one_line
 from ..core.layout import STACKED, Slot, prefixed, slots_of
-from ..ops.base import check_alike, fusing_ops, op_fusing
+from ..ops.base import check_alike, fusing_ops
 from .exported import ExportedSurgery
 from .functional import StackedIO, WideFunctional, tensors_only, tied_aliases, unpacked, vmap_dims, with_others
 from .layers import hold_stacked, wide_layer
@@ -304,20 +305,22 @@ def _trace(model: nn.Module) -> fx.GraphModule:
     model = copy.deepcopy(model)
     optional = inspect.signature(model.forward).parameters.items()
     concrete = {k: None for k, p in optional if p.default is None}
-    graph = _Tracer(fusing_ops()).trace(model, concrete_args=concrete or None)
+    graph = _Tracer(tuple(fusing_ops())).trace(model, concrete_args=concrete or None)
     return fx.GraphModule(model, graph, type(model).__name__)
 
 
 class _Tracer(fx.Tracer):
-    """torch.fx's tracer, keeping whole every layer an op fuses, wherever its class is defined:
-    torch.fx keeps only torch.nn's, and would trace through timm's Linear, so it was never swapped."""
+    """torch.fx's tracer, keeping whole every layer of a class an op fuses, wherever its class is
+    defined: torch.fx keeps only torch.nn's, and would trace through timm's Linear, so it was never
+    swapped. One that computes something else than the op (ops.exact: timm's BatchNormAct2d) is
+    kept whole too, and runs as itself under vmap, named in `looped`."""
 
-    def __init__(self, ops: Dict[type, type]):
+    def __init__(self, fused: Tuple[type, ...]):
         super().__init__()
-        self.ops = ops
+        self.fused = fused
 
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
-        return super().is_leaf_module(m, qualname) or op_fusing(m, self.ops) is not None
+        return super().is_leaf_module(m, qualname) or isinstance(m, self.fused)
 
     def create_arg(self, a: Any) -> Any:
         """torch.fx's argument, but a dataclass that is a dict (transformers' ModelOutput) made again

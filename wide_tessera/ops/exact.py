@@ -1,0 +1,57 @@
+"""Whether N modules compute what the class an op fuses computes: the one rule by which surgery
+swaps a layer for an op's wide module and fuse() picks an op (both through ops.base.op_fusing).
+
+A layer is an op's by what it computes, not by its class: timm's BatchNormAct2d is a BatchNorm2d
+whose forward also applies an activation, and swapped as a BatchNorm2d it lost it (timm's
+InvertedResidual came out of surgery with a relative error of 0.19; fuse() of N of them, a max
+error of 5.9). A subclass's own forward is still the op where torch.fx traces it to the graph
+its base's forward traces to on the same module: timm's Linear overrides nn.Linear's forward
+only to cast under TorchScript.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, List, Optional, Sequence, Tuple
+
+from torch import fx, nn
+
+__all__ = ["not_the_op"]
+
+
+def not_the_op(modules: Sequence[nn.Module], base: type) -> Optional[str]:
+    """Why `modules` (N of one class deriving from `base`) compute something else than `base`
+    does, or None where they compute what it does."""
+    cls = type(modules[0])
+    hooked = next((i for i, m in enumerate(modules) if _has_hooks(m)), None)
+    if hooked is not None:  # a hook runs code the op's wide module never would
+        return f"module {hooked} ({cls.__name__}) has hooks registered"
+    if cls.forward is base.forward:
+        return None
+    own = _graph(modules[0], cls)
+    if own is None or own != _graph(modules[0], base):
+        return f"{cls.__name__} overrides {base.__name__}.forward with a computation of its own"
+    return None
+
+
+def _has_hooks(module: nn.Module) -> bool:
+    return bool(
+        module._forward_hooks or module._forward_pre_hooks or module._backward_hooks or module._backward_pre_hooks
+    )
+
+
+def _graph(module: nn.Module, cls: type) -> Optional[List[Tuple[Any, ...]]]:
+    """The torch.fx graph of `cls.forward` run on `module`, its nodes named by position; None where
+    torch.fx cannot trace it. A copy is traced: the trace runs forward, which may write to self."""
+    copied = copy.deepcopy(module)
+    copied.__class__ = cls
+    try:
+        graph = fx.Tracer().trace(copied)
+    except Exception:  # noqa: BLE001  whatever stops the tracer: not known to compute what `base` does
+        return None
+    position = {node: i for i, node in enumerate(graph.nodes)}
+    nodes = []
+    for i, n in enumerate(graph.nodes):  # a placeholder's target is the argument's name, which may differ
+        inputs = fx.node.map_arg((n.args, n.kwargs), position.__getitem__)
+        nodes.append((n.op, i if n.op == "placeholder" else n.target, repr(inputs)))
+    return nodes
