@@ -157,3 +157,49 @@ def test_fuse_takes_a_subclass_with_its_own_forward_for_a_class_of_its_own(monke
     assert_same_as_separate_calls(fuse(norms, strategy="surgery"), norms, inputs)
     with pytest.raises(WideTesseraError, match="BatchNormAct2d overrides BatchNorm2d.forward with a computation of"):
         fuse(norms, op="batchnorm2d", table=table)
+
+
+# --- what torch's vmap cannot run is skipped with torch's reason, never failed ---------------------
+
+
+class Doubled(torch.autograd.Function):
+    """An autograd.Function of the old style, forward(ctx, ...) with no setup_context, as BloomBlock's GeLU."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * 2
+
+
+class OldStyleFunction(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return Doubled.apply(self.fc(x))
+
+
+class Nonzero(nn.Module):
+    """A data-dependent shape inside (how many inputs are positive), a fixed one out."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.fc(x) * len(torch.nonzero(x > 0))
+
+
+@pytest.mark.parametrize("model,why", [(OldStyleFunction, "setup_context"), (Nonzero, "aten::nonzero")])
+@pytest.mark.parametrize("mode", ["inference", "train_step"])
+def test_what_torch_vmap_cannot_run_is_skipped_with_its_reason(model, why, mode, fast_timing):
+    r = benchmark_custom(model, (4, 8), [2], mode=mode, device="cpu", verbose=False, timing=fast_timing, confirm="none")
+    point = r.points[0]
+    vmap = point.failures["vmap"]
+    assert vmap.kind == "skipped" and vmap.message.startswith("vmap: torch's vmap cannot run it: RuntimeError: ")
+    assert why in vmap.message and "\n" not in vmap.message
+    assert all(f.kind == "skipped" for f in point.failures.values()) and all(point.correct.values()), r.summary()

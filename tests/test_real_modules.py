@@ -5,6 +5,7 @@ by benchmark_custom and fused by fuse(), in inference and train_step."""
 import operator
 import sys
 import warnings
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ from .test_dispatch import entry
 
 pytest.importorskip("transformers")
 sys.path.insert(0, str(Path(__file__).parents[1] / "scripts"))
-from real_modules import catalogue, held_out, initialised  # noqa: E402  the catalogue scripts/real_modules.py measures at N=16
+from real_modules import D, catalogue, held_out, initialised  # noqa: E402  the catalogue scripts/real_modules.py measures at N=16
 
 LAYERS = catalogue()
 MOE = ("MixtralSparseMoeBlock", "Qwen2MoeSparseMoeBlock")
@@ -136,3 +137,29 @@ def test_a_decoder_layer_with_a_sparse_moe_block_inside_is_fused_by_surgery(fast
     assert point.correct == {"surgery": True}, r.summary()
     why = point.failures["vmap"]
     assert why.kind == "skipped" and "MixtralDecoderLayer.mlp's experts loop" in why.message
+
+
+def vmap_cannot():
+    """Layers with what torch's vmap cannot run: BloomBlock's GeLU is an autograd.Function of the
+    old style (no setup_context), DbrxFFN's experts loop over those a batch hit (aten::nonzero)."""
+    import transformers as T
+    from transformers.models.bloom.modeling_bloom import BloomBlock, build_alibi_tensor
+    from transformers.models.dbrx.modeling_dbrx import DbrxFFN
+
+    alibi = build_alibi_tensor(torch.ones(2, 6), 4, torch.float32)  # one table for all N models
+    dbrx = T.DbrxConfig(d_model=D, n_heads=4, ffn_config={"ffn_hidden_size": 64, "moe_num_experts": 4, "moe_top_k": 2})
+    return {
+        "BloomBlock": (BloomBlock, {"config": T.BloomConfig(hidden_size=D, n_head=4)},
+                       lambda: {"hidden_states": torch.randn(2, 6, D), "alibi": alibi, "attention_mask": None}),
+        "DbrxFFN": (partial(initialised, DbrxFFN), {"config": dbrx}, lambda: torch.randn(2, 6, D)),
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("name,why", [("BloomBlock", "setup_context"), ("DbrxFFN", "aten::nonzero")])
+def test_what_vmap_cannot_run_in_a_real_layer_is_skipped_with_torchs_reason(name, why, fast_timing):
+    cls, kwargs, inputs = vmap_cannot()[name]
+    r = benchmark_custom(cls, None, [2], model_kwargs=kwargs, input_factory=inputs, device="cpu", verbose=False,
+                         timing=fast_timing, confirm="none")  # fmt: skip
+    point = r.points[0]
+    assert point.failures["vmap"].kind == "skipped" and why in point.failures["vmap"].message, r.summary()
+    assert all(f.kind == "skipped" for f in point.failures.values()) and all(point.correct.values()), r.summary()

@@ -13,7 +13,8 @@
                                      the CLI exits 130
 
 Anything else raised from wide_tessera is a bug of ours or an error of the user's own code, which a
-point records as a Failure where it happens inside a measurement.
+point records as a Failure where it happens inside a measurement; but torch's vmap refusing what it
+was given (vmap_limitation) is a limitation of torch, which a point skips with torch's reason.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ __all__ = [
     "Interrupted",
     "unknown",
     "one_line",
+    "vmap_limitation",
 ]
 
 
@@ -99,3 +101,23 @@ def unknown(kind: str, value: object, valid: Iterable[str]) -> WideTesseraError:
     close = difflib.get_close_matches(str(value), valid, n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
     return WideTesseraError(f"unknown {kind} {value!r}{hint} (valid: {', '.join(valid)})")
+
+
+# torch's own words (2.13) where its vmap cannot run what it was given, each reproduced: a
+# limitation of torch, not a fault of the strategy or of the model.
+_VMAP_LIMITS = (
+    "vmap: We do not support batching operators that can",  # a data-dependent shape: nonzero, unique, a mask index
+    "vmap: It looks like you're calling .item()",  # .item(), int(t), float(t)
+    "vmap: It looks like you're attempting to use a Tensor in some data-dependent control flow",
+    "vmap: inplace arithmetic(self, *extra_args) is not possible",  # a model's value written into a shared tensor
+    "mutating directly with `.data` under vmap",  # .data writes; Module.to() in forward (SwitchTransformers' router)
+    "it must override the setup_context staticmethod",  # an autograd.Function of the old style (BloomBlock's GeLU)
+    "but it does not have vmap support",  # an autograd.Function with no vmap rule, nor generate_vmap_rule
+    "Batching rule not implemented for",  # an op with no rule and no fallback: aten::gru
+)
+
+
+def vmap_limitation(error: BaseException) -> Optional[str]:
+    """`error` in one line where it is torch's vmap refusing what it was given; None for any other error."""
+    text = one_line(error)
+    return text[:300] if any(limit in text for limit in _VMAP_LIMITS) else None

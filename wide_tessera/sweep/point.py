@@ -32,7 +32,7 @@ from ..core.correctness import (
     tolerance,
     vacuous_reference,
 )
-from ..core.errors import NotApplicable, one_line
+from ..core.errors import NotApplicable, one_line, vmap_limitation
 from ..core.job import DTYPES, BenchmarkJob, group_key, point_key
 from ..core.roles import BASELINE, CONTROLS
 from ..measurement import modes
@@ -400,7 +400,7 @@ class _PointMeasurement:
             self.failures[name] = _unavailable(name, e)
             return None
         except Exception as e:  # noqa: BLE001  a broken strategy is a result to report, not a reason to stop the sweep
-            self.failures[name] = _failure("check", e)
+            self.failures[name] = _failure("check", e, name)
             _release_memory(self.device)
             return None
 
@@ -564,6 +564,10 @@ def _failure(stage: str, error: BaseException, name: str = "") -> Failure:
         return Failure(error.stage, "timeout", "Timeout", str(error), error.elapsed_s, error.limit_s)
     if isinstance(error, NotCapturable):  # skipped, with the reason: nothing it computed was wrong
         return Failure(stage, "skipped", "NotCapturable", f"{name}: {error}" if name else str(error))
+    limitation = vmap_limitation(error)
+    if limitation is not None:  # torch's, not the strategy's: skipped, with torch's reason
+        why = f"torch's vmap cannot run it: {limitation}"
+        return Failure(stage, "skipped", "VmapLimitation", f"{name}: {why}" if name else why)
     return Failure(stage, "error", type(error).__name__, one_line(error).partition(": ")[2])
 
 
