@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from wide_tessera import DispatchTable, WideTesseraError, benchmark_custom, fuse
+from wide_tessera.core.errors import NotApplicable
 from wide_tessera.dispatch import fuse as fusing
 from wide_tessera.dispatch.fuse import DispatchWarning
 from wide_tessera.widen.surgery import WideSurgery
@@ -203,3 +204,29 @@ def test_what_torch_vmap_cannot_run_is_skipped_with_its_reason(model, why, mode,
     assert vmap.kind == "skipped" and vmap.message.startswith("vmap: torch's vmap cannot run it: RuntimeError: ")
     assert why in vmap.message and "\n" not in vmap.message
     assert all(f.kind == "skipped" for f in point.failures.values()) and all(point.correct.values()), r.summary()
+
+
+# --- an argument torch.fx traced as None, given ----------------------------------------------------
+
+
+class Scaled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x, scale=None):
+        y = self.fc(x)
+        return y if scale is None else y * scale
+
+
+def test_surgery_refuses_in_one_line_a_call_giving_an_argument_it_traced_as_none(fast_timing):
+    models = [Scaled() for _ in range(3)]
+    wide = WideSurgery(models)
+    assert_same_as_separate_calls(wide, models, [torch.randn(4, 8) for _ in range(3)])  # scale left at None
+    why = "surgery: torch.fx traced Scaled with scale=None .* cannot run a call that gives scale; the vmap strategy can"
+    for given in ((torch.randn(4, 8), torch.randn(4, 8)), {"x": torch.randn(4, 8), "scale": torch.randn(4, 8)}):
+        with pytest.raises(NotApplicable, match=why):  # by position, it raised torch.fx's AssertionError
+            wide(wide.pack([given] * 3))
+    r = benchmark_custom(Scaled, [(4, 8), (4, 8)], [2], device="cpu", verbose=False, timing=fast_timing)
+    point = r.points[0]
+    assert point.correct == {"vmap": True} and point.failures["surgery"].kind == "skipped", r.summary()

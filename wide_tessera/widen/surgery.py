@@ -24,7 +24,7 @@ import copy
 import dataclasses
 import inspect
 import operator
-from typing import Any, Callable, Dict, List, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -155,6 +155,7 @@ class WideSurgery(StackedIO, nn.Module):
             self.swapped, self.looped = self.captured.swapped, self.captured.looped
             return
         self.captured = None
+        self._traced_as_none, self._model_name = _none_defaults(modules[0]), type(modules[0]).__name__
         self.swapped: List[str] = []
         self.looped: List[str] = []
         holder = nn.Module()  # what the rewritten graph calls
@@ -260,6 +261,7 @@ class WideSurgery(StackedIO, nn.Module):
         args, kwargs = unpacked(args, kwargs)
         if self.captured is not None:
             return self.captured(args, kwargs)
+        self._check_none_given(args, kwargs)
         out = self.graph_module(*args, **kwargs)
         if all(self.output_stacked):
             return out
@@ -269,6 +271,23 @@ class WideSurgery(StackedIO, nn.Module):
             for x, st in zip(leaves, self.output_stacked)
         ]
         return tree_unflatten(leaves, spec)
+
+    def _check_none_given(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:
+        """Refuse a call giving an argument the graph holds as None: it raised torch.fx's "z has been
+        specialized to have value None but got another value" (or, given by name, a TypeError)."""
+        for name, i in self._traced_as_none.items():
+            if kwargs.get(name) is not None or (i is not None and i < len(args) and args[i] is not None):
+                raise NotApplicable(
+                    f"surgery: torch.fx traced {self._model_name} with {name}=None (as a "
+                    f"proxy it is never None, and `if {name} is None` would take the wrong branch), and cannot run a "
+                    f"call that gives {name}; the vmap strategy can"
+                )
+
+
+def _none_defaults(model: nn.Module) -> Dict[str, Optional[int]]:
+    """Each argument of `model`'s forward whose default is None -> its position (None: keyword only)."""
+    params = inspect.signature(model.forward).parameters.values()
+    return {p.name: i if p.kind is p.POSITIONAL_OR_KEYWORD else None for i, p in enumerate(params) if p.default is None}
 
 
 def _tie(holder: nn.Module, slots: Dict[str, Slot], aliases: Dict[str, str]) -> None:
@@ -296,15 +315,14 @@ def _tie(holder: nn.Module, slots: Dict[str, Slot], aliases: Dict[str, str]) -> 
 def _trace(model: nn.Module) -> fx.GraphModule:
     """torch.fx's graph of `model`, every argument whose default is None traced as None: as a
     proxy it is never None, so `if mask is None` would take the branch of a given mask. A call
-    that gives one is refused by the graph, with torch.fx's message.
+    that gives one is refused (WideSurgery._check_none_given).
 
     A copy is traced: torch.fx runs forward, and a forward that keeps a value on self
     (transformers' SwitchTransformersTop1Router keeps `self.input_dtype`) left the user's
     module holding a torch.fx Proxy, which no deepcopy or pickle could take ("'node' not in
     new_dict during proxy unpickling") until its next eager call."""
     model = copy.deepcopy(model)
-    optional = inspect.signature(model.forward).parameters.items()
-    concrete = {k: None for k, p in optional if p.default is None}
+    concrete = dict.fromkeys(_none_defaults(model))
     graph = _Tracer(tuple(fusing_ops())).trace(model, concrete_args=concrete or None)
     return fx.GraphModule(model, graph, type(model).__name__)
 
