@@ -145,6 +145,15 @@ def test_a_layer_that_computes_more_than_its_class_is_not_swapped(first):
     assert_same_as_separate_calls(wide, models, [torch.randn(4, 8) for _ in range(3)])
 
 
+def test_surgery_of_a_model_with_hooks_of_its_own_runs_them():
+    models = [TwoLayers(nn.Linear) for _ in range(3)]
+    for m in models:
+        m.register_forward_hook(lambda module, inputs, output: output.relu())
+    wide = WideSurgery(models)  # torch.fx would trace forward alone: torch.export captures the hooks too
+    assert wide.captured is not None and wide.swapped == ["fc1", "fc2"]
+    assert_same_as_separate_calls(wide, models, [torch.randn(4, 8) for _ in range(3)])
+
+
 def test_fuse_takes_a_subclass_with_its_own_forward_for_a_class_of_its_own(monkeypatch):
     monkeypatch.setattr(fusing, "_warned", set())  # warned once per case in a process
     norms = [InvertedResidual().bn1.eval() for _ in range(3)]
@@ -230,3 +239,4 @@ def test_surgery_refuses_in_one_line_a_call_giving_an_argument_it_traced_as_none
     r = benchmark_custom(Scaled, [(4, 8), (4, 8)], [2], device="cpu", verbose=False, timing=fast_timing)
     point = r.points[0]
     assert point.correct == {"vmap": True} and point.failures["surgery"].kind == "skipped", r.summary()
+

@@ -16,14 +16,14 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 from torch import fx, nn
 
-__all__ = ["not_the_op"]
+__all__ = ["not_the_op", "has_hooks"]
 
 
 def not_the_op(modules: Sequence[nn.Module], base: type) -> Optional[str]:
     """Why `modules` (N of one class deriving from `base`) compute something else than `base`
     does, or None where they compute what it does."""
     cls = type(modules[0])
-    hooked = next((i for i, m in enumerate(modules) if _has_hooks(m)), None)
+    hooked = next((i for i, m in enumerate(modules) if has_hooks(m)), None)
     if hooked is not None:  # a hook runs code the op's wide module never would
         return f"module {hooked} ({cls.__name__}) has hooks registered"
     if cls.forward is base.forward:
@@ -34,7 +34,8 @@ def not_the_op(modules: Sequence[nn.Module], base: type) -> Optional[str]:
     return None
 
 
-def _has_hooks(module: nn.Module) -> bool:
+def has_hooks(module: nn.Module) -> bool:
+    """Whether `module` has hooks of its own around its forward or backward."""
     return bool(
         module._forward_hooks or module._forward_pre_hooks or module._backward_hooks or module._backward_pre_hooks
     )

@@ -35,6 +35,7 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 from ..core.errors import NotApplicable, one_line
 from ..core.layout import STACKED, Slot, prefixed, slots_of
 from ..ops.base import check_alike, fusing_ops
+from ..ops.exact import has_hooks
 from .exported import ExportedSurgery
 from .functional import StackedIO, WideFunctional, tensors_only, tied_aliases, unpacked, vmap_dims, with_others
 from .layers import hold_stacked, wide_layer
@@ -321,6 +322,8 @@ def _trace(model: nn.Module) -> fx.GraphModule:
     (transformers' SwitchTransformersTop1Router keeps `self.input_dtype`) left the user's
     module holding a torch.fx Proxy, which no deepcopy or pickle could take ("'node' not in
     new_dict during proxy unpickling") until its next eager call."""
+    if has_hooks(model):  # torch.export runs them
+        raise NotApplicable("torch.fx traces forward alone, and the model has hooks registered")
     model = copy.deepcopy(model)
     concrete = dict.fromkeys(_none_defaults(model))
     graph = _Tracer(tuple(fusing_ops())).trace(model, concrete_args=concrete or None)
