@@ -1,5 +1,6 @@
 """Whether N modules compute what the class an op fuses computes: the one rule by which surgery
-swaps a layer for an op's wide module and fuse() picks an op (both through ops.base.op_fusing).
+swaps a layer for an op's wide module and fuse() picks an op (ops.base.op_fusing applies it, and
+fuse() to an op it is told).
 
 A layer is an op's by what it computes, not by its class: timm's BatchNormAct2d is a BatchNorm2d
 whose forward also applies an activation, and swapped as a BatchNorm2d it lost it (timm's

@@ -106,9 +106,8 @@ class ExportedSurgery(nn.Module):
 
     Every layer an op fuses gets its wide module when built (`swapped`; `looped` names the
     ones their op refuses or that compute something else (ops.exact), which run in the vmapped
-    segments), so an optimiser made before
-    the first call sees every parameter. The rest of the models' parameters and buffers are
-    held stacked."""
+    segments), so an optimiser made before the first call sees every parameter. The rest of
+    the models' parameters and buffers are held stacked."""
 
     def __init__(self, modules: Sequence[nn.Module], randomness: str, why_not_fx: str):
         super().__init__()
