@@ -54,6 +54,7 @@ __all__ = [
     "stop_rule",
     "classify",
     "decide",
+    "kind_of",
     "decide_capture",
     "compatible",
     "same_winner",
@@ -196,26 +197,38 @@ def decide(samples: Samples, strategies: Sequence[str], level: float, controls: 
     if not timed:
         return Call("loop")
     ratios = {s: paired_ratio(samples[BASELINE], samples[s], level) for s in timed}
-    places = {s: classify(lo, hi) for s, (_, lo, hi) in ratios.items()}
-    best = max(timed, key=lambda s: ratios[s][0])
-    beating = [s for s in timed if places[s] == "beats"]
-    if beating:
-        winner = max(beating, key=lambda s: ratios[s][0])
+    kind, strategy = kind_of(ratios)
+    ties: List[str] = []
+    rivals: List[str] = []
+    if kind == "fuse":
         # known slower than the winner outright: its whole interval below the winner's
-        below_winner = [s for s in timed if ratios[s][2] < ratios[winner][1]]
-        others = [s for s in timed if s != winner and s not in below_winner]
-        ties, rivals = _against(samples, winner, others, level)
-        call = Call("fuse", winner, ties, rivals)
-    elif all(places[s] == "below" for s in timed):
-        call = Call("loop", best)
-    elif all(places[s] in ("below", "marginal") for s in timed):
-        call = Call("marginal", max((s for s in timed if places[s] == "marginal"), key=lambda s: ratios[s][0]))
-    else:
-        call = Call("open", best)
-    if controls and call.kind != "loop":  # where fusing loses, capturing the loop is all there is to weigh
-        capture = decide_capture(samples, call.strategy or best, controls, level)
-        call = Call(call.kind, call.strategy, call.ties, call.rivals, capture)
-    return call
+        below_winner = [s for s in timed if ratios[s][2] < ratios[strategy][1]]
+        others = [s for s in timed if s != strategy and s not in below_winner]
+        ties, rivals = _against(samples, strategy, others, level)
+    # where fusing loses, capturing the loop is all there is to weigh
+    capture = decide_capture(samples, strategy, controls, level) if controls and kind != "loop" else None
+    return Call(kind, strategy, ties, rivals, capture)
+
+
+def kind_of(ratios: Mapping[str, Tuple[float, float, float]]) -> Tuple[str, str]:
+    """The decision on fusing that speedups (strategy -> (median, low, high); at least one)
+    support, with its strategy: 'fuse' with the fastest that beats the margin; 'loop' (every
+    one known not to) with the fastest; 'marginal' (every one known not to, or within the
+    zone) with the fastest within the zone; else 'open' with the fastest. `decide` applies it
+    to a pass's intervals, results.analysis to a point's intervals over several passes: one
+    rule, so that no label says more than the intervals it is shown with."""
+    places = {s: classify(lo, hi) for s, (_, lo, hi) in ratios.items()}
+
+    def fastest(kinds: Sequence[str]) -> str:
+        return max((s for s in ratios if places[s] in kinds), key=lambda s: ratios[s][0])
+
+    if "beats" in places.values():
+        return "fuse", fastest(["beats"])
+    if all(p == "below" for p in places.values()):
+        return "loop", fastest(["below"])
+    if all(p in ("below", "marginal") for p in places.values()):
+        return "marginal", fastest(["marginal"])
+    return "open", fastest(["below", "marginal", "open"])
 
 
 def _against(samples: Samples, winner: str, others: Sequence[str], level: float) -> Tuple[List[str], List[str]]:
