@@ -147,31 +147,113 @@ def test_two_clean_passes_give_an_interval_that_spans_both_and_a_win_both_clear(
     assert both.fused_wins and both.winner == "a" and not both.unstable
     assert both.speedup_ci["a"] == [faster.speedup_ci["a"][0], twice.speedup_ci["a"][1]]
 
-    slim = point(4, base2, {"a": [4.0 / 1.04 * f for f in rounds(1.0, k=40, rng=rng, spread=0.002)]})
+    assert not analysis.disputed(twice, faster)
+
+
+def slim_pass(ratio, rng):
+    base = rounds(4.0, k=40, rng=rng, spread=0.002)
+    return point(4, base, {"a": [b / ratio * f for b, f in zip(base, rounds(1.0, k=40, rng=rng, spread=0.002))]})
+
+
+def test_a_win_the_other_pass_does_not_bear_out_is_open_not_marginal_and_gets_a_third_pass():
+    """Over both passes a point is decided by the rule of one pass: marginal only where its
+    interval lies within the zone (issue 48: embedding N=8, 1.21x [0.78, 1.54], was 'marginal')."""
+    rng = np.random.default_rng(8)
+    twice, slim = slim_pass(2.0, rng), slim_pass(1.04, rng)
     assert slim.decision.kind == "marginal" and twice.decision.kind == "fuse"
     point_ = analysis.confirmed(twice, slim)  # compatible passes: a marginal one contradicts nothing
-    assert not point_.fused_wins and point_.winner == "marginal" and point_.decision.kind == "marginal"
-    assert "marginal across passes: a 2.00x" in point_.flags[-1] and "1.04x" in point_.flags[-1]
+    assert not point_.fused_wins and not point_.unstable
+    assert point_.winner == "open" and point_.decision.kind == "open" and point_.decision.call.strategy == "a"
+    flag = point_.flags[-1]
+    assert flag.startswith("open over both passes: a 2.00x [") and flag.endswith("in the other (marginal)")
+    assert analysis.disputed(twice, slim)
     r = result([point(1, rounds(1.0), {"a": rounds(2.0)}), point_])
-    assert r.groups[0].crossover_n is None and r.groups[0].marginal_n == [4] and r.reliable
+    assert r.groups[0].marginal_n == [] and r.groups[0].undecided_n == [4]
+    assert not r.reliable and "open at N=4" in r.unreliable_reasons[0]
 
 
-@pytest.mark.parametrize("third_ratio, kind", [(2.0, "fuse"), (0.5, "loop"), (1.05, "marginal")])
-def test_passes_that_contradict_each_other_are_decided_by_a_third(third_ratio, kind):
+def test_two_passes_within_the_zone_are_marginal_and_need_no_third():
+    rng = np.random.default_rng(9)
+    first, second = slim_pass(1.04, rng), slim_pass(1.045, rng)
+    both = analysis.confirmed(first, second)
+    lo, hi = both.speedup_ci["a"]
+    assert both.winner == "marginal" and 1.05 / 1.02 <= lo and hi <= 1.05 * 1.02
+    assert not analysis.disputed(first, second)
+    r = result([point(1, rounds(1.0), {"a": rounds(2.0)}), both])
+    assert r.groups[0].marginal_n == [4] and r.reliable
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_no_pair_of_passes_is_called_marginal_outside_the_zone(seed):
+    rng = np.random.default_rng(seed)
+    ratios = [0.9, 1.0, 1.03, 1.04, 1.05, 1.06, 1.1, 1.3]
+    for a in ratios:
+        for b in ratios:
+            both = analysis.confirmed(slim_pass(a, rng), slim_pass(b, rng))
+            lo, hi = both.speedup_ci["a"]
+            assert both.winner != "marginal" or (1.05 / 1.02 <= lo and hi <= 1.05 * 1.02), (a, b, lo, hi)
+
+
+@pytest.mark.parametrize(
+    "third_ratio, third_kind, kind", [(2.0, "fuse", "fuse"), (0.5, "loop", "loop"), (1.05, "marginal", "open")]
+)
+def test_passes_that_contradict_each_other_are_decided_by_a_third(third_ratio, third_kind, kind):
     rng = np.random.default_rng(6)
     first = point(4, rounds(4.0, rng=rng), {"a": rounds(2.0, rng=rng)})
     second = point(4, rounds(4.0, rng=rng), {"a": rounds(8.0, rng=rng)})
-    assert analysis.confirmed(first, second).unstable
+    assert analysis.confirmed(first, second).unstable and analysis.disputed(first, second)
     base = rounds(4.0, k=80, rng=rng, spread=0.002)
     noise = rounds(1.0, k=80, rng=rng, spread=0.002)
     third = point(4, base, {"a": [b / third_ratio * f for b, f in zip(base, noise)]})
     decided = analysis.settled_by_third(first, second, third)
     assert not decided.unstable and decided.decision.kind == kind and decided.fused_wins == (kind == "fuse")
     assert decided.flags[-1] == (
-        f"the first two passes contradicted each other (fuse then loop); a third on fresh models decided {kind}"
+        f"the first two passes disagreed (fuse then loop); a third on fresh models decided {third_kind}"
     )
+    # a marginal third beside a win: their interval together lies across the margin
     r = result([point(1, rounds(1.0), {"a": rounds(2.0)}), decided])
-    assert r.reliable
+    assert r.reliable == (kind != "open")
+
+
+def open_pass(rng):
+    base = rounds(1.0, rng=rng, spread=0.05)
+    near = point(4, base, {"a": [b / 1.05 * f for b, f in zip(base, rng.lognormal(0, 0.05, 20))]})
+    assert near.decision.kind == "open"
+    return near
+
+
+@pytest.mark.parametrize("third_ratio, kind", [(2.0, "fuse"), (None, "open")])
+def test_a_win_and_an_open_pass_get_a_third_that_decides_or_leaves_the_point_open(third_ratio, kind):
+    rng = np.random.default_rng(3)
+    win, undecided = slim_pass(2.0, rng), open_pass(rng)
+    assert analysis.confirmed(win, undecided).winner == "open" and analysis.disputed(win, undecided)
+    third = slim_pass(third_ratio, rng) if third_ratio else open_pass(rng)
+    decided = analysis.settled_by_third(win, undecided, third)
+    assert decided.decision.kind == kind and not decided.unstable and decided.fused_wins == (kind == "fuse")
+
+
+def test_the_runner_gives_a_win_the_confirmation_leaves_open_a_third_pass(monkeypatch):
+    """The runner's third pass (runner.JobRun.third) is the one for passes that contradict each
+    other, now given to every disputed point: here a win, then an open pass, then a win."""
+    from wide_tessera.core.job import point_key
+    from wide_tessera.ops import WideLinear
+    from wide_tessera.sweep import runner
+
+    rng = np.random.default_rng(3)
+    by_seed = {0: slim_pass(2.0, rng), 1: open_pass(rng), 2: slim_pass(2.0, rng)}
+    measured = []
+
+    def passes(job, settings, skip, facts=True):
+        for n, params in job.sweep.points():
+            if point_key(n, params) not in skip:
+                measured.append(settings.seed)
+                yield dataclasses.replace(by_seed[settings.seed], n=n, params=params)
+
+    monkeypatch.setattr(runner, "_points", passes)
+    r = run(WideLinear.benchmark_job("ci", n_values=[4]), verbose=False, seed=0, confirm="deciding")
+    (p,) = r.points
+    assert measured == [0, 1, 2] and p.fused_wins and r.reliable
+    assert p.flags[-1] == "the first two passes disagreed (fuse then open); a third on fresh models decided fuse"
 
 
 def test_a_third_pass_that_cannot_settle_leaves_the_point_unstable():

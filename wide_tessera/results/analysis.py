@@ -29,8 +29,11 @@ The rules, which the README repeats:
   winner's class (a strategy, no difference, the baseline), the point is
   'unstable': it never counts as a win, so crossovers and thresholds rest on
   verdicts that agree. Where both passes are clean, each interval spans both
-  passes' intervals, and the verdicts follow it (`_across_passes`). Newly
-  deciding points are confirmed in turn.
+  passes' intervals, and the verdicts and the decision follow it by the rule of
+  one pass (`_across_passes`): marginal only where the span lies within the
+  zone. Passes that contradict each other, or where one cleared the margin and
+  the span leaves the point open, get a third pass (`disputed`,
+  `settled_by_third`). Newly deciding points are confirmed in turn.
 * A point's `best_speedup`, and the result's, is the largest *significant*
   correct speedup (verdict 'faster', confirmed where confirmed); None when there
   is none. A number inside the noise is never a headline.
@@ -44,7 +47,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import Counter
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from ..core.correctness import Check
 from ..core.job import group_key, params_text
@@ -52,7 +55,7 @@ from ..core.roles import BASELINE, CONTROLS
 from ..core.stats import MIN_EFFECT, paired_ratio
 from ..measurement.health import RunHealth
 from ..measurement.timing import PairedTimings
-from .decisions import Decision, compatible, decide, decide_capture
+from .decisions import Call, Decision, compatible, decide, decide_capture, kind_of, same_winner
 from .reliability import feeds_of, judge
 from .schema import (
     DISTURBED,
@@ -76,6 +79,8 @@ __all__ = [
     "parameter_groups",
     "failed_point",
     "confirmed",
+    "disputed",
+    "reported_kind",
     "points_to_confirm",
     "result_of",
     "first_verdict",
@@ -170,7 +175,7 @@ def measured_point(
     flags += [f"{s}: {c.fallback}" for s, c in checks.items() if c.fallback]
     decision = point_decision(
         {s: st.samples_ms for s, st in stats_.items()},
-        [s for s in speedups if correct.get(s, False) and s not in CONTROLS],
+        _fusing(speedups, correct),
         [s for s in speedups if correct.get(s, False) and s in CONTROLS],
         level,
     )
@@ -295,16 +300,19 @@ def confirmed(first: PointResult, second: PointResult) -> PointResult:
 
 def _across_passes(point: PointResult, other: PointResult) -> PointResult:
     """`point` with each strategy's interval widened to span both passes' intervals, and the
-    verdicts and the winner those intervals support.
+    verdicts, the decision and the winner those intervals support (`reported_kind`).
 
     The two passes build models, inputs and allocations from seeds of their own, as two runs
     would. Their 99.4% intervals were disjoint for 6 and 12% of the strategies of two quiet quick
     runs (scripts/pass_agreement.py, 2026-11-25), where sampling noise alone allows well under 1%:
     something that changes from one build to the next (an allocation's alignment, one draw of
     routing) moves a speedup by more than a pass's interval says, so one pass's interval does not
-    cover the next run. The span of both does, as far as two builds can show. A point fuses only
-    where every strategy it fuses with beats the margin over that span; a win that only one build
-    clears the margin with is marginal, and says so."""
+    cover the next run. The span of both does, as far as two builds can show. The point is decided
+    by the rule of one pass over the spans: it fuses only where a strategy beats the margin over
+    both builds, and it is marginal only where the span lies within the zone. A win one build
+    clears the margin with and the other does not is open (a third pass may settle it:
+    `disputed`), not marginal: embedding at N=8 spanned 1.21x [0.78, 1.54] in a quick run, and
+    'fusing gains about 5%' would have been a claim no pass made (issue 48)."""
     cis = {
         s: [min(lo, other.speedup_ci[s][0]), max(hi, other.speedup_ci[s][1])] if s in other.speedup_ci else [lo, hi]
         for s, (lo, hi) in point.speedup_ci.items()
@@ -319,22 +327,53 @@ def _across_passes(point: PointResult, other: PointResult) -> PointResult:
         best_speedup=_significant(best, point.speedups, verdicts),
     )
     decision = point.decision
-    # Its winner lost the margin over the span, another strategy did not: that one is the winner.
-    if widened.fused_wins and best is not None and best != point.winner and decision is not None:
-        call = dataclasses.replace(decision.call, strategy=best, ties=[], rivals=[])
-        return dataclasses.replace(widened, winner=best, decision=dataclasses.replace(decision, call=call))
-    if point.fused_wins and not widened.fused_wins:
-        lo, hi = point.speedup_ci[point.winner]
-        seen = other.speedup_ci.get(point.winner)
-        then = f" but {other.speedups[point.winner]:.2f}x [{seen[0]:.2f},{seen[1]:.2f}] in the other" if seen else ""
-        flag = (
-            f"marginal across passes: {point.winner} {point.speedups[point.winner]:.2f}x [{lo:.2f},{hi:.2f}] in one "
-            f"pass{then}; not fused"
-        )
-        if decision is not None:
-            decision = dataclasses.replace(decision, call=dataclasses.replace(decision.call, kind=MARGINAL))
-        return dataclasses.replace(widened, winner=MARGINAL, flags=[*widened.flags, flag], decision=decision)
-    return widened
+    if decision is None:
+        return widened
+    kind, strategy = reported_kind(widened)
+    call = decision.call
+    if (kind, strategy) != (call.kind, call.strategy):  # ties and rivals were the pass's, for its winner
+        call = Call(kind, strategy, capture=call.capture)
+    flags, was = widened.flags, decision.call.strategy
+    if kind != decision.kind and was is not None:
+        then = other.decision.kind if other.decision else "-"
+        flags = [
+            *flags,
+            f"{kind} over both passes: {was} {_interval(point, was)} in one pass ({decision.kind}), "
+            f"{_interval(other, was)} in the other ({then})",
+        ]
+    decided = dataclasses.replace(decision, call=call)
+    return dataclasses.replace(widened, decision=decided, flags=flags, winner=_winner(best, verdicts, decided))
+
+
+def reported_kind(point: PointResult) -> Tuple[str, Optional[str]]:
+    """The decision on fusing (and its strategy) that the intervals a point reports support
+    (decisions.kind_of over its correct strategies): what its label must be."""
+    cis = point.speedup_ci
+    ratios = {s: (point.speedups[s], cis[s][0], cis[s][1]) for s in _fusing(cis, point.correct)}
+    return kind_of(ratios) if ratios else ("loop", None)
+
+
+def _fusing(timed: Iterable[str], correct: Dict[str, bool]) -> List[str]:
+    """The strategies whose speedups decide on fusing: correct, and not a control."""
+    return [s for s in timed if correct.get(s, False) and s not in CONTROLS]
+
+
+def _interval(point: PointResult, strategy: str) -> str:
+    if strategy not in point.speedup_ci:
+        return "not timed"
+    lo, hi = point.speedup_ci[strategy]
+    return f"{point.speedups[strategy]:.2f}x [{lo:.2f},{hi:.2f}]"
+
+
+def disputed(first: PointResult, second: PointResult) -> bool:
+    """Whether a point's two passes call for a third: they contradict each other (unstable), or
+    one of them cleared the margin, above it or below it (fuse, loop), and over both the point
+    is open. One pass's clear answer against another's doubt is what a third can settle; two
+    passes that never settled say the budget is too short, which a third would say again."""
+    passes = (first, second)
+    point = confirmed(*passes)
+    cleared = any(_rank(p) == 2 and p.decision is not None and p.decision.kind in ("fuse", "loop") for p in passes)
+    return point.unstable or (cleared and point.winner == OPEN)
 
 
 def _with_facts(point: PointResult, source: PointResult) -> PointResult:
@@ -349,22 +388,24 @@ def _with_facts(point: PointResult, source: PointResult) -> PointResult:
 
 
 def settled_by_third(first: PointResult, second: PointResult, third: PointResult) -> PointResult:
-    """The point whose first two passes contradicted each other (`confirmed` called it unstable),
-    decided by a third measurement on fresh models and inputs: two passes of three that agree.
-
-    A third pass that settles cleanly on a win or a loop sides with the pass it agrees with; one
-    that settles on marginal says the speedup lies about the margin, which explains both earlier
-    passes, and is the point's answer. A third pass that is disturbed or still open decides
-    nothing: the point stays unstable."""
+    """The point whose first two passes left it `disputed`, decided by a third measurement on
+    fresh models and inputs: the third and the pass that agrees with it (the same decision and
+    winner), else the pass it contradicts, else the first, taken together as `confirmed` takes
+    two passes. So a third pass that sides with one of two contradicting passes decides, one
+    that contradicts a pass leaves the point unstable, and one whose interval together with the
+    other's still lies across the margin leaves it open. A third pass that is disturbed or still
+    open decides nothing: the point is what the first two made it."""
     if _rank(third) < 2:
         return confirmed(first, second)
     assert third.decision is not None  # rank 2: settled
-    agreeing = [p for p in (first, second) if p.decision is not None and p.decision.kind == third.decision.kind]
-    partner = agreeing[0] if agreeing else first
+    call = third.decision.call
+    calls = [(p, p.decision.call) for p in (first, second) if p.decision is not None]
+    agreeing = [p for p, c in calls if c.kind == call.kind and same_winner(c, call)]
+    contradicted = [p for p, c in calls if not compatible(c, call)]
+    partner = (agreeing + contradicted + [first])[0]
     point = _with_facts(confirmed(third, partner), first)
     said = " then ".join(p.decision.kind if p.decision else "nothing" for p in (first, second))
-    note = f"the first two passes contradicted each other ({said}); a third on fresh models decided "
-    note += third.decision.kind
+    note = f"the first two passes disagreed ({said}); a third on fresh models decided {call.kind}"
     return dataclasses.replace(point, flags=[*point.flags, note])
 
 
@@ -480,5 +521,4 @@ def first_verdict(point: PointResult) -> str:
     s = point.best_strategy
     if s is None or s not in point.verdicts:
         return BASELINE
-    lo, hi = point.speedup_ci[s]
-    return f"{s} {point.speedups[s]:.2f}x [{lo:.2f},{hi:.2f}]"
+    return f"{s} {_interval(point, s)}"

@@ -271,7 +271,8 @@ def _median(values: Sequence[float]) -> float:
 
 def compatible(first: Call, second: Call) -> bool:
     """Whether two passes agree on fusing at a point: a win against a loop is a flip; a marginal
-    or open pass contradicts nothing. Which strategy wins is `same_winner`'s question."""
+    or open pass contradicts nothing, though over both passes the point may be undecided
+    (results.analysis.disputed). Which strategy wins is `same_winner`'s question."""
     kinds = {first.kind, second.kind}
     return bool(kinds & {"open", "marginal"}) or len(kinds) == 1
 

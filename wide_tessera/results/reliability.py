@@ -10,7 +10,9 @@ UNRELIABLE, only when a point it rests on
 * was disturbed and never measured clean (a clean measurement outranks a disturbed one of
   the same point, analysis.confirmed);
 * was measured twice and the two contradict each other (unstable);
-* is still open when the budget is spent (its winner's identity or fuse-or-capture included).
+* is still open when the budget is spent (its winner's identity or fuse-or-capture included),
+  or over its passes (one cleared the margin, and their intervals together lie across it:
+  results.analysis.disputed, after the third pass that buys).
 
 Everything else is recorded as a note, never a reason: a busy machine that disturbed no
 deciding round, a disturbed point that decides nothing, intervals near the margin of a

@@ -242,7 +242,8 @@ class GroupResult:
     (a busy machine, a disturbed point that decides nothing). fuse_or_capture: the best
     strategy against the best control at the largest N, where both ran. undecided_n: the Ns
     the crossover rests on whose decision is not known (disturbed and never measured clean,
-    unstable, or open at the budget); with the largest N among them, "never" is not known.
+    unstable, or open: at the budget, or over passes that disagree); with the largest N among
+    them, "never" is not known.
     """
 
     params: Dict[str, Any]

@@ -23,7 +23,7 @@ from ..measurement.settings import RunSettings
 from ..measurement.timing import timer_name
 from ..results import analysis
 from ..results.manifest import Manifest, capture_manifest, now
-from ..results.schema import UNSTABLE, BenchmarkResult, PointResult
+from ..results.schema import BenchmarkResult, PointResult
 from .isolation import check_picklable, iter_points_isolated
 from .point import iter_points
 from .progress import Progress
@@ -98,7 +98,7 @@ def run_jobs(runs: Sequence["JobRun"]) -> Iterator[BenchmarkResult]:
 class JobRun:
     """One job's run in named passes over explicit state (`points`, by key): the first pass (the
     grid, or a bisection per group under --search), the confirmation of the deciding points, and
-    a third pass where the two contradict each other. Every point measured is reported at once."""
+    a third pass where the two disagree (analysis.disputed). Every point measured is reported at once."""
 
     def __init__(
         self,
@@ -203,9 +203,10 @@ class JobRun:
                 _bisect_every_group(self.job, self.sweep, self.measure_one)
 
     def third(self) -> None:
-        """Passes that contradict each other get a third, which decides: an UNRELIABLE flag is
-        the answer only where the third pass cannot settle either."""
-        todo = {key for key in self.passes if self.points[key].winner == UNSTABLE}
+        """Passes that contradict each other, or whose clear answer the other pass leaves open,
+        get a third, which decides (analysis.disputed): an UNRELIABLE flag is the answer only
+        where the third pass cannot settle it either."""
+        todo = {key for key, passes in self.passes.items() if analysis.disputed(*passes)}
         self.progress.more(len(todo))
         third = dataclasses.replace(self.again, seed=self.settings.seed + 2)
         for i, last in enumerate(_points(self.job, third, skip=self.every - todo, facts=False), start=1):
