@@ -7,7 +7,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, List, Optional, Tuple
 
-from ..core.stats import MARGINAL_ZONE, MIN_EFFECT
+from ..core.stats import MIN_EFFECT
+from ..results.decisions import MARGIN, ZONE
 
 if TYPE_CHECKING:
     from ..results.schema import BenchmarkResult, GroupResult, PointResult
@@ -127,8 +128,7 @@ def level_of_result(result: "BenchmarkResult") -> Optional[float]:
 def interval_legend(result: "BenchmarkResult") -> List[str]:
     """What the intervals and the decisions mean, in the words of results.decisions."""
     level = level_of_result(result)
-    margin = 1 + MIN_EFFECT
-    low, high = margin / (1 + MARGINAL_ZONE), margin * (1 + MARGINAL_ZONE)
+    margin, (low, high) = MARGIN, ZONE
     if level is None or abs(level - 0.95) < 1e-9:
         precise = (
             ": --precise, sampled until every median was known within --target-ci" if result.settings.precise else ""

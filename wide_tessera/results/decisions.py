@@ -46,6 +46,7 @@ from ..measurement.timing import Look, StopRule, TimingConfig
 __all__ = [
     "ALPHA",
     "MARGIN",
+    "ZONE",
     "Call",
     "Decision",
     "looks",
@@ -65,7 +66,8 @@ __all__ = [
 # The chance, over all looks, that a reported interval misses its true value.
 ALPHA = 0.05
 MARGIN = 1 + MIN_EFFECT
-_ZONE = 1 + MARGINAL_ZONE
+# The marginal zone, 1.029 to 1.071: a speedup known to lie here gains about the margin.
+ZONE = (MARGIN / (1 + MARGINAL_ZONE), MARGIN * (1 + MARGINAL_ZONE))
 
 KINDS = ("fuse", "marginal", "loop", "open")
 CAPTURE_KINDS = ("fuse", "capture", "either", "open")
@@ -179,7 +181,7 @@ def classify(lo: float, hi: float) -> str:
     (wholly within the zone around it), 'below' (wholly below it), else 'open'."""
     if lo > MARGIN:
         return "beats"
-    if MARGIN / _ZONE <= lo and hi <= MARGIN * _ZONE:
+    if ZONE[0] <= lo and hi <= ZONE[1]:
         return "marginal"
     if hi < MARGIN:
         return "below"
@@ -246,7 +248,7 @@ def _against(samples: Samples, winner: str, others: Sequence[str], level: float)
         _, lo, _ = paired_ratio(samples[s], samples[winner], level)  # > 1: the winner is faster
         if lo > 1:  # known slower
             continue
-        (ties if lo >= 1 / (MARGIN * _ZONE) else rivals).append(s)
+        (ties if lo >= 1 / ZONE[1] else rivals).append(s)
     return ties, rivals
 
 
