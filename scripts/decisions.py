@@ -6,26 +6,102 @@ Then the rounds at the points whose decision is clear (the best strategy's speed
 or below 0.7x): with the decision rule they should stop at the first looks, where sampling
 for 2% medians took 90 to 113 rounds (a median over the quick preset's points, 2026-11).
 
-    python scripts/decisions.py FILE [FILE ...]
+Last, the check that every label keeps its promise: no point reported marginal whose intervals
+do not support it (one lies outside the marginal zone, 1.029 to 1.071, where 'fusing gains
+about 5%, either choice costs little' would not hold). It prints their count and exits 1 if any.
+
+--replay relabels instead the points of files written before that rule (issue 48) from their
+stored passes: each confirmed point's own pass rebuilt from its samples, the other from its
+record, taken together by today's rule; it prints how many labels change (old -> new) and the
+ops RELIABLE before and after. A point today's runner would measure a third time is marked
+'third pass due': a file holds no third measurement to replay.
+
+    python scripts/decisions.py [--replay] FILE [FILE ...]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
+from collections import Counter
+from typing import List, Optional, Tuple
 
 from wide_tessera import WideTesseraError, load_results
 from wide_tessera.core.job import params_text
+from wide_tessera.measurement.timing import PairedTimings
 from wide_tessera.reports.answer import decision_cell
 from wide_tessera.reports.text import format_table
+from wide_tessera.results import analysis
+from wide_tessera.results.decisions import ZONE
+from wide_tessera.results.schema import MARGINAL, BenchmarkResult, PointResult
+
+
+def broken_promise(point: PointResult) -> bool:
+    """Reported marginal, while the intervals it reports support another decision
+    (analysis.reported_kind): one of them lies outside the marginal zone."""
+    return point.winner == MARGINAL and analysis.reported_kind(point)[0] != MARGINAL
+
+
+def passes(point: PointResult) -> Optional[Tuple[PointResult, PointResult]]:
+    """A confirmed point's two passes in the order the runner measured them: its own rebuilt
+    from its samples (measured_point, as the runner built it), the other from its record."""
+    c = point.confirmation
+    if c is None or not point.timings or point.decision is None or point.health is None:
+        return None
+    timings = PairedTimings(point.stats, point.health)
+    own = analysis.measured_point(point.n, point.params, timings, point.checks, point.decision.level,
+                                  point.peak_memory_bytes, point.failures, point.first_call_s)  # fmt: skip
+    best = analysis.pick_best(c.speedups, c.verdicts, own.correct)
+    fields = dict(timings=c.timings, speedups=c.speedups, speedup_ci=c.speedup_ci, verdicts=c.verdicts)
+    other = dataclasses.replace(own, **fields, winner=c.winner, health=c.health, decision=c.decision,
+                                best_strategy=best, stats={}, flags=[])  # fmt: skip
+    return (other, own) if c.replaced else (own, other)
+
+
+def label(point: PointResult) -> str:
+    if point.unstable or point.disturbed:
+        return "unstable" if point.unstable else "disturbed"
+    return point.decision.kind if point.decision else point.winner
+
+
+def replay(result: BenchmarkResult) -> Tuple[BenchmarkResult, BenchmarkResult, Counter]:
+    """The result analysed today as stored, and relabelled by today's rule from each point's
+    stored passes; and the count of (old label, new label) over its points."""
+    points, changes = [], Counter()
+    for p in result.points:
+        both = passes(p)
+        new = p if both is None else dataclasses.replace(analysis.confirmed(*both), flags=p.flags)
+        due = both is not None and analysis.disputed(*both)
+        changes[label(p), label(new) + (", third pass due" if due else "")] += 1
+        points.append(new)
+    run = {k: getattr(result, k) for k in ("op", "strategies", "environment", "timer", "settings", "duration_s",
+                                          "memory_method", "complete", "peaks", "runs")}  # fmt: skip
+    return analysis.result_of(result.points, **run), analysis.result_of(points, **run), changes
+
+
+def replay_table(paths: List[str]) -> str:
+    rows = []
+    for path in paths:
+        old, new, counts = zip(*(replay(r) for r in load_results(path)))
+        total = sum(counts, Counter())
+        changed = ", ".join(f"{a} -> {b}: {k}" for (a, b), k in sorted(total.items()) if a != b) or "none"
+        same = sum(k for (a, b), k in total.items() if a == b)
+        reliable = f"{sum(r.reliable for r in old)} -> {sum(r.reliable for r in new)} of {len(old)}"
+        rows.append([path.rsplit("/", 1)[-1], str(sum(total.values())), str(same), changed, reliable])
+    return format_table(["file", "points", "unchanged", "labels changed (old -> new: count)", "ops RELIABLE"], rows)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("files", nargs="+")
+    parser.add_argument("--replay", action="store_true", help="relabel old files' points by today's rule")
     args = parser.parse_args()
     try:
+        if args.replay:
+            print(replay_table(args.files))
+            return
         results = [r for path in args.files for r in load_results(path)]
     except WideTesseraError as e:
         sys.exit(f"decisions.py: {e}")
@@ -58,6 +134,13 @@ def main() -> None:
     if kept + disturbed:
         share = 100 * disturbed / (kept + disturbed)
         print(f"rounds called disturbed: {disturbed} of {kept + disturbed} ({share:.1f}%), over {len(healths)} passes")
+    broken = [(r.op, p) for r in results for p in r.points if broken_promise(p)]
+    zone = f"{ZONE[0]:.3f} to {ZONE[1]:.3f}"
+    print(f"points reported marginal with an interval outside the marginal zone ({zone}): {len(broken)}")
+    for op, p in broken:
+        print(f"  {op} N={p.n} {params_text(p.params)}: {analysis.first_verdict(p)}")
+    if broken:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,9 @@ reliability judged by what could flip, the crossover search, the closing table."
 
 import dataclasses
 import re
+import sys
 import time
+from pathlib import Path
 from typing import List, Optional, Sequence
 
 import numpy as np
@@ -11,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from wide_tessera import SweepParams, TimingStats, WideOp, register
+from wide_tessera import SweepParams, TimingStats, WideOp, register, save_results
 from wide_tessera.core.correctness import Check
 from wide_tessera.core.stats import paired_ratio
 from wide_tessera.measurement.health import Health, HealthMonitor
@@ -192,6 +194,33 @@ def test_no_pair_of_passes_is_called_marginal_outside_the_zone(seed):
             both = analysis.confirmed(slim_pass(a, rng), slim_pass(b, rng))
             lo, hi = both.speedup_ci["a"]
             assert both.winner != "marginal" or (1.05 / 1.02 <= lo and hi <= 1.05 * 1.02), (a, b, lo, hi)
+
+
+def test_the_check_of_a_runs_file_counts_points_reported_marginal_outside_the_zone(tmp_path, monkeypatch, capsys):
+    """scripts/decisions.py: the rule, and the run it fails. The point as the rule before issue 48
+    labelled it: a win and a marginal pass, called marginal over 1.04x to 2.00x."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "scripts"))
+    import decisions as check  # scripts/decisions.py
+
+    rng = np.random.default_rng(8)
+    honest = analysis.confirmed(slim_pass(2.0, rng), slim_pass(1.04, rng))
+    call = dataclasses.replace(honest.decision.call, kind="marginal")
+    old = dataclasses.replace(honest, winner="marginal", decision=dataclasses.replace(honest.decision, call=call))
+    marginal = analysis.confirmed(slim_pass(1.04, rng), slim_pass(1.045, rng))
+    assert marginal.winner == "marginal" and not check.broken_promise(marginal)
+    assert check.broken_promise(old) and not check.broken_promise(honest)
+    for points, count in (([marginal], 0), ([old, marginal], 1)):
+        path = tmp_path / f"{count}.json"
+        save_results([result(points)], path)
+        monkeypatch.setattr(sys, "argv", ["decisions.py", str(path)])
+        if count:
+            with pytest.raises(SystemExit) as failed:
+                check.main()
+            assert failed.value.code == 1
+        else:
+            check.main()
+        out = capsys.readouterr().out
+        assert f"points reported marginal with an interval outside the marginal zone (1.029 to 1.071): {count}\n" in out
 
 
 @pytest.mark.parametrize(
