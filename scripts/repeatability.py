@@ -5,7 +5,10 @@ runs them (every first pass before any confirmation): the first run on a quiet m
 the second with K processes burning a CPU each beside it (`--load K`; 0 runs both
 quietly). Per op, each parameter group is counted as agreeing (the same
 crossover in both runs, where a crossover with marginal points is the range of Ns it
-could be: "fuse from N=8; N=4 marginal" is 4 to 8, and ranges that overlap agree; a
+could be: "fuse from N=8; N=4 marginal" is 4 to 8, and ranges that overlap agree; only a
+true marginal point, its interval within the zone, widens the range (reports.answer.
+crossover_range): the points that issue 48 found called marginal over 0.78x to 1.54x are open
+now, and a crossover that moves across an undecided point is flagged, not agreeing; a
 crossover that is "not known", its largest N undecided, agrees with nothing), flagged
 (a run says why a decision there could flip: a deciding point disturbed and never measured
 clean, passes that contradict each other, a decision still open), or a *confident

@@ -449,6 +449,18 @@ def test_a_crossover_that_moves_only_across_a_marginal_point_says_so():
     assert (clear.base, clear.new, clear.agree, clear.moved) == (2, 4, False, "LATER")
 
 
+def test_a_point_called_marginal_with_an_interval_outside_the_zone_makes_no_crossover_agree():
+    """A file from before issue 48 called N=2 marginal over 0.78x to 1.54x: the crossover moving
+    across it is not 'within marginal', in compare and in repeatability.py alike."""
+    moved = synthetic(slow_a=1.2)
+    (point,) = [p for p in moved.points if p.n == 2]
+    assert point.winner == "marginal" and moved.groups[0].marginal_n == [2]
+    old = dataclasses.replace(point, speedup_ci={**point.speedup_ci, "a": [0.78, 1.54]})
+    moved.points = [old if p is point else p for p in moved.points]
+    [crossover] = compare([synthetic()], [moved]).crossovers
+    assert (crossover.base, crossover.new, crossover.agree, crossover.moved) == (2, 4, False, "LATER")
+
+
 def test_a_run_against_the_previous_one_names_the_crossovers_that_moved_beyond_their_marginal_points():
     base = synthetic()
     assert against_previous([base], [synthetic(scale=1.01)], "@-2") == (

@@ -8,7 +8,9 @@ import math
 from typing import TYPE_CHECKING, List, Optional, Tuple
 
 from ..core.stats import MIN_EFFECT
+from ..results.analysis import reported_kind
 from ..results.decisions import MARGIN, ZONE
+from ..results.schema import MARGINAL
 
 if TYPE_CHECKING:
     from ..results.schema import BenchmarkResult, GroupResult, PointResult
@@ -70,9 +72,13 @@ def crossover_range(result: "BenchmarkResult", group: "GroupResult") -> Tuple[fl
     """The Ns a group's crossover could be: from the crossover it would have if its marginal points
     fused (the smallest N from which every point fuses or is marginal) to the strict one (inf:
     never). "fuse from N=8; N=4 marginal" is 4 to 8; "never; N=16 marginal" with N=2 to 8 fusing
-    is 2 to never. A marginal point gains about the margin, so either side of it is an answer."""
+    is 2 to never. A marginal point gains about the margin, so either side of it is an answer;
+    but only where its intervals say so (results.analysis.reported_kind): files from before issue
+    48 called points marginal over 0.78x to 1.54x, and a crossover moving across one is no
+    agreement. An undecided point is no side either: a run whose crossover rests on one flags it."""
     high = math.inf if group.crossover_n is None else group.crossover_n
-    fuses = {p.n for p in result.points if p.params == group.params and (p.fused_wins or p.n in group.marginal_n)}
+    points = [p for p in result.points if p.params == group.params]
+    fuses = {p.n for p in points if p.fused_wins or (p.n in group.marginal_n and reported_kind(p)[0] == MARGINAL)}
     low = math.inf
     for n in sorted(group.n_values, reverse=True):
         if n not in fuses:
