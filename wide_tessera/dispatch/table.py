@@ -63,7 +63,7 @@ FIRST_CALL = "first call"
 #   unconfirmed: it was faster, but nothing measured it again (--confirm none or deciding)
 #   marginal: fusing gains about the margin (results.decisions): kept apart from wins, it does not fuse
 #   same: no significant difference; loop: the N separate calls were faster (or no strategy was correct)
-#   open: undecided when the budget ran out; unstable: the two passes disagreed; disturbed: the
+#   open: undecided at the budget or over its passes; unstable: the passes contradicted each other; disturbed: the
 #   measurement could not be cleaned; failed: no measurement
 N_VERDICTS = ("fuse", "unconfirmed", "marginal", "same", "loop", "open", "unstable", "disturbed", "failed")
 

@@ -149,5 +149,6 @@ def interval_legend(result: "BenchmarkResult") -> List[str]:
         ci,
         f"fuse: a strategy's whole interval above {margin:.2f} (and the winner known faster than the rest, or tied); "
         f"loop: every interval below {margin:.2f}; marginal: within {low:.3f}..{high:.3f}, fusing gains about "
-        f"{100 * MIN_EFFECT:.0f}%, either choice costs little; open: undecided when the budget ran out.",
+        f"{100 * MIN_EFFECT:.0f}%, either choice costs little; open: undecided at the budget, or the passes' "
+        f"intervals together lie across {margin:.2f}.",
     ]

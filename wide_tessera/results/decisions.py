@@ -138,10 +138,11 @@ def settled_parts(
 class Call:
     """What a point decided about fusing, at the look it stopped at.
 
-    kind: 'fuse' (with `strategy`), 'marginal' (`strategy` the one nearest the margin's zone),
-    'loop' (no strategy beats the margin), or 'open' (undecided when the budget ran out;
-    `strategy` the provisional best). ties: strategies not known slower than the winner,
-    but known not faster by more than the margin. rivals: strategies that may be faster
+    kind: 'fuse' (with `strategy`), 'marginal' (`strategy` the fastest within the margin's zone),
+    'loop' (no strategy beats the margin), or 'open' (undecided when the budget ran out, or
+    over a point's passes taken together: results.analysis; `strategy` the provisional best).
+    ties: strategies not known slower than the winner, but known not faster by more than the
+    margin. rivals: strategies that may be faster
     than the winner by more than the margin (the winner's identity is open). capture: at a
     group's largest N, the best strategy against the fastest control: 'fuse', 'capture',
     'either' or 'open' (None where no control ran).
