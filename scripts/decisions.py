@@ -73,7 +73,9 @@ def replay(result: BenchmarkResult) -> Tuple[BenchmarkResult, BenchmarkResult, C
     for p in result.points:
         both = passes(p)
         new = p if both is None else dataclasses.replace(analysis.confirmed(*both), flags=p.flags)
-        due = both is not None and analysis.disputed(*both)
+        # a point a third pass settled (analysis.settled_by_third's note) holds that pass and its partner
+        third = any(f.startswith("the first two passes") for f in p.flags)
+        due = both is not None and not third and analysis.disputed(*both)
         changes[label(p), label(new) + (", third pass due" if due else "")] += 1
         points.append(new)
     run = {k: getattr(result, k) for k in ("op", "strategies", "environment", "timer", "settings", "duration_s",
