@@ -745,6 +745,39 @@ def test_a_model_torch_fx_cannot_trace_is_captured_by_torch_export():
     torch.testing.assert_close(wide.unpack(wide(wide.pack(xs)))[1], models[1].double()(xs[1]))
 
 
+class SameLength(nn.Module):
+    """Branches on its inputs' sizes: torch.fx cannot trace it, torch.export guards the branch."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x, y):
+        if x.shape[1] == y.shape[1] and x.shape[1] % 2 == 0:
+            return self.fc(x) + y
+        return self.fc(x) * 2
+
+
+@pytest.mark.parametrize("lengths", [(6, 3), (7, 7)])
+def test_a_capture_with_dynamic_sizes_is_not_used_where_its_guards_fail(lengths):
+    """A graph captured on equal even lengths was used for lengths 6 and 3, or 7 and 7, the other
+    branch's inputs: max errors of 4.5 and 4.2, silently. Its guards now send such a call to a
+    new capture, and say which guard failed."""
+    from wide_tessera.widen.surgery import WideSurgery
+
+    torch.manual_seed(0)
+    models = [SameLength() for _ in range(3)]
+    wide = WideSurgery(models)
+    for length_x, length_y in [(6, 6), lengths]:
+        xs = [(torch.randn(2, length_x, 8), torch.randn(2, length_y, 8)) for _ in range(3)]
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            out = wide.unpack(wide(wide.pack(xs)))
+        for got, model, x in zip(out, models, xs):
+            torch.testing.assert_close(got, model(*x))
+    assert len(wide.captured._captures) == 2 and "Guard failed" in str(said[0].message)
+
+
 def test_a_model_nothing_can_capture_is_skipped_by_surgery_with_both_reasons(fast_timing):
     r = benchmark_custom(OnValues, (2, 8), [2], device="cpu", verbose=False, timing=fast_timing)
     point = r.points[0]

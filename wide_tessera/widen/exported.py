@@ -79,21 +79,43 @@ class _Capture:
     fixed: Hashable  # training, structure, dtypes, devices, sharing, and every other value
     dims: Tuple[Tuple[Any, ...], ...]  # per tensor, per dimension: a size, or a (low, high) range
     names: Tuple[str, ...]  # per tensor, its input's name in the graph
+    # torch.export's guards (sizes equal to each other, a size's parity, ...) and the positions
+    # of the inputs they read among the input's leaves; None where the capture has none
+    guards: Optional[Tuple[Callable[..., None], Tuple[int, ...]]]
 
-    def takes(self, fixed: Hashable, shapes: Tuple[Tuple[int, ...], ...]) -> bool:
-        return fixed == self.fixed and all(
+    def takes(self, fixed: Hashable, shapes: Tuple[Tuple[int, ...], ...], leaves: List[Any]) -> bool:
+        """Whether this graph computes the models' call on the wide input of `leaves`: per
+        dimension its range, and the guards torch.export drew from the model's code, on one
+        model's values. Without the guards, a model whose branch read `x.shape[1] == y.shape[1]`,
+        or `x.shape[1] % 2`, ran the other branch's graph silently (errors of 4.5 and 4.2)."""
+        if fixed != self.fixed or not all(
             len(shape) == len(dims) and all(_fits(size, d) for size, d in zip(shape, dims))
             for shape, dims in zip(shapes, self.dims)
-        )
+        ):
+            return False
+        return self.failed_guard(leaves) is None
 
-    def why_not(self, shapes: Tuple[Tuple[int, ...], ...]) -> str:
-        """The first dimension of `shapes` this capture does not take, in words."""
+    def failed_guard(self, leaves: List[Any]) -> Optional[str]:
+        """torch's words for the first guard the wide input's one model fails, or None."""
+        if self.guards is None:
+            return None
+        check, where = self.guards
+        try:
+            check(*(leaves[i][0] if isinstance(leaves[i], torch.Tensor) else leaves[i] for i in where))
+        except AssertionError as e:  # torch's "Guard failed: y.size()[1] == x.size()[1]"
+            return str(e)
+        return None
+
+    def why_not(self, fixed: Hashable, shapes: Tuple[Tuple[int, ...], ...], leaves: List[Any]) -> str:
+        """Why this capture does not take the wide input, in words."""
+        if fixed != self.fixed:
+            return "its input's structure, dtypes, devices or mode differ from the last capture's"
         for name, shape, dims in zip(self.names, shapes, self.dims):
             for i, (size, d) in enumerate(zip(shape, dims)):
                 if not _fits(size, d):
                     held = f"fixed at {d}" if isinstance(d, int) else f"from {d[0]} to {d[1]}"
                     return f"{name} dimension {i} is {size}, where the last capture took it {held}"
-        return "its input's structure, dtypes, devices or mode differ"
+        return f"the last capture's {self.failed_guard(leaves)}"
 
 
 def _fits(size: int, dim: Any) -> bool:
@@ -159,12 +181,13 @@ class ExportedSurgery(nn.Module):
 
     def forward(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
         fixed, shapes = _signature(self.training, (args, kwargs))
-        found = next((k for k, c in reversed(self._captures.items()) if c.takes(fixed, shapes)), None)
+        leaves = tree_flatten((args, kwargs))[0]
+        found = next((k for k, c in reversed(self._captures.items()) if c.takes(fixed, shapes, leaves)), None)
         if found is None:
             if self._captures:
                 last = next(reversed(self._captures.values()))
                 warnings.warn(
-                    f"surgery captures {type(self._skeleton[0]).__name__} again: {last.why_not(shapes)} "
+                    f"surgery captures {type(self._skeleton[0]).__name__} again: {last.why_not(fixed, shapes, leaves)} "
                     f"(each capture costs a trace; at most {_MOST_CAPTURES} are kept)",
                     stacklevel=2,
                 )
@@ -196,6 +219,7 @@ class ExportedSurgery(nn.Module):
         exported, ranges = program
         names, dims = _input_dims(exported.graph, ranges)
         graph = exported.graph
+        guards = _guards(exported, len(tree_flatten((one_args, one_kwargs))[0]))
         for node in list(graph.nodes):
             if (node.op == "call_module" and node.target == "_guards_fn") or node.target in _CHECKS:
                 graph.erase_node(node)
@@ -206,7 +230,7 @@ class ExportedSurgery(nn.Module):
         holder.s, holder.w, holder.c = self.stacked, self.wides, nn.Module()
         unstacked = self._hold_attributes(graph, exported, holder.c)
         rewritten = fx.GraphModule(holder, _in_segments(graph, holder, unstacked, self.n, self.randomness), "Captured")
-        return _Capture(rewritten, fixed, dims, names)
+        return _Capture(rewritten, fixed, dims, names, guards)
 
     def _swap_layers(self, graph: fx.Graph) -> None:
         """The ops of each call of a swapped layer, one call of its wide module."""
@@ -358,6 +382,18 @@ def _export(model: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> 
         pass
     program = torch.export.export(model, args, kwargs, strict=False)
     return program.module(), program.range_constraints
+
+
+def _guards(exported: fx.GraphModule, leaves: int) -> Optional[Tuple[Callable[..., None], Tuple[int, ...]]]:
+    """torch.export's guards of a captured graph, and the positions among the input's leaves of
+    the inputs they read (the graph's inputs are the input's leaves, in order)."""
+    inputs = list(exported.graph.find_nodes(op="placeholder"))
+    calls = [n for n in exported.graph.nodes if n.op == "call_module" and n.target == "_guards_fn"]
+    if not calls:
+        return None
+    if len(inputs) != leaves:
+        raise NotApplicable(f"surgery: torch.export's graph takes {len(inputs)} inputs for {leaves} values given")
+    return exported._guards_fn, tuple(inputs.index(a) for a in calls[0].args)
 
 
 def _model_size(x: torch.Tensor, dim: int) -> int:
