@@ -114,7 +114,7 @@ CLI_CASES = [
     (["benchmark", "gemm", "linear", "conv9d", "--preset", "ci"], "unknown op 'conv9d'"),
     # axes that contradict each other or what the op can build: refused before measuring
     (["benchmark", "conv_transpose2d", "--preset", "ci", "--set", "kernel_size=1"], "kernel_size=1: this op's"),
-    (["benchmark", "hf_experts", "--preset", "ci", "--set", "top_k=9"], "top_k=9 exceeds N=4 experts"),
+    (["benchmark", "hf_experts", "--preset", "ci", "--set", "top_k=9"], "top_k=9 exceeds N=8 experts"),
     (["benchmark", "hf_experts", "--preset", "ci", "--n-values", "1"], "top_k=2 exceeds N=1 experts"),
     (
         ["benchmark", "hf_experts", "--preset", "ci", "--set", "model_type=qwen3_vl_moe_vision"],

@@ -168,6 +168,8 @@ class BenchmarkJob:
         from that state, draws. The module built by `wide_factory` is the one timed.
     strategy_needs: strategy -> capabilities.Needs; the runner skips, with the reason,
         a strategy the run cannot give what it needs
+    unfit_factory(n, **params): why N models cannot run at these parameters, or None; the
+        runner skips such a point with the reason (hf_experts: a top_k above N)
     """
 
     op: str
@@ -183,6 +185,7 @@ class BenchmarkJob:
     work_factory: Callable[..., Any] = field(default_factory=lambda: unknown_work)
     train: bool = False
     seeded_check_factory: Optional[Callable[[List[torch.nn.Module], str], torch.nn.Module]] = None
+    unfit_factory: Callable[..., Optional[str]] = field(default_factory=lambda: fits_any_n)
 
     @property
     def random(self) -> bool:
@@ -193,6 +196,11 @@ class BenchmarkJob:
 def unknown_work(n: int, **params: Any) -> None:
     """The work_factory of a job whose op does not say what one call must do (a module-level
     function, not a lambda: an isolated run pickles the job)."""
+    return None
+
+
+def fits_any_n(n: int, **params: Any) -> None:
+    """The unfit_factory of a job whose op runs at any N (module level, as unknown_work)."""
     return None
 
 

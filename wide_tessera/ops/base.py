@@ -103,7 +103,14 @@ class WideOp:
             wide_factory=partial(_wide_module, cls, _outside_builds(cls)),
             strategy_needs=cls.strategy_needs(),
             work_factory=cls.work,
+            unfit_factory=cls.unfit,
         )
+
+    @classmethod
+    def unfit(cls, n: int, **params: Any) -> Optional[str]:
+        """Why N models of this op cannot run at these axis values, or None (by default any N can):
+        the runner skips such a point with the reason."""
+        return None
 
     @classmethod
     def strategy_needs(cls) -> Dict[str, Needs]:

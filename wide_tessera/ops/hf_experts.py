@@ -408,17 +408,20 @@ class WideHFExperts(WideOp, nn.Module):
 
     @classmethod
     def benchmark_job(cls, preset: str = "full", **overrides: Any) -> BenchmarkJob:
-        """The op's job, refused in one line where a top_k exceeds a sweep's N: a router cannot
-        choose more experts than there are (the routing then sent every token to all N, and the
-        point was labelled with a top_k that had not run)."""
+        """The op's job, refused in one line where no N of the sweep can take a top_k of it."""
         job = super().benchmark_job(preset, **overrides)
-        fewest, most = min(job.sweep.n_values), max(job.sweep.axes["top_k"])
-        if most > fewest:
-            raise WideTesseraError(
-                f"top_k={most} exceeds N={fewest} experts: a token is routed to at most N experts; "
-                f"give a top_k of at most {fewest}, or N values of at least {most}"
-            )
+        most, top_k = max(job.sweep.n_values), max(job.sweep.axes["top_k"])
+        if top_k > most:
+            valid = f"give a top_k of at most {most}, or N values of at least {top_k}"
+            raise WideTesseraError(f"{cls.unfit(most, top_k=top_k)}; {valid}")
         return job
+
+    @classmethod
+    def unfit(cls, n: int, **params: Any) -> Optional[str]:
+        """A router cannot choose more experts than there are: the routing then sent every token to
+        all N, and the point was labelled with a top_k that had not run. Such a point is skipped."""
+        top_k = params["top_k"]
+        return f"top_k={top_k} exceeds N={n} experts: a token is routed to at most N experts" if top_k > n else None
 
     @classmethod
     def from_modules(cls, modules: Sequence[nn.Module], strategy: Optional[str] = None) -> "WideHFExperts":

@@ -215,7 +215,10 @@ class _PointMeasurement:
         job, params = self.job, self.params
         try:
             with self.stage("setup"):
+                unfit = job.unfit_factory(self.n, **params)
                 over = _over_budget(job, self.n, params, self.dtype, self.settings)
+                if unfit is not None:
+                    over = Failure("setup", "skipped", "Unfit", unfit)
                 if over is not None:
                     return analysis.failed_point(self.n, params, {"point": over})
                 # Seeded per point, so a point's models and inputs do not depend on which points
