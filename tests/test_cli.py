@@ -243,6 +243,25 @@ def test_a_busy_machine_is_named_before_measuring_and_auto_takes_the_free_cores(
     assert used == (1 if threads == "auto" and other > 1 else 2)
 
 
+def test_threads_auto_keeps_the_threads_it_began_with_for_every_pass(monkeypatch, tmp_path):
+    """Set again between ops, the threads changed between an op's first pass and its
+    confirmation (which come after every op's first pass), and the file recorded the last."""
+    from wide_tessera.cli import measure
+
+    loads = iter([0.0] + [1.9] * 10)  # quiet as it starts, busy from the first op on
+    monkeypatch.setattr(measure, "probe_load", lambda: next(loads))
+    monkeypatch.setattr("wide_tessera.measurement.health.psutil.cpu_count", lambda: 2)
+    before = torch.get_num_threads()
+    out = tmp_path / "r.json"
+    try:
+        r = invoke("benchmark", "gemm", "layernorm", "--preset", "ci", "--n-values", "1,2", "--no-save",
+                   "--threads", "auto", "--confirm", "all", "-o", str(out))  # fmt: skip
+    finally:
+        torch.set_num_threads(before)
+    assert r.exit_code in (0, 3), r.output
+    assert [x.environment.threads for x in load_results(out)] == [2, 2]
+
+
 def test_timing_settings_and_threads_are_recorded(tmp_path):
     out = tmp_path / "r.json"
     threads = torch.get_num_threads()

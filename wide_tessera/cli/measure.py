@@ -361,8 +361,10 @@ def _run_file(command: str, jobs: Sequence[BenchmarkJob], preset: str) -> Option
 
 class _LoadWatch:
     """What other processes leave this CPU run, probed before it measures and between ops: with
-    --threads auto the run takes the free cores; otherwise a busy machine is named, once, with
-    the --threads that would measure cleanly."""
+    --threads auto the run takes the cores free when it starts; a busy machine is named, once,
+    with the --threads that would measure cleanly. The threads stay as the run began: every
+    op's confirmation comes after all first passes, and a count changed between ops measured
+    an op's passes with different threads (and recorded only the last)."""
 
     def __init__(self, auto: bool):
         self.auto, self.warned = auto, False
@@ -372,9 +374,9 @@ class _LoadWatch:
         free, cores = free_cores(other), psutil.cpu_count() or 1
         seen = f"other processes use {other:.1f} of {cores} cores"
         if self.auto:
+            self.auto = False
             torch.set_num_threads(free)
-            first, self.warned = not self.warned, True
-            return f"--threads auto: {seen}: measuring with {free} thread(s)" if first or free != threads else None
+            return f"--threads auto: {seen}: measuring with {free} thread(s)"
         if threads <= free or self.warned:
             return None
         self.warned = True
@@ -427,6 +429,11 @@ def _measure(
                 torch.set_num_threads(rank_threads() if auto or threads is None else int(threads))
             elif threads is not None and not auto:
                 torch.set_num_threads(int(threads))
+            # before --resume compares the threads of what it keeps, which auto sets here
+            load = _LoadWatch(auto) if shard is None and settings.device == "cpu" else None
+            said = load.check() if load is not None else None
+            if said:
+                click.echo(said, err=True)
             jobs = make_jobs(settings, texts)
             for job in jobs:
                 check_runnable(job, settings)
@@ -445,10 +452,6 @@ def _measure(
         clock = held.enter_context(CompileClock()) if dump_ir and triton_unavailable_reason("cuda") is None else None
 
         in_table: List[str] = []  # the ops merged into the dispatch table so far
-        load = _LoadWatch(auto) if shard is None and settings.device == "cpu" else None
-        said = load.check() if load is not None else None
-        if said:
-            click.echo(said, err=True)
 
         def finished(result: BenchmarkResult, progress: Progress) -> None:
             progress.echo(result.brief() + "\n")  # each op's answer as soon as it is done
