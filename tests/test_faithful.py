@@ -240,3 +240,17 @@ def test_surgery_refuses_in_one_line_a_call_giving_an_argument_it_traced_as_none
     point = r.points[0]
     assert point.correct == {"vmap": True} and point.failures["surgery"].kind == "skipped", r.summary()
 
+
+
+def test_only_torchs_own_vmap_refusals_are_limitations():
+    """A user's error quoting torch's words was skipped as torch's limitation: a skipped strategy
+    counts as neither correct nor incorrect, so a real bug hid there."""
+    from torch.func import vmap
+
+    from wide_tessera.core.errors import vmap_limitation
+
+    with pytest.raises(RuntimeError) as torchs:
+        vmap(torch.nonzero)(torch.ones(3, 2))
+    assert vmap_limitation(torchs.value) is not None
+    assert vmap_limitation(RuntimeError("my_kernel: Batching rule not implemented for this dtype")) is None
+    assert vmap_limitation(ValueError("Batching rule not implemented for aten::gru")) is None

@@ -208,3 +208,12 @@ def test_a_function_that_runs_but_cannot_be_captured_is_not_capturable(monkeypat
 
     with pytest.raises(ValueError, match="wrong everywhere"):
         capture_graph(broken)
+
+    @contextmanager
+    def faulted(_):  # torch.cuda.graph synchronizes as it starts: a warm-up's asynchronous fault shows there
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        yield
+
+    monkeypatch.setattr(torch.cuda, "graph", faulted)
+    with pytest.raises(RuntimeError, match="illegal memory access"):  # the device's fault, never "skipped"
+        capture_graph(lambda: 1)

@@ -20,6 +20,7 @@ was given (vmap_limitation) is a limitation of torch, which a point skips with t
 from __future__ import annotations
 
 import difflib
+import re
 from typing import TYPE_CHECKING, Iterable, Optional, Sequence
 
 if TYPE_CHECKING:
@@ -104,20 +105,28 @@ def unknown(kind: str, value: object, valid: Iterable[str]) -> WideTesseraError:
 
 
 # torch's own words (2.13) where its vmap cannot run what it was given, each reproduced: a
-# limitation of torch, not a fault of the strategy or of the model.
-_VMAP_LIMITS = (
-    "vmap: We do not support batching operators that can",  # a data-dependent shape: nonzero, unique, a mask index
-    "vmap: It looks like you're calling .item()",  # .item(), int(t), float(t)
-    "vmap: It looks like you're attempting to use a Tensor in some data-dependent control flow",
-    "vmap: inplace arithmetic(self, *extra_args) is not possible",  # a model's value written into a shared tensor
-    "mutating directly with `.data` under vmap",  # .data writes; Module.to() in forward (SwitchTransformers' router)
-    "it must override the setup_context staticmethod",  # an autograd.Function of the old style (BloomBlock's GeLU)
-    "but it does not have vmap support",  # an autograd.Function with no vmap rule, nor generate_vmap_rule
-    "Batching rule not implemented for",  # an op with no rule and no fallback: aten::gru
+# limitation of torch, not a fault of the strategy or of the model. Each is matched where torch's
+# message starts, and only on the RuntimeError torch raises: a user's error that quoted one of
+# them ("my_kernel: Batching rule not implemented for this dtype") was skipped as torch's.
+_VMAP_LIMITS = re.compile(
+    "|".join(
+        [
+            r"vmap: We do not support batching operators that can",  # a data-dependent shape: nonzero, a mask index
+            r"vmap: It looks like you're calling \.item\(\)",  # .item(), int(t), float(t)
+            r"vmap: It looks like you're attempting to use a Tensor in some data-dependent control flow",
+            r"vmap: inplace arithmetic\(self, \*extra_args\) is not possible",  # a value written into a shared tensor
+            r"accessing `data` under vmap transform is not allowed",  # .data
+            r".{0,80}mutating directly with `\.data` under vmap",  # Module.to() in forward (SwitchTransformers' router)
+            r"In order to use an autograd\.Function with functorch transforms",  # no setup_context (BloomBlock's GeLU)
+            r"You tried to vmap over \w+, but it does not have vmap support",  # an autograd.Function with no vmap rule
+            r"Batching rule not implemented for aten::",  # an op with no rule and no fallback: aten::gru
+        ]
+    )
 )
 
 
 def vmap_limitation(error: BaseException) -> Optional[str]:
     """`error` in one line where it is torch's vmap refusing what it was given; None for any other error."""
-    text = one_line(error)
-    return text[:300] if any(limit in text for limit in _VMAP_LIMITS) else None
+    if not isinstance(error, RuntimeError) or not _VMAP_LIMITS.match(" ".join(str(error).split())):
+        return None
+    return one_line(error)[:300]

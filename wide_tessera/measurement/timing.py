@@ -448,9 +448,16 @@ def capture_graph(fn: Callable[[], T]) -> Tuple[Fn, T]:
             fn()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
+    refused: List[BaseException] = []
     try:
         with torch.cuda.graph(graph):
-            output = fn()
-    except Exception as e:  # noqa: BLE001  it ran three times above: what failed is the capture
-        raise NotCapturable(f"cannot be captured in a CUDA graph ({one_line(e)[:200]})") from e
+            try:
+                output = fn()
+            except Exception as e:  # noqa: BLE001  it ran three times above: capture refused it
+                refused.append(e)
+                raise
+    except Exception as e:  # noqa: BLE001
+        if not refused:  # the device's own error (an asynchronous one of the warm-up, memory): not a limit
+            raise
+        raise NotCapturable(f"cannot be captured in a CUDA graph ({one_line(refused[0])[:200]})") from e
     return graph.replay, output
