@@ -61,6 +61,7 @@ from ..dispatch.build import Fused
 from ..dispatch.fuse import decide_at, fuse
 from ..dispatch.table import default_table_path, merge_into
 from ..measurement.timing import TimingConfig
+from ..ops.base import layout_of
 
 try:
     import optuna
@@ -445,16 +446,9 @@ def _label(key: str, params: Dict[str, Any], told_apart: List[str]) -> str:
 
 
 def _shape_key(model: nn.Module) -> str:
-    """What N models must share to train as one: every tensor's name, shape and dtype, and every
-    plain setting a module keeps (a dropout's rate, a norm's eps)."""
-    tensors = sorted((k, tuple(t.shape), str(t.dtype)) for k, t in model.state_dict().items())
-    settings = sorted(
-        (name, k, repr(v))
-        for name, m in model.named_modules()
-        for k, v in vars(m).items()
-        if not k.startswith("_") and k != "training" and isinstance(v, (int, float, bool, str, tuple, type(None)))
-    )
-    return repr((type(model).__qualname__, tensors, settings))
+    """What N models must share to train as one: their class, and what every fused strategy
+    needs alike (ops.base.layout_of: each tensor's shape, dtype and device, each plain setting)."""
+    return repr((type(model).__qualname__, sorted(layout_of(model).items())))
 
 
 def _shape_params(shapes: Dict[str, List[Dict[str, Any]]]) -> List[str]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from functools import partial, wraps
-from typing import Any, Callable, ClassVar, Dict, List, Optional, Sequence, Tuple, Type, Union
+from typing import Any, Callable, ClassVar, Dict, List, NamedTuple, Optional, Sequence, Tuple, Type, Union
 
 import torch
 from torch import nn
@@ -23,6 +23,7 @@ __all__ = [
     "shared_config",
     "check_alike",
     "layout_difference",
+    "layout_of",
     "fusing_ops",
     "wide_module",
     "TRITON",
@@ -384,9 +385,9 @@ def layout_difference(modules: Sequence[nn.Module]) -> Optional[str]:
     """Where the first module that is not laid out as module 0 differs (every parameter's and
     buffer's shape, dtype and device, by name), or None: N modules are stacked or run as one only
     when alike. The one check of it, for from_modules, surgery, vmap and fuse()."""
-    first = _layout(modules[0])
+    first = layout_of(modules[0])
     for i, m in enumerate(modules[1:], start=1):
-        layout = _layout(m)
+        layout = layout_of(m)
         if layout != first:
             name = next(k for k in dict.fromkeys([*first, *layout]) if first.get(k) != layout.get(k))
             theirs, ours = _described(layout.get(name)), _described(first.get(name))
@@ -394,14 +395,39 @@ def layout_difference(modules: Sequence[nn.Module]) -> Optional[str]:
     return None
 
 
-def _layout(module: nn.Module) -> Dict[str, Tuple[Any, ...]]:
+def layout_of(module: nn.Module) -> Dict[str, Any]:
+    """Every tensor's shape, dtype and device, and every setting a forward may read (a norm's eps,
+    a dropout's p, a scale its forward branches on): a wide module, vmap and surgery all run
+    model 0's code and settings with each model's tensors, so models whose settings differed
+    came out wrong, silently (a per-model scale: 3.24 off)."""
     tensors = {**dict(module.named_parameters()), **dict(module.named_buffers())}
-    return {name: (tuple(t.shape), t.dtype, t.device) for name, t in tensors.items()}
+    layout: Dict[str, Any] = {name: _TensorLayout(tuple(t.shape), t.dtype, t.device) for name, t in tensors.items()}
+    for path, sub in module.named_modules():
+        for key, value in vars(sub).items():
+            if not key.startswith("_") and key != "training" and _plain(value):
+                layout[f"{path}.{key}" if path else key] = value
+    return layout
 
 
-def _described(layout: Optional[Tuple[Any, ...]]) -> str:
+def _plain(value: Any) -> bool:
+    """A setting compared by value (numbers, text, flags, dtypes, tuples of them); other objects are
+    not compared: two equal ones of a class without __eq__ would differ by identity."""
+    if isinstance(value, (tuple, list)):
+        return all(_plain(v) for v in value)
+    return value is None or isinstance(value, (bool, int, float, str, torch.dtype, torch.device))
+
+
+class _TensorLayout(NamedTuple):
+    shape: Tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device
+
+
+def _described(layout: Any) -> str:
     if layout is None:
         return "missing"
+    if not isinstance(layout, _TensorLayout):
+        return repr(layout)  # a setting
     shape, dtype, device = layout
     return f"{list(shape)} {str(dtype).replace('torch.', '')} on {device}"
 
