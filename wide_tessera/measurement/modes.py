@@ -265,8 +265,11 @@ def preserved(modules: Sequence[nn.Module]) -> Iterator[None]:
     Changed means changed in value: batch norm updates its running statistics inside its
     kernel without bumping their version.
     """
-    live = [t for m in modules for t in m.state_dict(keep_vars=True).values()]
+    # every buffer, the non-persistent ones too (a call counter left at 628 after a first call),
+    # and every gradient as it was (a first call wiped what the user had accumulated)
+    live = list(dict.fromkeys(t for m in modules for t in (*m.parameters(), *m.buffers())))
     saved = [t.detach().clone() for t in live]
+    grads = [(p, p.grad) for m in modules for p in m.parameters()]
     try:
         yield
     finally:
@@ -274,9 +277,8 @@ def preserved(modules: Sequence[nn.Module]) -> Iterator[None]:
             for t, value in zip(live, saved):
                 if not torch.equal(t, value):
                     t.copy_(value)
-        for m in modules:
-            for p in m.parameters():
-                p.grad = None
+        for p, grad in grads:
+            p.grad = grad
 
 
 def _outcome(
