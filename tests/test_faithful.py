@@ -297,3 +297,12 @@ def test_models_whose_settings_differ_are_refused_in_one_line_not_run_with_model
         for strategy in ("vmap", "surgery"):
             with pytest.raises(WideTesseraError, match=named):
                 fuse(models, strategy=strategy)
+
+
+def test_models_whose_hooks_differ_are_refused_in_one_line():
+    """vmap and surgery run model 0's hooks for all: one on model 1 alone was dropped (4.4 off)."""
+    models = [nn.Sequential(nn.Linear(4, 4), nn.Tanh()) for _ in range(3)]
+    models[1][1].register_forward_hook(lambda m, i, o: o * 2)
+    for strategy in ("vmap", "surgery"):
+        with pytest.raises(WideTesseraError, match="module 1's 'hooks on 1' is 1 but module 0's is 0"):
+            fuse(models, strategy=strategy)

@@ -406,6 +406,8 @@ def layout_of(module: nn.Module) -> Dict[str, Any]:
         for key, value in vars(sub).items():
             if not key.startswith("_") and key != "training" and _plain(value):
                 layout[f"{path}.{key}" if path else key] = value
+        # hooks run model 0's: a hook on model 1 alone was dropped by vmap and surgery (4.4 off)
+        layout[f"hooks on {path or 'the model'}"] = len(sub._forward_hooks) + len(sub._forward_pre_hooks)
     return layout
 
 
