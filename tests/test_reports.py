@@ -134,7 +134,8 @@ def test_tidy_rows_for_every_op_one_per_point_and_callable(every_op):
             assert [row["strategy"] for row in mine] == callables
             for row in mine:
                 s = row["strategy"]
-                assert row["run_id"] == r.run_id and row["op"] == r.op and row["winner"] == p.winner
+                assert row["run_id"] == r.run_id and row["op"] == r.op
+                assert row["winner"] == (p.winner if p.timings else None)  # hf_experts' N=1 is skipped: top_k 2
                 if s in p.stats:
                     assert row["median_ms"] == p.stats[s].median_ms and row["p99_ms"] == p.stats[s].p99_ms
                 assert row["speedup"] == p.speedups.get(s) and row["verdict"] == p.verdicts.get(s)
