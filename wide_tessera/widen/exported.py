@@ -45,7 +45,7 @@ from torch.utils._sympy.numbers import int_oo
 from ..core.errors import NotApplicable, one_line
 from ..core.layout import STACKED, Slot, prefixed, slots_of
 from ..ops.base import fusing_ops
-from .functional import is_shared, tensors_only, with_others
+from .functional import is_shared, model_size, tensors_only, with_others
 from .layers import hold_stacked, wide_layer
 from .moe import WideSparseMoe, is_sparse_moe, loops_over_experts
 
@@ -56,7 +56,7 @@ __all__ = ["ExportedSurgery"]
 _CHECKS = {torch.ops.aten._assert_tensor_metadata.default}
 
 # A dynamic dimension's size, read from an input (x.shape[1] of a symbolic length). vmap has no
-# rule for it: read from the stacked input outside the segments, without its N axis (_model_size).
+# rule for it: read from the stacked input outside the segments, without its N axis (model_size).
 _SIZE = torch.ops.aten.sym_size.int
 
 # How a sparse MoE block's experts run while it is captured: transformers' eager loop over the
@@ -224,7 +224,7 @@ class ExportedSurgery(nn.Module):
             if (node.op == "call_module" and node.target == "_guards_fn") or node.target in _CHECKS:
                 graph.erase_node(node)
             elif node.target is _SIZE:
-                node.target = _model_size
+                node.target = model_size
         self._swap_layers(graph)
         holder = nn.Module()
         holder.s, holder.w, holder.c = self.stacked, self.wides, nn.Module()
@@ -245,7 +245,7 @@ class ExportedSurgery(nn.Module):
             inputs = {  # (a size read from the input is the wide module's own business)
                 a for n in nodes for a in n.all_input_nodes
                 if a not in inside and not (a.op == "get_attr" and a.target.startswith(path + "."))
-                and a.target is not _model_size
+                and a.target is not model_size
             }  # fmt: skip
             outputs = [n for n in nodes if any(u not in inside for u in n.users)]
             if len(inputs) != 1 or len(outputs) != 1:
@@ -316,13 +316,13 @@ def _in_segments(graph: fx.Graph, holder: nn.Module, unstacked: Set[fx.Node], n:
         depth[node] = max((depth[a] for a in node.all_input_nodes), default=0) + swapped
         if swapped:
             layers[depth[node]].append(node)
-        elif node.op in ("call_function", "call_method") and node.target is not _model_size:
+        elif node.op in ("call_function", "call_method") and node.target is not model_size:
             segments[depth[node]].append(node)
     out = fx.Graph()
     out._codegen = graph._codegen  # torch.export's: the model's (args, kwargs) in, its output's structure out
     env: Dict[fx.Node, fx.Node] = {}
     for node in graph.nodes:  # inputs, and the sizes read from them (outside vmap, which has no rule for them)
-        if node.op in ("placeholder", "get_attr") or node.target is _model_size:
+        if node.op in ("placeholder", "get_attr") or node.target is model_size:
             env[node] = out.node_copy(node, env.__getitem__)
     for d in range(max(depth.values(), default=0) + 1):
         for node in layers[d]:
@@ -394,11 +394,6 @@ def _guards(exported: fx.GraphModule, leaves: int) -> Optional[Tuple[Callable[..
     if len(inputs) != leaves:
         raise NotApplicable(f"surgery: torch.export's graph takes {len(inputs)} inputs for {leaves} values given")
     return exported._guards_fn, tuple(inputs.index(a) for a in calls[0].args)
-
-
-def _model_size(x: torch.Tensor, dim: int) -> int:
-    """One model's size `dim` of a stacked value: the stack's, one axis on."""
-    return x.size(dim + 1 if dim >= 0 else dim)
 
 
 def _auto(t: torch.Tensor) -> Optional[Dict[int, Any]]:

@@ -26,6 +26,7 @@ __all__ = [
     "tensors_only",
     "with_others",
     "is_shared",
+    "model_size",
     "tied_aliases",
 ]
 
@@ -114,6 +115,11 @@ def vmap_dims(tree: Any) -> Tuple[Any, Any]:
 def is_shared(x: Any) -> bool:
     """A tensor passed once for all N models: expanded, stride 0 on its N axis."""
     return isinstance(x, torch.Tensor) and x.dim() > 0 and x.stride(0) == 0 and x.size(0) > 1
+
+
+def model_size(x: torch.Tensor, dim: int) -> int:
+    """One model's size `dim` of a value stacked on a leading N axis: the stack's, one axis on."""
+    return x.size(dim + 1 if dim >= 0 else dim)
 
 
 def tensors_only(fn: Callable[..., Any], kept: List[Any]) -> Callable[..., Tuple[torch.Tensor, ...]]:

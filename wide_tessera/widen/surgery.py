@@ -37,7 +37,16 @@ from ..core.layout import STACKED, Slot, prefixed, slots_of
 from ..ops.base import check_alike, fusing_ops
 from ..ops.exact import has_hooks
 from .exported import ExportedSurgery
-from .functional import StackedIO, WideFunctional, tensors_only, tied_aliases, unpacked, vmap_dims, with_others
+from .functional import (
+    StackedIO,
+    WideFunctional,
+    model_size,
+    tensors_only,
+    tied_aliases,
+    unpacked,
+    vmap_dims,
+    with_others,
+)
 from .layers import hold_stacked, wide_layer
 
 __all__ = ["WideSurgery"]
@@ -113,8 +122,7 @@ class _ShapeQuery(nn.Module):
         if self.what in ("dim", "ndim"):
             return x.dim() - 1
         if self.what == "size" and args:  # size(d): a model's axis d is the stack's d + 1
-            d = args[0]
-            return x.size(d + 1 if d >= 0 else d)
+            return model_size(x, args[0])
         return x.shape[1:]
 
 
