@@ -16,6 +16,7 @@ from wide_tessera import DispatchTable
 from wide_tessera.dispatch.first_call import FirstCall
 from wide_tessera.ops import WideLinear
 from wide_tessera.ops.registry import register
+from wide_tessera.widen.exported import ExportedSurgery
 
 from .helpers import SometimesWrongLinear
 
@@ -41,6 +42,7 @@ def test_the_first_call_measures_chooses_the_faster_strategy_and_writes_the_tabl
     # entry's, whichever it is (a unit test that needs a quiet machine is a flaky one)
     (entry,) = DispatchTable.load(table).entries
     assert entry.preset == "first call" and entry.verdicts[0].n == 16
+    assert fused.decision.table == str(table)  # no longer "(not written yet)"
     assert fused.decision.fused == (entry.verdicts[0].verdict == "fuse")
     assert fused.decision.strategy == (entry.verdicts[0].strategy if fused.decision.fused else None)
     again = fused.unpack(fused(fused.pack(xs)))  # the winner, without measuring again
@@ -188,18 +190,46 @@ class FailsOnItsSecondCall(nn.Linear):
         return super().forward(x)
 
 
+def first_called(mods, table, time_bound_s):
+    """The first call of `mods` fused, its outputs checked against the separate calls'."""
+    fused = wt.fuse(mods, table=table, measure="first-call", time_bound_s=time_bound_s)
+    xs = [torch.randn(2, 8) for _ in mods]
+    out = fused.unpack(fused(fused.pack(xs)))
+    assert all(torch.allclose(a, m(x), atol=1e-6) for a, m, x in zip(out, mods, xs))
+    return fused
+
+
 def test_a_first_call_that_cannot_be_timed_within_its_bound_runs_the_loop_and_says_why(tmp_path):
     """10,000 Linears took 26.8 s against a bound of 0.5 s: a first call whose timing would take it
     past twice its bound is not measured, runs the loop, and writes nothing to the table."""
     torch.manual_seed(0)
-    mods = [Slow() for _ in range(10)]
     table = tmp_path / "table.json"
-    fused = wt.fuse(mods, table=table, measure="first-call", time_bound_s=0.05)
-    xs = [torch.randn(2, 8) for _ in range(10)]
-    out = fused.unpack(fused(fused.pack(xs)))
-    assert all(torch.equal(a, m(x)) for a, m, x in zip(out, mods, xs))
+    fused = first_called([Slow() for _ in range(10)], table, 0.05)
     assert not fused.decision.fused and "not measured on its first call" in str(fused.decision)
-    assert "past the time bound of 0.05 s" in str(fused.decision) and not table.exists()
+    assert "past twice the time bound of 0.05 s" in str(fused.decision) and not table.exists()
+
+
+class Untraceable(nn.Module):
+    """torch.fx cannot trace len() of a proxy; torch.export captures it."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.lin(x) * len(x)
+
+
+def test_a_strategy_whose_first_call_would_pass_twice_the_bound_is_not_tried_nor_written(tmp_path, monkeypatch):
+    """A model torch.export must capture took a 0.5 s first call to 1.4 s: surgery is not tried where
+    the capture (what the last one took) cannot fit, the decision says so, and no entry claims the
+    loop beat a strategy that never ran."""
+    monkeypatch.setattr(ExportedSurgery, "capture_s", 1000.0)
+    torch.manual_seed(0)
+    table = tmp_path / "table.json"
+    fused = first_called([Untraceable() for _ in range(4)], table, 0.5)
+    assert "surgery not tried (its first call takes about 1000.0 s)" in str(fused.decision)
+    assert fused.decision.strategy != "surgery" and not table.exists()
 
 
 def test_on_the_meta_device_the_first_call_runs_the_loop_and_decides_on_a_real_call(tmp_path):

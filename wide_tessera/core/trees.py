@@ -58,6 +58,8 @@ def flat(tree: Any) -> Tuple[List[Any], Any]:
     """(leaves, structure): the tree's leaves, with every object that holds tensors in its
     attributes opened into them; two outputs compare leaf by leaf when their structures are
     equal, and `unflat` builds the tree again from (other) leaves."""
+    if isinstance(tree, torch.Tensor):  # most models' input and output: torch's pytree took 10 us for it
+        return [tree], _TENSOR
     return _flat(tree, set())
 
 
@@ -91,6 +93,11 @@ def _holds_tensors(x: Any, opening: Set[int]) -> bool:
         return any(isinstance(leaf, torch.Tensor) for leaf in _flat(dict(attributes), opening)[0])
     finally:
         opening.discard(id(x))
+
+
+# The structure `_flat` gives a bare tensor; `flat` returns it without walking (a first call of
+# 10,000 Linears spent 0.5 s of its 0.5 s bound flattening their inputs and outputs).
+_TENSOR = (tree_flatten(torch.empty(0))[1], (None,))
 
 
 def unflat(leaves: Sequence[Any], structure: Any) -> Any:

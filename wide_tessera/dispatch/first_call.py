@@ -64,6 +64,7 @@ class FirstCall(Fused):
         super().__init__(modules, LoopedModules(modules), undecided)
         self._trials, self._case, self._table, self._bound = trials, case, table_path, time_bound_s
         self._decided = False
+        self._untried: List[str] = []  # strategies the first call could not afford to try, and why
 
     def _pack(self, inputs: List[Any]) -> Tuple[Any, ...]:
         return tuple(inputs)  # Fused.pack checked there are N
@@ -84,58 +85,92 @@ class FirstCall(Fused):
     def _loop(self, inputs: List[Any]) -> List[Any]:
         return trees.call_each(self._given, inputs)
 
-    def _correct(self, inputs: List[Any], deadline: float) -> Tuple[Dict[str, Any], float]:
-        """Each strategy that can run here, built, whose outputs match the separate calls' (a wrong
-        strategy is never chosen), and the seconds a warm call of the loop took (a first call of
-        16 small Linears took 54 ms where a second took 0.3 ms).
-        The separate calls run under `preserved`, so each strategy is built from the buffers the
-        modules had before this call, and checked under `preserved` too: the one chosen then runs
-        from those (a wide module built after the separate calls, and checked as it was, held
-        BatchNorm's statistics of three batches after the first call's one). Past `deadline`, one
-        correct strategy is enough: no further one is built (10,000 Linears took 0.3 s to build
-        and 0.6 s to check, a strategy)."""
-        case, device = self._case, str(inputs_device(inputs))
-        with preserved(self._given):
-            reference = self._loop([trees.clone(x) for x in inputs])
+    def _one_call_s(self, x: Any) -> float:
+        """The seconds a warm call of the first model takes (the fastest of three after one; its
+        state as it was before)."""
+        with preserved(self._given[:1]):
+            copies = [trees.clone(x) for _ in range(4)]
+            times = []
+            for copy in copies:
+                started = time.perf_counter()
+                trees.call(self._given[0], copy)
+                times.append(time.perf_counter() - started)
+        return min(times[1:])
+
+    def _reference(self, inputs: List[Any], undo: Callable[[], None], until: float) -> Tuple[List[Any], float]:
+        """The separate calls' outputs, and the seconds a call of the loop took: a second, warm
+        call's where there is time for it before `until` (a first call of 16 small Linears took
+        54 ms where a second took 0.3 ms). What the calls did to the modules is then undone, so
+        each strategy is built from the buffers the modules had before this call, and checked
+        under `preserved` too: the one chosen then runs from those (a wide module built after the
+        separate calls, and checked as it was, held BatchNorm's statistics of three batches after
+        the first call's one)."""
+        started = time.perf_counter()
+        reference = self._loop([trees.clone(x) for x in inputs])
+        loop_s = time.perf_counter() - started
+        if time.perf_counter() < until:
             started = time.perf_counter()
             self._loop([trees.clone(x) for x in inputs])
             loop_s = time.perf_counter() - started
+        undo()
+        return reference, loop_s
+
+    def _correct(self, inputs: List[Any], reference: List[Any], started: float) -> Dict[str, Any]:
+        """Each strategy that can run here, built, whose outputs match the separate calls' (a wrong
+        strategy is never chosen). Past the time bound, one correct strategy is enough: no further
+        one is built (10,000 Linears took 0.3 s to build and 0.6 s to check, a strategy); one whose
+        first call would take this call past twice the bound (a model torch.export must capture,
+        1.3 s) is not tried, and `untried` says so."""
+        case, device = self._case, str(inputs_device(inputs))
         tol = tolerance(DTYPES[case.dtype], device)
         correct: Dict[str, Any] = {}  # wide modules: pack, call, unpack (nn.Module's typing cannot say so)
         for strategy in self._trials.strategies:
-            if correct and time.perf_counter() > deadline:
+            if correct and time.perf_counter() > started + self._bound:
                 break
             if unmet_need(self._trials.needs.get(strategy), device, DTYPES[case.dtype], case.params):
                 continue
             try:
                 wide: Any = self._trials.make(list(self._given), strategy)
+                setup_s = wide.first_call_s() if hasattr(wide, "first_call_s") else 0.0
+                if time.perf_counter() + setup_s > started + 2 * self._bound:
+                    self._untried.append(f"{strategy} not tried (its first call takes about {setup_s:.1f} s)")
+                    continue
                 with preserved([wide]):
                     out = wide.unpack(wide(wide.pack([trees.clone(x) for x in inputs])))
             except Exception:  # noqa: BLE001  a strategy that cannot run here is not chosen
                 continue
             if check_outputs(out, reference, tol).correct:
                 correct[strategy] = wide
-        return correct, loop_s
+        return correct
 
     def _decide(self, inputs: List[Any]) -> None:
         """Measure, keep the answer as `decision`, write the entry, and run the winner from now on.
 
         The measurement leaves no trace on the modules or the random state: buffers a call
         updates (BatchNorm's running statistics) are restored, and random draws (dropout) are
-        made on a forked generator, so this call's own run is the one the separate calls make."""
+        made on a forked generator, so this call's own run is the one the separate calls make.
+        The whole of it, building and checking included, stays within twice the time bound:
+        where the fewest rounds a decision takes would not fit, it is not measured."""
         device = str(inputs_device(inputs))
         started = time.perf_counter()
-        with torch.no_grad(), torch.random.fork_rng(_cuda_devices(device)), preserved(self._given):
-            candidates, loop_s = self._correct(inputs, started + self._bound)
-            # the fewest rounds a decision takes, each a call of the loop and, at most as long
-            # where fusing can pay, one of the strategies: over twice the bound, not measured
-            left_s = started + self._bound - time.perf_counter()
-            needed_s = TimingConfig().min_samples * 2 * loop_s
-            if candidates and needed_s > left_s + self._bound:
-                self._keep_the_loop(needed_s, time.perf_counter() - started)
+        with torch.no_grad(), torch.random.fork_rng(_cuda_devices(device)):
+            # N times one model's call, before the state of all N is taken: 10,000 Linears spent
+            # 0.28 s, over five times a 0.05 s bound, on a call of the loop that could not be timed
+            guess_s = self.n * self._one_call_s(inputs[0])
+            if not self._fits(started, guess_s):
+                self._keep_the_loop(started, guess_s)
                 return
-            with preserved(list(candidates.values())):
-                stats = self._measure(inputs, candidates, device, max(left_s, 1e-3))
+            with preserved(self._given) as undo:
+                reference, loop_s = self._reference(inputs, undo, started + 2 * self._bound)
+                if not self._fits(started, loop_s):
+                    self._keep_the_loop(started, loop_s)
+                    return
+                candidates = self._correct(inputs, reference, started)
+                if candidates and not self._fits(started, loop_s):
+                    self._keep_the_loop(started, loop_s)
+                    return
+                with preserved(list(candidates.values())):
+                    stats = self._measure(inputs, candidates, device, started + self._bound - time.perf_counter())
         settings = RunSettings(device=device)
         samples = {name: st.samples_ms for name, st in stats.items()}
         call = decide(samples, list(candidates), level_of(settings))
@@ -146,28 +181,37 @@ class FirstCall(Fused):
             if verdict.speedup is not None
             else f"measured on its first call: no strategy ran correctly here, {call.kind}"
         )
+        if self._untried:  # an entry is an answer for every later process: one left out would never be tried
+            reason += f"; {', '.join(self._untried)}, past twice the time bound: not written to the table"
         fused = call.kind == "fuse" and call.strategy is not None
         match = Match(fused, verdict.strategy if fused else None, (entry,), 0.0, self._case.n, reason)
         self.decision = replace(self.decision, match=match)
         self._decided = True
-        if self._table is not None:
-            _merge(self._table, entry)
+        if self._table is not None and not self._untried and _merge(self._table, entry):
+            self.decision = replace(self.decision, table=self._table)  # it said "(not written yet)"
         if fused and call.strategy is not None:
             loop, wide = self.runs, candidates[call.strategy]
             self.runs = wide.train(loop.training)
             replaced(loop, wide, self.n)
 
+    def _needed_s(self, loop_s: float) -> float:
+        """The fewest rounds a decision takes, each a call of the loop and, at most as long where
+        fusing can pay, one of the strategies."""
+        return TimingConfig().min_samples * 2 * loop_s
+
+    def _fits(self, started: float, loop_s: float) -> bool:
+        return time.perf_counter() + self._needed_s(loop_s) <= started + 2 * self._bound
+
     def _measure(self, inputs: List[Any], candidates: Dict[str, Any], device: str, budget_s: float) -> Dict[str, Any]:
-        """The loop and the candidates timed together in `budget_s`. A strategy that raises is left
-        out (it is not chosen); the separate calls raising is the modules' own error, of its own type:
-        they cannot be called again as the first call must to time them."""
+        """The loop and the candidates timed together in `budget_s` (none left: the fewest rounds,
+        which `_fits` found room for). A strategy that raises is left out (it is not chosen); the
+        separate calls raising is the modules' own error, of its own type: they cannot be called
+        again as the first call must to time them."""
         timed: Dict[str, Callable[[], object]] = {BASELINE: lambda: self._loop(inputs)}
         for strategy, wide in candidates.items():
             timed[strategy] = partial(wide, wide.pack(inputs))
         while True:
-            share = budget_s / len(timed)  # its warm-up too: 25 ms a side took a 0.05 s bound to 0.18 s
-            timing = TimingConfig(budget_s=share, warmup_s=min(TimingConfig.warmup_s, share / 4))
-            settings = RunSettings(device=device, timing=timing)
+            settings = RunSettings(device=device, timing=_timing(max(budget_s, 0.0) / len(timed)))
             stop = stop_rule([s for s in timed if s != BASELINE], [], settings)
             try:
                 return measure_paired(timed, device, settings.timing, stop=stop).stats
@@ -178,14 +222,14 @@ class FirstCall(Fused):
                     raise e.error from None
                 del timed[e.name], candidates[e.name]
 
-    def _keep_the_loop(self, needed_s: float, spent_s: float) -> None:
+    def _keep_the_loop(self, started: float, loop_s: float) -> None:
         """Decide for the loop without measuring: timing would take the first call past twice its
         time bound (10,000 Linears took 26.8 s against a bound of 0.5 s, building and checking
         every strategy, then timing a loop of 94 ms a call). Nothing is written to the table."""
         reason = (
-            f"not measured on its first call: building and checking took {spent_s:.2f} s and timing would take "
-            f"about {needed_s:.2f} s more, past the time bound of {self._bound:g} s; runs the loop "
-            "(a larger time_bound_s, or `wide_tessera tune` ahead of time, measures it)"
+            f"not measured on its first call: timing would take about {self._needed_s(loop_s):.2f} s after "
+            f"{time.perf_counter() - started:.2f} s spent, past twice the time bound of {self._bound:g} s; runs the "
+            "loop (a larger time_bound_s, or `wide_tessera tune` ahead of time, measures it)"
         )
         self.decision = replace(self.decision, match=Match(False, None, (), None, None, reason))
         self._decided = True
@@ -198,6 +242,17 @@ class FirstCall(Fused):
         verdicts = [NVerdict(self._case.n, call.kind, best, speedup)]
         versions: Dict[str, Optional[str]] = {"torch": torch.__version__}
         return measured_entry(self._case, verdicts, now(), versions, torch.get_num_threads(), FIRST_CALL)
+
+
+def _timing(share_s: float) -> TimingConfig:
+    """Timing that spends about `share_s` on a function, its warm-up and its shortest samples
+    included: a function's fewest rounds cost about 16 samples (6 to find its calls per sample,
+    two a round for 10 rounds, counting the untimed call before each), so the shortest sample is
+    a twentieth of the share, within 0.1 to 1 ms: perf_counter's own cost is under 0.1 us here.
+    (Samples of 1 ms and 25 ms warm-ups took a first call of 16 Linears to 0.18 s on a 0.05 s bound.)"""
+    sample_s = min(TimingConfig.min_sample_s, max(1e-4, share_s / 20))
+    warmup_s = min(TimingConfig.warmup_s, share_s / 4)
+    return TimingConfig(budget_s=max(share_s, 1e-3), warmup_s=warmup_s, min_sample_s=sample_s)
 
 
 def _on_meta(inputs: Sequence[Any], modules: Sequence[nn.Module]) -> bool:
@@ -215,10 +270,12 @@ def inputs_device(inputs: List[Any]) -> torch.device:
     return tensors[0].device if tensors else torch.device("cpu")
 
 
-def _merge(path: str, entry: DispatchEntry) -> None:
-    """Add the entry to the table file; a table that cannot be written is a warning, never an error
-    in the model's forward."""
+def _merge(path: str, entry: DispatchEntry) -> bool:
+    """Add the entry to the table file, and say whether it was; a table that cannot be written is
+    a warning, never an error in the model's forward."""
     try:
         merge_entries(path, [entry])
     except Exception as e:  # noqa: BLE001  the decision stands in this process; only its record is lost
         warnings.warn(f"the first call's measurement was not written to {path}: {e}", stacklevel=3)
+        return False
+    return True

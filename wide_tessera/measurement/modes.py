@@ -257,9 +257,11 @@ def _round_differently(params: List[torch.Tensor], generator: torch.Generator) -
 
 
 @contextmanager
-def preserved(modules: Sequence[nn.Module]) -> Iterator[None]:
+def preserved(modules: Sequence[nn.Module]) -> Iterator[Callable[[], None]]:
     """Whatever the block does to the modules' parameters, buffers and gradients is undone after it.
 
+    The block gets the undoing as a function too, to undo what it has done so far without taking
+    the modules' state again (a first call of 10,000 Linears spent 0.3 s a copy of it).
     Only tensors the block changed are written back: writing one bumps its version, and a
     forward recorded for the backward mode, which saved the parameters, could then not run.
     Changed means changed in value: batch norm updates its running statistics inside its
@@ -270,15 +272,19 @@ def preserved(modules: Sequence[nn.Module]) -> Iterator[None]:
     live = list(dict.fromkeys(t for m in modules for t in (*m.parameters(), *m.buffers())))
     saved = [t.detach().clone() for t in live]
     grads = [(p, p.grad) for m in modules for p in m.parameters()]
-    try:
-        yield
-    finally:
+
+    def restore() -> None:
         with torch.no_grad():
             for t, value in zip(live, saved):
                 if not torch.equal(t, value):
                     t.copy_(value)
         for p, grad in grads:
             p.grad = grad
+
+    try:
+        yield restore
+    finally:
+        restore()
 
 
 def _outcome(

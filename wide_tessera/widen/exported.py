@@ -29,6 +29,7 @@ import copy
 import inspect
 import io
 import operator
+import time
 import warnings
 from collections import OrderedDict, defaultdict
 from dataclasses import dataclass
@@ -131,6 +132,11 @@ class ExportedSurgery(nn.Module):
     segments), so an optimiser made before the first call sees every parameter. The rest of
     the models' parameters and buffers are held stacked."""
 
+    # What a capture costs, in seconds: the last one this process made; before any, what a tiny
+    # Llama decoder layer's took on the 2-core CPU (1.3 s, torch 2.13). A first call that cannot
+    # afford it does not try surgery (dispatch.first_call).
+    capture_s = 1.3
+
     def __init__(self, modules: Sequence[nn.Module], randomness: str, why_not_fx: str):
         super().__init__()
         self.n, self.randomness, self.why_not_fx = len(modules), randomness, why_not_fx
@@ -179,6 +185,10 @@ class ExportedSurgery(nn.Module):
             slots.update(prefixed(slots_of(self.wides[w]), f"wides.{w}", path))
         return slots
 
+    def first_call_s(self) -> float:
+        """What the next call costs beyond a warm one: a capture, until one is made."""
+        return 0.0 if self._captures else ExportedSurgery.capture_s
+
     def forward(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
         fixed, shapes = _signature(self.training, (args, kwargs))
         leaves = tree_flatten((args, kwargs))[0]
@@ -192,7 +202,9 @@ class ExportedSurgery(nn.Module):
                     stacklevel=2,
                 )
             found = max(self._captures, default=-1) + 1
+            started = time.perf_counter()
             self._captures[found] = self._capture(args, kwargs, fixed)
+            ExportedSurgery.capture_s = time.perf_counter() - started
             if len(self._captures) > _MOST_CAPTURES:
                 self._captures.popitem(last=False)
         self._captures.move_to_end(found)

@@ -261,6 +261,10 @@ class WideSurgery(StackedIO, nn.Module):
         looped = WideFunctional(subs, self.randomness)
         return looped if all(args_mask) and not node.kwargs else _Repeated(looped, args_mask, self.n)
 
+    def first_call_s(self) -> float:
+        """What the next call costs beyond a warm one: torch.export's capture, until it is made."""
+        return 0.0 if self.captured is None else self.captured.first_call_s()
+
     def model_slots(self) -> Dict[str, Slot]:
         if self.captured is not None:
             return prefixed(slots_of(self.captured), "captured", "")
