@@ -413,12 +413,12 @@ def test_the_closing_table_answers_per_op_and_group():
 
 
 def test_a_group_whose_largest_n_was_never_measured_clean_does_not_say_never():
-    disturbed = Health(5, 15, cleaned=False, problems=["disturbed: 15 of 20 rounds waited for a CPU"])
+    disturbed = Health(5, 15, False, 1.8, problems=["disturbed: 15 of 20 rounds waited for a CPU"])
     r = result([point(1, rounds(1.0), {"a": rounds(2.0)}), point(4, rounds(4.0), {"a": rounds(2.0)}, health=disturbed)])
     (group,) = r.groups
     assert group.crossover_n is None and group.undecided_n == [4] and not r.reliable
-    _, _, crossover, threshold, *_ = re.split(r"\s{2,}", closing_table([r]).splitlines()[2])
-    assert (crossover, threshold) == ("not known; N=4 undecided", "not known")
+    _, _, crossover, threshold, *_, load, _ = re.split(r"\s{2,}", closing_table([r]).splitlines()[2])
+    assert (crossover, threshold, load) == ("not known; N=4 undecided", "not known", "1.8 cores")  # the load seen
     assert "crossover_n: not known" in r.summary() and "recommended_threshold: not known" in r.summary()
 
 

@@ -117,9 +117,15 @@ def _winner_text(group: "GroupResult", result: "BenchmarkResult") -> str:
     return f"N={point.n}: {cell}"
 
 
+def _load_text(result: "BenchmarkResult") -> str:
+    load = result.health.max_other_load_cores if result.health is not None else None
+    return "-" if load is None else f"{load:.1f} cores"
+
+
 def closing_table(results: Sequence["BenchmarkResult"]) -> str:
     """After a run of several ops, the answer per op and group: crossover (with marginal points),
-    threshold, the decision at the largest N, fuse or capture, and RELIABLE or the reason."""
+    threshold, the decision at the largest N, fuse or capture, the most cores other processes
+    used while the op measured (the load a DISTURBED reads against), and RELIABLE or the reason."""
     rows = []
     for r in results:
         axes = _varying([g.params for g in r.groups])
@@ -127,6 +133,7 @@ def closing_table(results: Sequence["BenchmarkResult"]) -> str:
             label = params_text({a: g.params[a] for a in axes}) or "-"
             # one reason once: three points unstable alike said so three times in one cell
             reasons = "; ".join(dict.fromkeys(p.split(": ", 1)[1] for p in g.problems)) or "RELIABLE"
+            reasons = reasons if r.complete else f"INCOMPLETE (its answer above says why); {reasons}"
             capture = capture_text(g).split(" (")[0] or "-"
             rows.append(
                 [
@@ -136,9 +143,11 @@ def closing_table(results: Sequence["BenchmarkResult"]) -> str:
                     result_n_text(r, r.recommended_threshold),
                     _winner_text(g, r),
                     capture,
+                    _load_text(r),
                     reasons,
                 ]
             )
-    header = ["op", "group", "crossover", "threshold", "at the largest N", "fuse or capture", "reliable"]
+    header = ["op", "group", "crossover", "threshold", "at the largest N", "fuse or capture", "others' load"]
+    header.append("reliable")
     reliable = sum(r.reliable for r in results)
     return f"ANSWERS ({reliable} of {len(results)} ops RELIABLE)\n" + format_table(header, rows)

@@ -444,9 +444,10 @@ def points_to_confirm(points: Sequence[PointResult], mode: str) -> List[PointRes
     return [p for p in measured if id(p) in chosen]
 
 
-def result_of(points: List[PointResult], **run_info: Any) -> BenchmarkResult:
+def result_of(points: List[PointResult], stopped: Optional[str] = None, **run_info: Any) -> BenchmarkResult:
     """An op's result from its points: groups, crossovers and what each point's decision feeds,
-    wins, headline, and reliability judged by decisions (results.reliability)."""
+    wins, headline, and reliability judged by decisions (results.reliability); `stopped` says
+    why its measuring stopped early, the first reason it is not reliable."""
     group_results, analysed = [], {}
     for ps in parameter_groups(points):
         feeds = feeds_of(ps)
@@ -473,6 +474,7 @@ def result_of(points: List[PointResult], **run_info: Any) -> BenchmarkResult:
     reasons = [f"{params_text(g.params)}: {_problem_digest(g.problems)}" for g in troubled[:_REASONS_SHOWN]]
     if len(troubled) > _REASONS_SHOWN:
         reasons.append(f"and {len(troubled) - _REASONS_SHOWN} more of {len(group_results)} groups")
+    reasons = [stopped, *reasons] if stopped else reasons
     return BenchmarkResult(
         points=points,
         groups=group_results,

@@ -26,7 +26,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, Generator, Iterator, List, Optional, Set, Tuple
 
 from ..core.errors import WideTesseraError
 from ..core.job import BenchmarkJob
@@ -51,7 +51,7 @@ _PR_SET_PDEATHSIG = 1
 
 def iter_points_isolated(
     job: BenchmarkJob, settings: RunSettings, skip: Optional[Set[str]] = None, facts: bool = True
-) -> Iterator[PointResult]:
+) -> Generator[PointResult, None, None]:
     points = job.sweep.points()
     start, excluded = 0, {}
     while start < len(points):

@@ -15,7 +15,7 @@ import warnings
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Dict, Iterator, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, ContextManager, Dict, Generator, Iterator, List, Optional, Sequence, Set, Tuple
 
 import torch
 
@@ -80,7 +80,7 @@ def iter_points(
     observer: Optional[Callable[[int, str, Optional[str], float], None]] = None,
     on_function: Optional[Callable[[str], None]] = None,
     facts: bool = True,
-) -> Iterator[PointResult]:
+) -> Generator[PointResult, None, None]:
     """Measure the sweep's points from index `start`, leaving out those whose key is in `skip`.
 
     `excluded` holds strategies already known to fail at point `start` (the isolated

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set
+from typing import Any, Callable, Dict, Generator, Iterator, List, Optional, Sequence, Set
+
+import torch
 
 from ..core.environment import capture_environment
 from ..core.errors import Interrupted, WideTesseraError
 from ..core.job import BenchmarkJob, params_text, point_key, point_keys
 from ..measurement.controls import BACKWARD_NOT_COMPILED
 from ..measurement.energy import energy_unavailable
+from ..measurement.health import free_cores
 from ..measurement.memory import memory_method
 from ..measurement.roofline import Peaks, load_or_calibrate
 from ..measurement.settings import RunSettings
@@ -30,6 +33,12 @@ from .progress import Progress
 from .resume import point_order
 
 __all__ = ["run", "run_job", "run_jobs", "JobRun", "check_runnable"]
+
+# An op whose first this many points were all disturbed stops, where as many again are left: on
+# a machine too busy for its threads every later point would be too (issue 48: beside 2 to 4
+# runnable threads on the 2 cores, the quick preset took 15 min, not 4.5, and 14 of its 18 ops
+# ended DISTURBED all the same).
+_DISTURBED_TO_STOP = 3
 
 # Confirming can move a crossover, which makes new points deciding; they are confirmed in
 # turn, this many times at most.
@@ -90,8 +99,9 @@ def run_jobs(runs: Sequence["JobRun"]) -> Iterator[BenchmarkResult]:
     for passes in runs:
         passes.step(passes.first)
     for passes in runs:
-        passes.step(passes.confirm)
-        passes.step(passes.third)
+        if passes.stopped is None:
+            passes.step(passes.confirm)
+            passes.step(passes.third)
         yield passes.result(complete=True)
 
 
@@ -136,6 +146,7 @@ class JobRun:
         # the same weights, inputs and allocations, and a difference that came from them (an
         # input's alignment, one draw of routing) agreed with itself in both passes.
         self.again = dataclasses.replace(settings, controls=False, energy=False, seed=settings.seed + 1)
+        self.stopped: Optional[str] = None  # why the first pass stopped early
 
     def step(self, one_pass: Callable[[], None]) -> None:
         """Run one of this job's passes; Ctrl-C raises Interrupted with what was measured."""
@@ -156,9 +167,12 @@ class JobRun:
         return sorted(self.points.values(), key=lambda p: self.order[point_key(p.n, p.params)])
 
     def result(self, complete: bool) -> BenchmarkResult:
+        """The op's result so far; one stopped early is incomplete: --resume measures the rest."""
         ordered = self.ordered()
         runs = [*self.earlier_runs, dataclasses.replace(self.manifest, finished=now())]
-        return _build_result(self.job, self.settings, ordered, self.duration_s(), complete, self.peaks, runs)
+        complete = complete and self.stopped is None
+        spent = self.duration_s()
+        return _build_result(self.job, self.settings, ordered, spent, complete, self.peaks, runs, self.stopped)
 
     def measured(self, key: str, point: PointResult, line: str) -> None:
         self.points[key] = point
@@ -173,9 +187,18 @@ class JobRun:
             _bisect_every_group(self.job, self.sweep, self.measure_one)
             return
         skip = set(self.points) | (self.every - self.sweep)
-        for point in _points(self.job, self.settings, skip=skip):
+        timed: List[PointResult] = []
+        points = _points(self.job, self.settings, skip=skip)
+        for point in points:
             line = f"{len(self.points) + 1}/{len(self.order)} {_progress(point)}"
             self.measured(point_key(point.n, point.params), point, line)
+            timed += [point] if point.timings else []
+            stop = len(timed) == _DISTURBED_TO_STOP and len(self.sweep) >= 2 * _DISTURBED_TO_STOP
+            if stop and all(p.disturbed for p in timed):
+                self.stopped = _stopped_reason(timed, torch.get_num_threads())
+                self.progress.done(f"[{self.job.op}] {self.stopped}")
+                points.close()  # (isolated workers too)
+                return
 
     def measure_one(self, n: int, params: Dict[str, Any]) -> PointResult:
         """Point (n, params), measured where it is not known yet (a bisection's step)."""
@@ -213,6 +236,16 @@ class JobRun:
             key = point_key(last.n, last.params)
             point = analysis.settled_by_third(*self.passes[key], last)
             self.measured(key, point, f"third pass {i}/{len(todo)} {_confirmation_progress(point)}")
+
+
+def _stopped_reason(disturbed: List[PointResult], threads: int) -> str:
+    loads = [p.health.other_load_cores for p in disturbed if p.health and p.health.other_load_cores is not None]
+    seen = f"other processes used up to {max(loads):.1f} cores, " if loads else ""
+    free = free_cores(max(loads, default=0.0))
+    return (
+        f"stopped after its first {len(disturbed)} points, all disturbed: {seen}and its {threads} thread(s) "
+        f"wait for time slices; --threads {free} (or --threads auto) measures cleanly, --resume measures the rest"
+    )
 
 
 def search_candidates(search: Sequence[int]) -> List[int]:
@@ -266,7 +299,9 @@ def check_runnable(job: BenchmarkJob, settings: RunSettings) -> None:
             raise WideTesseraError(f"energy=True (--energy) cannot be measured: {why}")
 
 
-def _points(job: BenchmarkJob, settings: RunSettings, skip: Set[str], facts: bool = True) -> Iterator[PointResult]:
+def _points(
+    job: BenchmarkJob, settings: RunSettings, skip: Set[str], facts: bool = True
+) -> Generator[PointResult, None, None]:
     if settings.isolate:
         return iter_points_isolated(job, settings, skip, facts)
     return iter_points(job, settings, skip=skip, facts=facts)
@@ -280,9 +315,11 @@ def _build_result(
     complete: bool,
     peaks: Optional[Peaks],
     runs: List[Manifest],
+    stopped: Optional[str],
 ) -> BenchmarkResult:
     return analysis.result_of(
         points,
+        stopped=stopped,
         op=job.op,
         strategies=list(job.strategies),
         environment=capture_environment(settings.device),
