@@ -28,7 +28,7 @@ from ..dispatch.table import (
 from ..kernels import autotuned_kernels, triton_unavailable_reason
 from ..kernels.facts import CompileClock
 from ..kernels.facts import dump_ir as write_ir
-from ..measurement.health import free_cores, probe_load
+from ..measurement.health import free_cores, load_remedy, probe_load
 from ..measurement.modes import TRAINING_MODES
 from ..measurement.roofline import cache_path
 from ..measurement.settings import RunSettings
@@ -374,15 +374,16 @@ class _LoadWatch:
         free, cores = free_cores(other), psutil.cpu_count() or 1
         seen = f"other processes use {other:.1f} of {cores} cores"
         if self.auto:
-            self.auto = False
-            torch.set_num_threads(free)
-            return f"--threads auto: {seen}: measuring with {free} thread(s)"
+            self.auto, self.warned = False, not free  # no core free: said here, once
+            torch.set_num_threads(max(1, free))
+            busy = "" if free else f"; {load_remedy(other)}"
+            return f"--threads auto: {seen}: measuring with {max(1, free)} thread(s){busy}"
         if threads <= free or self.warned:
             return None
         self.warned = True
         return (
             f"busy machine: {seen}, and this run's {threads} threads need {threads} free: its points will wait "
-            f"for time slices and read DISTURBED; --threads {free} (or --threads auto) measures cleanly"
+            f"for time slices and read DISTURBED; {load_remedy(other)}"
         )
 
 

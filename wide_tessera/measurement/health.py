@@ -38,7 +38,16 @@ import psutil
 import torch
 from dataclasses_json import dataclass_json
 
-__all__ = ["Health", "RunHealth", "HealthMonitor", "BUSY_CORES", "MAX_DISTURBED_FRACTION", "probe_load", "free_cores"]
+__all__ = [
+    "Health",
+    "RunHealth",
+    "HealthMonitor",
+    "BUSY_CORES",
+    "MAX_DISTURBED_FRACTION",
+    "probe_load",
+    "free_cores",
+    "load_remedy",
+]
 
 # Other processes using more than this many cores on average make the machine busy:
 # they share caches and memory bandwidth even when no sample was preempted.
@@ -239,10 +248,20 @@ def probe_load(seconds: float = 0.2) -> float:
 
 
 def free_cores(other: float) -> int:
-    """The cores left to a run while other processes use `other` of them (at least one): a core
-    counts as busy once its share of the load exceeds BUSY_CORES."""
+    """The cores left to a run while other processes use `other` of them (0: none): a core counts
+    as busy once its share of the load exceeds BUSY_CORES."""
     cores = psutil.cpu_count() or 1
-    return max(1, cores - max(0, math.ceil(other - BUSY_CORES)))
+    return max(0, cores - max(0, math.ceil(other - BUSY_CORES)))
+
+
+def load_remedy(other: float) -> str:
+    """What measures cleanly beside `other` cores of load, for a message. With every core busy,
+    nothing does: beside two busy loops on the 2 cores, --threads auto's one thread still had
+    17 of 18 ops DISTURBED (issue 48)."""
+    free = free_cores(other)
+    if free:
+        return f"--threads {free} (or --threads auto) measures cleanly"
+    return "no core is free, so no --threads measures cleanly until that load ends (--threads 1 is disturbed least)"
 
 
 def _extreme(pick: Callable[[float, float], float], seen: Optional[float], now: Optional[float]) -> Optional[float]:

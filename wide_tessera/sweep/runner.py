@@ -19,7 +19,7 @@ from ..core.errors import Interrupted, WideTesseraError
 from ..core.job import BenchmarkJob, params_text, point_key, point_keys
 from ..measurement.controls import BACKWARD_NOT_COMPILED
 from ..measurement.energy import energy_unavailable
-from ..measurement.health import free_cores
+from ..measurement.health import load_remedy
 from ..measurement.memory import memory_method
 from ..measurement.roofline import Peaks, load_or_calibrate
 from ..measurement.settings import RunSettings
@@ -34,11 +34,11 @@ from .resume import point_order
 
 __all__ = ["run", "run_job", "run_jobs", "JobRun", "check_runnable"]
 
-# An op whose first this many points were all disturbed stops, where as many again are left: on
-# a machine too busy for its threads every later point would be too (issue 48: beside 2 to 4
+# An op whose first this many points were all disturbed stops, where two or more are left: on a
+# machine too busy for its threads every later point would be too (issue 48: beside 2 to 4
 # runnable threads on the 2 cores, the quick preset took 15 min, not 4.5, and 14 of its 18 ops
-# ended DISTURBED all the same).
-_DISTURBED_TO_STOP = 3
+# ended DISTURBED all the same; beside two busy loops a disturbed point took 5 to 25 s).
+_DISTURBED_TO_STOP = 2
 
 # Confirming can move a crossover, which makes new points deciding; they are confirmed in
 # turn, this many times at most.
@@ -193,7 +193,7 @@ class JobRun:
             line = f"{len(self.points) + 1}/{len(self.order)} {_progress(point)}"
             self.measured(point_key(point.n, point.params), point, line)
             timed += [point] if point.timings else []
-            stop = len(timed) == _DISTURBED_TO_STOP and len(self.sweep) >= 2 * _DISTURBED_TO_STOP
+            stop = len(timed) == _DISTURBED_TO_STOP and len(self.sweep) >= _DISTURBED_TO_STOP + 2
             if stop and all(p.disturbed for p in timed):
                 self.stopped = _stopped_reason(timed, torch.get_num_threads())
                 self.progress.done(f"[{self.job.op}] {self.stopped}")
@@ -241,10 +241,9 @@ class JobRun:
 def _stopped_reason(disturbed: List[PointResult], threads: int) -> str:
     loads = [p.health.other_load_cores for p in disturbed if p.health and p.health.other_load_cores is not None]
     seen = f"other processes used up to {max(loads):.1f} cores, " if loads else ""
-    free = free_cores(max(loads, default=0.0))
     return (
         f"stopped after its first {len(disturbed)} points, all disturbed: {seen}and its {threads} thread(s) "
-        f"wait for time slices; --threads {free} (or --threads auto) measures cleanly, --resume measures the rest"
+        f"wait for time slices; {load_remedy(max(loads, default=0.0))}; --resume measures the rest"
     )
 
 
