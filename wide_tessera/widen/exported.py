@@ -48,7 +48,7 @@ from ..core.layout import STACKED, Slot, prefixed, slots_of
 from ..ops.base import fusing_ops
 from .functional import is_shared, model_size, tensors_only, with_others
 from .layers import hold_stacked, wide_layer
-from .moe import WideSparseMoe, is_sparse_moe, loops_over_experts
+from .moe import WideSparseMoe, is_sparse_moe
 
 __all__ = ["ExportedSurgery"]
 
@@ -59,11 +59,6 @@ _CHECKS = {torch.ops.aten._assert_tensor_metadata.default}
 # A dynamic dimension's size, read from an input (x.shape[1] of a symbolic length). vmap has no
 # rule for it: read from the stacked input outside the segments, without its N axis (model_size).
 _SIZE = torch.ops.aten.sym_size.int
-
-# How a sparse MoE block's experts run while it is captured: transformers' eager loop over the
-# experts a batch hit has a data-dependent shape torch.export refuses; gathering each token's
-# weights has none. What is captured of the block is replaced by WideSparseMoe's call.
-_CAPTURED_EXPERTS = "batched_mm"
 
 # Captures kept for inputs that still specialise (each a graph of the model and its rewriting):
 # without a bound, a model captured per new shape grew by 59 MiB over 64 lengths.
@@ -142,9 +137,9 @@ class ExportedSurgery(nn.Module):
         self.n, self.randomness, self.why_not_fx = len(modules), randomness, why_not_fx
         # what torch.export runs: one model, kept out of the module tree (its weights are not the wide ones)
         self._skeleton = (copy.deepcopy(modules[0]),)
-        for sub in self._skeleton[0].modules():
-            if loops_over_experts(sub):  # a loop over the experts a batch hit cannot be captured (aten::nonzero):
-                sub.experts.config._experts_implementation = _CAPTURED_EXPERTS  # the block is swapped whole anyway
+        for path, sub in list(self._skeleton[0].named_modules()):
+            if path and is_sparse_moe(sub):
+                self._skeleton[0].set_submodule(path, _MoeStandIn())
         ops = fusing_ops()
         fused = tuple(ops)  # a layer of a class an op fuses: swapped, or named in looped
         self.looped: List[str] = []
@@ -288,6 +283,15 @@ class ExportedSurgery(nn.Module):
                 node.target = f"c.{name}"
                 unstacked.add(node)
         return unstacked
+
+
+class _MoeStandIn(nn.Module):
+    """What torch.export captures of a sparse MoE block: a copy of its input, which its output is
+    shaped as. The block's own experts loop over the experts a batch hit (a data-dependent shape
+    torch.export refuses: DbrxBlock's capture failed on it), and its call is WideSparseMoe's anyway."""
+
+    def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return next(t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)).clone()
 
 
 class _Segment(nn.Module):
