@@ -117,6 +117,53 @@ def held_out() -> Dict[str, Tuple[Callable[..., nn.Module], Dict[str, Any], Call
     }  # fmt: skip
 
 
+def moe_families() -> Dict[str, Tuple[Callable[..., nn.Module], Dict[str, Any], Callable[[], Any]]]:
+    """Sparse MoE blocks the catalogue does not name, and a decoder layer holding each (`--held-out`):
+    recognised by their structure (a router of E experts beside the E experts stacked), whatever
+    their attributes are called. SwitchTransformers' experts are a ModuleDict, not stacked."""
+    import transformers as T
+    from transformers.models.dbrx.modeling_dbrx import DbrxBlock, DbrxFFN, DbrxRotaryEmbedding
+    from transformers.models.granitemoe.modeling_granitemoe import (
+        GraniteMoeDecoderLayer,
+        GraniteMoeMoE,
+        GraniteMoeRotaryEmbedding,
+    )
+    from transformers.models.jamba.modeling_jamba import JambaAttentionDecoderLayer, JambaSparseMoeBlock
+    from transformers.models.phimoe.modeling_phimoe import (
+        PhimoeDecoderLayer,
+        PhimoeRotaryEmbedding,
+        PhimoeSparseMoeBlock,
+    )
+    from transformers.models.switch_transformers.modeling_switch_transformers import SwitchTransformersSparseMLP
+
+    def decoder(layer: type, rotary: type, config: Any) -> Tuple[Callable[..., nn.Module], Dict[str, Any], Any]:
+        rope = rotary(config)(torch.zeros(1, 6, D), torch.arange(6)[None])
+        return partial(initialised, layer), {"config": config, "layer_idx": 0}, lambda: {
+            "hidden_states": torch.randn(2, 6, D), "position_embeddings": rope}  # fmt: skip
+
+    sizes = dict(hidden_size=D, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64)
+    # transformers 5.24's DbrxAttention reads rope_theta and clamps by clip_qkv, neither defaulted
+    dbrx = T.DbrxConfig(d_model=D, n_heads=4, attn_config={"rope_theta": 1e4, "kv_n_heads": 2, "clip_qkv": 8.0},
+                        ffn_config={"ffn_hidden_size": 64, "moe_num_experts": 4, "moe_top_k": 2})  # fmt: skip
+    granite = T.GraniteMoeConfig(num_local_experts=4, **sizes)
+    jamba = T.JambaConfig(num_experts=4, expert_layer_period=1, expert_layer_offset=0, **sizes)
+    phimoe = T.PhimoeConfig(num_local_experts=4, **sizes)
+    switch = T.SwitchTransformersConfig(d_model=D, d_ff=64, num_experts=4, num_heads=4, d_kv=8)
+    return {
+        "DbrxFFN": (partial(initialised, DbrxFFN), {"config": dbrx}, lambda: torch.randn(2, 6, D)),
+        "DbrxBlock": decoder(DbrxBlock, DbrxRotaryEmbedding, dbrx),
+        "GraniteMoeMoE": (partial(initialised, GraniteMoeMoE), {"config": granite}, lambda: torch.randn(2, 6, D)),
+        "GraniteMoeDecoderLayer": decoder(GraniteMoeDecoderLayer, GraniteMoeRotaryEmbedding, granite),
+        "JambaSparseMoeBlock": (partial(initialised, JambaSparseMoeBlock), {"config": jamba}, _hidden),
+        "JambaAttentionDecoderLayer": (partial(initialised, JambaAttentionDecoderLayer),
+                                       {"config": jamba, "layer_idx": 0}, _hidden),
+        "PhimoeSparseMoeBlock": (partial(initialised, PhimoeSparseMoeBlock), {"config": phimoe}, _hidden),
+        "PhimoeDecoderLayer": decoder(PhimoeDecoderLayer, PhimoeRotaryEmbedding, phimoe),
+        "SwitchTransformersSparseMLP": (partial(initialised, SwitchTransformersSparseMLP), {"config": switch},
+                                        _hidden),
+    }  # fmt: skip
+
+
 def _hidden() -> Dict[str, torch.Tensor]:
     return {"hidden_states": torch.randn(2, 6, D)}
 
@@ -133,12 +180,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n", type=int, default=16)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--held-out", action="store_true", help="also the layers of held_out()")
+    parser.add_argument("--held-out", action="store_true", help="also the layers of held_out() and moe_families()")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     warnings.simplefilter("ignore")  # a standalone layer's note on its attention implementation
     rows = []
-    layers = {**catalogue(), **(held_out() if args.held_out else {})}
+    layers = {**catalogue(), **({**held_out(), **moe_families()} if args.held_out else {})}
     for name, (cls, kwargs, inputs) in layers.items():
         started = time.perf_counter()
         r = benchmark_custom(cls, None, [args.n], model_kwargs=kwargs, input_factory=inputs, verbose=False)

@@ -14,14 +14,15 @@ import torch
 from wide_tessera import DispatchTable, benchmark_custom, fuse
 from wide_tessera.core import trees
 from wide_tessera.core.layout import slots_of
-from wide_tessera.widen.custom import model_identity
+from wide_tessera.widen.custom import custom_wide, model_identity
+from wide_tessera.widen.moe import WideSparseMoe, is_sparse_moe
 from wide_tessera.widen.surgery import WideSurgery
 
 from .test_dispatch import entry
 
 pytest.importorskip("transformers")
 sys.path.insert(0, str(Path(__file__).parents[1] / "scripts"))
-from real_modules import D, catalogue, held_out, initialised  # noqa: E402  the catalogue scripts/real_modules.py measures at N=16
+from real_modules import D, catalogue, held_out, initialised, moe_families  # noqa: E402  the catalogue scripts/real_modules.py measures at N=16
 
 LAYERS = catalogue()
 MOE = ("MixtralSparseMoeBlock", "Qwen2MoeSparseMoeBlock")
@@ -163,3 +164,58 @@ def test_what_vmap_cannot_run_in_a_real_layer_is_skipped_with_torchs_reason(name
     point = r.points[0]
     assert point.failures["vmap"].kind == "skipped" and why in point.failures["vmap"].message, r.summary()
     assert all(f.kind == "skipped" for f in point.failures.values()) and all(point.correct.values()), r.summary()
+
+
+FAMILIES = moe_families()
+
+
+# Phimoe routes by sampling in training, through an autograd.Function vmap cannot run (skipped, below)
+@pytest.mark.parametrize(
+    "name,train",
+    [(k, t) for k in FAMILIES if "Switch" not in k for t in (False, True) if not (t and "Phimoe" in k)],
+)
+def test_a_sparse_moe_block_of_each_family_is_recognised_by_its_structure_and_fused(name, train):
+    """DBRX's router gives scores alone and its experts are flattened [E·f, d]; GraniteMoe's, Jamba's and
+    Phimoe's routers are called `router`: each block, alone or in its decoder layer, is one block of N·E
+    experts, whose outputs and gradients are the separate blocks'."""
+    cls, kwargs, inputs = FAMILIES[name]
+    torch.manual_seed(0)
+    models = [without_dropout(cls(**kwargs)).train(train) for _ in range(3)]
+    wide = custom_wide(models, "surgery")
+    assert any(isinstance(m, WideSparseMoe) for m in wide.modules()), "its MoE block is swapped whole"
+    xs = [inputs() for _ in range(3)]
+    got = wide.unpack(wide(wide.pack(xs)))
+    want = [trees.call(m, x) for m, x in zip(models, xs)]
+    for g, w in zip(got, want):
+        torch.testing.assert_close(trees.tensors(g), trees.tensors(w), rtol=1e-4, atol=1e-5)
+    if train:
+        sum(trees.tensors(g)[0].sum() for g in got).backward()
+        sum(trees.tensors(w)[0].sum() for w in want).backward()
+        assert_gradients_are_the_models(wide, models)
+
+
+@pytest.mark.parametrize(
+    "name,mode,skipped",
+    [
+        # its router moves its classifier with Module.to() in forward, a `.data` write vmap refuses
+        ("SwitchTransformersSparseMLP", "inference", {"vmap": "`.data`", "surgery": "torch.export"}),
+        ("PhimoeDecoderLayer", "train_step", {"vmap": "aten::nonzero", "surgery": "setup_context"}),
+    ],
+)
+def test_what_torch_cannot_run_of_a_moe_family_is_skipped_with_the_reason(name, mode, skipped, fast_timing):
+    cls, kwargs, inputs = FAMILIES[name]
+    r = benchmark_custom(cls, None, [2], model_kwargs=kwargs, input_factory=inputs, device="cpu", verbose=False,
+                         timing=fast_timing, confirm="none", mode=mode,
+                         randomness="different" if mode == "train_step" else "error")  # fmt: skip
+    point = r.points[0]
+    for strategy, why in skipped.items():
+        failure = point.failures[strategy]
+        assert failure.kind == "skipped" and why in failure.message, r.summary()
+
+
+@pytest.mark.parametrize("name", ["LlamaDecoderLayer", "LlamaMLP", "T5LayerFF", "BertLayer"])
+def test_a_layer_that_routes_no_tokens_is_no_sparse_moe_block(name):
+    """Attention's square projections beside one another, a GLU's matrices: none is a router beside
+    stacked experts (an attention's o_proj was once taken for DBRX-like experts)."""
+    cls, kwargs, _ = LAYERS[name]
+    assert not any(is_sparse_moe(m) for m in cls(**kwargs).modules())
