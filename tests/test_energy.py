@@ -99,10 +99,11 @@ def test_a_run_with_energy_records_it_per_callable_and_keeps_it_in_its_files(mon
         assert set(p.energy) == set(p.timings)  # the baseline, every strategy that was timed
         for name, e in p.energy.items():
             assert e.watts == pytest.approx(100, rel=0.2)
-            # mJ = W x ms: the energy loop's calls take about what the timer measured. Within 10x: the
+            # mJ = W x ms: the energy loop's calls take about what the timer measured. Within 100x: the
             # timer throws disturbed rounds away and the energy loop cannot, so busy processes beside
-            # the test made them differ by 2x, and by 6.1x beside a whole CI run; a unit slip is 1000x.
-            assert 0.1 < e.mj_per_call / (100 * p.timings[name]) < 10, (name, e, p.timings[name])
+            # the test made them differ by 2x, by 6.1x beside a whole CI run, and by 13x beside two
+            # busy loops and the suite; a unit slip is 1000x.
+            assert 0.01 < e.mj_per_call / (100 * p.timings[name]) < 100, (name, e, p.timings[name])
     assert "mJ/call (W)" in r.summary()
     path = tmp_path / "r.json"
     save_results([r], path)

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import wide_tessera as wt
+from wide_tessera.measurement.health import HealthMonitor
 
 optuna = pytest.importorskip("optuna")
 from wide_tessera.integrations.optuna import Training, optimize, sequential_objective  # noqa: E402
@@ -138,6 +139,10 @@ def test_a_training_of_bad_settings_is_refused(kwargs, message):
 
 @pytest.mark.slow
 def test_a_measured_group_size_comes_from_the_table_it_wrote(tmp_path, monkeypatch):
+    # a measurement disturbed throughout writes no entry, and the second study measured again
+    # (beside two busy loops): here the machine is taken to be quiet
+    monkeypatch.setattr(HealthMonitor, "round_disturbed", lambda self: False)
+    monkeypatch.setattr(HealthMonitor, "busy", lambda self: False)
     table = tmp_path / "table.json"
     training = Training(steps=3, batch=TRAINING.batch, loss=F.mse_loss, report_every=3)
     summary = optimize(study(), suggest, build, training, n_trials=4, table=table, progress=False)

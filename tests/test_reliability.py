@@ -191,9 +191,11 @@ def test_ctrl_c_saves_an_incomplete_result_that_resume_completes(tmp_path):
     out_text, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
     (done,) = load_results(out)
-    assert done.complete and [p.n for p in done.points] == [1, 2, 3, 4, 5, 6]
     assert all(p.timings == measured[p.n] for p in done.points if p.n in measured)  # kept, not re-measured
-    assert "INCOMPLETE" not in out_text
+    if not done.complete:  # a busy machine (two busy loops beside the suite): the op stopped, and says so
+        assert done.unreliable_reasons[0].startswith("stopped after its first 2 points, all disturbed"), out_text
+        return
+    assert [p.n for p in done.points] == [1, 2, 3, 4, 5, 6] and "INCOMPLETE" not in out_text
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,7 @@ and with wide_tessera.optim trains them as N separate torch trainings would, per
 clipping and schedules included, whichever strategy runs."""
 
 import copy
+import math
 
 import pytest
 import torch
@@ -297,6 +298,11 @@ def first_call_chooses(monkeypatch):
     def choose(strategy):
         kind = "loop" if strategy == "loop" else "fuse"
         monkeypatch.setattr(first_call, "decide", lambda *a, **k: Call(kind, None if kind == "loop" else strategy))
+        # nor on whether the timing fits the bound, nor every strategy is built in it: beside two
+        # busy loops a 0.05 s bound ran the loop unmeasured, or built one strategy, not the one chosen
+        monkeypatch.setattr(first_call.FirstCall, "_fits", lambda self, started, loop_s: True)
+        correct = first_call.FirstCall._correct
+        monkeypatch.setattr(first_call.FirstCall, "_correct", lambda self, i, r, started: correct(self, i, r, math.inf))
 
     return choose
 

@@ -449,7 +449,8 @@ def test_progress_is_a_bar_on_a_terminal_plain_lines_elsewhere_and_nothing_when_
     plain = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
     assert "[gemm] 1/2 N=1" in plain.stderr and "\r" not in plain.stderr and "point/s" not in plain.stderr
     quiet = subprocess.run([*command, "--quiet"], capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
-    assert quiet.returncode == 0 and "[gemm]" not in quiet.stderr and "point" not in quiet.stderr
+    # no point line, no bar (a busy machine's one line is a warning, and says so under --quiet too)
+    assert quiet.returncode == 0 and "[gemm]" not in quiet.stderr and "point/s" not in quiet.stderr
 
 
 @pytest.mark.slow
