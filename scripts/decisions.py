@@ -26,11 +26,10 @@ import dataclasses
 import statistics
 import sys
 from collections import Counter
-from typing import List, Optional, Tuple
+from typing import List, Tuple
 
 from wide_tessera import WideTesseraError, load_results
 from wide_tessera.core.job import params_text
-from wide_tessera.measurement.timing import PairedTimings
 from wide_tessera.reports.answer import decision_cell
 from wide_tessera.reports.text import format_table
 from wide_tessera.results import analysis
@@ -44,22 +43,6 @@ def broken_promise(point: PointResult) -> bool:
     return point.winner == MARGINAL and analysis.reported_kind(point)[0] != MARGINAL
 
 
-def passes(point: PointResult) -> Optional[Tuple[PointResult, PointResult]]:
-    """A confirmed point's two passes in the order the runner measured them: its own rebuilt
-    from its samples (measured_point, as the runner built it), the other from its record."""
-    c = point.confirmation
-    if c is None or not point.timings or point.decision is None or point.health is None:
-        return None
-    timings = PairedTimings(point.stats, point.health)
-    own = analysis.measured_point(point.n, point.params, timings, point.checks, point.decision.level,
-                                  point.peak_memory_bytes, point.failures, point.first_call_s)  # fmt: skip
-    best = analysis.pick_best(c.speedups, c.verdicts, own.correct)
-    fields = dict(timings=c.timings, speedups=c.speedups, speedup_ci=c.speedup_ci, verdicts=c.verdicts)
-    other = dataclasses.replace(own, **fields, winner=c.winner, health=c.health, decision=c.decision,
-                                best_strategy=best, stats={}, flags=[])  # fmt: skip
-    return (other, own) if c.replaced else (own, other)
-
-
 def label(point: PointResult) -> str:
     if point.unstable or point.disturbed:
         return "unstable" if point.unstable else "disturbed"
@@ -71,11 +54,9 @@ def replay(result: BenchmarkResult) -> Tuple[BenchmarkResult, BenchmarkResult, C
     stored passes; and the count of (old label, new label) over its points."""
     points, changes = [], Counter()
     for p in result.points:
-        both = passes(p)
+        both = analysis.stored_passes(p)  # None for a point a third pass settled: it holds that pass and its partner
         new = p if both is None else dataclasses.replace(analysis.confirmed(*both), flags=p.flags)
-        # a point a third pass settled (analysis.settled_by_third's note) holds that pass and its partner
-        third = any(f.startswith("the first two passes") for f in p.flags)
-        due = both is not None and not third and analysis.disputed(*both)
+        due = both is not None and analysis.disputed(*both)
         changes[label(p), label(new) + (", third pass due" if due else "")] += 1
         points.append(new)
     run = {k: getattr(result, k) for k in ("op", "strategies", "environment", "timer", "settings", "duration_s",

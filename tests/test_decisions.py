@@ -291,7 +291,9 @@ def test_a_third_pass_that_cannot_settle_leaves_the_point_unstable():
     second = point(4, rounds(4.0, rng=rng), {"a": rounds(8.0, rng=rng)})
     disturbed = Health(20, 30, cleaned=False, problems=["disturbed: 30 of 50 rounds waited for a CPU"])
     third = point(4, rounds(4.0, rng=rng), {"a": rounds(2.0, rng=rng)}, health=disturbed)
-    assert analysis.settled_by_third(first, second, third).unstable
+    left = analysis.settled_by_third(first, second, third)
+    assert left.unstable and left.flags[-1].endswith("a third on fresh models settled nothing (disturbed or open)")
+    assert analysis.stored_passes(left) is None  # a --resume does not take it a third time
 
 
 def test_a_point_disturbed_in_both_passes_is_unreliable_and_says_so_once():

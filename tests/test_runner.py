@@ -14,6 +14,7 @@ from wide_tessera.measurement.settings import RunSettings
 from wide_tessera.ops import WideLinear
 from wide_tessera.ops.registry import REGISTRY
 from wide_tessera.reports.brief import closing_table
+from wide_tessera.results import analysis
 from wide_tessera.results.load import load_results
 from wide_tessera.sweep.progress import Progress
 from wide_tessera.sweep.runner import JobRun, run, run_jobs
@@ -122,6 +123,20 @@ def test_an_op_whose_first_points_are_all_disturbed_stops_and_says_why(fast_timi
     assert "INCOMPLETE (its answer above says why)" in closing_table([r])
     short = run(WideLinear.benchmark_job("ci", n_values=[1, 2, 4]), timing=fast_timing, verbose=False)
     assert len(short.points) == 3 and short.complete  # too little left to be worth stopping
+
+
+def test_a_resumed_run_gives_its_earlier_disputed_points_their_third_pass(fast_timing, capsys, monkeypatch):
+    """A run interrupted after its confirmations measured no third pass, and --resume lost the two
+    passes it needs: a point left disputed stayed so. Its passes are rebuilt from the file."""
+    settings = RunSettings(preset="ci", device="cpu", timing=fast_timing, confirm="all")
+    job = WideLinear.benchmark_job("ci", n_values=[1, 2])
+    (earlier,) = run_jobs([JobRun(job, settings)])
+    confirmed = [p.n for p in earlier.points if analysis.stored_passes(p) is not None]
+    monkeypatch.setattr(analysis, "disputed", lambda first, second: True)
+    capsys.readouterr()
+    list(run_jobs([JobRun(job, settings, earlier, progress=Progress(0, stream=sys.stderr))]))
+    thirds = [line for line in capsys.readouterr().err.splitlines() if " third pass " in line]
+    assert confirmed and len(thirds) == len(confirmed), thirds
 
 
 def test_a_ctrl_c_during_a_confirmation_saves_and_names_every_job_measured_so_far(fast_timing, tmp_path):

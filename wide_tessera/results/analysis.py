@@ -387,6 +387,31 @@ def _with_facts(point: PointResult, source: PointResult) -> PointResult:
     return dataclasses.replace(point, **kept)
 
 
+# How a point a third pass settled begins its note: it holds that pass and its partner, not the first two.
+_THIRD_PASS_NOTE = "the first two passes disagreed"
+
+
+def stored_passes(point: PointResult) -> Optional[Tuple[PointResult, PointResult]]:
+    """A confirmed point's two passes as a results file holds them, in the order the runner
+    measured them: its own rebuilt from its samples (measured_point, as the runner built it), the
+    other from its record; None where the point was not confirmed, or a third pass settled it.
+    (`--resume` gives a point confirmed before the interruption its third pass from them.)"""
+    c = point.confirmation
+    if c is None or not point.timings or point.decision is None or point.health is None:
+        return None
+    if any(f.startswith(_THIRD_PASS_NOTE) for f in point.flags):
+        return None
+    timings = PairedTimings(point.stats, point.health)
+    own = measured_point(point.n, point.params, timings, point.checks, point.decision.level,
+                         point.peak_memory_bytes, point.failures, point.first_call_s)  # fmt: skip
+    best = pick_best(c.speedups, c.verdicts, own.correct)
+    other = dataclasses.replace(
+        own, timings=c.timings, speedups=c.speedups, speedup_ci=c.speedup_ci, verdicts=c.verdicts,
+        winner=c.winner, health=c.health, decision=c.decision, best_strategy=best, stats={}, flags=[],
+    )  # fmt: skip
+    return (other, own) if c.replaced else (own, other)
+
+
 def settled_by_third(first: PointResult, second: PointResult, third: PointResult) -> PointResult:
     """The point whose first two passes left it `disputed`, decided by a third measurement on
     fresh models and inputs: the third and the pass that agrees with it (the same decision and
@@ -395,8 +420,11 @@ def settled_by_third(first: PointResult, second: PointResult, third: PointResult
     that contradicts a pass leaves the point unstable, and one whose interval together with the
     other's still lies across the margin leaves it open. A third pass that is disturbed or still
     open decides nothing: the point is what the first two made it."""
-    if _rank(third) < 2:
-        return confirmed(first, second)
+    said = " then ".join(p.decision.kind if p.decision else "nothing" for p in (first, second))
+    if _rank(third) < 2:  # (noted, so that a --resume does not take a third pass again: stored_passes)
+        point = confirmed(first, second)
+        note = f"{_THIRD_PASS_NOTE} ({said}); a third on fresh models settled nothing (disturbed or open)"
+        return dataclasses.replace(point, flags=[*point.flags, note])
     assert third.decision is not None  # rank 2: settled
     call = third.decision.call
     calls = [(p, p.decision.call) for p in (first, second) if p.decision is not None]
@@ -404,8 +432,7 @@ def settled_by_third(first: PointResult, second: PointResult, third: PointResult
     contradicted = [p for p, c in calls if not compatible(c, call)]
     partner = (agreeing + contradicted + [first])[0]
     point = _with_facts(confirmed(third, partner), first)
-    said = " then ".join(p.decision.kind if p.decision else "nothing" for p in (first, second))
-    note = f"the first two passes disagreed ({said}); a third on fresh models decided {call.kind}"
+    note = f"{_THIRD_PASS_NOTE} ({said}); a third on fresh models decided {call.kind}"
     return dataclasses.replace(point, flags=[*point.flags, note])
 
 

@@ -136,8 +136,10 @@ class JobRun:
         # This run's manifest joins those of the runs a --resume continues.
         self.earlier_runs = previous.runs if previous else []
         self.manifest = capture_manifest(settings.device, settings.seed)
-        # The two passes of each confirmed point, for a third pass to settle.
-        self.passes: Dict[str, List[PointResult]] = {}
+        # The two passes of each confirmed point, for a third pass to settle; a --resume's earlier
+        # points too (interrupted after its confirmations, a run measured no third pass).
+        stored = {key: analysis.stored_passes(p) for key, p in self.points.items()}
+        self.passes: Dict[str, List[PointResult]] = {key: list(both) for key, both in stored.items() if both}
         # A control never decides a verdict, so the second pass leaves the controls out
         # (a gemm+gru quick run: 128 s with them, 119 s without), and the energy, which the
         # first pass measured and no verdict reads.
@@ -229,7 +231,7 @@ class JobRun:
         """Passes that contradict each other, or whose clear answer the other pass leaves open,
         get a third, which decides (analysis.disputed): an UNRELIABLE flag is the answer only
         where the third pass cannot settle it either."""
-        todo = {key for key, passes in self.passes.items() if analysis.disputed(*passes)}
+        todo = {key for key, passes in self.passes.items() if analysis.disputed(*passes)} & self.sweep
         self.progress.more(len(todo))
         third = dataclasses.replace(self.again, seed=self.settings.seed + 2)
         for i, last in enumerate(_points(self.job, third, skip=self.every - todo, facts=False), start=1):
