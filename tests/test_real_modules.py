@@ -105,6 +105,11 @@ def test_surgery_of_layers_the_catalogue_does_not_name_gives_the_separate_calls_
     models = [without_dropout(initialised(cls, **kwargs).train(train)) for _ in range(3)]
     wide = WideSurgery(models)
     assert wide.swapped, "its linears (and norms) are swapped for wide ones"
+    assert_like_the_separate_calls(wide, models, inputs, train)
+
+
+def assert_like_the_separate_calls(wide, models, inputs, train):
+    """`wide`'s outputs on three draws of `inputs()` are the models', and in training so are its gradients."""
     xs = [inputs() for _ in range(3)]
     got = wide.unpack(wide(wide.pack(xs)))
     want = [trees.call(m, x) for m, x in zip(models, xs)]
@@ -183,15 +188,7 @@ def test_a_sparse_moe_block_of_each_family_is_recognised_by_its_structure_and_fu
     models = [without_dropout(cls(**kwargs)).train(train) for _ in range(3)]
     wide = custom_wide(models, "surgery")
     assert any(isinstance(m, WideSparseMoe) for m in wide.modules()), "its MoE block is swapped whole"
-    xs = [inputs() for _ in range(3)]
-    got = wide.unpack(wide(wide.pack(xs)))
-    want = [trees.call(m, x) for m, x in zip(models, xs)]
-    for g, w in zip(got, want):
-        torch.testing.assert_close(trees.tensors(g), trees.tensors(w), rtol=1e-4, atol=1e-5)
-    if train:
-        sum(trees.tensors(g)[0].sum() for g in got).backward()
-        sum(trees.tensors(w)[0].sum() for w in want).backward()
-        assert_gradients_are_the_models(wide, models)
+    assert_like_the_separate_calls(wide, models, inputs, train)
 
 
 @pytest.mark.parametrize(
