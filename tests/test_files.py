@@ -1,5 +1,6 @@
 """Results files on disk: symlinks, modes, one writer at a time, interrupts that leave a loadable file."""
 
+import dataclasses
 import os
 import signal
 import stat
@@ -15,6 +16,7 @@ from wide_tessera import DispatchTable, entry, load_results, save_results
 from wide_tessera.cli import cli
 from wide_tessera.cli import measure as measure_commands
 from wide_tessera.core.files import lock_path, results_lock
+from wide_tessera.results.schema import ResultsFile
 from wide_tessera.sweep.progress import Progress
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,6 +71,19 @@ def test_a_symlink_is_written_through_to_its_target(tmp_path, results):
     assert link.is_symlink() and os.readlink(link) == str(target)
     assert load_results(target) == results  # the target is fresh, not left stale
     assert sorted(p.name for p in target.parent.iterdir()) == ["r.json"]  # the temporary file went beside it
+
+
+def test_a_file_written_after_every_point_encodes_only_the_result_that_changed(tmp_path, results, monkeypatch):
+    encoded = []
+    to_dict = type(results[0]).to_dict
+    monkeypatch.setattr(type(results[0]), "to_dict", lambda self: encoded.append(self.op) or to_dict(self))
+    file = ResultsFile(tmp_path / "r.json")
+    file.write(results)
+    assert encoded == [r.op for r in results]
+    changed = dataclasses.replace(results[1], points=results[1].points[:1])
+    file.write([results[0], changed])
+    assert encoded == [r.op for r in results] + [changed.op]  # the unchanged result was not encoded again
+    assert [len(r.points) for r in load_results(tmp_path / "r.json")] == [len(results[0].points), 1]
 
 
 def test_the_cli_writes_through_a_symlink_and_locks_its_target(tmp_path):

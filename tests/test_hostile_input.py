@@ -157,20 +157,20 @@ def test_a_full_disk_says_which_file_and_that_the_earlier_one_is_intact(tmp_path
 
 
 def test_a_results_file_replaced_by_a_folder_mid_run_keeps_the_answer_printed(tmp_path, monkeypatch):
-    from wide_tessera.sweep import session
+    from wide_tessera.results.schema import ResultsFile
 
     out = tmp_path / "r.json"
-    real = session.save_results
+    real = ResultsFile.write
     calls = []
 
-    def replaced(results, path):
-        calls.append(path)
+    def replaced(self, results):
+        calls.append(self.path)
         if len(calls) == 2:  # after the first point, someone puts a folder where the file was
-            Path(path).unlink()
-            Path(path).mkdir()
-        real(results, path)
+            Path(self.path).unlink()
+            Path(self.path).mkdir()
+        real(self, results)
 
-    monkeypatch.setattr(session, "save_results", replaced)
+    monkeypatch.setattr(ResultsFile, "write", replaced)
     args = ["benchmark", "gemm", "--preset", "ci", "--device", "cpu", "--n-values", "1,2", "--budget", "0.005"]
     r = CliRunner().invoke(cli, [*args, "--quiet", "-o", str(out)])
     assert "is a directory" in r.stderr and r.stderr.count("is a directory") == 1

@@ -87,16 +87,16 @@ def test_a_rank_that_dies_leaves_its_points_in_its_shard_for_resume(tmp_path):
         import os
 
         if os.environ.get("RANK") == "1":  # rank 1 dies, no teardown, right after saving its first point
-            import wide_tessera.sweep.session
+            from wide_tessera.results.schema import ResultsFile
 
-            real = wide_tessera.sweep.session.save_results
+            real = ResultsFile.write
 
-            def save_then_die(results, path):
-                real(results, path)
+            def save_then_die(self, results):
+                real(self, results)
                 if any(r.points for r in results):
                     os._exit(9)
 
-            wide_tessera.sweep.session.save_results = save_then_die
+            ResultsFile.write = save_then_die
     '''))
     r = torchrun([*RUN, "--import", "rank_killer", "-o", "out.json", "--quiet"], tmp_path)
     assert r.returncode != 0 and (tmp_path / "out.json.rank1").exists()  # torchrun stopped the group

@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, Type, TypeVar, Union, cast
 from .errors import DamagedFile, WideTesseraError
 from .files import not_a_regular_file, write_atomic
 
-__all__ = ["check_json", "build", "read_json", "write_json", "load_document"]
+__all__ = ["check_json", "build", "read_json", "json_text", "write_json", "load_document"]
 
 T = TypeVar("T")
 
@@ -127,16 +127,20 @@ def _finite_float(text: str) -> float:
     return value
 
 
-def write_json(path: Union[str, Path], document: Any) -> None:
-    """Write `document` as JSON (replaced atomically, see files.write_atomic), by the same rule:
-    a non-finite number is refused with one line naming the file, which keeps what it held."""
+def json_text(path: Union[str, Path], document: Any) -> str:
+    """`document` as our files hold it (JSON, indented by one space), by the rule `write_json`
+    keeps: a non-finite number is refused with one line naming the file, which keeps what it held."""
     try:
-        text = json.dumps(document, indent=1, allow_nan=False) + "\n"
+        return json.dumps(document, indent=1, allow_nan=False)
     except ValueError:
         raise WideTesseraError(
             f"{path}: not written: it would hold NaN or an infinity, which no file of ours holds; what it held is kept"
         ) from None
-    write_atomic(path, text)
+
+
+def write_json(path: Union[str, Path], document: Any) -> None:
+    """Write `document` as JSON (replaced atomically, see files.write_atomic; see json_text)."""
+    write_atomic(path, json_text(path, document) + "\n")
 
 
 def load_document(

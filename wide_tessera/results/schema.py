@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from dataclasses_json import dataclass_json
 
@@ -19,8 +19,9 @@ if TYPE_CHECKING:
 from ..core.correctness import Check
 from ..core.environment import Environment
 from ..core.errors import WideTesseraError
+from ..core.files import write_atomic
 from ..core.job import Work
-from ..core.jsonio import write_json
+from ..core.jsonio import json_text
 from ..core.roles import BASELINE
 from ..core.stats import TimingStats
 from ..measurement.energy import Energy
@@ -38,6 +39,7 @@ __all__ = [
     "GroupResult",
     "BenchmarkResult",
     "save_results",
+    "ResultsFile",
     "Confirmation",
     "SCHEMA_VERSION",
 ]
@@ -412,9 +414,30 @@ def save_results(results: Sequence[BenchmarkResult], path: Union[str, Path]) -> 
     Replaced atomically (see `files.write_atomic`); a symlink is written through to its
     target; anything else that is not a regular file is refused.
     """
-    if not isinstance(results, (list, tuple)) or not all(isinstance(r, BenchmarkResult) for r in results):
-        raise WideTesseraError(
-            f"save_results: give a list of BenchmarkResult, got {type(results).__name__} "
-            "(one result: result.save(path))"
-        )
-    write_json(path, {"schema_version": SCHEMA_VERSION, "results": [r.to_dict() for r in results]})
+    ResultsFile(path).write(results)
+
+
+class ResultsFile:
+    """A results file that a run writes again and again (after every point it measures): each
+    result is encoded once, not at every write. Encoding every result at every write grew with
+    the square of the points: in the quick preset of all ops it was the last 0.24 s of 197 writes
+    (about 24 s of a 146 s run; 2-core CPU, 2026-11-27). A result is taken as unchanged while it
+    is the same object: the run replaces a result, it never changes one in place."""
+
+    def __init__(self, path: Union[str, Path]):
+        self.path = path
+        self.encoded: Dict[int, Tuple[BenchmarkResult, str]] = {}  # id -> (the result, kept alive; its text)
+
+    def write(self, results: Sequence[BenchmarkResult]) -> None:
+        if not isinstance(results, (list, tuple)) or not all(isinstance(r, BenchmarkResult) for r in results):
+            raise WideTesseraError(
+                f"save_results: give a list of BenchmarkResult, got {type(results).__name__} "
+                "(one result: result.save(path))"
+            )
+        self.encoded = {id(r): (r, self.text(r)) for r in results}
+        body = ",\n".join(self.encoded[id(r)][1] for r in results)
+        write_atomic(self.path, f'{{"schema_version": {SCHEMA_VERSION}, "results": [\n{body}\n]}}\n')
+
+    def text(self, result: BenchmarkResult) -> str:
+        known = self.encoded.get(id(result))
+        return known[1] if known is not None else json_text(self.path, result.to_dict())  # type: ignore[attr-defined]  # dataclass_json adds it

@@ -19,7 +19,7 @@ from ..core.errors import Interrupted, WideTesseraError
 from ..core.job import BenchmarkJob, group_key, point_keys
 from ..measurement.settings import RunSettings
 from ..results.load import load_results
-from ..results.schema import BenchmarkResult, save_results
+from ..results.schema import BenchmarkResult, ResultsFile, save_results
 from .progress import Progress
 from .resume import check_resumable, point_order, points_left
 from .runner import JobRun, run_jobs, search_candidates
@@ -78,12 +78,13 @@ def _run_jobs(
     `finish` completes each result before it is kept (a sharded run names the rank that measured
     each point); `on_result` hears of each job as it completes. `unsaved` holds why the latest
     save failed, empty once one succeeds (each save writes everything)."""
+    file = ResultsFile(output) if output else None
 
     def save(result: BenchmarkResult) -> None:
         latest[result.op] = finish(result)
-        if output:
+        if file is not None:
             try:
-                save_results([*kept, *(latest[job.op] for job in jobs if job.op in latest)], output)
+                file.write([*kept, *(latest[job.op] for job in jobs if job.op in latest)])
                 unsaved.clear()
             except WideTesseraError as e:  # the file or its folder changed under the run
                 if str(e) not in unsaved:  # one line per problem; the measuring goes on
