@@ -11,7 +11,7 @@ import wide_tessera as wt
 from wide_tessera.core.job import Work
 from wide_tessera.kernels import grouped_linear
 from wide_tessera.measurement import roofline as rl
-from wide_tessera.measurement.launches import count_launches
+from wide_tessera.measurement.launches import count_launches, launches_and_peak
 from wide_tessera.measurement.memory import peak_memory
 from wide_tessera.measurement.roofline import Peaks, roofline
 
@@ -48,6 +48,17 @@ def test_cpu_peak_memory_sees_a_temporary_freed_within_the_call():
     result, peak = peak_memory(call, "cpu")
     assert 2 * 2**20 <= peak < 2 * 2**20 + 1024
     assert peak_memory(lambda: None, "cpu") == (None, 0)
+
+
+def test_one_profiled_call_gives_the_launches_and_the_peak_that_two_would():
+    x = torch.randn(256, 1024)  # 1 MiB
+
+    def call():
+        return ((x * 2) + 1).sum()  # three operators; 2 MiB at the peak
+
+    launches, peak = launches_and_peak(call, "cpu")
+    assert (launches, peak) == (count_launches(call, "cpu"), peak_memory(call, "cpu")[1])
+    assert launches == 3 and 2 * 2**20 <= peak < 2 * 2**20 + 1024
 
 
 def test_every_point_records_its_launches_and_work(fast_timing):

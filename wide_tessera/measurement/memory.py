@@ -5,12 +5,12 @@ from __future__ import annotations
 import itertools
 import os
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, List, Tuple, TypeVar
+from typing import Any, Callable, Iterator, List, Sequence, Tuple, TypeVar
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-__all__ = ["peak_memory", "memory_method", "raw_events", "stderr_silenced"]
+__all__ = ["peak_memory", "peak_bytes", "memory_method", "raw_events", "stderr_silenced"]
 
 T = TypeVar("T")
 
@@ -35,9 +35,15 @@ def peak_memory(fn: Callable[[], T], device: str) -> Tuple[T, int]:
         return result, torch.cuda.max_memory_allocated(device) - before
     with stderr_silenced(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         result = fn()
-    allocations = sorted((e for e in raw_events(prof) if e.name() == "[memory]"), key=lambda e: e.start_ns())
+    return result, peak_bytes(raw_events(prof))
+
+
+def peak_bytes(events: Sequence[Any]) -> int:
+    """The most memory held at once over a CPU profile taken with profile_memory: the running sum
+    of its allocation and free events in time order."""
+    allocations = sorted((e for e in events if e.name() == "[memory]"), key=lambda e: e.start_ns())
     running = itertools.accumulate(e.nbytes() for e in allocations)  # frees are negative
-    return result, max(0, max(running, default=0))
+    return max(0, max(running, default=0))
 
 
 def raw_events(prof: profile) -> List[Any]:

@@ -75,7 +75,11 @@ class TimingConfig:
     """When to stop sampling: the median's 95% CI is narrow enough, or the time budget is spent."""
 
     # Each function runs for at least this long before its first sample (the samplers' prepare).
-    warmup_s: float = 0.025
+    # Short, because a point's functions have run before they are timed (the first call, every
+    # draw's check, the memory peak) and each CPU sample starts with an untimed call: 25 ms was
+    # 17 s of a 105 s quick run of all ops (585 functions; 2-core CPU, 2026-11-27), and 5 ms
+    # kept scripts/coverage.py's and scripts/aa.py's tables (issue 48's note).
+    warmup_s: float = 0.005
     # Time budget per function; a paired measurement of k functions gets k budgets.
     budget_s: float = 0.5
     min_samples: int = 10

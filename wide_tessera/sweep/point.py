@@ -38,7 +38,7 @@ from ..core.roles import BASELINE, CONTROLS
 from ..measurement import modes
 from ..measurement.controls import OPTIMIZER_CONTROLS, GraphedLoop, compiled, control_unavailable
 from ..measurement.energy import measure_energy
-from ..measurement.launches import count_launches
+from ..measurement.launches import launches_and_peak
 from ..measurement.memory import peak_memory
 from ..measurement.modes import TRAINING_MODES, Side
 from ..measurement.recipe import Recipe
@@ -278,8 +278,6 @@ class _PointMeasurement:
                             outcome.twin = again.trained
                         self.outcomes.append(outcome)
                 self.timed[BASELINE] = self.timed_of(self.loop_side())
-                if self.facts:
-                    self.peaks[BASELINE] = peak_memory(self.timed[BASELINE], self.device)[1]
         except Exception as e:  # noqa: BLE001  a point whose baseline fails is a result, not a reason to stop the sweep
             return analysis.failed_point(self.n, self.params, {"point": _failure("check", e)})
         return None
@@ -375,8 +373,9 @@ class _PointMeasurement:
         """Check the candidate on every draw; its timed call on draw 0 when correct, else None
         (its verdict in `checks`, or its failure in `failures`).
 
-        The first call (compilation, autotuning, handles) is timed apart and kept out of
-        the memory peak: on an H100 a Triton strategy's autotuning showed as a 256 MiB peak.
+        The first call (compilation, autotuning, handles) is timed apart; the memory peak is
+        taken after the timing (`result`): on an H100 a Triton strategy's autotuning showed as a
+        256 MiB peak.
         """
         name, side = candidate.name, candidate.side
         try:
@@ -392,13 +391,9 @@ class _PointMeasurement:
             self.checks[name] = merge_checks(draw_checks, fallback_note(messages), messages)
             if not self.checks[name].correct:
                 return None
-            with self.stage(
-                "check", name
-            ):  # left as the timed call leaves it: restoring could break a recorded forward
-                call = self.timed_of(side)
-                if self.facts:
-                    self.peaks[name] = peak_memory(call, self.device)[1]
-            return call
+            # left as the timed call leaves it: restoring could break a recorded forward
+            with self.stage("check", name):
+                return self.timed_of(side)
         except NotApplicable as e:  # found on its first call (surgery captures a model there)
             self.failures[name] = _unavailable(name, e)
             return None
@@ -432,12 +427,12 @@ class _PointMeasurement:
     # -- the result and its facts ----------------------------------------------------------
 
     def result(self, timings: Optional[PairedTimings], label: Callable[[str], str]) -> PointResult:
-        """The point's result from its timings, with the facts measured after them: launches,
-        energy and traces, each after the timings and never inside them."""
+        """The point's result from its timings, with the facts measured after them: launches and
+        memory peaks, energy and traces, each after the timings and never inside them."""
         launches = {}
         for name in timings.stats if timings is not None and self.facts else ():
             with self.stage("measure", name):  # after timing: every call counted has run many times already
-                launches[name] = count_launches(self.timed[name], self.device)
+                launches[name], self.peaks[name] = launches_and_peak(self.timed[name], self.device)
         point = analysis.measured_point(
             self.n,
             self.params,
