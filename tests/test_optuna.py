@@ -148,6 +148,8 @@ def test_a_measured_group_size_comes_from_the_table_it_wrote(tmp_path, monkeypat
     summary = optimize(study(), suggest, build, training, n_trials=4, table=table, progress=False)
     (why,) = summary.sizes.values()
     assert table.exists() and str(table) in why
+    if "on a quieter machine" in why:  # every N open: the next study rightly measures again
+        pytest.skip(f"the first study decided nothing on this busy machine: {why}")
     written = table.read_bytes()
 
     def measure_again(*args, **kwargs):

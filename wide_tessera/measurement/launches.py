@@ -44,8 +44,8 @@ def count_launches(fn: Callable[[], object], device: str) -> float:
 def launches_and_peak(fn: Callable[[], object], device: str) -> Tuple[float, int]:
     """`count_launches` and the memory peak (`memory.peak_memory`) of a call of `fn` that has run
     before (a timed function, after its timing). On a CPU one profiled call gives both: profiled
-    apart, with a call to warm up, they took 5.8 s of a 95 s quick run of all ops (one call saved about 2.5 s) (2-core CPU,
-    2026-11-27)."""
+    apart, with a call to warm up, they took 5.8 s of a 95 s quick run of all ops (2-core CPU,
+    2026-11-27); one call saves about 2.5 s of it."""
     if torch.device(device).type == "cuda":
         return count_launches(fn, device), peak_memory(fn, device)[1]
     with stderr_silenced(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
