@@ -75,10 +75,10 @@ class TimingConfig:
     """When to stop sampling: the median's 95% CI is narrow enough, or the time budget is spent."""
 
     # Each function runs for at least this long before its first sample (the samplers' prepare).
-    # Though a point's functions have run in its checks before, and each CPU sample starts with
+    # Not less, though a point's functions have run in its checks and each CPU sample starts with
     # an untimed call: with 5 ms, scripts/coverage.py's 0.5x pair (one Linear 512 against two)
     # leaned +1.8% and +2.1% (bias intervals excluding zero), against -0.3% with 25 ms in the
-    # same session (pinned, 2026-11-27), where 5 ms would have saved 10 s of a 95 s quick run.
+    # same session (pinned, 2026-11-27); 5 ms would have saved 10 s of a 95 s quick run.
     warmup_s: float = 0.025
     # Time budget per function; a paired measurement of k functions gets k budgets.
     budget_s: float = 0.5
