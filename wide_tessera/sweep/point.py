@@ -99,12 +99,15 @@ def iter_points(
     # The profiler's first start in a process takes about a second (CPU): pay it here,
     # outside every stage's time limit.
     peak_memory(lambda: None, settings.device)
-    with torch.no_grad():
-        for index, (n, params) in enumerate(job.sweep.points()):
-            if index < start or point_key(n, params) in skip:
-                continue
-            known = dict(excluded or {}) if index == start else {}
-            controls = settings.controls and (settings.controls_at == "every" or n == largest[group_key(params)])
+    for index, (n, params) in enumerate(job.sweep.points()):
+        if index < start or point_key(n, params) in skip:
+            continue
+        known = dict(excluded or {}) if index == start else {}
+        controls = settings.controls and (settings.controls_at == "every" or n == largest[group_key(params)])
+        # Grad mode is per thread, not per generator: a yield inside no_grad left the caller
+        # without gradients while this generator waited, and for good where a Ctrl-C left it
+        # unfinished (every later backward in the process failed: CI, 2026-11-27).
+        with torch.no_grad():
             measurement = _PointMeasurement(
                 job,
                 n,
@@ -117,7 +120,8 @@ def iter_points(
                 bank,
                 facts,
             )
-            yield measurement.run()
+            result = measurement.run()
+        yield result
 
 
 def _clones(inputs: Sequence[Any]) -> List[Any]:
