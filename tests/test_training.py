@@ -13,10 +13,16 @@ from torch import nn
 import wide_tessera as wt
 import wide_tessera.optim as wto
 from wide_tessera.core.correctness import ADAM_TRAINED, SGD_TRAINED, check_trained
+from wide_tessera.core.errors import NotApplicable
 from wide_tessera.core.layout import Layout, Slot, model_state_dicts, slots_of
 from wide_tessera.dispatch import first_call
+from wide_tessera.dispatch.table import DispatchTable
 from wide_tessera.ops.registry import REGISTRY
 from wide_tessera.results.decisions import Call
+from wide_tessera.widen import surgery
+from wide_tessera.widen.custom import model_identity
+
+from .helpers import entry
 
 N, D, H, B, STEPS = 4, 8, 16, 8, 50
 STRATEGIES = ["loop", "vmap", "surgery"]
@@ -116,6 +122,34 @@ def test_per_model_settings_clipping_and_schedules_train_as_n_separate_trainings
     for u, w in zip(unfused, want):  # the unfused models are the user's class, and compute as the trained ones
         assert type(u) is MLP
         torch.testing.assert_close(u(x), w(x), rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.parametrize("capture", ["torch.fx", "torch.export"])
+def test_a_layer_whose_op_loses_runs_as_n_calls_and_the_model_trains_as_n_separate_trainings(capture, monkeypatch):
+    """A wide model is only as fast as its slowest swap: where the table measured a layer's op
+    losing at its size (gemm 16 -> 16 at N=4 here), surgery runs that layer as N calls inside the
+    fused model (HFTA's partial fusion), says which, and still trains as N separate trainings."""
+    if capture == "torch.export":
+        monkeypatch.setattr(surgery, "_trace", lambda model: (_ for _ in ()).throw(TypeError("untraceable")))
+    gemm = {"batch": B}
+    table = DispatchTable([
+        entry(op="MLP", params={k: v for k, v in model_identity(MLP()).items() if k != "class"},
+              strategy="surgery", verdicts="loop:1 fuse:4"),
+        entry(params={**gemm, "in_features": D, "out_features": H}, verdicts="loop:1 fuse:4"),
+        entry(params={**gemm, "in_features": H, "out_features": H}, verdicts="loop:1 fuse:2 loop:4"),
+        entry(params={**gemm, "in_features": H, "out_features": 1}, verdicts="loop:1 fuse:4"),
+    ])  # fmt: skip
+    models = mlps()
+    xs, ys = data(steps=10)
+    want = separate_trainings(models, "adam", xs, ys, steps=10)
+    fused = wt.fuse(copy.deepcopy(models), table=table)
+    wide = fused.runs
+    assert fused.decision.strategy == "surgery" and (wide.captured is not None) == (capture == "torch.export")
+    assert wide.swapped == ["fc1", "fc3"] and list(wide.unfused) == ["fc2"], (wide.swapped, wide.unfused)
+    assert "layer fc2 runs as 4 calls: gemm x4 (in_features=16 out_features=16)" in str(fused.decision)
+    fused_training(fused, our_optimizer("adam", fused), xs, ys, steps=10)
+    check = check_trained(parameters_of(fused.unfuse()), parameters_of(want), ADAM_TRAINED)
+    assert check.correct, check.error
 
 
 MUTATIONS = {
@@ -558,6 +592,14 @@ def test_a_tied_weight_trains_as_one_tensor_whichever_strategy_runs(strategy):
     for state, m in zip(fused.state_dicts(), separate):
         torch.testing.assert_close(state["embed.weight"], m.embed.weight, rtol=1e-4, atol=1e-5)
         assert torch.equal(state["embed.weight"], state["head.weight"])
+
+
+def test_a_tied_weight_is_never_held_both_fused_and_as_n_calls():
+    """The output layer run as N calls (its op loses) would hold the models' tied weight apart from
+    the fused embedding's: training would step the copies apart, so surgery refuses, saying why."""
+    models = [_Tied() for _ in range(N)]
+    with pytest.raises(NotApplicable, match="embed.weight is used by a fused layer and by a layer run as N calls"):
+        surgery.WideSurgery(models, choice=lambda op, layers: "loses" if op.NAME == "gemm" else None)
 
 
 class _ReadTwice(nn.Module):

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence
+from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence
 
 import torch
 from torch import nn
@@ -38,6 +38,7 @@ __all__ = [
     "slots_of",
     "prefixed",
     "own_slots",
+    "loop_slots",
     "load_joined",
     "model_state_dicts",
     "persistent_tensors",
@@ -150,6 +151,12 @@ def own_slots(module: nn.Module, layout: Layout, layouts: Optional[Dict[str, Lay
         if child.state_dict():
             slots.update(prefixed(slots_of(child), name, name))
     return slots
+
+
+def loop_slots(modules: Iterable[nn.Module], prefix: str) -> Dict[str, Slot]:
+    """The slots of N modules held one per model (a ModuleList named `prefix`: a loop's): each
+    module's tensors are all its model's."""
+    return {f"{prefix}.{i}.{k}": Slot(k, Layout.own(i)) for i, m in enumerate(modules) for k in m.state_dict()}
 
 
 def load_joined(wide: nn.Module, modules: Sequence[nn.Module]) -> nn.Module:

@@ -20,9 +20,10 @@ from ..core import trees
 from ..core.capabilities import Needs
 from ..core.errors import WideTesseraError
 from ..core.job import params_text
-from ..core.layout import Layout, Slot, model_state_dicts, prefixed, slots_of
+from ..core.layout import Slot, loop_slots, model_state_dicts, prefixed, slots_of
 from ..ops.base import WideOp, wide_module
 from ..widen.custom import CUSTOM_STRATEGIES, custom_wide
+from ..widen.layers import LayerChoice
 from .table import Case, Match
 
 __all__ = ["Fused", "FusedInput", "LoopedModules", "DispatchDecision", "Trials", "op_trials", "custom_trials", "build"]
@@ -44,9 +45,10 @@ def op_trials(cls: Type[WideOp]) -> Trials:
     return Trials(cls.BENCHMARK_STRATEGIES, partial(wide_module, cls), cls.strategy_needs())
 
 
-def custom_trials(randomness: str) -> Trials:
-    """Any other module's: vmap and surgery, as benchmark_custom measures them."""
-    return Trials(CUSTOM_STRATEGIES, partial(custom_wide, randomness=randomness), {})
+def custom_trials(randomness: str, choice: Optional[LayerChoice] = None) -> Trials:
+    """Any other module's: vmap and surgery, as benchmark_custom measures them (surgery's layers
+    run as N calls where `choice` says)."""
+    return Trials(CUSTOM_STRATEGIES, partial(custom_wide, randomness=randomness, choice=choice), {})
 
 
 @dataclass(frozen=True)
@@ -119,7 +121,7 @@ class LoopedModules(nn.Module):
 
     def model_slots(self) -> Dict[str, Slot]:
         """Each module's own tensors, all of them that model's."""
-        return {f"models.{i}.{k}": Slot(k, Layout.own(i)) for i, m in enumerate(self.models) for k in m.state_dict()}
+        return loop_slots(self.models, "models")
 
 
 @dataclass(frozen=True)
@@ -258,4 +260,6 @@ def build(decision: DispatchDecision, modules: Sequence[nn.Module], make: Make, 
             if forced:
                 raise
             match = replace(match, fuse=False, strategy=None, reason=f"{match.reason}; but building it failed: {e}")
-    return Fused(modules, runs, replace(decision, match=match))
+    unfused: Dict[str, str] = getattr(runs, "unfused", {})  # surgery's layers kept as N calls
+    notes = [f"layer {path} runs as {len(modules)} calls: {why}" for path, why in unfused.items()]
+    return Fused(modules, runs, replace(decision, match=replace(match, notes=(*match.notes, *notes))))

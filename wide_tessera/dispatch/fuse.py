@@ -10,6 +10,7 @@ it is given, asks `decide` (table and case in, answer out) and hands the answer 
 from __future__ import annotations
 
 import warnings
+from functools import partial
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, Type, Union
 
@@ -29,9 +30,10 @@ from ..ops.exact import not_the_op
 from ..ops.registry import REGISTRY, get_op
 from ..widen.custom import model_identity
 from ..widen.functional import RANDOMNESS
+from ..widen.layers import LayerChoice
 from .build import DispatchDecision, Fused, Trials, build, custom_trials, op_trials
 from .first_call import FirstCall
-from .table import TABLE_ENV, Case, DispatchTable, Match, decide, default_table_path
+from .table import TABLE_ENV, Case, DispatchTable, Match, decide, default_table_path, match
 
 __all__ = ["fuse", "decide_at", "DispatchWarning", "tune_command"]
 
@@ -90,11 +92,12 @@ def fuse(
     modules = _check_modules(modules)
     _check_options(mode, compile, randomness, cuda_graph, measure, time_bound_s)
     cls = _op_class(modules, op)
-    trials = op_trials(cls) if cls is not None else custom_trials(randomness)
     case = _case(modules, cls, mode, compile, cuda_graph, dtype, hints)
-    if strategy is not None:
-        return _forced(modules, trials, case, strategy)
+    if strategy is not None:  # whatever the table says: it is not read, for the layers either
+        return _forced(modules, _trials(cls, randomness), case, strategy)
     loaded, source = _load_table(table, measure)
+    choice = partial(_layer_loses, loaded, mode, compile, cuda_graph)
+    trials = _trials(cls, randomness, choice)
     unmeasurable = _unmeasurable(modules, case.dtype)
     if unmeasurable is not None:  # nothing measured can say: the loop, with one warning
         _warn_once(case, f"{unmeasurable}: running the modules as a loop")
@@ -118,10 +121,29 @@ def decide_at(
     asked), without building anything: how a caller sizes groups of models before making them."""
     check_mode(mode)
     cls = _op_class([module], None)
-    trials = op_trials(cls) if cls is not None else custom_trials("error")
+    trials = _trials(cls, "error")
     case = _case([module] * n, cls, mode, "none", False, None, {})
     loaded, _ = _load_table(table, "first-call")
     return decide(loaded, case, trials.needs, _device(module)), case
+
+
+def _trials(cls: Optional[Type[WideOp]], randomness: str, choice: Optional[LayerChoice] = None) -> Trials:
+    """The op's strategies, or (no op: a class of its own) the custom ones, surgery's layers chosen by `choice`."""
+    return op_trials(cls) if cls is not None else custom_trials(randomness, choice)
+
+
+def _layer_loses(
+    table: DispatchTable, mode: str, compile: str, cuda_graph: bool, cls: Type[WideOp], layers: Sequence[nn.Module]
+) -> Optional[str]:
+    """Why N copies of a layer inside a model fused by surgery run as N calls: the table has
+    measured the layer's op near its size and says the loop, as fuse() of the N layers alone would
+    run it (widen.layers.LayerChoice). Nothing measured: None, the layer fuses, as the whole model
+    was measured with it fused."""
+    case = _case(list(layers), cls, mode, compile, cuda_graph, None, {})
+    answer = match(table, case)
+    if not answer.entries or answer.fuse:
+        return None
+    return f"{case.op} x{case.n} ({params_text(case.params)}): {answer.reason}"
 
 
 # fuse(strategy=LOOP): the modules as a loop, whatever the table says

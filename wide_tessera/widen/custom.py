@@ -15,6 +15,7 @@ from ..core import trees
 from ..core.errors import NotApplicable, WideTesseraError, one_line, unknown
 from ..core.job import BenchmarkJob, SweepParams
 from .functional import RANDOMNESS, WideFunctional
+from .layers import LayerChoice
 from .moe import WideSparseMoe, is_sparse_moe, loops_over_experts
 from .surgery import WideSurgery
 
@@ -112,10 +113,14 @@ def custom_job(
     )
 
 
-def custom_wide(modules: Sequence[nn.Module], strategy: str, randomness: str = "error") -> nn.Module:
-    """The wide module of a custom job's strategy."""
+def custom_wide(
+    modules: Sequence[nn.Module], strategy: str, randomness: str = "error", choice: Optional[LayerChoice] = None
+) -> nn.Module:
+    """The wide module of a custom job's strategy (`choice`: surgery's, which layers run as N calls)."""
     if strategy == "surgery":  # a sparse MoE block is swapped whole: N·E experts in one block
-        return (WideSparseMoe if is_sparse_moe(modules[0]) else WideSurgery)(modules, randomness)
+        if is_sparse_moe(modules[0]):
+            return WideSparseMoe(modules, randomness)
+        return WideSurgery(modules, randomness, choice)
     looping = next((path for path, m in modules[0].named_modules() if loops_over_experts(m)), None)
     if looping is not None:
         where = f"{type(modules[0]).__name__}{'.' + looping if looping else ''}"

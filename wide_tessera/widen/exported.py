@@ -47,7 +47,7 @@ from ..core.errors import NotApplicable, one_line
 from ..core.layout import STACKED, Slot, prefixed, slots_of
 from ..ops.base import fusing_ops
 from .functional import is_shared, model_size, tensors_only, with_others
-from .layers import hold_stacked, wide_layer
+from .layers import LayerChoice, LayerLoop, hold_stacked, wide_layer
 from .moe import WideSparseMoe, is_sparse_moe
 
 __all__ = ["ExportedSurgery"]
@@ -122,9 +122,10 @@ class ExportedSurgery(nn.Module):
     """N models of one class as one, through graphs torch.export captures (see the module's
     docstring). Called with the wide input's (args, kwargs): every tensor stacked on N.
 
-    Every layer an op fuses gets its wide module when built (`swapped`; `looped` names the
-    ones their op refuses or that compute something else (ops.exact), which run in the vmapped
-    segments), so an optimiser made before the first call sees every parameter. The rest of
+    Every layer an op fuses gets its wide module when built (`swapped`; `unfused` names the
+    ones `choice` keeps as N calls, layers.LayerChoice; `looped` the ones their op refuses or
+    that compute something else (ops.exact), which run in the vmapped segments), so an
+    optimiser made before the first call sees every parameter. The rest of
     the models' parameters and buffers are held stacked."""
 
     # What a capture costs, in seconds: the last one this process made; before any, what a tiny
@@ -132,7 +133,9 @@ class ExportedSurgery(nn.Module):
     # afford it does not try surgery (dispatch.first_call).
     capture_s = 1.3
 
-    def __init__(self, modules: Sequence[nn.Module], randomness: str, why_not_fx: str):
+    def __init__(
+        self, modules: Sequence[nn.Module], randomness: str, why_not_fx: str, choice: Optional[LayerChoice] = None
+    ):
         super().__init__()
         self.n, self.randomness, self.why_not_fx = len(modules), randomness, why_not_fx
         # what torch.export runs: one model, kept out of the module tree (its weights are not the wide ones)
@@ -143,24 +146,28 @@ class ExportedSurgery(nn.Module):
         ops = fusing_ops()
         fused = tuple(ops)  # a layer of a class an op fuses: swapped, or named in looped
         self.looped: List[str] = []
+        self.unfused: Dict[str, str] = {}  # a layer run as N calls (choice) -> why
         self.wides = nn.ModuleDict()
-        self._wide_names: Dict[str, str] = {}  # swapped layer's path -> its key in wides
+        self._wide_names: Dict[str, str] = {}  # a swapped or unfused layer's path -> its key in wides
         for path, sub in modules[0].named_modules():
             moe = is_sparse_moe(sub)
-            if not path or not (moe or isinstance(sub, fused)) or path.startswith(_within(self.swapped + self.looped)):
+            taken = _within([*self._wide_names, *self.looped])
+            if not path or not (moe or isinstance(sub, fused)) or path.startswith(taken):
                 continue  # (a fused layer's own parts, an nn.MultiheadAttention's out_proj, are its)
             subs = [m.get_submodule(path) for m in modules]
-            wide = WideSparseMoe(subs, randomness) if moe else wide_layer(subs, ops)
+            wide = WideSparseMoe(subs, randomness) if moe else wide_layer(subs, ops, choice)
             if wide is None:
                 self.looped.append(path)
                 continue
+            if isinstance(wide, LayerLoop):
+                self.unfused[path] = wide.reason
             self._wide_names[path] = f"w{len(self.wides)}"
             self.wides[self._wide_names[path]] = wide
         self.stacked = nn.Module()
         self._stacked_names: Dict[str, str] = {}  # parameter or buffer path -> its name in stacked
         saved = modules[0].state_dict()
         for path, _ in chain(modules[0].named_parameters(), modules[0].named_buffers()):
-            if not path.startswith(_within(self.swapped)):
+            if not path.startswith(_within(list(self._wide_names))):
                 self._stacked_names[path] = f"t{len(self._stacked_names)}"
                 values = [operator.attrgetter(path)(m) for m in modules]
                 hold_stacked(self.stacked, self._stacked_names[path], values, persistent=path in saved)
@@ -169,7 +176,8 @@ class ExportedSurgery(nn.Module):
 
     @property
     def swapped(self) -> List[str]:
-        return list(self._wide_names)
+        """The layers run as their op's wide module (a LayerLoop's too are in `wides`)."""
+        return [path for path in self._wide_names if path not in self.unfused]
 
     def model_slots(self) -> Dict[str, Slot]:
         """The swapped layers' slots under their paths, and every other tensor the models save, stacked."""
@@ -275,7 +283,7 @@ class ExportedSurgery(nn.Module):
                 graph.erase_node(node)
             elif node.target in self._stacked_names:
                 node.target = f"s.{self._stacked_names[node.target]}"
-            elif node.target.startswith(_within(self.swapped)):
+            elif node.target.startswith(_within(list(self._wide_names))):
                 raise NotApplicable(f"surgery: {node.target} is read outside its layer's call (a tied weight?)")
             else:
                 name = f"c{len(constants._buffers)}"

@@ -1,27 +1,41 @@
 """The pieces both ways of surgery build with: a registered op's wide layer standing for N
-submodules, and N models' tensor attribute held stacked."""
+submodules (or, where the measurements say that op loses, the N submodules called one by one),
+and N models' tensor attribute held stacked."""
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence
+import copy
+from typing import Any, Callable, Dict, List, Optional, Sequence, Type
 
 import torch
 from torch import nn
 
 from ..core.errors import WideTesseraError
-from ..core.layout import STACKED, Slot, prefixed, slots_of
+from ..core.layout import STACKED, Slot, loop_slots, prefixed, slots_of
 from ..ops.base import WideOp, op_fusing
 
-__all__ = ["wide_layer", "hold_stacked"]
+__all__ = ["wide_layer", "hold_stacked", "LayerChoice", "LayerLoop"]
+
+# Why N copies of a layer inside a wide model run as N calls, not as their op's wide module:
+# given the op and the N layers, a reason (the op loses there on this machine), or None to fuse
+# them. Whoever knows the measurements answers (dispatch.fuse reads the dispatch table); widen
+# knows none. A wide model is only as fast as its slowest swap (HFTA calls the cure partial fusion).
+LayerChoice = Callable[[Type[WideOp], Sequence[nn.Module]], Optional[str]]
 
 
-def wide_layer(subs: Sequence[nn.Module], ops: Dict[type, type]) -> Optional[nn.Module]:
+def wide_layer(
+    subs: Sequence[nn.Module], ops: Dict[type, type], choice: Optional[LayerChoice] = None
+) -> Optional[nn.Module]:
     """The op's wide module of `subs` (submodule `where` of each model) taking and giving tensors
     stacked on a leading N axis; None where no op fuses them (no op fuses the class, they compute
-    something else than it (ops.exact), or the op refuses this configuration: a grouped convolution)."""
+    something else than it (ops.exact), or the op refuses this configuration: a grouped convolution).
+    A `LayerLoop` where `choice` gives a reason not to fuse them."""
     op = op_fusing(subs, ops)
     if op is None:
         return None
+    reason = None if choice is None else choice(op, subs)
+    if reason is not None:
+        return LayerLoop(subs, reason)
     try:
         wide = op.from_modules(subs)
     except WideTesseraError:
@@ -44,6 +58,24 @@ class _Relayout(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.wide
         return torch.stack(w.unpack(w(w.pack(list(x.unbind(0))))))
+
+
+class LayerLoop(nn.Module):
+    """N layers called one by one inside a wide model, each on its model's part of the stacked
+    input, their outputs stacked: what the loop computes, with copies of the layers as their
+    weights (one model's each). `reason`: why they are not fused."""
+
+    def __init__(self, subs: Sequence[nn.Module], reason: str):
+        super().__init__()
+        self.layers = nn.ModuleList(copy.deepcopy(s) for s in subs)
+        self.reason = reason
+
+    def model_slots(self) -> Dict[str, Slot]:
+        return loop_slots(self.layers, "layers")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        parts = STACKED.parts(x, len(self.layers))
+        return STACKED.join([layer(part) for layer, part in zip(self.layers, parts)])
 
 
 def hold_stacked(holder: nn.Module, name: str, values: List[Any], persistent: bool = True) -> None:

@@ -7,7 +7,8 @@ from the models' inputs or parameters is stacked on a leading N axis:
 * a submodule whose class a registered op declares in FUSES (nn.Linear, nn.Conv1d, ...) runs as
   that op's wide module, built with its default strategy (its input is moved into the op's
   layout where that is not the stacked one, as the channels of a grouped convolution are),
-  where it computes what that class computes (ops.exact);
+  where it computes what that class computes (ops.exact); or, where the caller's `choice` says
+  the op loses at this size on this machine, as N calls on the models' parts (layers.LayerLoop);
 * an elementwise function (activations, +, *, ...) applied to stacked values of one rank runs
   on the stacked tensors at once: it cannot mix the models;
 * everything else (other submodules, reshapes, reductions, a layer an op refuses) runs under
@@ -47,7 +48,7 @@ from .functional import (
     vmap_dims,
     with_others,
 )
-from .layers import hold_stacked, wide_layer
+from .layers import LayerChoice, LayerLoop, hold_stacked, wide_layer
 
 __all__ = ["WideSurgery"]
 
@@ -147,26 +148,29 @@ class WideSurgery(StackedIO, nn.Module):
     """N copies of one traceable module class, layer by layer (see the module's docstring).
 
     Same interface as WideFunctional: inputs stacked on a leading axis N, outputs (a tensor or
-    a tree of them) with N leading. `randomness` is vmap's, for the parts that run under vmap.
-    `swapped` names the layers that became an op's wide module, `looped` those run under vmap.
+    a tree of them) with N leading. `randomness` is vmap's, for the parts that run under vmap;
+    `choice` says which layers an op fuses run as N calls instead (layers.LayerChoice).
+    `swapped` names the layers that became an op's wide module, `unfused` those `choice` kept as
+    N calls (with its reason), `looped` those run under vmap.
     The rewritten graph is compiled to Python by torch.fx: walking it node by node in Python
     cost 146 us per call of the 2-layer MLP at N=4, half the call.
     """
 
-    def __init__(self, modules: Sequence[nn.Module], randomness: str = "error"):
+    def __init__(self, modules: Sequence[nn.Module], randomness: str = "error", choice: Optional[LayerChoice] = None):
         super().__init__()
         check_alike(modules, "WideSurgery")
-        self.n, self.randomness = len(modules), randomness
+        self.n, self.randomness, self.choice = len(modules), randomness, choice
         try:
             traced = _trace(modules[0])
         except Exception as e:  # noqa: BLE001  whatever stops the tracer: torch.export captures the model
-            self.captured = ExportedSurgery(modules, randomness, one_line(e)[:200])
-            self.swapped, self.looped = self.captured.swapped, self.captured.looped
+            self.captured = ExportedSurgery(modules, randomness, one_line(e)[:200], choice)
+            self.swapped, self.looped, self.unfused = self.captured.swapped, self.captured.looped, self.captured.unfused
             return
         self.captured = None
         self._traced_as_none, self._model_name = _none_defaults(modules[0]), type(modules[0]).__name__
         self.swapped: List[str] = []
         self.looped: List[str] = []
+        self.unfused: Dict[str, str] = {}
         holder = nn.Module()  # what the rewritten graph calls
         graph = traced.graph
         stacked: Set[fx.Node] = set()
@@ -253,7 +257,10 @@ class WideSurgery(StackedIO, nn.Module):
         args_mask = list(mask[0])
         if isinstance(subs[0], _ELEMENTWISE_MODULES) and not any(p.numel() for p in subs[0].parameters()):
             return _Elementwise(subs[0], mask, self.randomness) if sum(_leaf_flags(mask)) > 1 else subs[0]
-        wide = wide_layer(subs, ops) if args_mask == [True] and not node.kwargs else None
+        wide = wide_layer(subs, ops, self.choice) if args_mask == [True] and not node.kwargs else None
+        if isinstance(wide, LayerLoop):
+            self.unfused[where] = wide.reason
+            return wide
         if wide is not None:
             self.swapped.append(where)
             return wide
@@ -308,15 +315,23 @@ def _tie(holder: nn.Module, slots: Dict[str, Slot], aliases: Dict[str, str]) -> 
     another (GPT-2's lm_head to its embedding), or read outside its layer's call (F.linear(x,
     self.lin.weight)), was held by each wide layer that used it, and training stepped the copies
     apart (a tied embedding ended 7.4 away from torch after one SGD step). Copies of one shape and
-    layout become one parameter; copies that cannot refuse surgery."""
-    first: Dict[str, str] = {}  # a model's tensor (by its first name) -> the wide tensor holding it
+    layout become one parameter; copies that cannot refuse surgery. A layer run as N calls
+    (layers.LayerLoop) holds each model's tensor apart: those are the models' own, not copies."""
+    first: Dict[Tuple[str, Optional[int]], str] = {}  # (a model's tensor by its first name, owner) -> wide tensor
     for name, slot in slots.items():
         tensor = aliases.get(slot.name, slot.name)
-        if tensor not in first:
-            first[tensor] = name
+        key = (tensor, slot.layout.model)
+        owners = {m for t, m in first if t == tensor}
+        if owners and (key[1] is None) != (None in owners):
+            raise NotApplicable(
+                f"surgery: the models' {tensor} is used by a fused layer and by a layer run as N calls; the vmap "
+                "strategy keeps it one tensor"
+            )
+        if key not in first:
+            first[key] = name
             continue
-        kept, copy = operator.attrgetter(first[tensor])(holder), operator.attrgetter(name)(holder)
-        if kept.shape != copy.shape or slots[first[tensor]].layout != slot.layout:
+        kept, copy = operator.attrgetter(first[key])(holder), operator.attrgetter(name)(holder)
+        if kept.shape != copy.shape or slots[first[key]].layout != slot.layout:
             raise NotApplicable(
                 f"surgery: the models' {tensor} is used by two wide layers that hold it in different layouts "
                 f"({list(kept.shape)} and {list(copy.shape)}); the vmap strategy keeps it one tensor"
