@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import warnings
 from functools import partial
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, cast
 
 import torch
 from torch import nn
@@ -42,6 +42,10 @@ INPUT_DTYPES: Dict[str, Optional[torch.dtype]] = {
 }
 
 
+# A module's try on one input: a warning when two builds are identical, and its identity (_check_fits).
+Fits = Tuple[Optional[str], Dict[str, str]]
+
+
 def custom_job(
     model_class: Callable[..., nn.Module],
     input_shape: Any,
@@ -49,7 +53,7 @@ def custom_job(
     name: Optional[str],
     dtype: str,
     model_kwargs: Dict[str, Any],
-    run_check: Callable[[Callable[[], None]], None] = lambda check: check(),
+    run_check: Callable[[Callable[[], Fits]], Fits] = lambda check: check(),
     input_dtype: Any = None,
     int_high: Optional[int] = None,
     input_factory: Optional[Callable[[], Any]] = None,
@@ -172,7 +176,7 @@ def _random_input(specs: List[InputSpec], int_high: Optional[int]) -> Any:
     xs = tuple(
         torch.randn(shape)
         if dtype is None
-        else torch.randint(0, 2 if dtype == torch.bool else int_high, shape).to(dtype)
+        else torch.randint(0, 2 if dtype == torch.bool else cast(int, int_high), shape).to(dtype)  # checked given
         for shape, dtype in specs
     )
     return xs[0] if len(xs) == 1 else xs
@@ -199,7 +203,7 @@ def _check_fits(
     model_kwargs: Dict[str, Any],
     randomness: str,
     train: bool,
-) -> Tuple[Optional[str], Dict[str, str]]:
+) -> Fits:
     """Build one model and call it on one input (`given` names where it came from); a clear
     error for what would fail every point. Returns a warning when two builds are identical,
     and the model's identity (model_identity)."""

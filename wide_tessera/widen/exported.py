@@ -213,11 +213,12 @@ class ExportedSurgery(nn.Module):
         self._captures.move_to_end(found)
         return self._captures[found].graph(*args, **kwargs)
 
-    def _apply(self, fn: Callable, recurse: bool = True) -> "ExportedSurgery":
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> "ExportedSurgery":
         # .to(), .half(), ...: the graphs hold the old tensors and devices; capture again
         self._captures.clear()
-        self._skeleton[0]._apply(fn)
-        return super()._apply(fn, recurse)
+        self._skeleton[0]._apply(fn)  # type: ignore[no-untyped-call]
+        super()._apply(fn, recurse)  # type: ignore[no-untyped-call]
+        return self
 
     def _capture(self, args: Tuple[Any, ...], kwargs: Dict[str, Any], fixed: Hashable) -> _Capture:
         model = self._skeleton[0].train(self.training)
@@ -259,7 +260,7 @@ class ExportedSurgery(nn.Module):
             inside = set(nodes)
             inputs = {  # (a size read from the input is the wide module's own business)
                 a for n in nodes for a in n.all_input_nodes
-                if a not in inside and not (a.op == "get_attr" and a.target.startswith(path + "."))
+                if a not in inside and not (a.op == "get_attr" and str(a.target).startswith(path + "."))
                 and a.target is not model_size
             }  # fmt: skip
             outputs = [n for n in nodes if any(u not in inside for u in n.users)]
@@ -417,7 +418,8 @@ def _guards(exported: fx.GraphModule, leaves: int) -> Optional[Tuple[Callable[..
         return None
     if len(inputs) != leaves:
         raise NotApplicable(f"surgery: torch.export's graph takes {len(inputs)} inputs for {leaves} values given")
-    return exported._guards_fn, tuple(inputs.index(a) for a in calls[0].args)
+    guards: Callable[..., None] = exported.get_submodule("_guards_fn")
+    return guards, tuple(inputs.index(a) for a in calls[0].args)
 
 
 def _auto(t: torch.Tensor) -> Optional[Dict[int, Any]]:

@@ -211,7 +211,9 @@ class WideFunctional(StackedIO, nn.Module):
         args, kwargs = unpacked(args, kwargs)
         skeleton = self._skeleton[0].train(self.training)
 
-        def one(params: Dict[str, torch.Tensor], buffers: Dict[str, torch.Tensor], a: tuple, k: dict) -> Any:
+        def one(
+            params: Dict[str, torch.Tensor], buffers: Dict[str, torch.Tensor], a: Tuple[Any, ...], k: Dict[str, Any]
+        ) -> Any:
             return functional_call(skeleton, (params, buffers), a, k)
 
         (args, kwargs), dims = vmap_dims((args, kwargs))

@@ -40,7 +40,8 @@ def wide_layer(
         wide = op.from_modules(subs)
     except WideTesseraError:
         return None
-    stacked = type(wide).pack is WideOp.pack and type(wide).unpack is WideOp.unpack
+    kind: Any = type(wide)
+    stacked = kind.pack is WideOp.pack and kind.unpack is WideOp.unpack
     return wide if stacked else _Relayout(wide)
 
 
@@ -56,8 +57,9 @@ class _Relayout(nn.Module):
         return prefixed(slots_of(self.wide), "wide", "")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        w = self.wide
-        return torch.stack(w.unpack(w(w.pack(list(x.unbind(0))))))
+        w: Any = self.wide  # a WideOp's module: pack and unpack are its own
+        n = x.shape[0]
+        return STACKED.join(w.unpack(w(w.pack(STACKED.parts(x, n)))))
 
 
 class LayerLoop(nn.Module):

@@ -115,7 +115,7 @@ class WideSparseMoe(StackedIO, nn.Module):
             if name == self.experts:
                 slots.update({f"block.{name}.{k}": Slot(f"{name}.{k}", JOINED) for k in child.state_dict()})
             else:
-                slots.update(prefixed(slots_of(child.wide), f"block.{name}.wide", name))
+                slots.update(prefixed(slots_of(child.get_submodule("wide")), f"block.{name}.wide", name))
         return slots
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:

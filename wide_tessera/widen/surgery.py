@@ -66,7 +66,7 @@ _ELEMENTWISE_MODULES = (nn.GELU, nn.ReLU, nn.SiLU, nn.Tanh, nn.Sigmoid, nn.Leaky
 class _Vmapped(nn.Module):
     """A call that may mix a model's values: vmapped over the stacked arguments (`mask`: which)."""
 
-    def __init__(self, fn: Callable, mask: Any, randomness: str):
+    def __init__(self, fn: Callable[..., Any], mask: Any, randomness: str):
         super().__init__()
         self.fn, self.randomness = fn, randomness
         args, kwargs = tree_map(lambda stacked: 0 if stacked else None, mask)
@@ -86,8 +86,8 @@ def _fit(dims: Any, value: Any) -> Tuple[Any, Any]:
     within a stacked argument only its tensors are mapped (an optional one may be None at run
     time), and a tensor passed once for all models (expanded) is not."""
     if isinstance(dims, dict):
-        pairs = {k: _fit(d, value[k]) for k, d in dims.items()}
-        return {k: p[0] for k, p in pairs.items()}, {k: p[1] for k, p in pairs.items()}
+        fitted = {k: _fit(d, value[k]) for k, d in dims.items()}
+        return {k: p[0] for k, p in fitted.items()}, {k: p[1] for k, p in fitted.items()}
     if isinstance(dims, (tuple, list)):
         pairs = [_fit(d, v) for d, v in zip(dims, value)]
         return type(dims)(p[0] for p in pairs), type(dims)(p[1] for p in pairs)
@@ -160,17 +160,17 @@ class WideSurgery(StackedIO, nn.Module):
         super().__init__()
         check_alike(modules, "WideSurgery")
         self.n, self.randomness, self.choice = len(modules), randomness, choice
+        self.captured: Optional[ExportedSurgery] = None
+        self.swapped: List[str] = []
+        self.looped: List[str] = []
+        self.unfused: Dict[str, str] = {}
         try:
             traced = _trace(modules[0])
         except Exception as e:  # noqa: BLE001  whatever stops the tracer: torch.export captures the model
             self.captured = ExportedSurgery(modules, randomness, one_line(e)[:200], choice)
             self.swapped, self.looped, self.unfused = self.captured.swapped, self.captured.looped, self.captured.unfused
             return
-        self.captured = None
         self._traced_as_none, self._model_name = _none_defaults(modules[0]), type(modules[0]).__name__
-        self.swapped: List[str] = []
-        self.looped: List[str] = []
-        self.unfused: Dict[str, str] = {}
         holder = nn.Module()  # what the rewritten graph calls
         graph = traced.graph
         stacked: Set[fx.Node] = set()
@@ -446,5 +446,5 @@ def _elementwise(node: fx.Node) -> bool:
     return False
 
 
-def _method(name: str) -> Callable:
+def _method(name: str) -> Callable[..., Any]:
     return lambda obj, *a, **k: getattr(obj, name)(*a, **k)
