@@ -130,7 +130,7 @@ def test_a_layer_whose_op_loses_runs_as_n_calls_and_the_model_trains_as_n_separa
     losing at its size (gemm 16 -> 16 at N=4 here), surgery runs that layer as N calls inside the
     fused model (HFTA's partial fusion), says which, and still trains as N separate trainings."""
     if capture == "torch.export":
-        monkeypatch.setattr(surgery, "_trace", lambda model: (_ for _ in ()).throw(TypeError("untraceable")))
+        monkeypatch.setattr(surgery, "trace_fx", lambda model: (_ for _ in ()).throw(TypeError("untraceable")))
     gemm = {"batch": B}
     table = DispatchTable([
         entry(op="MLP", params={k: v for k, v in model_identity(MLP()).items() if k != "class"},

@@ -1,4 +1,5 @@
-"""Surgery of a model torch.fx cannot trace, captured by torch.export instead.
+"""Surgery of a model torch.fx cannot trace, captured by torch.export instead (capture.export_graph;
+what follows says why, and how its graph is lowered).
 
 torch.fx runs forward on symbolic proxies, and stops at the first branch on a value: every
 transformers layer tried (BertLayer, GPT2Block, LlamaDecoderLayer, ...) was refused, and
@@ -10,7 +11,7 @@ model allows (torch.export's Dim.AUTO), so a growing sequence reuses one graph: 
 layers fed lengths 1 to 16 were captured 16 times, 219 ms a new length against 2.3 ms a repeat
 call. torch.export specialises a dimension of size 0 or 1, and whatever the model's code fixes,
 so a new length can still need a new capture (a length of 1, then 2): each capture after the
-first says which dimension forced it, and at most _MOST_CAPTURES are kept (the oldest goes).
+first says which dimension forced it, and at most MOST_CAPTURES are kept (the oldest goes).
 A capture is also specialised to the input's structure, dtypes, devices, train or eval.
 
 The captured graph is rewritten:
@@ -26,96 +27,28 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import inspect
 import io
 import operator
 import time
 import warnings
 from collections import OrderedDict, defaultdict
-from dataclasses import dataclass
 from itertools import chain
 from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Set, Tuple
 
 import torch
 from torch import fx, nn
-from torch.export import Dim
-from torch.func import vmap
 from torch.utils._pytree import tree_flatten, tree_map
-from torch.utils._sympy.numbers import int_oo
 
 from ..core.errors import NotApplicable, one_line
 from ..core.layout import STACKED, Slot, prefixed, slots_of
 from ..ops.base import fusing_ops
-from .functional import is_shared, model_size, tensors_only, with_others
+from .capture import CHECKS, MOST_CAPTURES, SIZE, Capture, export_graph, guards_of, input_dims, signature
+from .functional import model_size
 from .layers import LayerChoice, LayerLoop, hold_stacked, wide_layer
 from .moe import WideSparseMoe, is_sparse_moe
+from .rules import Segment
 
 __all__ = ["ExportedSurgery"]
-
-# Checks torch.export leaves in its graph for the example's shapes and dtypes: a stacked
-# value has one more axis, and vmap has no rule for them.
-_CHECKS = {torch.ops.aten._assert_tensor_metadata.default}
-
-# A dynamic dimension's size, read from an input (x.shape[1] of a symbolic length). vmap has no
-# rule for it: read from the stacked input outside the segments, without its N axis (model_size).
-_SIZE = torch.ops.aten.sym_size.int
-
-# Captures kept for inputs that still specialise (each a graph of the model and its rewriting):
-# without a bound, a model captured per new shape grew by 59 MiB over 64 lengths.
-_MOST_CAPTURES = 8
-_UNBOUNDED = 2**63 - 1
-
-
-@dataclass(frozen=True)
-class _Capture:
-    """A rewritten graph and what it takes: the input's structure, and per tensor its dtype,
-    device and whether it is shared, and per dimension its size or, where dynamic, its range."""
-
-    graph: fx.GraphModule
-    fixed: Hashable  # training, structure, dtypes, devices, sharing, and every other value
-    dims: Tuple[Tuple[Any, ...], ...]  # per tensor, per dimension: a size, or a (low, high) range
-    names: Tuple[str, ...]  # per tensor, its input's name in the graph
-    # torch.export's guards (sizes equal to each other, a size's parity, ...) and the positions
-    # of the inputs they read among the input's leaves; None where the capture has none
-    guards: Optional[Tuple[Callable[..., None], Tuple[int, ...]]]
-
-    def takes(self, fixed: Hashable, shapes: Tuple[Tuple[int, ...], ...], leaves: List[Any]) -> bool:
-        """Whether this graph computes the models' call on the wide input of `leaves`: per
-        dimension its range, and the guards torch.export drew from the model's code, on one
-        model's values. Without the guards, a model whose branch read `x.shape[1] == y.shape[1]`,
-        or `x.shape[1] % 2`, ran the other branch's graph silently (errors of 4.5 and 4.2)."""
-        if fixed != self.fixed or not all(
-            len(shape) == len(dims) and all(_fits(size, d) for size, d in zip(shape, dims))
-            for shape, dims in zip(shapes, self.dims)
-        ):
-            return False
-        return self.failed_guard(leaves) is None
-
-    def failed_guard(self, leaves: List[Any]) -> Optional[str]:
-        """torch's words for the first guard the wide input's one model fails, or None."""
-        if self.guards is None:
-            return None
-        check, where = self.guards
-        try:
-            check(*(leaves[i][0] if isinstance(leaves[i], torch.Tensor) else leaves[i] for i in where))
-        except AssertionError as e:  # torch's "Guard failed: y.size()[1] == x.size()[1]"
-            return str(e)
-        return None
-
-    def why_not(self, fixed: Hashable, shapes: Tuple[Tuple[int, ...], ...], leaves: List[Any]) -> str:
-        """Why this capture does not take the wide input, in words."""
-        if fixed != self.fixed:
-            return "its input's structure, dtypes, devices or mode differ from the last capture's"
-        for name, shape, dims in zip(self.names, shapes, self.dims):
-            for i, (size, d) in enumerate(zip(shape, dims)):
-                if not _fits(size, d):
-                    held = f"fixed at {d}" if isinstance(d, int) else f"from {d[0]} to {d[1]}"
-                    return f"{name} dimension {i} is {size}, where the last capture took it {held}"
-        return f"the last capture's {self.failed_guard(leaves)}"
-
-
-def _fits(size: int, dim: Any) -> bool:
-    return size == dim if isinstance(dim, int) else dim[0] <= size <= dim[1]
 
 
 class ExportedSurgery(nn.Module):
@@ -171,7 +104,7 @@ class ExportedSurgery(nn.Module):
                 self._stacked_names[path] = f"t{len(self._stacked_names)}"
                 values = [operator.attrgetter(path)(m) for m in modules]
                 hold_stacked(self.stacked, self._stacked_names[path], values, persistent=path in saved)
-        self._captures: "OrderedDict[int, _Capture]" = OrderedDict()  # the latest used last
+        self._captures: "OrderedDict[int, Capture]" = OrderedDict()  # the latest used last
         self.train(modules[0].training)
 
     @property
@@ -193,7 +126,7 @@ class ExportedSurgery(nn.Module):
         return 0.0 if self._captures else ExportedSurgery.capture_s
 
     def forward(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
-        fixed, shapes = _signature(self.training, (args, kwargs))
+        fixed, shapes = signature(self.training, (args, kwargs))
         leaves = tree_flatten((args, kwargs))[0]
         found = next((k for k, c in reversed(self._captures.items()) if c.takes(fixed, shapes, leaves)), None)
         if found is None:
@@ -201,14 +134,14 @@ class ExportedSurgery(nn.Module):
                 last = next(reversed(self._captures.values()))
                 warnings.warn(
                     f"surgery captures {type(self._skeleton[0]).__name__} again: {last.why_not(fixed, shapes, leaves)} "
-                    f"(each capture costs a trace; at most {_MOST_CAPTURES} are kept)",
+                    f"(each capture costs a trace; at most {MOST_CAPTURES} are kept)",
                     stacklevel=2,
                 )
             found = max(self._captures, default=-1) + 1
             started = time.perf_counter()
             self._captures[found] = self._capture(args, kwargs, fixed)
             ExportedSurgery.capture_s = time.perf_counter() - started
-            if len(self._captures) > _MOST_CAPTURES:
+            if len(self._captures) > MOST_CAPTURES:
                 self._captures.popitem(last=False)
         self._captures.move_to_end(found)
         return self._captures[found].graph(*args, **kwargs)
@@ -220,12 +153,12 @@ class ExportedSurgery(nn.Module):
         super()._apply(fn, recurse)  # type: ignore[no-untyped-call]
         return self
 
-    def _capture(self, args: Tuple[Any, ...], kwargs: Dict[str, Any], fixed: Hashable) -> _Capture:
+    def _capture(self, args: Tuple[Any, ...], kwargs: Dict[str, Any], fixed: Hashable) -> Capture:
         model = self._skeleton[0].train(self.training)
         one_args, one_kwargs = tree_map(lambda t: t[0] if isinstance(t, torch.Tensor) else t, (args, kwargs))
         try:  # a failed export prints the graph it got so far to stderr, hundreds of lines: the reason is enough
             with contextlib.redirect_stderr(io.StringIO()):
-                program = _export(model, tuple(one_args), dict(one_kwargs))
+                program = export_graph(model, tuple(one_args), dict(one_kwargs))
         except Exception as e:  # noqa: BLE001  whatever stops the capture: the vmap strategy covers the model
             why = one_line(e)[:200]
             raise NotApplicable(
@@ -233,20 +166,20 @@ class ExportedSurgery(nn.Module):
                 f"torch.export: {why}"
             ) from None
         exported, ranges = program
-        names, dims = _input_dims(exported.graph, ranges)
+        names, dims = input_dims(exported.graph, ranges)
         graph = exported.graph
-        guards = _guards(exported, len(tree_flatten((one_args, one_kwargs))[0]))
+        guards = guards_of(exported, len(tree_flatten((one_args, one_kwargs))[0]))
         for node in list(graph.nodes):
-            if (node.op == "call_module" and node.target == "_guards_fn") or node.target in _CHECKS:
+            if (node.op == "call_module" and node.target == "_guards_fn") or node.target in CHECKS:
                 graph.erase_node(node)
-            elif node.target is _SIZE:
+            elif node.target is SIZE:
                 node.target = model_size
         self._swap_layers(graph)
         holder = nn.Module()
         holder.s, holder.w, holder.c = self.stacked, self.wides, nn.Module()
         unstacked = self._hold_attributes(graph, exported, holder.c)
         rewritten = fx.GraphModule(holder, _in_segments(graph, holder, unstacked, self.n, self.randomness), "Captured")
-        return _Capture(rewritten, fixed, dims, names, guards)
+        return Capture(rewritten, fixed, dims, names, guards)
 
     def _swap_layers(self, graph: fx.Graph) -> None:
         """The ops of each call of a swapped layer, one call of its wide module."""
@@ -303,30 +236,6 @@ class _MoeStandIn(nn.Module):
         return next(t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)).clone()
 
 
-class _Segment(nn.Module):
-    """Ops between swapped layers, one vmapped call over the stacked values (`stacked`: which of
-    its arguments are; a tensor passed once for all models, expanded, goes in once). `plain`:
-    its outputs are tensors, which vmap returns as they are (a tree of them takes tensors_only,
-    30 us a call)."""
-
-    def __init__(self, fn: fx.GraphModule, stacked: List[bool], plain: bool, n: int, randomness: str):
-        super().__init__()
-        self.fn, self.stacked, self.plain, self.n, self.randomness = fn, stacked, plain, n, randomness
-
-    def forward(self, *values: Any) -> Any:
-        mapped = [st and isinstance(v, torch.Tensor) and not is_shared(v) for v, st in zip(values, self.stacked)]
-        values = tuple(v[0] if st and is_shared(v) else v for v, st in zip(values, self.stacked))
-        if not any(mapped):  # nothing here is any model's own: computed once, shared by all
-            out = self.fn(*values)
-            return tree_map(lambda t: t.expand(self.n, *t.shape) if isinstance(t, torch.Tensor) else t, out)
-        dims = tuple(0 if m else None for m in mapped)
-        if self.plain:
-            return vmap(self.fn, in_dims=dims, randomness=self.randomness)(*values)
-        kept: List[Any] = []
-        out = vmap(tensors_only(self.fn, kept), in_dims=dims, randomness=self.randomness)(*values)
-        return with_others(out, kept)
-
-
 def _in_segments(graph: fx.Graph, holder: nn.Module, unstacked: Set[fx.Node], n: int, randomness: str) -> fx.Graph:
     """`graph` with its ops between swapped layers in vmapped segments (added to `holder`).
 
@@ -366,7 +275,7 @@ def _in_segments(graph: fx.Graph, holder: nn.Module, unstacked: Set[fx.Node], n:
         name = f"g{d}"
         plain = all(isinstance(o.meta.get("val"), torch.Tensor) for o in outputs)
         stacked = [a not in unstacked for a in inputs]
-        holder.add_module(name, _Segment(fx.GraphModule(nn.Module(), sub), stacked, plain, n, randomness))
+        holder.add_module(name, Segment(fx.GraphModule(nn.Module(), sub), stacked, plain, n, randomness))
         call = out.call_module(name, tuple(env[a] for a in inputs))
         for j, o in enumerate(outputs):
             env[o] = out.call_function(operator.getitem, (call, j))
@@ -379,71 +288,3 @@ def _within(paths: Sequence[str]) -> Tuple[str, ...]:
     return tuple(p + "." for p in paths)
 
 
-def _signature(training: bool, value: Any) -> Tuple[Hashable, Tuple[Tuple[int, ...], ...]]:
-    """What a capture is specialised to (the input's structure, each tensor's dtype and device and
-    whether it is shared, each other value itself), and each tensor's shape without its N axis."""
-    leaves, spec = tree_flatten(value)
-    fixed = (
-        training,
-        repr(spec),
-        tuple((x.dtype, x.device, is_shared(x)) if isinstance(x, torch.Tensor) else repr(x) for x in leaves),
-    )
-    return fixed, tuple(tuple(x.shape[1:]) for x in leaves if isinstance(x, torch.Tensor))
-
-
-def _export(model: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Tuple[fx.GraphModule, Dict[Any, Any]]:
-    """torch.export's graph of `model` on one model's input and its dynamic sizes' ranges, every
-    dimension dynamic where the model allows. Where declaring them fails, or a size is read from
-    a value computed inside the model (which a vmapped segment would have to read), the graph is
-    specialised to the input's shapes, as every capture was before."""
-    named = inspect.signature(model.forward).bind(*args, **kwargs).arguments
-    dynamic = {k: tree_map(lambda t: _auto(t) if isinstance(t, torch.Tensor) else None, v) for k, v in named.items()}
-    try:
-        program = torch.export.export(model, args, kwargs, dynamic_shapes=dynamic, strict=False)
-        module = program.module()
-        if all(n.args[0].op == "placeholder" for n in module.graph.find_nodes(op="call_function", target=_SIZE)):
-            return module, program.range_constraints
-    except Exception:  # noqa: BLE001  a model whose code cannot take symbolic sizes: one graph per shape
-        pass
-    program = torch.export.export(model, args, kwargs, strict=False)
-    return program.module(), program.range_constraints
-
-
-def _guards(exported: fx.GraphModule, leaves: int) -> Optional[Tuple[Callable[..., None], Tuple[int, ...]]]:
-    """torch.export's guards of a captured graph, and the positions among the input's leaves of
-    the inputs they read (the graph's inputs are the input's leaves, in order)."""
-    inputs = list(exported.graph.find_nodes(op="placeholder"))
-    calls = [n for n in exported.graph.nodes if n.op == "call_module" and n.target == "_guards_fn"]
-    if not calls:
-        return None
-    if len(inputs) != leaves:
-        raise NotApplicable(f"surgery: torch.export's graph takes {len(inputs)} inputs for {leaves} values given")
-    guards: Callable[..., None] = exported.get_submodule("_guards_fn")
-    return guards, tuple(inputs.index(a) for a in calls[0].args)
-
-
-def _auto(t: torch.Tensor) -> Optional[Dict[int, Any]]:
-    return {i: Dim.AUTO for i in range(t.dim())} if t.dim() else None
-
-
-def _input_dims(graph: fx.Graph, ranges: Dict[Any, Any]) -> Tuple[Tuple[str, ...], Tuple[Tuple[Any, ...], ...]]:
-    """Per tensor input of an exported graph, its name and, per dimension, its size or, where the
-    capture left it dynamic, the (low, high) range it takes."""
-    names, dims = [], []
-    for node in graph.find_nodes(op="placeholder"):
-        val = node.meta.get("val")
-        if not isinstance(val, torch.Tensor):
-            continue
-        names.append(node.name)
-        dims.append(tuple(_dim(size, ranges) for size in val.shape))
-    return tuple(names), tuple(dims)
-
-
-def _dim(size: Any, ranges: Dict[Any, Any]) -> Any:
-    if isinstance(size, int):
-        return size
-    bounds = ranges.get(size.node.expr)
-    if bounds is None:  # torch.export's least: sizes 0 and 1 are specialised
-        return (2, _UNBOUNDED)
-    # torch's unbounded size (int_oo) says it is finite, and int() of it fails
-    return (int(bounds.lower), _UNBOUNDED if bounds.upper == int_oo else int(bounds.upper))

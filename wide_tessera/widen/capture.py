@@ -1,0 +1,226 @@
+"""One model's graph, captured once, of a copy (a capture runs forward, and a forward that keeps
+a value on self left the user's module holding a proxy).
+
+* torch.fx (`trace_fx`) where it can trace forward: the layers an op fuses are kept whole, and
+  an argument whose default is None is traced as None;
+* torch.export (`export_graph`) where torch.fx cannot: every dimension of the inputs dynamic
+  where the model allows, so a growing sequence reuses one graph. What a capture is specialised
+  to (`signature`), the ranges its dimensions take and torch.export's guards make a `Capture`,
+  which says whether it takes a new input, or why not; a model keeps at most MOST_CAPTURES.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import inspect
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Hashable, List, Optional, Tuple
+
+import torch
+from torch import fx, nn
+from torch.export import Dim
+from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._sympy.numbers import int_oo
+
+from ..core.errors import NotApplicable
+from ..ops.base import fusing_ops
+from ..ops.exact import has_hooks
+from .functional import is_shared
+
+__all__ = [
+    "CHECKS",
+    "SIZE",
+    "MOST_CAPTURES",
+    "Capture",
+    "none_defaults",
+    "trace_fx",
+    "signature",
+    "export_graph",
+    "guards_of",
+    "input_dims",
+]
+
+
+# Checks torch.export leaves in its graph for the example's shapes and dtypes: a stacked
+# value has one more axis, and vmap has no rule for them.
+CHECKS = {torch.ops.aten._assert_tensor_metadata.default}
+
+# A dynamic dimension's size, read from an input (x.shape[1] of a symbolic length). vmap has no
+# rule for it: read from the stacked input outside the segments, without its N axis (model_size).
+SIZE = torch.ops.aten.sym_size.int
+
+
+def none_defaults(model: nn.Module) -> Dict[str, Optional[int]]:
+    """Each argument of `model`'s forward whose default is None -> its position (None: keyword only)."""
+    params = inspect.signature(model.forward).parameters.values()
+    return {p.name: i if p.kind is p.POSITIONAL_OR_KEYWORD else None for i, p in enumerate(params) if p.default is None}
+
+
+def trace_fx(model: nn.Module) -> fx.GraphModule:
+    """torch.fx's graph of `model`, every argument whose default is None traced as None: as a
+    proxy it is never None, so `if mask is None` would take the branch of a given mask. A call
+    that gives one is refused (WideSurgery._check_none_given).
+
+    A copy is traced: torch.fx runs forward, and a forward that keeps a value on self
+    (transformers' SwitchTransformersTop1Router keeps `self.input_dtype`) left the user's
+    module holding a torch.fx Proxy, which no deepcopy or pickle could take ("'node' not in
+    new_dict during proxy unpickling") until its next eager call."""
+    if has_hooks(model):  # torch.export runs them
+        raise NotApplicable("torch.fx traces forward alone, and the model has hooks registered")
+    model = copy.deepcopy(model)
+    concrete = dict.fromkeys(none_defaults(model))
+    graph = _Tracer(tuple(fusing_ops())).trace(model, concrete_args=concrete or None)
+    return fx.GraphModule(model, graph, type(model).__name__)
+
+
+class _Tracer(fx.Tracer):
+    """torch.fx's tracer, keeping whole every layer of a class an op fuses, wherever its class is
+    defined: torch.fx keeps only torch.nn's, and would trace through timm's Linear, so it was never
+    swapped. One that computes something else than the op (ops.exact: timm's BatchNormAct2d) is
+    kept whole too, and runs as itself under vmap, named in `looped`."""
+
+    def __init__(self, fused: Tuple[type, ...]):
+        super().__init__()
+        self.fused = fused
+
+    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
+        return super().is_leaf_module(m, qualname) or isinstance(m, self.fused)
+
+    def create_arg(self, a: Any) -> Any:
+        """torch.fx's argument, but a dataclass that is a dict (transformers' ModelOutput) made again
+        in the graph: torch.fx keeps only its fields, and the wide model returned a plain dict where
+        the models return a BaseModelOutput (INCORRECT, and `out.last_hidden_state` fails)."""
+        if isinstance(a, dict) and dataclasses.is_dataclass(a):
+            return self.create_node("call_function", type(a), (), {k: self.create_arg(v) for k, v in a.items()})
+        return super().create_arg(a)
+
+
+# Captures kept for inputs that still specialise (each a graph of the model and its rewriting):
+# without a bound, a model captured per new shape grew by 59 MiB over 64 lengths.
+MOST_CAPTURES = 8
+_UNBOUNDED = 2**63 - 1
+
+
+@dataclass(frozen=True)
+class Capture:
+    """A rewritten graph and what it takes: the input's structure, and per tensor its dtype,
+    device and whether it is shared, and per dimension its size or, where dynamic, its range."""
+
+    graph: fx.GraphModule
+    fixed: Hashable  # training, structure, dtypes, devices, sharing, and every other value
+    dims: Tuple[Tuple[Any, ...], ...]  # per tensor, per dimension: a size, or a (low, high) range
+    names: Tuple[str, ...]  # per tensor, its input's name in the graph
+    # torch.export's guards (sizes equal to each other, a size's parity, ...) and the positions
+    # of the inputs they read among the input's leaves; None where the capture has none
+    guards: Optional[Tuple[Callable[..., None], Tuple[int, ...]]]
+
+    def takes(self, fixed: Hashable, shapes: Tuple[Tuple[int, ...], ...], leaves: List[Any]) -> bool:
+        """Whether this graph computes the models' call on the wide input of `leaves`: per
+        dimension its range, and the guards torch.export drew from the model's code, on one
+        model's values. Without the guards, a model whose branch read `x.shape[1] == y.shape[1]`,
+        or `x.shape[1] % 2`, ran the other branch's graph silently (errors of 4.5 and 4.2)."""
+        if fixed != self.fixed or not all(
+            len(shape) == len(dims) and all(_fits(size, d) for size, d in zip(shape, dims))
+            for shape, dims in zip(shapes, self.dims)
+        ):
+            return False
+        return self.failed_guard(leaves) is None
+
+    def failed_guard(self, leaves: List[Any]) -> Optional[str]:
+        """torch's words for the first guard the wide input's one model fails, or None."""
+        if self.guards is None:
+            return None
+        check, where = self.guards
+        try:
+            check(*(leaves[i][0] if isinstance(leaves[i], torch.Tensor) else leaves[i] for i in where))
+        except AssertionError as e:  # torch's "Guard failed: y.size()[1] == x.size()[1]"
+            return str(e)
+        return None
+
+    def why_not(self, fixed: Hashable, shapes: Tuple[Tuple[int, ...], ...], leaves: List[Any]) -> str:
+        """Why this capture does not take the wide input, in words."""
+        if fixed != self.fixed:
+            return "its input's structure, dtypes, devices or mode differ from the last capture's"
+        for name, shape, dims in zip(self.names, shapes, self.dims):
+            for i, (size, d) in enumerate(zip(shape, dims)):
+                if not _fits(size, d):
+                    held = f"fixed at {d}" if isinstance(d, int) else f"from {d[0]} to {d[1]}"
+                    return f"{name} dimension {i} is {size}, where the last capture took it {held}"
+        return f"the last capture's {self.failed_guard(leaves)}"
+
+
+def _fits(size: int, dim: Any) -> bool:
+    return size == dim if isinstance(dim, int) else dim[0] <= size <= dim[1]
+
+
+def signature(training: bool, value: Any) -> Tuple[Hashable, Tuple[Tuple[int, ...], ...]]:
+    """What a capture is specialised to (the input's structure, each tensor's dtype and device and
+    whether it is shared, each other value itself), and each tensor's shape without its N axis."""
+    leaves, spec = tree_flatten(value)
+    fixed = (
+        training,
+        repr(spec),
+        tuple((x.dtype, x.device, is_shared(x)) if isinstance(x, torch.Tensor) else repr(x) for x in leaves),
+    )
+    return fixed, tuple(tuple(x.shape[1:]) for x in leaves if isinstance(x, torch.Tensor))
+
+
+def export_graph(
+    model: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]
+) -> Tuple[fx.GraphModule, Dict[Any, Any]]:
+    """torch.export's graph of `model` on one model's input and its dynamic sizes' ranges, every
+    dimension dynamic where the model allows. Where declaring them fails, or a size is read from
+    a value computed inside the model (which a vmapped segment would have to read), the graph is
+    specialised to the input's shapes, as every capture was before."""
+    named = inspect.signature(model.forward).bind(*args, **kwargs).arguments
+    dynamic = {k: tree_map(lambda t: _auto(t) if isinstance(t, torch.Tensor) else None, v) for k, v in named.items()}
+    try:
+        program = torch.export.export(model, args, kwargs, dynamic_shapes=dynamic, strict=False)
+        module = program.module()
+        if all(n.args[0].op == "placeholder" for n in module.graph.find_nodes(op="call_function", target=SIZE)):
+            return module, program.range_constraints
+    except Exception:  # noqa: BLE001  a model whose code cannot take symbolic sizes: one graph per shape
+        pass
+    program = torch.export.export(model, args, kwargs, strict=False)
+    return program.module(), program.range_constraints
+
+
+def guards_of(exported: fx.GraphModule, leaves: int) -> Optional[Tuple[Callable[..., None], Tuple[int, ...]]]:
+    """torch.export's guards of a captured graph, and the positions among the input's leaves of
+    the inputs they read (the graph's inputs are the input's leaves, in order)."""
+    inputs = list(exported.graph.find_nodes(op="placeholder"))
+    calls = [n for n in exported.graph.nodes if n.op == "call_module" and n.target == "_guards_fn"]
+    if not calls:
+        return None
+    if len(inputs) != leaves:
+        raise NotApplicable(f"surgery: torch.export's graph takes {len(inputs)} inputs for {leaves} values given")
+    guards: Callable[..., None] = exported.get_submodule("_guards_fn")
+    return guards, tuple(inputs.index(a) for a in calls[0].args)
+
+
+def _auto(t: torch.Tensor) -> Optional[Dict[int, Any]]:
+    return {i: Dim.AUTO for i in range(t.dim())} if t.dim() else None
+
+
+def input_dims(graph: fx.Graph, ranges: Dict[Any, Any]) -> Tuple[Tuple[str, ...], Tuple[Tuple[Any, ...], ...]]:
+    """Per tensor input of an exported graph, its name and, per dimension, its size or, where the
+    capture left it dynamic, the (low, high) range it takes."""
+    names, dims = [], []
+    for node in graph.find_nodes(op="placeholder"):
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor):
+            continue
+        names.append(node.name)
+        dims.append(tuple(_dim(size, ranges) for size in val.shape))
+    return tuple(names), tuple(dims)
+
+
+def _dim(size: Any, ranges: Dict[Any, Any]) -> Any:
+    if isinstance(size, int):
+        return size
+    bounds = ranges.get(size.node.expr)
+    if bounds is None:  # torch.export's least: sizes 0 and 1 are specialised
+        return (2, _UNBOUNDED)
+    # torch's unbounded size (int_oo) says it is finite, and int() of it fails
+    return (int(bounds.lower), _UNBOUNDED if bounds.upper == int_oo else int(bounds.upper))

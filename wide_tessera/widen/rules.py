@@ -1,0 +1,213 @@
+"""What surgery does with each op of a captured graph, given which of its values are stacked on
+the N axis: the rules that both lowerings (surgery.py from torch.fx, exported.py from
+torch.export) apply.
+
+* an elementwise function (activations, +, *, ...) on stacked values of one rank runs on the
+  stacked tensors at once: it cannot mix the models (`is_elementwise`, `Elementwise`);
+* a shape query answers for one model, without the N axis (`ShapeQuery`); what a stacked tensor
+  says of itself that each model's would say too (x.device) is not stacked (`is_model_fact`);
+* a per-model layer given some arguments shared by all models gets them repeated (`Repeated`);
+* anything else runs under vmap, call by call (`Vmapped`, `GetItem`), or, between the layers
+  torch.export's graph swapped, in vmapped segments (`Segment`).
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any, Callable, Dict, List, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import fx, nn
+from torch.func import vmap
+from torch.utils._pytree import tree_map
+
+from ..core.layout import Slot, prefixed, slots_of
+from .functional import is_shared, model_size, tensors_only, vmap_dims, with_others
+
+__all__ = [
+    "ELEMENTWISE_MODULES",
+    "Vmapped",
+    "Elementwise",
+    "GetItem",
+    "ShapeQuery",
+    "Repeated",
+    "Segment",
+    "leaf_flags",
+    "constants_are_numbers",
+    "is_shape_query",
+    "is_model_fact",
+    "is_elementwise",
+    "method_call",
+]
+
+
+# Functions that act on each element on its own: applied to stacked tensors of one rank, they
+# give what N separate calls give.
+_ELEMENTWISE = {
+    operator.add, operator.sub, operator.mul, operator.truediv, operator.neg, operator.pow,
+    torch.add, torch.sub, torch.mul, torch.div, torch.neg, torch.exp, torch.tanh, torch.sigmoid, torch.relu,
+    F.gelu, F.relu, F.silu, F.leaky_relu, F.elu, F.tanh, F.sigmoid, F.softplus, F.mish, F.hardswish,
+}
+_ELEMENTWISE_METHODS = {"add", "sub", "mul", "div", "neg", "exp", "tanh", "sigmoid", "relu", "pow"}
+ELEMENTWISE_MODULES = (nn.GELU, nn.ReLU, nn.SiLU, nn.Tanh, nn.Sigmoid, nn.LeakyReLU, nn.ELU, nn.Mish, nn.Identity)
+
+
+class Vmapped(nn.Module):
+    """A call that may mix a model's values: vmapped over the stacked arguments (`mask`: which)."""
+
+    def __init__(self, fn: Callable[..., Any], mask: Any, randomness: str):
+        super().__init__()
+        self.fn, self.randomness = fn, randomness
+        args, kwargs = tree_map(lambda stacked: 0 if stacked else None, mask)
+        # shaped as the call receives them: fx keeps its arguments in immutable lists and dicts
+        self.in_dims = (tuple(_plain(a) for a in args), {k: _plain(v) for k, v in kwargs.items()})
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        fn = self.fn
+        values, dims = _fit(self.in_dims, (args, kwargs))
+        kept: List[Any] = []
+        out = vmap(tensors_only(lambda a, k: fn(*a, **k), kept), in_dims=dims, randomness=self.randomness)(*values)
+        return with_others(out, kept)
+
+
+def _fit(dims: Any, value: Any) -> Tuple[Any, Any]:
+    """(values, in_dims) for a call's arguments, where the graph says which are stacked (`dims`):
+    within a stacked argument only its tensors are mapped (an optional one may be None at run
+    time), and a tensor passed once for all models (expanded) is not."""
+    if isinstance(dims, dict):
+        fitted = {k: _fit(d, value[k]) for k, d in dims.items()}
+        return {k: p[0] for k, p in fitted.items()}, {k: p[1] for k, p in fitted.items()}
+    if isinstance(dims, (tuple, list)):
+        pairs = [_fit(d, v) for d, v in zip(dims, value)]
+        return type(dims)(p[0] for p in pairs), type(dims)(p[1] for p in pairs)
+    return (value, None) if dims is None else vmap_dims(value)
+
+
+class Elementwise(Vmapped):
+    """An elementwise call on several stacked values: at once when they share a rank (broadcasting
+    then pairs model i with model i), else vmapped."""
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        ranks = {x.dim() for x in (*args, *kwargs.values()) if isinstance(x, torch.Tensor)}
+        return self.fn(*args, **kwargs) if len(ranks) == 1 else super().forward(*args, **kwargs)
+
+
+class GetItem(Vmapped):
+    """x[i]: one part of a stacked tuple or list as it is; an index into a stacked tensor, vmapped."""
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(args[0], (tuple, list)):
+            return args[0][args[1]]
+        return super().forward(*args, **kwargs)
+
+
+class ShapeQuery(nn.Module):
+    """x.shape, x.size(d), x.dim() or x.ndim of a stacked x, answered for one model: without its N axis."""
+
+    def __init__(self, node: fx.Node):
+        super().__init__()
+        self.what = node.args[1] if node.op == "call_function" else node.target
+
+    def forward(self, x: torch.Tensor, *args: Any) -> Any:
+        if self.what in ("dim", "ndim"):
+            return x.dim() - 1
+        if self.what == "size" and args:  # size(d): a model's axis d is the stack's d + 1
+            return model_size(x, args[0])
+        return x.shape[1:]
+
+
+class Repeated(nn.Module):
+    """A per-model layer given some arguments that are the same for every model: those repeated N times."""
+
+    def __init__(self, layer: nn.Module, mask: Any, n: int):
+        super().__init__()
+        self.layer, self.mask, self.n = layer, mask, n
+
+    def model_slots(self) -> Dict[str, Slot]:
+        return prefixed(slots_of(self.layer), "layer", "")
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        repeated = (
+            x if st or not isinstance(x, torch.Tensor) else x.expand(self.n, *x.shape) for x, st in zip(args, self.mask)
+        )
+        return self.layer(*repeated, **kwargs)
+
+
+def _plain(tree: Any) -> Any:
+    if isinstance(tree, list):
+        return [_plain(x) for x in tree]
+    if isinstance(tree, tuple):
+        return tuple(_plain(x) for x in tree)
+    if isinstance(tree, dict):
+        return {k: _plain(v) for k, v in tree.items()}
+    return tree
+
+
+def leaf_flags(mask: Any) -> List[bool]:
+    out: List[bool] = []
+    tree_map(out.append, mask)
+    return out
+
+
+def constants_are_numbers(node: fx.Node) -> bool:
+    leaves: List[Any] = []
+    tree_map(leaves.append, (node.args, node.kwargs), is_leaf=lambda a: isinstance(a, fx.Node))
+    return all(isinstance(a, (fx.Node, int, float, bool, str, type(None))) for a in leaves)
+
+
+def is_shape_query(node: fx.Node) -> bool:
+    if node.op == "call_function":
+        return node.target is getattr and len(node.args) == 2 and node.args[1] in ("shape", "ndim")
+    return node.op == "call_method" and node.target in ("size", "dim") and not node.kwargs
+
+
+# What a stacked tensor says of itself that each model's tensor would say too. As stacked values,
+# a constant made on x.device (torch.tensor([0.5], device=x.device)) was vmapped over no tensor
+# and failed the surgery strategy.
+_MODEL_FACT_ATTRIBUTES = ("device", "dtype", "is_cuda", "layout")
+
+
+_MODEL_FACT_METHODS = ("is_floating_point", "is_complex", "element_size", "get_device")
+
+
+def is_model_fact(node: fx.Node) -> bool:
+    if node.op == "call_function":
+        return node.target is getattr and len(node.args) == 2 and node.args[1] in _MODEL_FACT_ATTRIBUTES
+    return node.op == "call_method" and node.target in _MODEL_FACT_METHODS and len(node.args) == 1
+
+
+def is_elementwise(node: fx.Node) -> bool:
+    if node.op == "call_function":
+        return node.target in _ELEMENTWISE
+    if node.op == "call_method":
+        return node.target in _ELEMENTWISE_METHODS
+    return False
+
+
+def method_call(name: str) -> Callable[..., Any]:
+    return lambda obj, *a, **k: getattr(obj, name)(*a, **k)
+
+
+class Segment(nn.Module):
+    """Ops between swapped layers, one vmapped call over the stacked values (`stacked`: which of
+    its arguments are; a tensor passed once for all models, expanded, goes in once). `plain`:
+    its outputs are tensors, which vmap returns as they are (a tree of them takes tensors_only,
+    30 us a call)."""
+
+    def __init__(self, fn: fx.GraphModule, stacked: List[bool], plain: bool, n: int, randomness: str):
+        super().__init__()
+        self.fn, self.stacked, self.plain, self.n, self.randomness = fn, stacked, plain, n, randomness
+
+    def forward(self, *values: Any) -> Any:
+        mapped = [st and isinstance(v, torch.Tensor) and not is_shared(v) for v, st in zip(values, self.stacked)]
+        values = tuple(v[0] if st and is_shared(v) else v for v, st in zip(values, self.stacked))
+        if not any(mapped):  # nothing here is any model's own: computed once, shared by all
+            out = self.fn(*values)
+            return tree_map(lambda t: t.expand(self.n, *t.shape) if isinstance(t, torch.Tensor) else t, out)
+        dims = tuple(0 if m else None for m in mapped)
+        if self.plain:
+            return vmap(self.fn, in_dims=dims, randomness=self.randomness)(*values)
+        kept: List[Any] = []
+        out = vmap(tensors_only(self.fn, kept), in_dims=dims, randomness=self.randomness)(*values)
+        return with_others(out, kept)
