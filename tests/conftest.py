@@ -17,6 +17,17 @@ def _seeded():
     torch.manual_seed(0)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _cache_of_its_own(tmp_path_factory):
+    """The suite's dispatch table and caches are its own, not the user's: the optuna tests read
+    and wrote ~/.cache/wide_tessera/dispatch.json, so a table the user had tuned changed what they
+    did, and two test runs on one machine shared one table."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("WIDE_TESSERA_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+        patch.delenv("WIDE_TESSERA_DISPATCH", raising=False)
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _runs_kept_apart(monkeypatch, tmp_path_factory):
     """The runs the measuring commands keep go to a folder of the test's own, not the checkout's."""
