@@ -204,6 +204,33 @@ def test_a_layer_frozen_in_the_models_stays_frozen_when_fused(fast_timing):
         WideLinear.from_modules(linears, "bmm")
 
 
+class Jittered(nn.Module):
+    """Writes its input in place, as transformers' SwitchTransformersSparseMLP's router jitter does in training."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        x *= 1.5
+        return self.fc(x)
+
+
+@pytest.mark.parametrize("mode", ["forward_backward", "train_step", "backward"])
+def test_a_model_that_writes_its_input_in_place_trains_as_a_layer_in_a_model_does(mode, fast_timing):
+    """Its input is an earlier layer's output in a model, which it may write; the training modes
+    gave it a leaf that needs gradients, which torch refuses to write, so the point failed."""
+    r = benchmark_custom(Jittered, (4, 8), [2], mode=mode, verbose=False, timing=fast_timing, confirm="none")
+    p = r.points[0]
+    assert not p.failures and p.correct == {"vmap": True, "surgery": True} and "baseline" in p.timings, p.failures
+    models = [Jittered(), Jittered()]
+    side = modes.Side(lambda xs: [m(x) for m, x in zip(models, xs)], list, list, models)
+    inputs = [torch.randn(4, 8) for _ in models]
+    with torch.no_grad():  # as a point is measured
+        got = modes.outcome(mode, side, inputs, [torch.ones(4, 8)] * 2, lambda call: call())
+    assert got.input_written and all(g.abs().sum() > 0 for g in got.input_grads)  # they reach the inputs
+
+
 def test_dropout_is_checked_with_the_same_draws(fast_timing):
     """Each model's call and the wide call start from one generator state (randomness 'same')."""
     r = benchmark_custom(

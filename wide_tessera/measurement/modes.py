@@ -117,6 +117,14 @@ def requiring_grad(tree: Any) -> Any:
     )
 
 
+def as_layer_output(tree: Any) -> Any:
+    """The tensors of `tree` that need gradients as an earlier layer's outputs would be: copies
+    that are no leaves, so a module may write them in place, their gradients flowing back to the
+    leaves. transformers' SwitchTransformersSparseMLP multiplies its input by jitter in place in
+    training, which torch refuses on a leaf that needs gradients: its train_step point failed."""
+    return tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) and t.requires_grad else t, tree)
+
+
 def grad_weights(reference: Sequence[Any], seed: int) -> List[Any]:
     """Per model, a fixed random tensor for each floating-point output: what `loss` weights it by."""
     generator = torch.Generator().manual_seed(seed)
@@ -143,36 +151,45 @@ def _float_leaves(tree: Any) -> List[torch.Tensor]:
     return [t for t in trees.tensors(tree) if t.requires_grad]
 
 
-def timed_call(mode: str, side: Side, inputs: List[Any], weights: List[Any]) -> Callable[[], object]:
+def timed_call(
+    mode: str, side: Side, inputs: List[Any], weights: List[Any], writes_input: bool = False
+) -> Callable[[], object]:
     """The call to time in `mode` on `side`, over inputs (the N models' own, made here into
-    fresh leaves and packed once, outside the timed call)."""
+    fresh leaves and packed once, outside the timed call). `writes_input`: the models write their
+    input in place (Outcome.input_written), so in the training modes each call is given its own
+    copy (`as_layer_output`), on every side alike: the only calls that pay for a copy."""
     x = side.pack(inputs) if mode == "inference" else requiring_grad(side.pack(inputs))
     if mode == "inference":
         return partial(side.forward, x)
+    fed: Callable[[Any], Any] = as_layer_output if writes_input else (lambda x: x)
+
+    def forward(x: Any) -> Any:
+        return side.forward(fed(x))
+
     if mode == "forward":
-        return _with_grad(side.forward, x)
+        return _with_grad(forward, x)
     wrt = side.parameters() + _float_leaves(x)
     if mode == "backward":
         with torch.enable_grad():
-            recorded = loss(side.unpack(side.forward(x)), weights)
+            recorded = loss(side.unpack(forward(x)), weights)
         return partial(torch.autograd.grad, recorded, wrt, retain_graph=True, allow_unused=True)
     if mode == "forward_backward":
         return _with_grad(
-            lambda x: torch.autograd.grad(loss(side.unpack(side.forward(x)), weights), wrt, allow_unused=True), x
+            lambda x: torch.autograd.grad(loss(side.unpack(forward(x)), weights), wrt, allow_unused=True), x
         )
     if mode == "train":
         assert side.recipe is not None
         stepper = side.recipe.stepper(side.modules, side.wide, side.optimizer)
 
         def train(x: Any) -> None:
-            loss(side.unpack(side.forward(x)), weights).backward()
+            loss(side.unpack(forward(x)), weights).backward()
             stepper()
 
         return _with_grad(train, x)
     optimizers = side.optimizers()
 
     def train_step(x: Any) -> None:
-        loss(side.unpack(side.forward(x)), weights).backward()
+        loss(side.unpack(forward(x)), weights).backward()
         for optimizer in optimizers:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -204,6 +221,8 @@ class Outcome:
     trained: Optional[List[Dict[str, torch.Tensor]]] = None
     # the reference's only: the same trainings, each gradient carrying rounding noise (outcome's `twin`)
     twin: Optional[List[Dict[str, torch.Tensor]]] = None
+    # whether the side's modules wrote their input in place (timed_call's writes_input)
+    input_written: bool = False
 
 
 def outcome(
@@ -292,8 +311,9 @@ def _outcome(
 ) -> Outcome:
     given = requiring_grad(inputs)
     leaves = [_float_leaves(x) for x in given]
-    with torch.enable_grad():
-        outputs = side.unpack(seeded(lambda: side.forward(side.pack(given))))
+    with torch.enable_grad():  # (points are measured under no_grad: a copy made there is cut off from its leaf)
+        fed = as_layer_output(given)
+        outputs = side.unpack(seeded(lambda: side.forward(side.pack(fed))))
         # every parameter: one that does not need a gradient gets none, and differs from a model's that has one
         named = [list(m.named_parameters()) for m in side.modules]
         params = [p for ps in named for _, p in ps if p.requires_grad]
@@ -312,7 +332,9 @@ def _outcome(
         tree_map(lambda t: _or_zeros(next(grads), t) if isinstance(t, torch.Tensor) and t.requires_grad else None, x)
         for x in given
     ]
-    return Outcome([_detached(o) for o in outputs], input_grad_trees, per_module, buffers, stepped)
+    written = any(t._version > 0 for t in trees.tensors(fed))  # a fresh copy is at version 0
+    outs = [_detached(o) for o in outputs]
+    return Outcome(outs, input_grad_trees, per_module, buffers, stepped, input_written=written)
 
 
 def _or_zeros(grad: Optional[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
