@@ -196,6 +196,8 @@ def test_a_sparse_moe_block_of_each_family_is_recognised_by_its_structure_and_fu
     [
         # its router moves its classifier with Module.to() in forward, a `.data` write vmap refuses
         ("SwitchTransformersSparseMLP", "inference", {"vmap": "`.data`", "surgery": "torch.export"}),
+        # and in training its router's jitter multiplies its input in place: measured, not failed
+        ("SwitchTransformersSparseMLP", "train_step", {"vmap": "`.data`", "surgery": "torch.export"}),
         ("PhimoeDecoderLayer", "train_step", {"vmap": "aten::nonzero", "surgery": "setup_context"}),
     ],
 )
