@@ -185,7 +185,6 @@ class _PointMeasurement:
         self.references: List[Tuple[List[Any], bool]] = []
         self.weights: List[Any] = []  # training modes: per draw, what the loss weights each output by
         self.outcomes: List[modes.Outcome] = []  # training modes: per draw, what the N models' training call did
-        self.writes_input = False  # training modes: the models write their input in place (timed_call)
         self.checks: Dict[str, Check] = {}
         self.peaks: Dict[str, int] = {}
         self.first_call_s: Dict[str, float] = {}
@@ -282,7 +281,6 @@ class _PointMeasurement:
                             again = modes.outcome("train", side, _clones(inputs), self.weights[i], _call, twin=True)
                             outcome.twin = again.trained
                         self.outcomes.append(outcome)
-                        self.writes_input = self.writes_input or outcome.input_written
                 self.timed[BASELINE] = self.timed_of(self.loop_side())
         except Exception as e:  # noqa: BLE001  a point whose baseline fails is a result, not a reason to stop the sweep
             return analysis.failed_point(self.n, self.params, {"point": _failure("check", e)})
@@ -317,7 +315,8 @@ class _PointMeasurement:
 
     def timed_of(self, side: Side) -> Callable[[], object]:
         weights = self.weights[0] if self.weights else []
-        return modes.timed_call(self.settings.mode, side, _clones(self.draws[0]), weights, self.writes_input)
+        writes_input = any(o.input_written for o in self.outcomes)  # the models write their input in place
+        return modes.timed_call(self.settings.mode, side, _clones(self.draws[0]), weights, writes_input)
 
     # -- candidates ------------------------------------------------------------------------
 
