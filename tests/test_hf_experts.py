@@ -84,6 +84,17 @@ def test_our_strategies_as_transformers_implementations_equal_eager(model_type, 
     torch.testing.assert_close(experts_forward(how)(experts, *call), eager, rtol=1e-5, atol=1e-6)
 
 
+def test_experts_built_by_a_transformers_without_the_post_expert_norm_flag_are_served():
+    # transformers 5.17 (the GPU image's) sets no has_post_expert_norm on its experts; our
+    # implementations raised AttributeError there on every call (H100 run, 2026-11-27)
+    torch.manual_seed(0)
+    experts = build_experts("qwen2_moe", 8, 32, 48)
+    del experts.has_post_expert_norm
+    call = _call()
+    eager = type(experts).forward.__wrapped__(experts, *call)
+    torch.testing.assert_close(experts_forward("padded")(experts, *call), eager, rtol=1e-5, atol=1e-6)
+
+
 def test_split_experts_and_route_are_the_separate_calls_of_the_whole_module():
     torch.manual_seed(0)
     experts = build_experts("olmoe", 8, 32, 48)

@@ -285,7 +285,8 @@ def _own_sorted(experts: nn.Module, how: str, x: torch.Tensor, sizes: List[int],
     else:
         h = experts.act_fn(linear(x, "up_proj"))
     y = linear(h, "down_proj")
-    if experts.has_post_expert_norm:
+    # transformers 5.17 (the H100 image's) has no such flag: no family there normed after the expert
+    if getattr(experts, "has_post_expert_norm", False):
         y = experts.post_expert_norm(y)
     return y * weights[:, None]
 
