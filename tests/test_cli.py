@@ -227,7 +227,7 @@ def test_a_busy_machine_is_named_before_measuring_and_auto_takes_the_free_cores(
     says it before the first point and between ops (here: gemm, then layernorm), once."""
     from wide_tessera.cli import measure
 
-    monkeypatch.setattr(measure, "probe_load", lambda: other)
+    monkeypatch.setattr(measure, "probe_load", lambda since: other)
     monkeypatch.setattr(measure.psutil, "cpu_count", lambda: 2)
     monkeypatch.setattr("wide_tessera.measurement.health.psutil.cpu_count", lambda: 2)
     before = torch.get_num_threads()
@@ -244,13 +244,25 @@ def test_a_busy_machine_is_named_before_measuring_and_auto_takes_the_free_cores(
     assert used == (1 if threads == "auto" and other >= 1 else 2)
 
 
+def test_the_load_between_ops_is_read_over_the_op_just_ended_without_a_wait_of_its_own(monkeypatch):
+    from wide_tessera.measurement import health
+
+    slept = []
+    monkeypatch.setattr(health.time, "sleep", slept.append)
+    health.probe_load()  # before the first op: a probe of its own
+    op = health.HealthMonitor("cpu")
+    monkeypatch.setattr(op, "seconds", lambda: 4.0)  # an op that measured for 4 s
+    health.probe_load(op)
+    assert slept[0] == pytest.approx(0.2, abs=0.05) and slept[1] == 0.0
+
+
 def test_threads_auto_keeps_the_threads_it_began_with_for_every_pass(monkeypatch, tmp_path):
     """Set again between ops, the threads changed between an op's first pass and its
     confirmation (which come after every op's first pass), and the file recorded the last."""
     from wide_tessera.cli import measure
 
     loads = iter([0.0] + [1.9] * 10)  # quiet as it starts, busy from the first op on
-    monkeypatch.setattr(measure, "probe_load", lambda: next(loads))
+    monkeypatch.setattr(measure, "probe_load", lambda since: next(loads))
     monkeypatch.setattr("wide_tessera.measurement.health.psutil.cpu_count", lambda: 2)
     before = torch.get_num_threads()
     out = tmp_path / "r.json"

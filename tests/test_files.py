@@ -1,6 +1,7 @@
 """Results files on disk: symlinks, modes, one writer at a time, interrupts that leave a loadable file."""
 
 import dataclasses
+import json
 import os
 import signal
 import stat
@@ -16,6 +17,7 @@ from wide_tessera import DispatchTable, entry, load_results, save_results
 from wide_tessera.cli import cli
 from wide_tessera.cli import measure as measure_commands
 from wide_tessera.core.files import lock_path, results_lock
+from wide_tessera.core.jsonio import json_text
 from wide_tessera.results.schema import ResultsFile
 from wide_tessera.sweep.progress import Progress
 
@@ -84,6 +86,24 @@ def test_a_file_written_after_every_point_encodes_only_the_result_that_changed(t
     file.write([results[0], changed])
     assert encoded == [r.op for r in results] + [changed.op]  # the unchanged result was not encoded again
     assert [len(r.points) for r in load_results(tmp_path / "r.json")] == [len(results[0].points), 1]
+
+
+def test_a_result_that_gains_a_point_encodes_only_that_point_and_writes_what_a_full_encoding_would(
+    tmp_path, results, monkeypatch
+):
+    encoded = []
+    point_type = type(results[0].points[0])
+    to_dict = point_type.to_dict
+    monkeypatch.setattr(point_type, "to_dict", lambda self: encoded.append(self.n) or to_dict(self))
+    first = dataclasses.replace(results[0], points=results[0].points[:1])
+    file = ResultsFile(tmp_path / "r.json")
+    file.write([first])
+    assert len(encoded) == 1
+    file.write([results[0]])  # the same first point, and the others
+    assert len(encoded) == len(results[0].points)
+    monkeypatch.setattr(point_type, "to_dict", to_dict)
+    whole = json.loads((tmp_path / "r.json").read_text())["results"]
+    assert len(results[0].points) > 1 and whole == [json.loads(json_text("r.json", results[0].to_dict()))]
 
 
 def test_the_cli_writes_through_a_symlink_and_locks_its_target(tmp_path):

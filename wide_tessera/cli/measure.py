@@ -28,7 +28,7 @@ from ..dispatch.table import (
 from ..kernels import autotuned_kernels, triton_unavailable_reason
 from ..kernels.facts import CompileClock
 from ..kernels.facts import dump_ir as write_ir
-from ..measurement.health import free_cores, load_remedy, probe_load
+from ..measurement.health import HealthMonitor, free_cores, load_remedy, probe_load
 from ..measurement.modes import TRAINING_MODES
 from ..measurement.roofline import cache_path
 from ..measurement.settings import RunSettings
@@ -368,9 +368,11 @@ class _LoadWatch:
 
     def __init__(self, auto: bool):
         self.auto, self.warned = auto, False
+        self.since: Optional[HealthMonitor] = None  # started at the last check: the load over the op since
 
     def check(self) -> Optional[str]:
-        other, threads = probe_load(), torch.get_num_threads()
+        other, threads = probe_load(self.since), torch.get_num_threads()
+        self.since = HealthMonitor("cpu")
         free, cores = free_cores(other), psutil.cpu_count() or 1
         seen = f"other processes use {other:.1f} of {cores} cores"
         if self.auto:

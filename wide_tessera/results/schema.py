@@ -7,6 +7,7 @@ import; drawing a result is `wide_tessera.reports`, reached only by the thin cal
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, Union
@@ -421,12 +422,16 @@ class ResultsFile:
     """A results file that a run writes again and again (after every point it measures): each
     result is encoded once, not at every write. Encoding every result at every write grew with
     the square of the points: in the quick preset of all ops it was the last 0.24 s of 197 writes
-    (about 24 s of a 146 s run; 2-core CPU, 2026-11-27). A result is taken as unchanged while it
-    is the same object: the run replaces a result, it never changes one in place."""
+    (about 24 s of a 146 s run; 2-core CPU, 2026-11-27). Each point, too, is encoded once: the
+    op being measured changes at every write, and encoding all its points again (dataclasses_json's
+    to_dict, 34 ms for a result of a dozen points) cost 6.7 s of the next quick run of all ops
+    (profiled, 2026-11-27). A result or a point is taken as unchanged while it is the same object:
+    the run replaces them, it never changes one in place."""
 
     def __init__(self, path: Union[str, Path]):
         self.path = path
         self.encoded: Dict[int, Tuple[BenchmarkResult, str]] = {}  # id -> (the result, kept alive; its text)
+        self.points: Dict[int, Tuple[PointResult, Dict[str, Any]]] = {}  # id -> (the point, kept alive; its dict)
 
     def write(self, results: Sequence[BenchmarkResult]) -> None:
         if not isinstance(results, (list, tuple)) or not all(isinstance(r, BenchmarkResult) for r in results):
@@ -434,10 +439,19 @@ class ResultsFile:
                 f"save_results: give a list of BenchmarkResult, got {type(results).__name__} "
                 "(one result: result.save(path))"
             )
+        self.points = {id(p): (p, self.point(p)) for r in results for p in r.points}
         self.encoded = {id(r): (r, self.text(r)) for r in results}
         body = ",\n".join(self.encoded[id(r)][1] for r in results)
         write_atomic(self.path, f'{{"schema_version": {SCHEMA_VERSION}, "results": [\n{body}\n]}}\n')
 
     def text(self, result: BenchmarkResult) -> str:
         known = self.encoded.get(id(result))
-        return known[1] if known is not None else json_text(self.path, result.to_dict())  # type: ignore[attr-defined]  # dataclass_json adds it
+        if known is not None:
+            return known[1]
+        document = dataclasses.replace(result, points=[]).to_dict()  # type: ignore[attr-defined]  # dataclass_json adds it
+        document["points"] = [self.point(p) for p in result.points]
+        return json_text(self.path, document)
+
+    def point(self, point: PointResult) -> Dict[str, Any]:
+        known = self.points.get(id(point))
+        return known[1] if known is not None else point.to_dict()  # type: ignore[attr-defined]  # dataclass_json adds it
