@@ -152,6 +152,23 @@ def test_a_layer_whose_op_loses_runs_as_n_calls_and_the_model_trains_as_n_separa
     assert check.correct, check.error
 
 
+def test_a_first_call_that_chooses_surgery_says_which_layers_run_as_n_calls(first_call_chooses, tmp_path):
+    """The per-layer choice is made where the model is built, by fuse() or by its first call:
+    the first call's decision named the strategy and left out the layers kept as N calls."""
+    first_call_chooses("surgery")
+    gemm = {"batch": B}
+    DispatchTable([
+        entry(params={**gemm, "in_features": D, "out_features": H}, verdicts="loop:1 fuse:4"),
+        entry(params={**gemm, "in_features": H, "out_features": H}, verdicts="loop:1 fuse:2 loop:4"),
+        entry(params={**gemm, "in_features": H, "out_features": 1}, verdicts="loop:1 fuse:4"),
+    ]).save(tmp_path / "t.json")  # fmt: skip
+    fused = wt.fuse(mlps(), table=tmp_path / "t.json", measure="first-call", time_bound_s=0.05)
+    xs, _ = data(steps=1)
+    fused(fused.pack([x[0] for x in xs]))
+    assert fused.strategy == "surgery" and list(fused.runs.unfused) == ["fc2"]
+    assert "layer fc2 runs as 4 calls: gemm x4 (in_features=16 out_features=16)" in str(fused.decision)
+
+
 MUTATIONS = {
     "one learning rate for all": lambda f: wto.Adam(f, lr=LRS[0], betas=BETAS, weight_decay=DECAYS),
     "a joint clip": "joint",

@@ -260,6 +260,11 @@ def build(decision: DispatchDecision, modules: Sequence[nn.Module], make: Make, 
             if forced:
                 raise
             match = replace(match, fuse=False, strategy=None, reason=f"{match.reason}; but building it failed: {e}")
-    unfused: Dict[str, str] = getattr(runs, "unfused", {})  # surgery's layers kept as N calls
-    notes = [f"layer {path} runs as {len(modules)} calls: {why}" for path, why in unfused.items()]
-    return Fused(modules, runs, replace(decision, match=replace(match, notes=(*match.notes, *notes))))
+    notes = (*match.notes, *layer_notes(runs, len(modules)))
+    return Fused(modules, runs, replace(decision, match=replace(match, notes=notes)))
+
+
+def layer_notes(runs: nn.Module, n: int) -> Tuple[str, ...]:
+    """A note per layer of a model fused by surgery that runs as `n` calls, and why (its `unfused`)."""
+    unfused: Dict[str, str] = getattr(runs, "unfused", {})
+    return tuple(f"layer {path} runs as {n} calls: {why}" for path, why in unfused.items())

@@ -30,7 +30,7 @@ from ..measurement.settings import RunSettings
 from ..measurement.timing import TimedFunctionError, TimingConfig, measure_paired
 from ..results.decisions import Call, decide, level_of, stop_rule
 from ..results.manifest import now
-from .build import DispatchDecision, Fused, LoopedModules, Trials
+from .build import DispatchDecision, Fused, LoopedModules, Trials, layer_notes
 from .handover import replaced
 from .table import FIRST_CALL, Case, DispatchEntry, Match, NVerdict, measured_entry, merge_entries
 
@@ -184,7 +184,8 @@ class FirstCall(Fused):
         if self._untried:  # an entry is an answer for every later process: one left out would never be tried
             reason += f"; {', '.join(self._untried)}, past twice the time bound: not written to the table"
         fused = call.kind == "fuse" and call.strategy is not None
-        match = Match(fused, verdict.strategy if fused else None, (entry,), 0.0, self._case.n, reason)
+        notes = layer_notes(candidates[call.strategy], self.n) if fused and call.strategy is not None else ()
+        match = Match(fused, verdict.strategy if fused else None, (entry,), 0.0, self._case.n, reason, notes)
         self.decision = replace(self.decision, match=match)
         self._decided = True
         if self._table is not None and not self._untried and _merge(self._table, entry):
