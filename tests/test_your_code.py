@@ -750,6 +750,50 @@ def test_a_model_torch_fx_cannot_trace_is_captured_by_torch_export(caplog, monke
     torch.testing.assert_close(wide.unpack(wide(wide.pack(xs)))[1], models[1].double()(xs[1]))
 
 
+class NormedBranchy(nn.Module):
+    """Branchy's control flow, and between its two layers an RMSNorm with a weight of lower rank
+    than its input, a gated activation, and a bias given once for all models."""
+
+    def __init__(self):
+        super().__init__()
+        self.up, self.down = nn.Linear(8, 16), nn.Linear(16, 8)
+        self.weight = nn.Parameter(torch.rand(16) + 0.5)
+
+    def forward(self, x, bias):
+        if x.dim() != 3:
+            return x
+        h = self.up(x)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
+        return self.down(torch.nn.functional.silu(h) * h + bias) + x
+
+
+def test_what_lies_between_swapped_layers_and_keeps_the_models_apart_runs_at_once_without_vmap(monkeypatch):
+    """vmap cost about 70 us a call (2-core CPU), much of what kept surgery behind vmap of the
+    whole model on small layers: elementwise stretches, reductions over the last dimensions and
+    values of lower rank (a norm's weight, a bias shared by all models) run at once on the
+    stacked values, and compute what each model computes, gradients too."""
+    from wide_tessera.widen import rules
+    from wide_tessera.widen.surgery import WideSurgery
+
+    torch.manual_seed(0)
+    models = [NormedBranchy() for _ in range(3)]
+    wide = WideSurgery(models)
+    bias = torch.randn(16)  # the same tensor for every model: passed once
+    xs = [(torch.randn(2, 5, 8, requires_grad=True), bias) for _ in range(3)]
+    vmapped = []
+    real_vmap = rules.vmap
+    monkeypatch.setattr(rules, "vmap", lambda *a, **k: vmapped.append(a) or real_vmap(*a, **k))
+    out = wide.unpack(wide(wide.pack(xs)))
+    assert wide.captured is not None and wide.swapped == ["up", "down"] and vmapped == []
+    sum(o.square().sum() for o in out).backward()
+    for got, model, (x, b) in zip(out, models, xs):
+        alone = x.detach().requires_grad_()
+        want = model(alone, b)
+        want.square().sum().backward()
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(x.grad, alone.grad)  # back through every stretch run at once
+
+
 class SameLength(nn.Module):
     """Branches on its inputs' sizes: torch.fx cannot trace it, torch.export guards the branch."""
 

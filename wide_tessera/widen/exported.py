@@ -46,7 +46,7 @@ from .capture import CHECKS, MOST_CAPTURES, SIZE, Capture, export_graph, guards_
 from .functional import model_size
 from .layers import LayerChoice, LayerLoop, hold_stacked, wide_layer
 from .moe import WideSparseMoe, is_sparse_moe
-from .rules import Segment
+from .rules import Segment, at_once_ranks
 
 __all__ = ["ExportedSurgery"]
 
@@ -204,6 +204,7 @@ class ExportedSurgery(nn.Module):
                 )
             with graph.inserting_after(nodes[-1]):
                 call = graph.create_node("call_module", f"w.{self._wide_names[path]}", (inputs.pop(),))
+            call.meta["val"] = outputs[0].meta.get("val")  # one model's output, as the rules read it
             outputs[0].replace_all_uses_with(call)
             for node in reversed(nodes):
                 graph.erase_node(node)
@@ -275,7 +276,8 @@ def _in_segments(graph: fx.Graph, holder: nn.Module, unstacked: Set[fx.Node], n:
         name = f"g{d}"
         plain = all(isinstance(o.meta.get("val"), torch.Tensor) for o in outputs)
         stacked = [a not in unstacked for a in inputs]
-        holder.add_module(name, Segment(fx.GraphModule(nn.Module(), sub), stacked, plain, n, randomness))
+        ranks = at_once_ranks(nodes, inputs, outputs)
+        holder.add_module(name, Segment(fx.GraphModule(nn.Module(), sub), stacked, plain, n, randomness, ranks))
         call = out.call_module(name, tuple(env[a] for a in inputs))
         for j, o in enumerate(outputs):
             env[o] = out.call_function(operator.getitem, (call, j))
