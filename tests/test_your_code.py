@@ -764,7 +764,7 @@ class NormedBranchy(nn.Module):
             return x
         h = self.up(x)
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
-        return self.down(torch.nn.functional.silu(h) * h + bias) + x
+        return self.down(torch.nn.functional.silu(h) * h + bias.view(1, 16)) + x
 
 
 def test_what_lies_between_swapped_layers_and_keeps_the_models_apart_runs_at_once_without_vmap(monkeypatch):
@@ -792,6 +792,11 @@ def test_what_lies_between_swapped_layers_and_keeps_the_models_apart_runs_at_onc
         want.square().sum().backward()
         torch.testing.assert_close(got, want)
         torch.testing.assert_close(x.grad, alone.grad)  # back through every stretch run at once
+    # a bias of each model's own: its view is no longer one value shared by all, and vmap runs it
+    xs = [(torch.randn(2, 5, 8), torch.randn(16)) for _ in range(3)]
+    for got, model, x in zip(wide.unpack(wide(wide.pack(xs))), models, xs):
+        torch.testing.assert_close(got, model(*x))
+    assert len(vmapped) == 1
 
 
 class SameLength(nn.Module):

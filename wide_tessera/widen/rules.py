@@ -14,7 +14,7 @@ torch.export) apply.
 from __future__ import annotations
 
 import operator
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, FrozenSet, List, NamedTuple, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -33,7 +33,8 @@ __all__ = [
     "ShapeQuery",
     "Repeated",
     "Segment",
-    "at_once_ranks",
+    "AtOnce",
+    "at_once",
     "leaf_flags",
     "constants_are_numbers",
     "is_shape_query",
@@ -210,9 +211,14 @@ _ELEMENTWISE_ATEN = {
     _aten.mul.Tensor, _aten.mul.Scalar, _aten.div.Tensor, _aten.div.Scalar, _aten.neg.default,
     _aten.exp.default, _aten.log.default, _aten.sqrt.default, _aten.rsqrt.default, _aten.pow.Tensor_Scalar,
     _aten.tanh.default, _aten.sigmoid.default, _aten.relu.default, _aten.gelu.default, _aten.silu.default,
-    _aten.erf.default, _aten.to.dtype,
+    _aten.erf.default, _aten.to.dtype, _aten.type_as.default,
 }  # fmt: skip
 _KEPT_RANK_REDUCTIONS = {_aten.mean.dim, _aten.sum.dim_IntList}
+# ops that draw nothing at random: computed once on a value all models share, as each model would
+_DETERMINISTIC_VIEWS = {
+    _aten.unsqueeze.default, _aten.squeeze.dim, _aten.view.default, _aten.reshape.default, _aten.transpose.int,
+    _aten.permute.default, _aten.expand.default, _aten.slice.Tensor, _aten.select.int, _aten.contiguous.default,
+}  # fmt: skip
 
 
 def _keeps_the_models_apart(node: fx.Node) -> bool:
@@ -229,28 +235,52 @@ def _keeps_the_models_apart(node: fx.Node) -> bool:
     return node.target is _aten.dropout.default and len(node.args) > 2 and node.args[2] is False
 
 
-def at_once_ranks(nodes: List[fx.Node], inputs: List[fx.Node], outputs: List[fx.Node]) -> Optional[Tuple[int, ...]]:
-    """Each output's rank for one model, where every op of a segment keeps the models apart on
-    stacked values (`_keeps_the_models_apart`), so that it runs once on them, without vmap; else None.
+class AtOnce(NamedTuple):
+    """How a segment runs once on the stacked values (at_once): every model's tensor gets the
+    rank `rank` (1s after the N axis), each output has its rank `ranks` for one model, and the
+    inputs at `shared_only` must be shared by all models (ops that do not keep models apart read them)."""
+
+    rank: int
+    ranks: Tuple[int, ...]
+    shared_only: FrozenSet[int]
+
+
+def at_once(nodes: List[fx.Node], inputs: List[fx.Node], outputs: List[fx.Node]) -> Optional[AtOnce]:
+    """Whether a segment can run once on the stacked values, without vmap: each op keeps the models
+    apart (`_keeps_the_models_apart`) or reads only values all models share (a RoPE table's
+    unsqueeze); None where not, or where one model's ranks are not known.
+
     vmap's own cost, about 70 us a call on the 2-core CPU (silu(x) * x on 16 x [2, 6, 128]: 18 us
-    at once, 90 us vmapped), was much of what kept surgery behind vmap of the whole model on
-    small layers, whose stretches between swapped layers are often this simple (an MLP's
-    activation, a residual add, an RMSNorm)."""
-    if not all(n.op == "call_function" and _keeps_the_models_apart(n) for n in nodes):
+    at once, 90 us vmapped), kept surgery behind vmap of the whole model on small layers, whose
+    stretches between swapped layers are often this simple (an MLP's activation, a residual add,
+    an RMSNorm): at N=16, hidden 32, surgery was at least as fast as vmap on 5 of 16 layers,
+    and on 12 once they ran at once (scripts/real_modules.py, pinned, 2026-11-27)."""
+    where = {a: frozenset([i]) for i, a in enumerate(inputs)}  # the inputs each value depends on
+    shared_only: FrozenSet[int] = frozenset()
+    for node in nodes:
+        if node.op != "call_function":
+            return None
+        where[node] = frozenset().union(*(where.get(a, frozenset()) for a in node.all_input_nodes))
+        if not _keeps_the_models_apart(node):
+            if node.target not in _DETERMINISTIC_VIEWS:
+                return None
+            shared_only |= where[node]
+    vals = [n.meta.get("val") for n in (*inputs, *nodes)]
+    if not all(isinstance(v, (torch.Tensor, int, float, bool, torch.SymInt)) for v in vals):
         return None
-    metas = [n.meta.get("val") for n in (*inputs, *outputs)]
-    if not all(isinstance(m, torch.Tensor) or isinstance(m, (int, float, bool, torch.SymInt)) for m in metas):
+    outs = [o.meta.get("val") for o in outputs]
+    ranks = tuple(v.dim() for v in outs if isinstance(v, torch.Tensor))
+    if len(ranks) != len(outs):
         return None
-    ranks = [o.meta["val"].dim() if isinstance(o.meta["val"], torch.Tensor) else None for o in outputs]
-    return None if None in ranks else tuple(r for r in ranks if r is not None)
+    return AtOnce(max((v.dim() for v in vals if isinstance(v, torch.Tensor)), default=0), ranks, shared_only)
 
 
 class Segment(nn.Module):
     """Ops between swapped layers, one vmapped call over the stacked values (`stacked`: which of
     its arguments are; a tensor passed once for all models, expanded, goes in once). `plain`:
     its outputs are tensors, which vmap returns as they are (a tree of them takes tensors_only,
-    30 us a call). `ranks`: where its ops keep the models apart (at_once_ranks), each output's
-    rank for one model, and the segment runs once on the stacked values, without vmap."""
+    30 us a call). `once`: where its ops keep the models apart (at_once), it runs once on the
+    stacked values, without vmap."""
 
     def __init__(
         self,
@@ -259,11 +289,11 @@ class Segment(nn.Module):
         plain: bool,
         n: int,
         randomness: str,
-        ranks: Optional[Tuple[int, ...]] = None,
+        once: Optional[AtOnce] = None,
     ):
         super().__init__()
         self.fn, self.stacked, self.plain, self.n, self.randomness = fn, stacked, plain, n, randomness
-        self.ranks = ranks
+        self.once = once
 
     def forward(self, *values: Any) -> Any:
         mapped = [st and isinstance(v, torch.Tensor) and not is_shared(v) for v, st in zip(values, self.stacked)]
@@ -271,8 +301,9 @@ class Segment(nn.Module):
         if not any(mapped):  # nothing here is any model's own: computed once, shared by all
             out = self.fn(*values)
             return tree_map(lambda t: t.expand(self.n, *t.shape) if isinstance(t, torch.Tensor) else t, out)
-        if self.ranks is not None:
-            return self._at_once(values, mapped, self.ranks)
+        once = self.once
+        if once is not None and not any(mapped[i] for i in once.shared_only):
+            return self._at_once(values, mapped, once)
         dims = tuple(0 if m else None for m in mapped)
         if self.plain:
             return vmap(self.fn, in_dims=dims, randomness=self.randomness)(*values)
@@ -280,11 +311,11 @@ class Segment(nn.Module):
         out = vmap(tensors_only(self.fn, kept), in_dims=dims, randomness=self.randomness)(*values)
         return with_others(out, kept)
 
-    def _at_once(self, values: Tuple[Any, ...], mapped: List[bool], ranks: Tuple[int, ...]) -> Tuple[Any, ...]:
-        """The segment once on the stacked values: each model's tensors of lower rank get 1s after
-        the N axis, so broadcasting aligns every model's trailing dimensions as it does for one;
-        each output loses those 1s again, and one that no model's own value reached is expanded."""
-        rank = max(v.dim() - m for v, m in zip(values, mapped) if isinstance(v, torch.Tensor))
-        aligned = tuple(_with_ones(v, rank) if m else v for v, m in zip(values, mapped))
+    def _at_once(self, values: Tuple[Any, ...], mapped: List[bool], once: AtOnce) -> Tuple[Any, ...]:
+        """The segment once on the stacked values: each model's tensors get 1s after the N axis up
+        to the segment's highest rank, so broadcasting aligns every model's trailing dimensions as
+        it does for one; each output loses those 1s again, and one that no model's own value
+        reached is expanded."""
+        aligned = tuple(_with_ones(v, once.rank) if m else v for v, m in zip(values, mapped))
         outputs = self.fn(*aligned)
-        return tuple(_as_stacked(o, r, self.n) for o, r in zip(outputs, ranks))
+        return tuple(_as_stacked(o, r, self.n) for o, r in zip(outputs, once.ranks))
