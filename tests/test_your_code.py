@@ -799,6 +799,35 @@ def test_what_lies_between_swapped_layers_and_keeps_the_models_apart_runs_at_onc
     assert len(vmapped) == 1
 
 
+class WithATemperature(nn.Module):
+    """A 0-dim buffer of a higher dtype than the activations, each model's own (found by a review)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+        self.register_buffer("t", torch.tensor(0.5, dtype=torch.float64))
+
+    def forward(self, x):
+        if x.dim() != 3:
+            return x
+        return self.b(self.a(x) * self.t)
+
+
+def test_a_models_own_0_dim_tensor_promotes_no_dtype_in_a_stretch_run_at_once():
+    """Stacked, a 0-dim float64 tensor has a dimension and raised float32 activations to float64:
+    the next swapped layer refused the mixed dtypes, where each model computes in float32."""
+    from wide_tessera.widen.surgery import WideSurgery
+
+    models = [WithATemperature() for _ in range(3)]
+    for i, m in enumerate(models):
+        m.t.fill_(0.5 + i)
+    wide = WideSurgery(models)
+    xs = [torch.randn(2, 5, 8) for _ in range(3)]
+    for got, model, x in zip(wide.unpack(wide(wide.pack(xs))), models, xs):
+        assert got.dtype == torch.float32
+        torch.testing.assert_close(got, model(x))
+
+
 class SameLength(nn.Module):
     """Branches on its inputs' sizes: torch.fx cannot trace it, torch.export guards the branch."""
 

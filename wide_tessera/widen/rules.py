@@ -268,6 +268,11 @@ def at_once(nodes: List[fx.Node], inputs: List[fx.Node], outputs: List[fx.Node])
     vals = [n.meta.get("val") for n in (*inputs, *nodes)]
     if not all(isinstance(v, (torch.Tensor, int, float, bool, torch.SymInt)) for v in vals):
         return None
+    # A model's own 0-dim tensor, stacked, has a dimension, and would raise the dtype of what it
+    # meets (float32 x a 0-dim float64 is float32 for one model, float64 stacked): where each
+    # model has its own (a float64 buffer, an fp32 temperature beside bf16), vmap runs the segment.
+    scalars = {i for i, v in enumerate(vals[: len(inputs)]) if isinstance(v, torch.Tensor) and v.dim() == 0}
+    shared_only |= scalars
     outs = [o.meta.get("val") for o in outputs]
     ranks = tuple(v.dim() for v in outs if isinstance(v, torch.Tensor))
     if len(ranks) != len(outs):
