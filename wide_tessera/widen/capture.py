@@ -202,8 +202,9 @@ def guards_of(exported: fx.GraphModule, leaves: int) -> Optional[Tuple[Callable[
 def _auto(t: torch.Tensor) -> Optional[Dict[int, Any]]:
     """Each dimension of `t` dynamic, but a size of 0 or 1, which torch.export fixes all the same:
     declared dynamic, it logged a warning the user could do nothing about at every such capture
-    (a Llama layer's RoPE tables, batch 1: two per capture, in every run of scripts/real_modules.py)."""
-    return {i: Dim.AUTO if size > 1 else None for i, size in enumerate(t.shape)} if t.dim() else None
+    (a Llama layer's RoPE tables, batch 1: two per capture, in every run of scripts/real_modules.py).
+    A fixed size is Dim.STATIC: None, which torch 2.13 logs as deprecated at every capture."""
+    return {i: Dim.AUTO if size > 1 else Dim.STATIC for i, size in enumerate(t.shape)} if t.dim() else None
 
 
 def input_dims(graph: fx.Graph, ranges: Dict[Any, Any]) -> Tuple[Tuple[str, ...], Tuple[Tuple[Any, ...], ...]]:
