@@ -794,11 +794,103 @@ def test_what_lies_between_swapped_layers_and_keeps_the_models_apart_runs_at_onc
         want.square().sum().backward()
         torch.testing.assert_close(got, want)
         torch.testing.assert_close(x.grad, alone.grad)  # back through every stretch run at once
-    # a bias of each model's own: its view is no longer one value shared by all, and vmap runs it
+    # a bias of each model's own: its view gets the N axis in front of its shape, at once too
     xs = [(torch.randn(2, 5, 8), torch.randn(16)) for _ in range(3)]
     for got, model, x in zip(wide.unpack(wide(wide.pack(xs))), models, xs):
         torch.testing.assert_close(got, model(*x))
+    assert vmapped == []
+
+
+class Attending(nn.Module):
+    """Branchy's control flow around a decoder's attention: heads split by a view, RoPE-like
+    halves rotated with slices and cat, per-model or shared mask, SDPA or matmul-softmax, a
+    split of one projection, dropout; and `sorted` ends it with an op no rule takes."""
+
+    def __init__(self, sdpa, sort=False):
+        super().__init__()
+        self.qkv, self.out = nn.Linear(8, 24), nn.Linear(8, 8)
+        self.sdpa, self.sort = sdpa, sort
+
+    def forward(self, x, mask, cos):
+        if x.dim() != 3:
+            return x
+        b, length, _ = x.shape
+        q, k, v = (t.view(b, length, 2, 4).transpose(1, 2) for t in self.qkv(x).split(8, dim=-1))
+        q = q * cos + torch.cat((-q[..., 2:], q[..., :2]), dim=-1) * cos.unsqueeze(0).flip(-1)
+        if self.sdpa:
+            h = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.1 if self.training else 0.0)
+        else:
+            weights = torch.softmax(q @ k.transpose(-2, -1) / 2.0 + mask, dim=-1)
+            h = torch.matmul(F.dropout(weights, 0.1, self.training), v)
+        h = h.transpose(1, 2).reshape(b, length, 8)
+        return self.out(h.sort(dim=-1).values if self.sort else h)
+
+
+@pytest.mark.parametrize("sdpa", [True, False])
+@pytest.mark.parametrize("mask_of_each_model", [True, False])
+def test_attention_between_swapped_layers_runs_at_once_with_its_heads_folded(monkeypatch, sdpa, mask_of_each_model):
+    """A decoder's attention (views into heads, transposes, RoPE's slices and cat, softmax or
+    SDPA) ran under vmap, a Llama layer's whole stretch of 40 ops; lowered op by op on the
+    stacked values (widen/lowering.py), it runs at once and computes what each model does,
+    with a mask of each model's own or one for all, gradients too."""
+    from wide_tessera.widen import rules
+    from wide_tessera.widen.surgery import WideSurgery
+
+    torch.manual_seed(0)
+    models = [Attending(sdpa).eval() for _ in range(3)]
+    wide = WideSurgery(models)
+    vmapped = []
+    real_vmap = rules.vmap
+    monkeypatch.setattr(rules, "vmap", lambda *a, **k: vmapped.append(a) or real_vmap(*a, **k))
+    shared_mask, cos = torch.randn(2, 1, 5, 5), torch.rand(5, 4)
+    masks = [torch.randn(1, 2, 5, 5) if mask_of_each_model else shared_mask for _ in range(3)]
+    xs = [(torch.randn(2, 5, 8, requires_grad=True), m, cos) for m in masks]
+    out = wide.unpack(wide(wide.pack(xs)))
+    assert wide.swapped == ["qkv", "out"] and vmapped == []
+    sum(o.square().sum() for o in out).backward()
+    for got, model, (x, m, c) in zip(out, models, xs):
+        alone = x.detach().requires_grad_()
+        want = model(alone, m, c)
+        want.square().sum().backward()
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(x.grad, alone.grad)
+
+
+def test_a_stretch_with_an_op_no_rule_takes_runs_under_vmap_and_says_which(monkeypatch):
+    from wide_tessera.widen import rules
+    from wide_tessera.widen.surgery import WideSurgery
+
+    torch.manual_seed(0)
+    models = [Attending(sdpa=True, sort=True).eval() for _ in range(3)]
+    wide = WideSurgery(models)
+    cos = torch.rand(5, 4)
+    xs = [(torch.randn(2, 5, 8), torch.randn(2, 1, 5, 5), cos) for _ in range(3)]
+    vmapped = []
+    real_vmap = rules.vmap
+    monkeypatch.setattr(rules, "vmap", lambda *a, **k: vmapped.append(a) or real_vmap(*a, **k))
+    for got, model, x in zip(wide.unpack(wide(wide.pack(xs))), models, xs):
+        torch.testing.assert_close(got, model(*x))
     assert len(vmapped) == 1
+    segments = [m for c in wide.captured._captures.values() for m in c.graph.modules() if isinstance(m, rules.Segment)]
+    assert [m.why_vmapped for m in segments if m.once is None] == ["sort.default has no rule"]
+
+
+def test_dropout_in_a_stretch_run_at_once_draws_for_each_model_its_own_mask():
+    """Training with randomness='different': each model's attention draws its own dropout mask,
+    as N separate models would (and as vmap's 'different' does)."""
+    from wide_tessera.widen.surgery import WideSurgery
+
+    torch.manual_seed(0)
+    models = [Attending(sdpa=False).train() for _ in range(3)]
+    for m in models[1:]:
+        m.load_state_dict(models[0].state_dict())
+    wide = WideSurgery(models, randomness="different")
+    x = (torch.randn(2, 5, 8), torch.zeros(2, 1, 5, 5), torch.ones(5, 4))
+    out = wide.unpack(wide(wide.pack([x] * 3)))
+    assert not torch.equal(out[0], out[1]) and not torch.equal(out[1], out[2])  # the same model, its own draws
+    with torch.no_grad():
+        evaluated = wide.eval()(wide.pack([x] * 3))
+    torch.testing.assert_close(wide.unpack(evaluated)[2], models[0].eval()(*x))
 
 
 class WithATemperature(nn.Module):

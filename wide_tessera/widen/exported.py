@@ -45,8 +45,9 @@ from ..ops.base import fusing_ops
 from .capture import CHECKS, MOST_CAPTURES, SIZE, Capture, export_graph, guards_of, input_dims, signature
 from .functional import model_size
 from .layers import LayerChoice, LayerLoop, hold_stacked, wide_layer
+from .lowering import lower
 from .moe import WideSparseMoe, is_sparse_moe
-from .rules import Segment, at_once
+from .rules import Segment
 
 __all__ = ["ExportedSurgery"]
 
@@ -276,8 +277,8 @@ def _in_segments(graph: fx.Graph, holder: nn.Module, unstacked: Set[fx.Node], n:
         name = f"g{d}"
         plain = all(isinstance(o.meta.get("val"), torch.Tensor) for o in outputs)
         stacked = [a not in unstacked for a in inputs]
-        once = at_once(nodes, inputs, outputs)
-        holder.add_module(name, Segment(fx.GraphModule(nn.Module(), sub), stacked, plain, n, randomness, once))
+        once, why = lower(nodes, inputs, outputs, stacked, n, randomness)
+        holder.add_module(name, Segment(fx.GraphModule(nn.Module(), sub), stacked, plain, n, randomness, once, why))
         call = out.call_module(name, tuple(env[a] for a in inputs))
         for j, o in enumerate(outputs):
             env[o] = out.call_function(operator.getitem, (call, j))

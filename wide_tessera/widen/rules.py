@@ -8,13 +8,14 @@ torch.export) apply.
   says of itself that each model's would say too (x.device) is not stacked (`is_model_fact`);
 * a per-model layer given some arguments shared by all models gets them repeated (`Repeated`);
 * anything else runs under vmap, call by call (`Vmapped`, `GetItem`), or, between the layers
-  torch.export's graph swapped, in vmapped segments (`Segment`).
+  torch.export's graph swapped, in segments (`Segment`), run at once where lowering.py has a
+  rule for each of their ops, else vmapped.
 """
 
 from __future__ import annotations
 
 import operator
-from typing import Any, Callable, Dict, FrozenSet, List, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -33,8 +34,6 @@ __all__ = [
     "ShapeQuery",
     "Repeated",
     "Segment",
-    "AtOnce",
-    "at_once",
     "leaf_flags",
     "constants_are_numbers",
     "is_shape_query",
@@ -187,105 +186,16 @@ def is_elementwise(node: fx.Node) -> bool:
     return False
 
 
-def _with_ones(stacked: torch.Tensor, rank: int) -> torch.Tensor:
-    """A stacked tensor of one model's rank below `rank` with 1s after its N axis."""
-    return stacked.reshape(stacked.shape[0], *[1] * (rank + 1 - stacked.dim()), *stacked.shape[1:])
-
-
-def _as_stacked(out: torch.Tensor, rank: int, n: int) -> torch.Tensor:
-    """An output of one model's `rank` as N stacked: the 1s `_with_ones` put after the N axis
-    merged into it; an output computed from no model's own value, expanded."""
-    if out.dim() == rank:
-        return out.expand(n, *out.shape)
-    return out.flatten(0, out.dim() - 1 - rank)
-
-
 def method_call(name: str) -> Callable[..., Any]:
     return lambda obj, *a, **k: getattr(obj, name)(*a, **k)
-
-
-_aten = torch.ops.aten
-# aten ops of a captured graph that act on each element on its own (see is_elementwise)
-_ELEMENTWISE_ATEN = {
-    _aten.add.Tensor, _aten.add.Scalar, _aten.sub.Tensor, _aten.sub.Scalar, _aten.rsub.Scalar,
-    _aten.mul.Tensor, _aten.mul.Scalar, _aten.div.Tensor, _aten.div.Scalar, _aten.neg.default,
-    _aten.exp.default, _aten.log.default, _aten.sqrt.default, _aten.rsqrt.default, _aten.pow.Tensor_Scalar,
-    _aten.tanh.default, _aten.sigmoid.default, _aten.relu.default, _aten.gelu.default, _aten.silu.default,
-    _aten.erf.default, _aten.to.dtype, _aten.type_as.default,
-}  # fmt: skip
-_KEPT_RANK_REDUCTIONS = {_aten.mean.dim, _aten.sum.dim_IntList}
-# ops that draw nothing at random: computed once on a value all models share, as each model would
-_DETERMINISTIC_VIEWS = {
-    _aten.unsqueeze.default, _aten.squeeze.dim, _aten.view.default, _aten.reshape.default, _aten.transpose.int,
-    _aten.permute.default, _aten.expand.default, _aten.slice.Tensor, _aten.select.int, _aten.contiguous.default,
-}  # fmt: skip
-
-
-def _keeps_the_models_apart(node: fx.Node) -> bool:
-    """Whether `node`, given each model's values stacked on a new leading axis (those of lower
-    rank with 1s after it), computes each model's result and keeps every value's rank: an
-    elementwise op (broadcasting aligns the trailing dimensions, as it does for one model), a
-    reduction over dimensions counted from the end that keeps them, dropout where it is off."""
-    if node.target in _ELEMENTWISE_ATEN:
-        return True
-    if node.target in _KEPT_RANK_REDUCTIONS:
-        dims, keep = node.args[1] if len(node.args) > 1 else None, node.args[2] if len(node.args) > 2 else False
-        counted_from_the_end = isinstance(dims, (list, tuple)) and all(isinstance(d, int) and d < 0 for d in dims)
-        return counted_from_the_end and bool(dims) and keep is True
-    return node.target is _aten.dropout.default and len(node.args) > 2 and node.args[2] is False
-
-
-class AtOnce(NamedTuple):
-    """How a segment runs once on the stacked values (at_once): every model's tensor gets the
-    rank `rank` (1s after the N axis), each output has its rank `ranks` for one model, and the
-    inputs at `shared_only` must be shared by all models (ops that do not keep models apart read them)."""
-
-    rank: int
-    ranks: Tuple[int, ...]
-    shared_only: FrozenSet[int]
-
-
-def at_once(nodes: List[fx.Node], inputs: List[fx.Node], outputs: List[fx.Node]) -> Optional[AtOnce]:
-    """Whether a segment can run once on the stacked values, without vmap: each op keeps the models
-    apart (`_keeps_the_models_apart`) or reads only values all models share (a RoPE table's
-    unsqueeze); None where not, or where one model's ranks are not known.
-
-    vmap's own cost, about 70 us a call on the 2-core CPU (silu(x) * x on 16 x [2, 6, 128]: 18 us
-    at once, 90 us vmapped), kept surgery behind vmap of the whole model on small layers, whose
-    stretches between swapped layers are often this simple (an MLP's activation, a residual add,
-    an RMSNorm): at N=16, hidden 32, surgery was at least as fast as vmap on 5 of 16 layers,
-    and on 12 once they ran at once (scripts/real_modules.py, pinned, 2026-11-27)."""
-    where = {a: frozenset([i]) for i, a in enumerate(inputs)}  # the inputs each value depends on
-    shared_only: FrozenSet[int] = frozenset()
-    for node in nodes:
-        if node.op != "call_function":
-            return None
-        where[node] = frozenset().union(*(where.get(a, frozenset()) for a in node.all_input_nodes))
-        if not _keeps_the_models_apart(node):
-            if node.target not in _DETERMINISTIC_VIEWS:
-                return None
-            shared_only |= where[node]
-    vals = [n.meta.get("val") for n in (*inputs, *nodes)]
-    if not all(isinstance(v, (torch.Tensor, int, float, bool, torch.SymInt)) for v in vals):
-        return None
-    # A model's own 0-dim tensor, stacked, has a dimension, and would raise the dtype of what it
-    # meets (float32 x a 0-dim float64 is float32 for one model, float64 stacked): where each
-    # model has its own (a float64 buffer, an fp32 temperature beside bf16), vmap runs the segment.
-    scalars = {i for i, v in enumerate(vals[: len(inputs)]) if isinstance(v, torch.Tensor) and v.dim() == 0}
-    shared_only |= scalars
-    outs = [o.meta.get("val") for o in outputs]
-    ranks = tuple(v.dim() for v in outs if isinstance(v, torch.Tensor))
-    if len(ranks) != len(outs):
-        return None
-    return AtOnce(max((v.dim() for v in vals if isinstance(v, torch.Tensor)), default=0), ranks, shared_only)
 
 
 class Segment(nn.Module):
     """Ops between swapped layers, one vmapped call over the stacked values (`stacked`: which of
     its arguments are; a tensor passed once for all models, expanded, goes in once). `plain`:
     its outputs are tensors, which vmap returns as they are (a tree of them takes tensors_only,
-    30 us a call). `once`: where its ops keep the models apart (at_once), it runs once on the
-    stacked values, without vmap."""
+    30 us a call). `once`: the same ops lowered to run once on the stacked values, without vmap,
+    where every op has a rule (lowering.lower); `why_vmapped` says which op has none."""
 
     def __init__(
         self,
@@ -294,33 +204,24 @@ class Segment(nn.Module):
         plain: bool,
         n: int,
         randomness: str,
-        once: Optional[AtOnce] = None,
+        once: Optional[fx.GraphModule] = None,
+        why_vmapped: str = "",
     ):
         super().__init__()
         self.fn, self.stacked, self.plain, self.n, self.randomness = fn, stacked, plain, n, randomness
-        self.once = once
+        self.once, self.why_vmapped = once, why_vmapped
 
     def forward(self, *values: Any) -> Any:
         mapped = [st and isinstance(v, torch.Tensor) and not is_shared(v) for v, st in zip(values, self.stacked)]
+        if self.once is not None and any(mapped):
+            return self.once(*values)
         values = tuple(v[0] if st and is_shared(v) else v for v, st in zip(values, self.stacked))
         if not any(mapped):  # nothing here is any model's own: computed once, shared by all
             out = self.fn(*values)
             return tree_map(lambda t: t.expand(self.n, *t.shape) if isinstance(t, torch.Tensor) else t, out)
-        once = self.once
-        if once is not None and not any(mapped[i] for i in once.shared_only):
-            return self._at_once(values, mapped, once)
         dims = tuple(0 if m else None for m in mapped)
         if self.plain:
             return vmap(self.fn, in_dims=dims, randomness=self.randomness)(*values)
         kept: List[Any] = []
         out = vmap(tensors_only(self.fn, kept), in_dims=dims, randomness=self.randomness)(*values)
         return with_others(out, kept)
-
-    def _at_once(self, values: Tuple[Any, ...], mapped: List[bool], once: AtOnce) -> Tuple[Any, ...]:
-        """The segment once on the stacked values: each model's tensors get 1s after the N axis up
-        to the segment's highest rank, so broadcasting aligns every model's trailing dimensions as
-        it does for one; each output loses those 1s again, and one that no model's own value
-        reached is expanded."""
-        aligned = tuple(_with_ones(v, once.rank) if m else v for v, m in zip(values, mapped))
-        outputs = self.fn(*aligned)
-        return tuple(_as_stacked(o, r, self.n) for o, r in zip(outputs, once.ranks))

@@ -1,0 +1,398 @@
+"""A stretch of a captured graph between swapped layers, lowered to run once on the N models'
+stacked values, without vmap.
+
+Each value's layout is data: a tensor is either *stacked* (each model's tensor, of the rank
+`ranks` records, on a new leading N axis; a list of them from a split, a tuple of ranks) or
+*shared* (one value all models read: a constant, a size, a RoPE table computed once). A registry
+of rules keyed by aten op (`RULES`) says how an op runs on stacked operands: an elementwise op
+gives each stacked operand of lower rank 1s after its N axis, so broadcasting aligns every
+model's trailing dimensions as it does for one; an op with dimension arguments (transpose,
+softmax, slice, cat, ...) counts them one axis on; a view gets N in front of its shape; a
+matmul broadcasts its batch dimensions as an elementwise op does; attention folds N into the
+batch. An op on shared values only is computed once, as each model would. An op with no rule,
+or a call its rule cannot take, leaves the stretch to vmap, and `lower` says which.
+
+Why not vmap: vmap's own cost is about 70 us a call on the 2-core CPU (silu(x) * x on
+16 x [2, 6, 128]: 18 us at once, 90 us vmapped), and grows with the ops it runs: a Llama
+layer's attention stretch, 40 ops, cost more under vmap than its 7 swapped linears at hidden
+32 (scripts/real_modules.py, pinned, 2026-11-27: surgery 0.90x of vmap of the whole layer).
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import fx, nn
+
+__all__ = ["RULES", "lower"]
+
+aten = torch.ops.aten
+Rule = Callable[["_Lowering", fx.Node], Optional[fx.Node]]
+
+
+def lower(
+    nodes: Sequence[fx.Node], inputs: Sequence[fx.Node], outputs: Sequence[fx.Node], stacked: Sequence[bool], n: int,
+    randomness: str,
+) -> Tuple[Optional[fx.GraphModule], str]:  # fmt: skip
+    """The stretch `nodes` (reading `inputs`, of which `stacked` are the models' own, giving
+    `outputs`) as a graph that runs once on the stacked values and returns every output stacked;
+    or (None, why not): the first op no rule takes."""
+    lo = _Lowering(n, randomness)
+    for a, st in zip(inputs, stacked):
+        lo.env[a] = lo.graph.placeholder(a.name)
+        if st and isinstance(a.meta.get("val"), torch.Tensor):
+            lo.ranks[a] = a.meta["val"].dim()
+    for node in nodes:
+        why = lo.add(node)
+        if why:
+            return None, why
+    outs = []
+    for o in outputs:
+        val = o.meta.get("val")
+        if isinstance(lo.ranks.get(o), tuple) or not isinstance(val, (torch.Tensor, int, float, bool, torch.SymInt)):
+            return None, f"{o.name} leaves the stretch as a {type(val).__name__}"
+        outs.append(lo.stacked_value(o) if isinstance(val, torch.Tensor) else lo.env[o])
+    lo.graph.output(tuple(outs))
+    return fx.GraphModule(nn.Module(), lo.graph), ""
+
+
+class _Lowering:
+    """The graph being built (`graph`, `env`: an op of the stretch -> its value there) and the
+    layout of each value: `ranks` holds each stacked one's rank for one model; the rest are shared."""
+
+    def __init__(self, n: int, randomness: str):
+        self.n, self.randomness = n, randomness
+        self.graph = fx.Graph()
+        self.env: Dict[fx.Node, fx.Node] = {}
+        self.ranks: Dict[fx.Node, Any] = {}
+
+    def add(self, node: fx.Node) -> str:
+        """`node` lowered into the graph; why not, where it cannot be."""
+        name = getattr(node.target, "__name__", str(node.target))
+        if node.op != "call_function":
+            return f"{node.op} {name}"
+        if not any(self.stacked(a) for a in node.all_input_nodes):
+            if _draws(node):  # computed once, it would draw once for all models
+                return f"{name} draws at random from no model's value"
+            self.env[node] = self.graph.node_copy(node, self.env.__getitem__)
+            return ""
+        rule = _rule(node.target)
+        ranks = _ranks(node.meta.get("val"))
+        if rule is None:
+            return f"{name} has no rule"
+        out = rule(self, node) if ranks is not None else None
+        if out is None:
+            return f"{name} has no rule for its arguments here"
+        self.env[node], self.ranks[node] = out, ranks
+        return ""
+
+    def stacked(self, a: Any) -> bool:
+        return isinstance(a, fx.Node) and a in self.ranks
+
+    def value(self, a: Any) -> fx.Node:
+        """`a` (an op of the stretch or one of its inputs) on the new graph."""
+        return self.env[a]
+
+    def rank(self, a: Any) -> int:
+        """One model's rank of the tensor `a`, stacked or shared."""
+        return int(a.meta["val"].dim())
+
+    def new(self, tree: Any) -> Any:
+        return fx.map_arg(tree, self.env.__getitem__)
+
+    def call(self, fn: Any, *args: Any, **kwargs: Any) -> fx.Node:
+        return self.graph.call_function(fn, args, kwargs)
+
+    def lifted(self, a: Any, rank: int) -> Any:
+        """`a` on the new graph; a stacked tensor of a lower rank than `rank` with 1s after its N axis."""
+        if self.stacked(a) and self.ranks[a] < rank:
+            return self.call(_with_ones, self.env[a], rank)
+        return self.new(a)
+
+    def stacked_value(self, a: Any) -> fx.Node:
+        """The tensor `a` stacked: a shared one expanded to N (a view: no copy)."""
+        return self.env[a] if self.stacked(a) else self.call(_expanded, self.env[a], self.n)
+
+    def with_arguments(self, node: fx.Node, **changed: Any) -> fx.Node:
+        """`node`'s call on the new values, with the arguments named in `changed` replaced."""
+        args, kwargs = list(self.new(node.args)), dict(self.new(node.kwargs))
+        for name, value in changed.items():
+            at = _position(node, name)
+            if at < len(args):
+                args[at] = value
+            else:
+                kwargs[name] = value
+        return self.graph.call_function(node.target, tuple(args), kwargs)  # type: ignore[arg-type]
+
+
+def _with_ones(stacked: torch.Tensor, rank: int) -> torch.Tensor:
+    """A stacked tensor of a model's rank below `rank` with 1s after its N axis."""
+    return stacked.reshape(stacked.shape[0], *[1] * (rank + 1 - stacked.dim()), *stacked.shape[1:])
+
+
+def _expanded(shared: torch.Tensor, n: int) -> torch.Tensor:
+    return shared.expand(n, *shared.shape)
+
+
+def _ranks(val: Any) -> Any:
+    if isinstance(val, torch.Tensor):
+        return val.dim()
+    if isinstance(val, (list, tuple)) and all(isinstance(v, torch.Tensor) for v in val):
+        return tuple(v.dim() for v in val)
+    return None
+
+
+def _draws(node: fx.Node) -> bool:
+    """Whether `node` draws at random (a dropout that is off draws nothing)."""
+    if node.target is aten.dropout.default:
+        return _argument(node, "train") is not False
+    tags = getattr(node.target, "tags", ())
+    return torch.Tag.nondeterministic_seeded in tags
+
+
+def _position(node: fx.Node, name: str) -> int:
+    return next(i for i, a in enumerate(node.target._schema.arguments) if a.name == name)  # type: ignore[union-attr]
+
+
+def _argument(node: fx.Node, name: str) -> Any:
+    """The argument `name` of an aten op's call, given or by default."""
+    at = _position(node, name)
+    if at < len(node.args):
+        return node.args[at]
+    default = node.target._schema.arguments[at]  # type: ignore[union-attr]
+    return node.kwargs.get(name, default.default_value if default.has_default_value() else None)
+
+
+def _args(node: fx.Node) -> Any:
+    return node.args
+
+
+def _tensors(node: fx.Node) -> List[fx.Node]:
+    return [a for a in node.all_input_nodes if isinstance(a.meta.get("val"), torch.Tensor)]
+
+
+# --- the rules ------------------------------------------------------------------------------
+
+
+def _elementwise(lo: _Lowering, node: fx.Node) -> Optional[fx.Node]:
+    """Each stacked operand at the highest rank of the call's tensors (1s after N): broadcasting
+    then pairs model i with model i, and aligns each model's trailing dimensions as for one.
+    A model's own 0-dim tensor would, stacked, have a dimension and raise the dtype of what it
+    meets (float32 x a 0-dim float64 is float32 for one model): then no rule (an adversarial
+    review found it: the next swapped layer refused the mixed dtypes)."""
+    tensors = _tensors(node)
+    rank = max(lo.rank(a) for a in tensors)
+    dtype = node.meta["val"].dtype
+    if any(lo.stacked(a) and lo.rank(a) == 0 and a.meta["val"].dtype != dtype for a in tensors):
+        return None
+    args, kwargs = fx.map_arg((_args(node), node.kwargs), lambda a: lo.lifted(a, rank))
+    return lo.graph.call_function(node.target, args, kwargs)  # type: ignore[arg-type]
+
+
+def _moved(d: Any, rank: int) -> Optional[int]:
+    """A model's dimension `d` of a tensor of `rank` as the stacked tensor's."""
+    return d % rank + 1 if isinstance(d, int) and not isinstance(d, bool) and -rank <= d < rank else None
+
+
+def _dims(*names: str, extra: int = 0) -> Rule:
+    """An op on one stacked tensor whose arguments `names` are dimensions (or lists of them),
+    counted one axis on; `extra`: 1 where a dimension may name one past the input's rank (unsqueeze)."""
+
+    def rule(lo: _Lowering, node: fx.Node) -> Optional[fx.Node]:
+        x = _args(node)[0]
+        if not lo.stacked(x) or any(lo.stacked(a) for a in node.all_input_nodes if a is not x):
+            return None
+        rank = lo.ranks[x] + extra
+        changed = {}
+        for name in names:
+            d = _argument(node, name)
+            moved = [_moved(i, rank) for i in d] if isinstance(d, (list, tuple)) else _moved(d, rank)
+            if moved is None or (isinstance(moved, list) and (None in moved or not moved)):
+                return None
+            changed[name] = moved
+        return lo.with_arguments(node, **changed)
+
+    return rule
+
+
+def _as_is(lo: _Lowering, node: fx.Node) -> Optional[fx.Node]:
+    """An op on its first argument alone whose meaning does not depend on the rank (contiguous, clone)."""
+    if any(lo.stacked(a) for a in node.all_input_nodes[1:]) or node.kwargs.get("memory_format") not in (
+        None, torch.contiguous_format, torch.preserve_format,
+    ):  # fmt: skip
+        return None
+    return lo.with_arguments(node)
+
+
+def _view(lo: _Lowering, node: fx.Node) -> Optional[fx.Node]:
+    """A view or reshape: N in front of the shape. Reshape, as a stacked input that every model
+    shares at run time (expanded, stride 0 on N) may not be viewed as one model's was."""
+    x, shape = _args(node)[0], _args(node)[1]
+    return lo.call(aten.reshape.default, lo.value(x), [lo.n, *lo.new(shape)])
+
+
+def _expand(lo: _Lowering, node: fx.Node) -> Optional[fx.Node]:
+    x, size = _args(node)[0], _args(node)[1]
+    return lo.call(aten.expand.default, lo.lifted(x, len(size)), [lo.n, *lo.new(size)])
+
+
+def _transposed(lo: _Lowering, node: fx.Node) -> Optional[fx.Node]:
+    """t(): a model's matrix transposed; a vector or a scalar as it is."""
+    x = _args(node)[0]
+    return lo.call(aten.transpose.int, lo.value(x), 1, 2) if lo.ranks[x] == 2 else lo.value(x)
+
+
+def _joined(extra: int) -> Rule:
+    """cat (extra 0) and stack (1): every tensor stacked (a shared one expanded), the dimension one on."""
+
+    def rule(lo: _Lowering, node: fx.Node) -> Optional[fx.Node]:
+        tensors = _args(node)[0]
+        ranks = {lo.rank(t) for t in tensors}
+        if len(ranks) != 1:  # cat's 1-d empty tensors of another rank
+            return None
+        d = _moved(_argument(node, "dim"), ranks.pop() + extra)
+        if d is None:
+            return None
+        return lo.with_arguments(node, tensors=[lo.stacked_value(t) for t in tensors], dim=d)
+
+    return rule
+
+
+def _matmul(lo: _Lowering, node: fx.Node) -> Optional[fx.Node]:
+    """mm, bmm, matmul of matrices or batches of them: their batch dimensions broadcast as an
+    elementwise op's do, so each stacked operand gets the higher rank (a vector's matmul is not this)."""
+    a, b = _args(node)[0], _args(node)[1]
+    rank = max(lo.rank(a), lo.rank(b))
+    if min(lo.rank(a), lo.rank(b)) < 2:
+        return None
+    return lo.call(torch.matmul, lo.lifted(a, rank), lo.lifted(b, rank))
+
+
+def _addmm(lo: _Lowering, node: fx.Node) -> Optional[fx.Node]:
+    """bias + a @ b (GPT-2's Conv1D): a matmul and an elementwise add."""
+    bias, a, b = _args(node)[:3]
+    if _argument(node, "beta") != 1 or _argument(node, "alpha") != 1:
+        return None
+    return lo.call(torch.add, lo.call(torch.matmul, lo.lifted(a, 2), lo.lifted(b, 2)), lo.lifted(bias, 2))
+
+
+def _linear(lo: _Lowering, node: fx.Node) -> Optional[fx.Node]:
+    """A linear of an input of rank 2 or more (a layer no op swapped): by the models' own weights,
+    a matmul with them transposed; by shared weights, as it is, the N axis one more batch axis."""
+    x, w = _args(node)[0], _args(node)[1]
+    bias = _argument(node, "bias")
+    if lo.rank(x) < 2:
+        return None
+    if not lo.stacked(w):
+        out = lo.call(F.linear, lo.new(x), lo.value(w))
+    else:
+        rank = max(lo.rank(x), 2)
+        transposed = lo.call(torch.transpose, lo.value(w), 1, 2)
+        out = lo.call(torch.matmul, lo.lifted(x, rank), lo.call(_with_ones, transposed, rank))
+    return out if bias is None else lo.call(torch.add, out, lo.lifted(bias, lo.rank(x)))
+
+
+def _norm(has_bias: bool) -> Rule:
+    """layer_norm (`has_bias`) and rms_norm over a model's last dimensions: on a stacked input as it
+    is; the models' own weight and bias applied after, each with 1s after N."""
+
+    def rule(lo: _Lowering, node: fx.Node) -> Optional[fx.Node]:
+        x = _args(node)[0]
+        weight = _argument(node, "weight")
+        bias = _argument(node, "bias") if has_bias else None
+        if not (lo.stacked(weight) or lo.stacked(bias)):
+            return lo.with_arguments(node)
+        out = lo.with_arguments(node, input=lo.stacked_value(x), weight=None, **({"bias": None} if has_bias else {}))
+        rank = lo.rank(x)
+        if weight is not None:
+            out = lo.call(torch.mul, out, lo.lifted(weight, rank))
+        return out if bias is None else lo.call(torch.add, out, lo.lifted(bias, rank))
+
+    return rule
+
+
+def _dropout(lo: _Lowering, node: fx.Node) -> Optional[fx.Node]:
+    """Off, nothing; on, each element draws its own mask, which is each model drawing its own
+    (vmap's randomness='different'; 'same' and 'error' are vmap's to honour)."""
+    x = _args(node)[0]
+    if _argument(node, "train") is False or _argument(node, "p") == 0:
+        return lo.value(x)
+    return lo.with_arguments(node) if lo.randomness == "different" else None
+
+
+def _attention(lo: _Lowering, node: fx.Node) -> Optional[fx.Node]:
+    """Scaled dot-product attention of queries [batch, heads, length, dim]: N folded into the
+    batch, one call (torch's fused kernels take 4-d inputs only); the mask broadcast to each
+    model's batch where it is not the same for all of it."""
+    q, k, v = _args(node)[:3]
+    mask = _argument(node, "attn_mask")
+    if {lo.rank(q), lo.rank(k), lo.rank(v)} != {4} or (mask is not None and lo.rank(mask) > 4):
+        return None
+    if _argument(node, "dropout_p") and lo.randomness != "different":
+        return None
+    kwargs = {a.name: lo.new(_argument(node, a.name)) for a in node.target._schema.arguments[4:]}  # type: ignore[union-attr]
+    qkv = [lo.stacked_value(t) for t in (q, k, v)]
+    return lo.call(_folded_attention, *qkv, None if mask is None else lo.lifted(mask, 4), lo.stacked(mask), **kwargs)
+
+
+def _folded_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor], mask_stacked: bool, **kwargs: Any
+) -> torch.Tensor:
+    n, batch = q.shape[:2]
+    if mask is not None and mask_stacked:  # [N, batch or 1, heads or 1, L, S]: one per sequence
+        mask = mask.expand(n, batch, *mask.shape[2:]).reshape(n * batch, *mask.shape[2:])
+    elif mask is not None and mask.dim() == 4 and mask.size(0) != 1:  # the batch's own, the same for every model
+        mask = mask.expand(n, *mask.shape).reshape(n * batch, *mask.shape[1:])
+    out = F.scaled_dot_product_attention(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), mask, **kwargs)
+    return out.reshape(n, batch, *out.shape[1:])
+
+
+def _item(lo: _Lowering, node: fx.Node) -> Optional[fx.Node]:
+    """One tensor of a stacked list (a split's parts)."""
+    parts = _args(node)[0]
+    if not isinstance(lo.ranks.get(parts), tuple):
+        return None
+    return lo.call(operator.getitem, lo.value(parts), _args(node)[1])
+
+
+def _rule(target: Any) -> Optional[Rule]:
+    """The rule for `target`: its own, or, for an op torch tags pointwise that writes nothing in
+    place and draws nothing, the elementwise one."""
+    rule = RULES.get(target)
+    if rule is not None or not isinstance(target, torch._ops.OpOverload):
+        return rule
+    tags = target.tags
+    pointwise = torch.Tag.pointwise in tags and torch.Tag.nondeterministic_seeded not in tags
+    return _elementwise if pointwise and not target._schema.is_mutable else None
+
+
+RULES: Dict[Any, Rule] = {
+    aten.to.dtype: _elementwise, aten.to.dtype_layout: _elementwise, aten._to_copy.default: _elementwise,
+    aten.type_as.default: _elementwise,
+    aten.contiguous.default: _as_is, aten.clone.default: _as_is, aten.alias.default: _as_is,
+    aten.detach.default: _as_is, aten.zeros_like.default: _as_is, aten.ones_like.default: _as_is,
+    aten.full_like.default: _as_is, aten.triu.default: _as_is, aten.tril.default: _as_is,
+    aten.constant_pad_nd.default: _as_is,
+    aten.view.default: _view, aten.reshape.default: _view, aten._unsafe_view.default: _view,
+    aten.expand.default: _expand, aten.t.default: _transposed,
+    aten.transpose.int: _dims("dim0", "dim1"), aten.permute.default: _dims("dims"),
+    aten.unsqueeze.default: _dims("dim", extra=1), aten.squeeze.dim: _dims("dim"), aten.squeeze.dims: _dims("dim"),
+    aten.select.int: _dims("dim"), aten.slice.Tensor: _dims("dim"), aten.narrow.default: _dims("dim"),
+    aten.flip.default: _dims("dims"), aten.roll.default: _dims("dims"),
+    aten.flatten.using_ints: _dims("start_dim", "end_dim"), aten.unflatten.int: _dims("dim"),
+    aten.chunk.default: _dims("dim"), aten.split.Tensor: _dims("dim"), aten.split_with_sizes.default: _dims("dim"),
+    aten.softmax.int: _dims("dim"), aten._softmax.default: _dims("dim"), aten.log_softmax.int: _dims("dim"),
+    aten._log_softmax.default: _dims("dim"), aten.cumsum.default: _dims("dim"),
+    aten.sum.dim_IntList: _dims("dim"), aten.mean.dim: _dims("dim"), aten.amax.default: _dims("dim"),
+    aten.amin.default: _dims("dim"), aten.var.correction: _dims("dim"), aten.std.correction: _dims("dim"),
+    aten.cat.default: _joined(0), aten.stack.default: _joined(1),
+    aten.matmul.default: _matmul, aten.mm.default: _matmul, aten.bmm.default: _matmul,
+    aten.addmm.default: _addmm, aten.linear.default: _linear,
+    aten.layer_norm.default: _norm(True), aten.rms_norm.default: _norm(False),
+    aten.dropout.default: _dropout,
+    aten.scaled_dot_product_attention.default: _attention,
+    operator.getitem: _item,
+}  # fmt: skip
