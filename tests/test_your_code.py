@@ -856,6 +856,39 @@ def test_attention_between_swapped_layers_runs_at_once_with_its_heads_folded(mon
         torch.testing.assert_close(x.grad, alone.grad)
 
 
+def test_a_stretch_run_in_groups_of_models_computes_what_each_model_does(monkeypatch):
+    """Where the stacked values outgrow the L2 cache, a stretch runs on groups of models (each
+    group's part of every model's own input; shared ones whole), joined after: the same as the
+    separate calls, gradients too, whatever the group size."""
+    from wide_tessera.widen import rules
+    from wide_tessera.widen.surgery import WideSurgery
+
+    torch.manual_seed(0)
+    models = [Attending(sdpa=True).eval() for _ in range(9)]
+    wide = WideSurgery(models)
+    cos = torch.rand(5, 4)
+    xs = [(torch.randn(2, 5, 8, requires_grad=True), torch.randn(1, 2, 5, 5), cos) for _ in range(9)]
+    wide(wide.pack(xs))  # captured
+    groups = []
+    for capture in wide.captured._captures.values():
+        for segment in (m for m in capture.graph.modules() if isinstance(m, rules.Segment) and m.once):
+            graph = segment.once.graph
+            segment.once = segment.once._replace(graph=lambda n, *a, graph=graph: groups.append(n) or graph(n, *a))
+    monkeypatch.setattr(rules, "MANY_PASSES", 0)
+    # a model's largest value: its 2 x 5 x 24 projections, 960 bytes: alone, then in twos
+    for l2, group in [(1, 1), (2 * 960, 2)]:
+        monkeypatch.setattr(rules, "L2_BYTES", l2)
+        groups.clear()
+        out = wide.unpack(wide(wide.pack(xs)))
+        assert group in groups and max(groups) < 9 and sum(groups) % 9 == 0
+        for got, model, (x, m, c) in zip(out, models, xs):
+            alone = x.detach().requires_grad_()
+            want = model(alone, m, c)
+            torch.testing.assert_close(got, want)
+            (got_grad,) = torch.autograd.grad(got.square().sum(), x, retain_graph=True)
+            torch.testing.assert_close(got_grad, torch.autograd.grad(want.square().sum(), alone)[0])
+
+
 def test_a_stretch_with_an_op_no_rule_takes_runs_under_vmap_and_says_which(monkeypatch):
     from wide_tessera.widen import rules
     from wide_tessera.widen.surgery import WideSurgery

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import platform
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional
 
 import torch
 from dataclasses_json import dataclass_json
 
-__all__ = ["Environment", "capture_environment", "cpu_name", "triton_version"]
+__all__ = ["Environment", "capture_environment", "cpu_name", "cpu_l2_bytes", "triton_version"]
 
 
 @dataclass_json
@@ -51,6 +52,18 @@ def cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def cpu_l2_bytes() -> Optional[int]:
+    """The L2 cache of one core, as Linux's sysfs says ("2048K"); None where it says nothing."""
+    for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
+        try:
+            if (index / "level").read_text().strip() == "2":
+                size = (index / "size").read_text().strip()
+                return int(size[:-1]) * {"K": 1 << 10, "M": 1 << 20}[size[-1]] if size[-1] in "KM" else int(size)
+        except (OSError, ValueError):
+            return None
+    return None
 
 
 def triton_version() -> Optional[str]:

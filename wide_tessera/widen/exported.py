@@ -277,7 +277,7 @@ def _in_segments(graph: fx.Graph, holder: nn.Module, unstacked: Set[fx.Node], n:
         name = f"g{d}"
         plain = all(isinstance(o.meta.get("val"), torch.Tensor) for o in outputs)
         stacked = [a not in unstacked for a in inputs]
-        once, why = lower(nodes, inputs, outputs, stacked, n, randomness)
+        once, why = lower(nodes, inputs, outputs, stacked, randomness)
         holder.add_module(name, Segment(fx.GraphModule(nn.Module(), sub), stacked, plain, n, randomness, once, why))
         call = out.call_module(name, tuple(env[a] for a in inputs))
         for j, o in enumerate(outputs):

@@ -21,26 +21,42 @@ layer's attention stretch, 40 ops, cost more under vmap than its 7 swapped linea
 from __future__ import annotations
 
 import operator
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-__all__ = ["RULES", "lower"]
+__all__ = ["RULES", "Lowered", "lower"]
 
 aten = torch.ops.aten
 Rule = Callable[["_Lowering", fx.Node], Optional[fx.Node]]
 
 
+class Lowered(NamedTuple):
+    """A stretch lowered onto stacked values: `graph(n, *values)` runs it for n models' values
+    at once; `sliced` says which of its inputs are the models' own tensors (the ones a group
+    of models takes its part of); `growth`: how many times the elements of its largest input
+    that is not a parameter (`scale`, None where none is) one model's largest value holds, at
+    the capture's sizes (GPT-2's MLP activation: 4x its input); `passes`: its elementwise ops
+    over values of at least half that size (GPT-2's tanh GELU: 8)."""
+
+    graph: fx.GraphModule
+    sliced: Tuple[bool, ...]
+    scale: Optional[int]
+    growth: float
+    passes: int
+
+
 def lower(
-    nodes: Sequence[fx.Node], inputs: Sequence[fx.Node], outputs: Sequence[fx.Node], stacked: Sequence[bool], n: int,
+    nodes: Sequence[fx.Node], inputs: Sequence[fx.Node], outputs: Sequence[fx.Node], stacked: Sequence[bool],
     randomness: str,
-) -> Tuple[Optional[fx.GraphModule], str]:  # fmt: skip
+) -> Tuple[Optional[Lowered], str]:  # fmt: skip
     """The stretch `nodes` (reading `inputs`, of which `stacked` are the models' own, giving
     `outputs`) as a graph that runs once on the stacked values and returns every output stacked;
     or (None, why not): the first op no rule takes."""
-    lo = _Lowering(n, randomness)
+    lo = _Lowering(randomness)
+    lo.n = lo.graph.placeholder("n")
     for a, st in zip(inputs, stacked):
         lo.env[a] = lo.graph.placeholder(a.name)
         if st and isinstance(a.meta.get("val"), torch.Tensor):
@@ -56,15 +72,31 @@ def lower(
             return None, f"{o.name} leaves the stretch as a {type(val).__name__}"
         outs.append(lo.stacked_value(o) if isinstance(val, torch.Tensor) else lo.env[o])
     lo.graph.output(tuple(outs))
-    return fx.GraphModule(nn.Module(), lo.graph), ""
+    sliced = tuple(a in lo.ranks for a in inputs)
+    values = [i for i, a in enumerate(inputs) if a in lo.ranks and a.op != "get_attr"]  # not parameters
+    scale = max(values, key=lambda i: _elements(inputs[i]), default=None)
+    largest = max((_elements(a) for a in (*(inputs[i] for i in values), *nodes) if a in lo.ranks), default=0)
+    growth = largest / _elements(inputs[scale]) if scale is not None and _elements(inputs[scale]) else 0.0
+    passes = sum(_rule(a.target) is _elementwise and 2 * _elements(a) >= largest for a in nodes if a in lo.ranks)
+    return Lowered(fx.GraphModule(nn.Module(), lo.graph), sliced, scale, growth, passes), ""
+
+
+def _elements(node: fx.Node) -> int:
+    """One model's number of elements of `node`'s tensor at the capture's sizes (0: not a tensor)."""
+    val = node.meta.get("val")
+    if not isinstance(val, torch.Tensor):
+        return 0
+    count = val.numel()
+    return count if isinstance(count, int) else int(count.node.hint or 0)
 
 
 class _Lowering:
     """The graph being built (`graph`, `env`: an op of the stretch -> its value there) and the
     layout of each value: `ranks` holds each stacked one's rank for one model; the rest are shared."""
 
-    def __init__(self, n: int, randomness: str):
-        self.n, self.randomness = n, randomness
+    def __init__(self, randomness: str):
+        self.randomness = randomness
+        self.n: Any = None  # the graph's input: how many models' values it is given
         self.graph = fx.Graph()
         self.env: Dict[fx.Node, fx.Node] = {}
         self.ranks: Dict[fx.Node, Any] = {}
