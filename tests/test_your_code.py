@@ -889,6 +889,40 @@ def test_a_stretch_run_in_groups_of_models_computes_what_each_model_does(monkeyp
             torch.testing.assert_close(got_grad, torch.autograd.grad(want.square().sum(), alone)[0])
 
 
+class ReadsItsRnn(nn.Module):
+    """Branchy's control flow around an RNN whose output alone the model reads (or its state)."""
+
+    def __init__(self, rnn, reads_state=False):
+        super().__init__()
+        self.rnn, self.fc, self.reads_state = rnn, nn.Linear(8, 8), reads_state
+
+    def forward(self, x):
+        if x.dim() != 3:
+            return x
+        out, state = self.rnn(x)
+        return self.fc(torch.tanh(state[0] if self.reads_state else out))
+
+
+@pytest.mark.parametrize("rnn", [nn.GRU, nn.LSTM])
+def test_a_recurrent_layer_whose_output_the_model_reads_is_swapped_in_a_captured_graph(rnn):
+    """torch.export's graph reads an nn.GRU's output as its op's first result; the wide GRU
+    gives (output, state), which went on whole, and the next op failed on a tuple (found by
+    an adversarial review). It now takes the output; a model reading the state is refused in one line."""
+    from wide_tessera.core.errors import NotApplicable
+    from wide_tessera.widen.surgery import WideSurgery
+
+    torch.manual_seed(0)
+    models = [ReadsItsRnn(rnn(8, 8, batch_first=True)).eval() for _ in range(3)]
+    wide = WideSurgery(models)
+    xs = [torch.randn(2, 5, 8) for _ in range(3)]
+    for got, model, x in zip(wide.unpack(wide(wide.pack(xs))), models, xs):
+        torch.testing.assert_close(got, model(x))
+    assert wide.captured is not None and wide.swapped == ["rnn", "fc"]
+    wide = WideSurgery([ReadsItsRnn(rnn(8, 8, batch_first=True), reads_state=True) for _ in range(3)])
+    with pytest.raises(NotApplicable, match="the model reads .* of layer rnn, not its output alone"):
+        wide(wide.pack(xs))
+
+
 def test_a_stretch_with_an_op_no_rule_takes_runs_under_vmap_and_says_which(monkeypatch):
     from wide_tessera.widen import rules
     from wide_tessera.widen.surgery import WideSurgery

@@ -59,8 +59,12 @@ def lower(
     lo.n = lo.graph.placeholder("n")
     for a, st in zip(inputs, stacked):
         lo.env[a] = lo.graph.placeholder(a.name)
-        if st and isinstance(a.meta.get("val"), torch.Tensor):
-            lo.ranks[a] = a.meta["val"].dim()
+        val = a.meta.get("val")
+        ranks = _ranks(val)
+        if st and ranks is not None:  # a tensor, or a tuple of them (a swapped GRU's output and state)
+            lo.ranks[a] = ranks
+        elif st and ("val" not in a.meta or isinstance(val, (tuple, list))):
+            return None, f"{a.name}'s layout is not known"
     for node in nodes:
         why = lo.add(node)
         if why:
@@ -72,8 +76,8 @@ def lower(
             return None, f"{o.name} leaves the stretch as a {type(val).__name__}"
         outs.append(lo.stacked_value(o) if isinstance(val, torch.Tensor) else lo.env[o])
     lo.graph.output(tuple(outs))
-    sliced = tuple(a in lo.ranks for a in inputs)
-    values = [i for i, a in enumerate(inputs) if a in lo.ranks and a.op != "get_attr"]  # not parameters
+    sliced = tuple(isinstance(lo.ranks.get(a), int) for a in inputs)
+    values = [i for i, a in enumerate(inputs) if sliced[i] and a.op != "get_attr"]  # not parameters
     scale = max(values, key=lambda i: _elements(inputs[i]), default=None)
     largest = max((_elements(a) for a in (*(inputs[i] for i in values), *nodes) if a in lo.ranks), default=0)
     growth = largest / _elements(inputs[scale]) if scale is not None and _elements(inputs[scale]) else 0.0
@@ -170,10 +174,12 @@ def _expanded(shared: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def _ranks(val: Any) -> Any:
+    """One model's rank of a tensor; a tuple of them, nested as the value is, for a tuple of tensors."""
     if isinstance(val, torch.Tensor):
         return val.dim()
-    if isinstance(val, (list, tuple)) and all(isinstance(v, torch.Tensor) for v in val):
-        return tuple(v.dim() for v in val)
+    if isinstance(val, (list, tuple)) and val:
+        ranks = tuple(_ranks(v) for v in val)
+        return None if None in ranks else ranks
     return None
 
 

@@ -227,6 +227,13 @@ L2_BYTES = cpu_l2_bytes() or 2 << 20
 MANY_PASSES = 4
 
 
+def _own(value: Any) -> bool:
+    """Whether `value` holds a model's own tensor: one not shared (a GRU's output and state, a tuple, are)."""
+    if isinstance(value, (tuple, list)):
+        return any(_own(v) for v in value)
+    return isinstance(value, torch.Tensor) and not is_shared(value)
+
+
 class Segment(nn.Module):
     """Ops between swapped layers, one vmapped call over the stacked values (`stacked`: which of
     its arguments are; a tensor passed once for all models, expanded, goes in once). `plain`:
@@ -249,7 +256,7 @@ class Segment(nn.Module):
         self.once, self.why_vmapped = once, why_vmapped
 
     def forward(self, *values: Any) -> Any:
-        mapped = [st and isinstance(v, torch.Tensor) and not is_shared(v) for v, st in zip(values, self.stacked)]
+        mapped = [st and _own(v) for v, st in zip(values, self.stacked)]
         if self.once is not None and any(mapped):
             return self._at_once(self.once, values)
         values = tuple(v[0] if st and is_shared(v) else v for v, st in zip(values, self.stacked))
