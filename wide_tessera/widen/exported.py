@@ -208,14 +208,15 @@ class ExportedSurgery(nn.Module):
             # reads only the output reads their op's first result (the wide module's whole tuple
             # went on as that tensor, and the next op failed on a tuple)
             recurrent = isinstance(self._skeleton[0].get_submodule(path), nn.RNNBase)
-            if recurrent and not (out.target is operator.getitem and out.args[0] in inside and out.args[1] == 0):
+            source: Any = out.args[0] if out.args else None
+            if recurrent and not (out.target is operator.getitem and source in inside and out.args[1] == 0):
                 raise NotApplicable(f"surgery: the model reads {out.name} of layer {path}, not its output alone")
             with graph.inserting_after(nodes[-1]):
                 call = graph.create_node("call_module", f"w.{self._wide_names[path]}", (inputs.pop(),))
             with graph.inserting_after(call):
                 value = graph.call_function(operator.getitem, (call, 0)) if recurrent else call
             # one model's output, as the rules read it (a recurrent layer's: its op's tuple, led by the output)
-            call.meta["val"] = out.args[0].meta.get("val") if recurrent else out.meta.get("val")
+            call.meta["val"] = source.meta.get("val") if recurrent else out.meta.get("val")
             value.meta["val"] = out.meta.get("val")
             out.replace_all_uses_with(value)
             for node in reversed(nodes):
