@@ -113,6 +113,15 @@ class ExportedSurgery(nn.Module):
         """The layers run as their op's wide module (a LayerLoop's too are in `wides`)."""
         return [path for path in self._wide_names if path not in self.unfused]
 
+    @property
+    def vmapped(self) -> Dict[str, str]:
+        """The stretches between swapped layers of the latest capture that run under vmap, each
+        with the op no rule of lowering.py takes; empty where every stretch runs at once."""
+        if not self._captures:
+            return {}
+        graph = next(reversed(self._captures.values())).graph
+        return {name: m.why_vmapped for name, m in graph.named_modules() if isinstance(m, Segment) and m.once is None}
+
     def model_slots(self) -> Dict[str, Slot]:
         """The swapped layers' slots under their paths, and every other tensor the models save, stacked."""
         slots = {f"stacked.{t}": Slot(path, STACKED) for path, t in self._stacked_names.items()}
