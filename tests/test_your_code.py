@@ -892,15 +892,16 @@ def test_a_stretch_run_in_groups_of_models_computes_what_each_model_does(monkeyp
 class ReadsItsRnn(nn.Module):
     """Branchy's control flow around an RNN whose output alone the model reads (or its state)."""
 
-    def __init__(self, rnn, reads_state=False):
+    def __init__(self, rnn, reads_state=False, times_input=False):
         super().__init__()
-        self.rnn, self.fc, self.reads_state = rnn, nn.Linear(8, 8), reads_state
+        self.rnn, self.fc, self.reads_state, self.times_input = rnn, nn.Linear(8, 8), reads_state, times_input
 
     def forward(self, x):
         if x.dim() != 3:
             return x
         out, state = self.rnn(x)
-        return self.fc(torch.tanh(state[0] if self.reads_state else out))
+        h = torch.tanh(state[0] if self.reads_state else out)
+        return self.fc(h * x if self.times_input else h)
 
 
 @pytest.mark.parametrize("rnn", [nn.GRU, nn.LSTM])
@@ -921,6 +922,88 @@ def test_a_recurrent_layer_whose_output_the_model_reads_is_swapped_in_a_captured
     wide = WideSurgery([ReadsItsRnn(rnn(8, 8, batch_first=True), reads_state=True) for _ in range(3)])
     with pytest.raises(NotApplicable, match="the model reads .* of layer rnn, not its output alone"):
         wide(wide.pack(xs))
+
+
+class Between(nn.Module):
+    """Two linears (swapped) and, between them, `what(self, h, x, memory)`; torch.fx cannot trace it."""
+
+    def __init__(self, what, out=8):
+        super().__init__()
+        self.a, self.b, self.what = nn.Linear(8, 8), nn.Linear(out, 8), what
+        self.register_buffer("t", torch.randn(8).half())
+        self.w, self.bias = nn.Parameter(torch.randn(8)), nn.Parameter(torch.randn(8))
+
+    def forward(self, x, memory):
+        if x.dim() != 3:
+            return x
+        return self.b(self.what(self, self.a(x), x, memory))
+
+
+def _heads(t):
+    return t.view(t.shape[0], 5, 2, 4).transpose(1, 2)
+
+
+# Each found by an adversarial review of the lowering, each wrong or a crash before its fix.
+STRETCHES = {
+    "permute keeps N in front": lambda m, h, x, mem: h.permute(0, 2, 1).relu().permute(0, 2, 1),
+    "SDPA of keys over a batch of 1": lambda m, h, x, mem: F.scaled_dot_product_attention(
+        _heads(h), _heads(mem), _heads(mem)).transpose(1, 2).reshape(2, 5, 8),
+    "type_as keeps its input's rank": lambda m, h, x, mem: h + m.t.type_as(h).unsqueeze(0),
+    "layer_norm of bf16 by fp32 weights": lambda m, h, x, mem: F.layer_norm(h.bfloat16(), (8,), m.w, m.bias).float(),
+    "rms_norm of fp16 by fp16 weights": lambda m, h, x, mem: F.rms_norm(h.half(), (8,), m.w.half()).float(),
+    "frexp gives two (vmap)": lambda m, h, x, mem: torch.mul(*torch.frexp(h)),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+@pytest.mark.parametrize("what", list(STRETCHES))
+def test_a_stretch_lowered_computes_what_each_model_does(monkeypatch, what, grouped):
+    from wide_tessera.widen import rules
+    from wide_tessera.widen.surgery import WideSurgery
+
+    if grouped:  # groups of one model
+        monkeypatch.setattr(rules, "L2_BYTES", 1)
+        monkeypatch.setattr(rules, "MANY_PASSES", 0)
+    torch.manual_seed(0)
+    models = [Between(STRETCHES[what]) for _ in range(3)]
+    wide = WideSurgery(models)
+    memory = torch.randn(1, 5, 8)  # one for all models
+    xs = [(torch.randn(2, 5, 8), memory) for _ in range(3)]
+    for got, model, x in zip(wide.unpack(wide(wide.pack(xs))), models, xs):
+        want = model(*x)
+        assert got.dtype == want.dtype
+        torch.testing.assert_close(got, want)
+
+
+def test_dropout_of_a_value_every_model_shares_draws_a_mask_for_each():
+    """A stretch that reads only an input given once for all models ran once, and drew one
+    dropout mask for all of them, even with randomness='different' (found by a review)."""
+    from wide_tessera.widen.surgery import WideSurgery
+
+    models = [Between(lambda m, h, x, mem: h + F.dropout(mem, 0.5, True).expand(2, 5, 8)) for _ in range(3)]
+    for m in models[1:]:
+        m.load_state_dict(models[0].state_dict())
+    wide = WideSurgery(models, randomness="different")
+    x, memory = torch.randn(2, 5, 8), torch.ones(1, 5, 8)
+    out = wide.unpack(wide(wide.pack([(x, memory)] * 3)))
+    assert not torch.equal(out[0], out[1]) and not torch.equal(out[1], out[2])
+
+
+def test_a_swapped_grus_output_in_a_stretch_run_in_groups(monkeypatch):
+    """The wide GRU's (output, state) went whole to every group of models, and the groups'
+    results were joined N x N (found by a review)."""
+    from wide_tessera.widen import rules
+    from wide_tessera.widen.surgery import WideSurgery
+
+    monkeypatch.setattr(rules, "L2_BYTES", 1)
+    monkeypatch.setattr(rules, "MANY_PASSES", 0)
+    torch.manual_seed(0)
+    # the stretch after the GRU reads the model's input too: it is grouped by that
+    models = [ReadsItsRnn(nn.GRU(8, 8, batch_first=True), times_input=True).eval() for _ in range(3)]
+    wide = WideSurgery(models)
+    xs = [torch.randn(2, 5, 8) for _ in range(3)]
+    for got, model, x in zip(wide.unpack(wide(wide.pack(xs))), models, xs):
+        torch.testing.assert_close(got, model(x))
 
 
 def test_a_stretch_with_an_op_no_rule_takes_runs_under_vmap_and_says_which(monkeypatch):

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-__all__ = ["RULES", "Lowered", "lower"]
+__all__ = ["RULES", "Lowered", "draws", "lower"]
 
 aten = torch.ops.aten
 Rule = Callable[["_Lowering", fx.Node], Optional[fx.Node]]
@@ -35,8 +35,8 @@ Rule = Callable[["_Lowering", fx.Node], Optional[fx.Node]]
 
 class Lowered(NamedTuple):
     """A stretch lowered onto stacked values: `graph(n, *values)` runs it for n models' values
-    at once; `sliced` says which of its inputs are the models' own tensors (the ones a group
-    of models takes its part of); `growth`: how many times the elements of its largest input
+    at once; `sliced` says which of its inputs are the models' own tensors or tuples of them (the
+    ones a group of models takes its part of); `growth`: how many times the elements of its largest input
     that is not a parameter (`scale`, None where none is) one model's largest value holds, at
     the capture's sizes (GPT-2's MLP activation: 4x its input); `passes`: its elementwise ops
     over values of at least half that size (GPT-2's tanh GELU: 8)."""
@@ -76,8 +76,8 @@ def lower(
             return None, f"{o.name} leaves the stretch as a {type(val).__name__}"
         outs.append(lo.stacked_value(o) if isinstance(val, torch.Tensor) else lo.env[o])
     lo.graph.output(tuple(outs))
-    sliced = tuple(isinstance(lo.ranks.get(a), int) for a in inputs)
-    values = [i for i, a in enumerate(inputs) if sliced[i] and a.op != "get_attr"]  # not parameters
+    sliced = tuple(a in lo.ranks for a in inputs)
+    values = [i for i, a in enumerate(inputs) if isinstance(lo.ranks.get(a), int) and a.op != "get_attr"]
     scale = max(values, key=lambda i: _elements(inputs[i]), default=None)
     largest = max((_elements(a) for a in (*(inputs[i] for i in values), *nodes) if a in lo.ranks), default=0)
     growth = largest / _elements(inputs[scale]) if scale is not None and _elements(inputs[scale]) else 0.0
@@ -111,7 +111,7 @@ class _Lowering:
         if node.op != "call_function":
             return f"{node.op} {name}"
         if not any(self.stacked(a) for a in node.all_input_nodes):
-            if _draws(node):  # computed once, it would draw once for all models
+            if draws(node):  # computed once, it would draw once for all models
                 return f"{name} draws at random from no model's value"
             self.env[node] = self.graph.node_copy(node, self.env.__getitem__)
             return ""
@@ -183,7 +183,7 @@ def _ranks(val: Any) -> Any:
     return None
 
 
-def _draws(node: fx.Node) -> bool:
+def draws(node: fx.Node) -> bool:
     """Whether `node` draws at random (a dropout that is off draws nothing)."""
     if node.target is aten.dropout.default:
         return _argument(node, "train") is not False
@@ -221,6 +221,8 @@ def _elementwise(lo: _Lowering, node: fx.Node) -> Optional[fx.Node]:
     A model's own 0-dim tensor would, stacked, have a dimension and raise the dtype of what it
     meets (float32 x a 0-dim float64 is float32 for one model): then no rule (an adversarial
     review found it: the next swapped layer refused the mixed dtypes)."""
+    if not isinstance(node.meta.get("val"), torch.Tensor):  # frexp is pointwise and gives two
+        return None
     tensors = _tensors(node)
     rank = max(lo.rank(a) for a in tensors)
     dtype = node.meta["val"].dtype
@@ -254,6 +256,20 @@ def _dims(*names: str, extra: int = 0) -> Rule:
         return lo.with_arguments(node, **changed)
 
     return rule
+
+
+def _permute(lo: _Lowering, node: fx.Node) -> Optional[fx.Node]:
+    """A permutation of a model's dimensions, the N axis kept in front (found by a review: without it, a crash)."""
+    x, dims = _args(node)[0], _args(node)[1]
+    moved = [_moved(d, lo.ranks[x]) for d in dims]
+    return None if None in moved else lo.call(aten.permute.default, lo.value(x), [0, *moved])
+
+
+def _type_as(lo: _Lowering, node: fx.Node) -> Optional[fx.Node]:
+    """x cast to other's dtype: x's shape, whatever other's (lifted as an operand, a model's
+    vector took a matrix's rank and the next op's dimensions went astray; found by a review)."""
+    x, other = _args(node)[:2]
+    return lo.call(aten.type_as.default, lo.stacked_value(x), lo.new(other))
 
 
 def _as_is(lo: _Lowering, node: fx.Node) -> Optional[fx.Node]:
@@ -343,11 +359,17 @@ def _norm(has_bias: bool) -> Rule:
         bias = _argument(node, "bias") if has_bias else None
         if not (lo.stacked(weight) or lo.stacked(bias)):
             return lo.with_arguments(node)
-        out = lo.with_arguments(node, input=lo.stacked_value(x), weight=None, **({"bias": None} if has_bias else {}))
+        x_in = lo.stacked_value(x)
+        if x.meta["val"].dtype in (torch.float16, torch.bfloat16):  # one rounding, as the norm's own kernel makes
+            x_in = lo.call(torch.Tensor.float, x_in)
+        out = lo.with_arguments(node, input=x_in, weight=None, **({"bias": None} if has_bias else {}))
         rank = lo.rank(x)
         if weight is not None:
             out = lo.call(torch.mul, out, lo.lifted(weight, rank))
-        return out if bias is None else lo.call(torch.add, out, lo.lifted(bias, rank))
+        if bias is not None:
+            out = lo.call(torch.add, out, lo.lifted(bias, rank))
+        # the norm's dtype, not the promotion of bf16 activations by fp32 weights (found by a review)
+        return lo.call(torch.Tensor.to, out, node.meta["val"].dtype)
 
     return rule
 
@@ -380,11 +402,14 @@ def _folded_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor], mask_stacked: bool, **kwargs: Any
 ) -> torch.Tensor:
     n, batch = q.shape[:2]
+    # keys and values broadcast over the queries' batch (a memory of batch 1): each folded sequence gets its own
+    k, v = (t.expand(n, batch, *t.shape[2:]) for t in (k, v))
     if mask is not None and mask_stacked:  # [N, batch or 1, heads or 1, L, S]: one per sequence
         mask = mask.expand(n, batch, *mask.shape[2:]).reshape(n * batch, *mask.shape[2:])
     elif mask is not None and mask.dim() == 4 and mask.size(0) != 1:  # the batch's own, the same for every model
         mask = mask.expand(n, *mask.shape).reshape(n * batch, *mask.shape[1:])
-    out = F.scaled_dot_product_attention(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), mask, **kwargs)
+    q, k, v = (t.reshape(n * batch, *t.shape[2:]) for t in (q, k, v))
+    out = F.scaled_dot_product_attention(q, k, v, mask, **kwargs)
     return out.reshape(n, batch, *out.shape[1:])
 
 
@@ -409,14 +434,14 @@ def _rule(target: Any) -> Optional[Rule]:
 
 RULES: Dict[Any, Rule] = {
     aten.to.dtype: _elementwise, aten.to.dtype_layout: _elementwise, aten._to_copy.default: _elementwise,
-    aten.type_as.default: _elementwise,
+    aten.type_as.default: _type_as,
     aten.contiguous.default: _as_is, aten.clone.default: _as_is, aten.alias.default: _as_is,
     aten.detach.default: _as_is, aten.zeros_like.default: _as_is, aten.ones_like.default: _as_is,
     aten.full_like.default: _as_is, aten.triu.default: _as_is, aten.tril.default: _as_is,
     aten.constant_pad_nd.default: _as_is,
     aten.view.default: _view, aten.reshape.default: _view, aten._unsafe_view.default: _view,
     aten.expand.default: _expand, aten.t.default: _transposed,
-    aten.transpose.int: _dims("dim0", "dim1"), aten.permute.default: _dims("dims"),
+    aten.transpose.int: _dims("dim0", "dim1"), aten.permute.default: _permute,
     aten.unsqueeze.default: _dims("dim", extra=1), aten.squeeze.dim: _dims("dim"), aten.squeeze.dims: _dims("dim"),
     aten.select.int: _dims("dim"), aten.slice.Tensor: _dims("dim"), aten.narrow.default: _dims("dim"),
     aten.flip.default: _dims("dims"), aten.roll.default: _dims("dims"),

@@ -26,7 +26,7 @@ from torch.utils._pytree import tree_map
 from ..core.environment import cpu_l2_bytes
 from ..core.layout import Slot, prefixed, slots_of
 from .functional import is_shared, model_size, tensors_only, vmap_dims, with_others
-from .lowering import Lowered
+from .lowering import Lowered, draws
 
 __all__ = [
     "ELEMENTWISE_MODULES",
@@ -254,12 +254,16 @@ class Segment(nn.Module):
         super().__init__()
         self.fn, self.stacked, self.plain, self.n, self.randomness = fn, stacked, plain, n, randomness
         self.once, self.why_vmapped = once, why_vmapped
+        # each model draws its own from a value they all share (dropout of a shared input):
+        # computed once, it drew one mask for all (found by a review)
+        self.draws_each = randomness == "different" and any(draws(node) for node in fn.graph.nodes)
 
     def forward(self, *values: Any) -> Any:
-        mapped = [st and _own(v) for v, st in zip(values, self.stacked)]
+        each = self.draws_each
+        mapped = [st and (_own(v) or each and isinstance(v, torch.Tensor)) for v, st in zip(values, self.stacked)]
         if self.once is not None and any(mapped):
             return self._at_once(self.once, values)
-        values = tuple(v[0] if st and is_shared(v) else v for v, st in zip(values, self.stacked))
+        values = tuple(v[0] if st and is_shared(v) and not m else v for v, st, m in zip(values, self.stacked, mapped))
         if not any(mapped):  # nothing here is any model's own: computed once, shared by all
             out = self.fn(*values)
             return tree_map(lambda t: t.expand(self.n, *t.shape) if isinstance(t, torch.Tensor) else t, out)
@@ -283,6 +287,6 @@ class Segment(nn.Module):
             return tuple(once.graph(self.n, *values))
         parts = []
         for i in range(0, self.n, group):
-            part = (v[i : i + group] if s and isinstance(v, torch.Tensor) else v for v, s in zip(values, once.sliced))
+            part = (tree_map(lambda t, i=i: t[i : i + group], v) if s else v for v, s in zip(values, once.sliced))
             parts.append(once.graph(min(group, self.n - i), *part))
         return tuple(torch.cat(p) if isinstance(p[0], torch.Tensor) else p[0] for p in zip(*parts))
