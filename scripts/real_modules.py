@@ -96,6 +96,7 @@ def held_out(s: Sizes = TINY) -> Dict[str, Tuple[Callable[..., nn.Module], Dict[
     from transformers.models.distilbert.modeling_distilbert import TransformerBlock
     from transformers.models.gemma.modeling_gemma import GemmaDecoderLayer, GemmaRotaryEmbedding
     from transformers.models.gpt_neox.modeling_gpt_neox import GPTNeoXLayer, GPTNeoXRotaryEmbedding
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
     from transformers.models.mistral.modeling_mistral import MistralDecoderLayer, MistralRotaryEmbedding
     from transformers.models.mixtral.modeling_mixtral import MixtralDecoderLayer, MixtralRotaryEmbedding
     from transformers.models.phi.modeling_phi import PhiDecoderLayer, PhiRotaryEmbedding
@@ -111,6 +112,9 @@ def held_out(s: Sizes = TINY) -> Dict[str, Tuple[Callable[..., nn.Module], Dict[
 
     sizes = dict(hidden_size=h, num_attention_heads=4, intermediate_size=ff)
     return {
+        # as from_pretrained builds it by default: attention by torch's SDPA, not eager matmuls
+        "LlamaDecoderLayer/sdpa": decoder(LlamaDecoderLayer, LlamaRotaryEmbedding,
+                                          T.LlamaConfig(num_key_value_heads=2, attn_implementation="sdpa", **sizes)),
         "MistralDecoderLayer": decoder(MistralDecoderLayer, MistralRotaryEmbedding,
                                        T.MistralConfig(num_key_value_heads=2, **sizes)),
         "Qwen2DecoderLayer": decoder(Qwen2DecoderLayer, Qwen2RotaryEmbedding,

@@ -106,6 +106,7 @@ def test_surgery_of_layers_the_catalogue_does_not_name_gives_the_separate_calls_
     wide = WideSurgery(models)
     assert wide.swapped, "its linears (and norms) are swapped for wide ones"
     assert_like_the_separate_calls(wide, models, inputs, train)
+    assert wide.captured.vmapped == {}, "every stretch between swapped layers runs at once (lowering.py)"
 
 
 def assert_like_the_separate_calls(wide, models, inputs, train):
