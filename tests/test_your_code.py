@@ -924,6 +924,33 @@ def test_a_recurrent_layer_whose_output_the_model_reads_is_swapped_in_a_captured
         wide(wide.pack(xs))
 
 
+class TimesATable(nn.Module):
+    """torch.fx traces it: a linear's output times a table the graph computes, of one more rank."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc, self.scale = nn.Linear(8, 8), nn.Parameter(torch.rand(8))
+
+    def forward(self, x):
+        h = self.fc(x)
+        return h * torch.arange(3.0).view(3, 1, 1) + self.scale * h
+
+
+def test_an_elementwise_call_on_a_shared_table_of_the_stacks_rank_keeps_each_models_shape():
+    """torch.fx's elementwise rule took a table all models share, [3, 1, 1], as the stack's N axis:
+    each of 3 models got [4, 8] where one gets [3, 4, 8], silently. It now aligns each model's
+    dimensions (lowering.py's rule), and a model's own lower-rank weight too."""
+    from wide_tessera.widen.surgery import WideSurgery
+
+    torch.manual_seed(0)
+    models = [TimesATable() for _ in range(3)]
+    wide = WideSurgery(models)
+    assert wide.captured is None  # torch.fx's graph
+    xs = [torch.randn(4, 8) for _ in range(3)]
+    for got, model, x in zip(wide.unpack(wide(wide.pack(xs))), models, xs):
+        torch.testing.assert_close(got, model(x))
+
+
 class Between(nn.Module):
     """Two linears (swapped) and, between them, `what(self, h, x, memory)`; torch.fx cannot trace it."""
 

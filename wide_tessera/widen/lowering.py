@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
+from .functional import with_ones
+
 __all__ = ["RULES", "Lowered", "draws", "lower"]
 
 aten = torch.ops.aten
@@ -145,7 +147,7 @@ class _Lowering:
     def lifted(self, a: Any, rank: int) -> Any:
         """`a` on the new graph; a stacked tensor of a lower rank than `rank` with 1s after its N axis."""
         if self.stacked(a) and self.ranks[a] < rank:
-            return self.call(_with_ones, self.env[a], rank)
+            return self.call(with_ones, self.env[a], rank)
         return self.new(a)
 
     def stacked_value(self, a: Any) -> fx.Node:
@@ -162,11 +164,6 @@ class _Lowering:
             else:
                 kwargs[name] = value
         return self.graph.call_function(node.target, tuple(args), kwargs)  # type: ignore[arg-type]
-
-
-def _with_ones(stacked: torch.Tensor, rank: int) -> torch.Tensor:
-    """A stacked tensor of a model's rank below `rank` with 1s after its N axis."""
-    return stacked.reshape(stacked.shape[0], *[1] * (rank + 1 - stacked.dim()), *stacked.shape[1:])
 
 
 def _expanded(shared: torch.Tensor, n: int) -> torch.Tensor:
@@ -345,7 +342,7 @@ def _linear(lo: _Lowering, node: fx.Node) -> Optional[fx.Node]:
     else:
         rank = max(lo.rank(x), 2)
         transposed = lo.call(torch.transpose, lo.value(w), 1, 2)
-        out = lo.call(torch.matmul, lo.lifted(x, rank), lo.call(_with_ones, transposed, rank))
+        out = lo.call(torch.matmul, lo.lifted(x, rank), lo.call(with_ones, transposed, rank))
     return out if bias is None else lo.call(torch.add, out, lo.lifted(bias, lo.rank(x)))
 
 

@@ -25,7 +25,7 @@ from torch.utils._pytree import tree_map
 
 from ..core.environment import cpu_l2_bytes
 from ..core.layout import Slot, prefixed, slots_of
-from .functional import is_shared, model_size, tensors_only, vmap_dims, with_others
+from .functional import is_shared, model_size, tensors_only, vmap_dims, with_ones, with_others
 from .lowering import Lowered, draws
 
 __all__ = [
@@ -37,7 +37,7 @@ __all__ = [
     "Repeated",
     "Segment",
     "leaf_flags",
-    "constants_are_numbers",
+    "others_are_numbers",
     "is_shape_query",
     "is_model_fact",
     "is_elementwise",
@@ -110,12 +110,24 @@ def _fit(dims: Any, value: Any) -> Tuple[Any, Any]:
 
 
 class Elementwise(Vmapped):
-    """An elementwise call on several stacked values: at once when they share a rank (broadcasting
-    then pairs model i with model i), else vmapped."""
+    """An elementwise call on stacked values and values all models share: at once, each stacked
+    one given 1s after N up to the call's highest rank for one model (as lowering.py's elementwise
+    rule does), so broadcasting pairs model i with model i and aligns each model's trailing
+    dimensions as for one. A shared tensor of the stack's rank broadcast against its N axis:
+    h * torch.arange(3.0).view(3, 1, 1) gave each of 3 models [4, 8] where one gives [3, 4, 8].
+    A model's own 0-dim tensor of another dtype than the rest (it would promote, stacked) is vmapped."""
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        ranks = {x.dim() for x in (*args, *kwargs.values()) if isinstance(x, torch.Tensor)}
-        return self.fn(*args, **kwargs) if len(ranks) == 1 else super().forward(*args, **kwargs)
+        flat = [*args, *kwargs.values()]
+        dims = [*self.in_dims[0], *self.in_dims[1].values()]
+        if not all(d in (0, None) for d in dims):
+            return super().forward(*args, **kwargs)
+        tensors = [(x, d == 0) for x, d in zip(flat, dims) if isinstance(x, torch.Tensor)]
+        rank = max(x.dim() - stacked for x, stacked in tensors)
+        if any(stacked and x.dim() == 1 and {x.dtype} != {t.dtype for t, _ in tensors} for x, stacked in tensors):
+            return super().forward(*args, **kwargs)
+        lifted = [with_ones(x, rank) if d == 0 and isinstance(x, torch.Tensor) else x for x, d in zip(flat, dims)]
+        return self.fn(*lifted[: len(args)], **dict(zip(kwargs, lifted[len(args) :])))
 
 
 class GetItem(Vmapped):
@@ -175,10 +187,13 @@ def leaf_flags(mask: Any) -> List[bool]:
     return out
 
 
-def constants_are_numbers(node: fx.Node) -> bool:
+def others_are_numbers(node: fx.Node, mask: Any) -> bool:
+    """Whether every argument of `node` but its stacked ones is a number written in the graph (a
+    value the graph computes may be a tensor all models share, which an elementwise call would
+    broadcast against the stack's N axis: see Elementwise)."""
     leaves: List[Any] = []
     tree_map(leaves.append, (node.args, node.kwargs), is_leaf=lambda a: isinstance(a, fx.Node))
-    return all(isinstance(a, (fx.Node, int, float, bool, str, type(None))) for a in leaves)
+    return all(st or isinstance(a, (int, float, bool, str, type(None))) for a, st in zip(leaves, leaf_flags(mask)))
 
 
 def is_shape_query(node: fx.Node) -> bool:
