@@ -167,7 +167,10 @@ class ExportedSurgery(nn.Module):
         model = self._skeleton[0].train(self.training)
         one_args, one_kwargs = tree_map(lambda t: t[0] if isinstance(t, torch.Tensor) else t, (args, kwargs))
         try:  # a failed export prints the graph it got so far to stderr, hundreds of lines: the reason is enough
-            with contextlib.redirect_stderr(io.StringIO()):
+            with contextlib.redirect_stderr(io.StringIO()), warnings.catch_warnings():
+                # nn.GRU and nn.LSTM rebuild their weight list in forward, which torch.export calls a
+                # tensor attribute assigned during export: torch's own module, nothing the user can change
+                warnings.filterwarnings("ignore", message="The tensor attributes .* were assigned during export")
                 program = export_graph(model, tuple(one_args), dict(one_kwargs))
         except Exception as e:  # noqa: BLE001  whatever stops the capture: the vmap strategy covers the model
             why = one_line(e)[:200]
