@@ -954,6 +954,22 @@ def test_an_elementwise_call_on_a_shared_table_of_the_stacks_rank_keeps_each_mod
         torch.testing.assert_close(got, model(x))
 
 
+@pytest.mark.parametrize("traced_by", ["fx", "export"])
+def test_dropout_in_training_with_randomness_error_is_refused_in_one_line(traced_by):
+    """vmap's refusal of a draw under randomness='error' came as torch's 80-line traceback from
+    WideSurgery and fuse() (found by a review); it now says what to give instead."""
+    from wide_tessera.core.errors import WideTesseraError
+    from wide_tessera.widen.surgery import WideSurgery
+
+    between = lambda m, h, x, mem: F.dropout(h, 0.3, m.training)  # noqa: E731
+    models = [Between(between) if traced_by == "export" else nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.3))
+              for _ in range(3)]  # fmt: skip
+    wide = WideSurgery(models)
+    xs = [(torch.randn(2, 5, 8), torch.randn(1, 5, 8)) if traced_by == "export" else torch.randn(2, 5, 8)] * 3
+    with pytest.raises(WideTesseraError, match=r"draw random numbers .* give randomness='different'"):
+        wide(wide.pack(xs))
+
+
 class Between(nn.Module):
     """Two linears (swapped) and, between them, `what(self, h, x, memory)`; torch.fx cannot trace it."""
 

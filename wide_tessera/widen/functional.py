@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import copy
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -25,6 +26,7 @@ __all__ = [
     "vmap_dims",
     "tensors_only",
     "with_others",
+    "draws_said",
     "is_shared",
     "model_size",
     "tied_aliases",
@@ -110,6 +112,22 @@ def vmap_dims(tree: Any) -> Tuple[Any, Any]:
         return 0 if isinstance(x, torch.Tensor) and not is_shared(x) else None
 
     return tree_map(value, tree), tree_map(dim, tree)
+
+
+@contextmanager
+def draws_said(randomness: str) -> Iterator[None]:
+    """vmap refusing a draw under randomness='error' said in one line, with what to give instead:
+    fuse() or WideSurgery of models with dropout in training raised torch's 80-line traceback
+    (found by a review; benchmark_custom says it before measuring)."""
+    try:
+        yield
+    except RuntimeError as e:
+        if randomness != "error" or "called random operation while in randomness error mode" not in str(e):
+            raise
+        raise WideTesseraError(
+            "the models draw random numbers (dropout in train mode?): give randomness='different' (each model its "
+            "own draws) or 'same' (one draw for all)"
+        ) from None
 
 
 def is_shared(x: Any) -> bool:
@@ -224,7 +242,8 @@ class WideFunctional(StackedIO, nn.Module):
 
         (args, kwargs), dims = vmap_dims((args, kwargs))
         kept: List[Any] = []
-        out = vmap(tensors_only(one, kept), in_dims=(0, 0, *dims), randomness=self.randomness)(
-            *self._state(), args, kwargs
-        )
+        with draws_said(self.randomness):
+            out = vmap(tensors_only(one, kept), in_dims=(0, 0, *dims), randomness=self.randomness)(
+                *self._state(), args, kwargs
+            )
         return with_others(out, kept)

@@ -25,7 +25,7 @@ from torch.utils._pytree import tree_map
 
 from ..core.environment import cpu_l2_bytes
 from ..core.layout import Slot, prefixed, slots_of
-from .functional import is_shared, model_size, tensors_only, vmap_dims, with_ones, with_others
+from .functional import draws_said, is_shared, model_size, tensors_only, vmap_dims, with_ones, with_others
 from .lowering import Lowered, draws
 
 __all__ = [
@@ -92,7 +92,8 @@ class Vmapped(nn.Module):
         fn = self.fn
         values, dims = _fit(self.in_dims, (args, kwargs))
         kept: List[Any] = []
-        out = vmap(tensors_only(lambda a, k: fn(*a, **k), kept), in_dims=dims, randomness=self.randomness)(*values)
+        with draws_said(self.randomness):
+            out = vmap(tensors_only(lambda a, k: fn(*a, **k), kept), in_dims=dims, randomness=self.randomness)(*values)
         return with_others(out, kept)
 
 
@@ -283,10 +284,11 @@ class Segment(nn.Module):
             out = self.fn(*values)
             return tree_map(lambda t: t.expand(self.n, *t.shape) if isinstance(t, torch.Tensor) else t, out)
         dims = tuple(0 if m else None for m in mapped)
-        if self.plain:
-            return vmap(self.fn, in_dims=dims, randomness=self.randomness)(*values)
         kept: List[Any] = []
-        out = vmap(tensors_only(self.fn, kept), in_dims=dims, randomness=self.randomness)(*values)
+        with draws_said(self.randomness):
+            if self.plain:
+                return vmap(self.fn, in_dims=dims, randomness=self.randomness)(*values)
+            out = vmap(tensors_only(self.fn, kept), in_dims=dims, randomness=self.randomness)(*values)
         return with_others(out, kept)
 
     def _at_once(self, once: Lowered, values: Tuple[Any, ...]) -> Tuple[Any, ...]:
