@@ -124,6 +124,8 @@ class Elementwise(Vmapped):
         if not all(d in (0, None) for d in dims):
             return super().forward(*args, **kwargs)
         tensors = [(x, d == 0) for x, d in zip(flat, dims) if isinstance(x, torch.Tensor)]
+        if all(stacked for _, stacked in tensors) and len({x.dim() for x, _ in tensors}) == 1:
+            return self.fn(*args, **kwargs)  # models' values of one rank (a gate times its input): as they are
         rank = max(x.dim() - stacked for x, stacked in tensors)
         if any(stacked and x.dim() == 1 and {x.dtype} != {t.dtype for t, _ in tensors} for x, stacked in tensors):
             return super().forward(*args, **kwargs)
