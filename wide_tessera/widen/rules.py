@@ -37,7 +37,7 @@ __all__ = [
     "Repeated",
     "Segment",
     "leaf_flags",
-    "others_are_numbers",
+    "alone_among_numbers",
     "is_shape_query",
     "is_model_fact",
     "is_elementwise",
@@ -48,32 +48,10 @@ __all__ = [
 # Functions that act on each element on its own: applied to stacked tensors of one rank, they
 # give what N separate calls give.
 _ELEMENTWISE = {
-    operator.add,
-    operator.sub,
-    operator.mul,
-    operator.truediv,
-    operator.neg,
-    operator.pow,
-    torch.add,
-    torch.sub,
-    torch.mul,
-    torch.div,
-    torch.neg,
-    torch.exp,
-    torch.tanh,
-    torch.sigmoid,
-    torch.relu,
-    F.gelu,
-    F.relu,
-    F.silu,
-    F.leaky_relu,
-    F.elu,
-    F.tanh,
-    F.sigmoid,
-    F.softplus,
-    F.mish,
-    F.hardswish,
-}
+    operator.add, operator.sub, operator.mul, operator.truediv, operator.neg, operator.pow,
+    torch.add, torch.sub, torch.mul, torch.div, torch.neg, torch.exp, torch.tanh, torch.sigmoid, torch.relu,
+    F.gelu, F.relu, F.silu, F.leaky_relu, F.elu, F.tanh, F.sigmoid, F.softplus, F.mish, F.hardswish,
+}  # fmt: skip
 _ELEMENTWISE_METHODS = {"add", "sub", "mul", "div", "neg", "exp", "tanh", "sigmoid", "relu", "pow"}
 ELEMENTWISE_MODULES = (nn.GELU, nn.ReLU, nn.SiLU, nn.Tanh, nn.Sigmoid, nn.LeakyReLU, nn.ELU, nn.Mish, nn.Identity)
 
@@ -190,13 +168,15 @@ def leaf_flags(mask: Any) -> List[bool]:
     return out
 
 
-def others_are_numbers(node: fx.Node, mask: Any) -> bool:
-    """Whether every argument of `node` but its stacked ones is a number written in the graph (a
-    value the graph computes may be a tensor all models share, which an elementwise call would
-    broadcast against the stack's N axis: see Elementwise)."""
+def alone_among_numbers(node: fx.Node, mask: Any) -> bool:
+    """Whether `node` takes one stacked value and, besides, only numbers written in the graph:
+    an elementwise call then runs on the stack as it is. A value the graph computes may be a
+    tensor all models share, which it would broadcast against the stack's N axis (see Elementwise)."""
     leaves: List[Any] = []
     tree_map(leaves.append, (node.args, node.kwargs), is_leaf=lambda a: isinstance(a, fx.Node))
-    return all(st or isinstance(a, (int, float, bool, str, type(None))) for a, st in zip(leaves, leaf_flags(mask)))
+    flags = leaf_flags(mask)
+    numbers = (int, float, bool, str, type(None))
+    return sum(flags) == 1 and all(st or isinstance(a, numbers) for a, st in zip(leaves, flags))
 
 
 def is_shape_query(node: fx.Node) -> bool:

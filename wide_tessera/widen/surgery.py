@@ -50,12 +50,12 @@ from .rules import (
     Repeated,
     ShapeQuery,
     Vmapped,
+    alone_among_numbers,
     is_elementwise,
     is_model_fact,
     is_shape_query,
     leaf_flags,
     method_call,
-    others_are_numbers,
 )
 
 __all__ = ["WideSurgery"]
@@ -150,7 +150,7 @@ class WideSurgery(StackedIO, nn.Module):
                 node.op, node.target = "call_module", name
             elif node.op in ("call_function", "call_method") and inputs_stacked:
                 fn = node.target if node.op == "call_function" else method_call(node.target)
-                if is_elementwise(node) and sum(leaf_flags(mask)) == 1 and others_are_numbers(node, mask):
+                if is_elementwise(node) and alone_among_numbers(node, mask):
                     pass  # one stacked value and numbers: elementwise on the stack as it is
                 else:
                     kind = GetItem if fn is operator.getitem else Elementwise if is_elementwise(node) else Vmapped
@@ -174,8 +174,7 @@ class WideSurgery(StackedIO, nn.Module):
         """The wide layer standing for `subs` (submodule `where` of each model) at this call."""
         args_mask = list(mask[0])
         if isinstance(subs[0], ELEMENTWISE_MODULES) and not any(p.numel() for p in subs[0].parameters()):
-            alone = sum(leaf_flags(mask)) == 1 and others_are_numbers(node, mask)  # one stacked input: as it is
-            return subs[0] if alone else Elementwise(subs[0], mask, self.randomness)
+            return subs[0] if alone_among_numbers(node, mask) else Elementwise(subs[0], mask, self.randomness)
         wide = wide_layer(subs, ops, self.choice) if args_mask == [True] and not node.kwargs else None
         if isinstance(wide, LayerLoop):
             self.unfused[where] = wide.reason
