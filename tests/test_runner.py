@@ -16,6 +16,7 @@ from wide_tessera.ops.registry import REGISTRY
 from wide_tessera.reports.brief import closing_table
 from wide_tessera.results import analysis
 from wide_tessera.results.load import load_results
+from wide_tessera.results.schema import PointResult, ResultsFile
 from wide_tessera.sweep.progress import Progress
 from wide_tessera.sweep.runner import JobRun, run, run_jobs
 from wide_tessera.sweep.session import measure_jobs
@@ -159,3 +160,21 @@ def test_a_ctrl_c_during_a_confirmation_saves_and_names_every_job_measured_so_fa
         f"saved {len(saved['gemm'].points)} point(s) of gemm, {len(saved['layernorm'].points)} of layernorm to {out}; "
         "continue with --resume"
     )
+
+
+def test_a_run_saved_after_every_point_encodes_each_point_once_it_is_analysed(fast_timing, monkeypatch, tmp_path):
+    """The results file is written after every point and encodes each point object once: a run
+    whose analysis made new copies of every point at every write encoded the whole op again each
+    time, growing with the square of its points."""
+    encoded = []
+    to_dict = PointResult.to_dict
+    monkeypatch.setattr(PointResult, "to_dict", lambda self: encoded.append(self.n) or to_dict(self))
+    settings = RunSettings(preset="ci", device="cpu", timing=fast_timing, confirm="none")
+    job = WideLinear.benchmark_job("ci", n_values=[1, 2, 4, 8, 16, 32])
+    written = []
+    file = ResultsFile(tmp_path / "r.json")
+    (result,) = run_jobs([JobRun(job, settings, on_point=lambda r: written.append(file.write([r])))])
+    assert len(written) == len(result.points) == 6
+    # each point when measured, and again only where a later point changed what it feeds: not
+    # every point measured so far at every write (1 + 2 + ... + 6)
+    assert len(encoded) < 6 * 7 // 2, encoded

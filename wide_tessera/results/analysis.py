@@ -479,7 +479,9 @@ def result_of(points: List[PointResult], stopped: Optional[str] = None, **run_in
     for ps in parameter_groups(points):
         feeds = feeds_of(ps)
         for p, fed in zip(ps, feeds):
-            if p.decision is not None:
+            # a point already analysed so is kept as it is (the results file encodes each point
+            # object once: ResultsFile)
+            if p.decision is not None and p.decision.feeds != fed:
                 analysed[id(p)] = dataclasses.replace(p, decision=dataclasses.replace(p.decision, feeds=fed))
         problems, notes = judge(ps, feeds)
         group_results.append(

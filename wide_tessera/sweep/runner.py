@@ -174,7 +174,11 @@ class JobRun:
         runs = [*self.earlier_runs, dataclasses.replace(self.manifest, finished=now())]
         complete = complete and self.stopped is None
         spent = self.duration_s()
-        return _build_result(self.job, self.settings, ordered, spent, complete, self.peaks, runs, self.stopped)
+        result = _build_result(self.job, self.settings, ordered, spent, complete, self.peaks, runs, self.stopped)
+        # the analysed points from now on: the next result keeps each one whose analysis is unchanged,
+        # and the results file, written after every point, encodes only the new ones (ResultsFile)
+        self.points.update((point_key(p.n, p.params), p) for p in result.points)
+        return result
 
     def measured(self, key: str, point: PointResult, line: str) -> None:
         self.points[key] = point
