@@ -157,6 +157,17 @@ def test_median_ci_covers_the_true_median_about_95_percent_of_the_time():
         assert 0.90 <= covered / 1000 <= 0.99, (n, covered)
 
 
+def test_the_median_interval_is_the_order_statistics_the_binomial_distribution_gives():
+    """The interval's ranks, against the binomial(n, 1/2) CDF summed exactly: the lower bound is the
+    k-th smallest sample for the first k whose CDF reaches (1 - confidence) / 2."""
+    for confidence in (0.95, 0.99375):
+        for n in (10, 11, 20, 57, 200):
+            cdf = np.cumsum([math.comb(n, i) for i in range(n + 1)]) / 2**n
+            k = next(i for i, p in enumerate(cdf) if p >= (1 - confidence) / 2)
+            expected = (1.0, float(n)) if k < 1 else (float(k), float(n - k + 1))
+            assert median_ci(np.arange(1.0, n + 1), confidence) == expected, (confidence, n)
+
+
 def test_statistics_count_outliers_without_dropping_them():
     stats = wide_tessera.TimingStats.from_samples([1.0] * 9 + [1.1] * 9 + [50.0], "t")
     assert stats.outliers == 1 and stats.n_samples == 19 and stats.max_ms == 50.0

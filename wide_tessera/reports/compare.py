@@ -43,7 +43,6 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
-from scipy import stats
 
 from ..core.job import group_key, params_text, point_key
 from ..core.roles import BASELINE
@@ -432,6 +431,8 @@ def _between_runs_ci(base_ms: Sequence[float], new_ms: Sequence[float], seed: in
 
     def ratio(b: np.ndarray, s: np.ndarray, axis: int = -1) -> np.ndarray:
         return np.asarray(np.median(b, axis=axis) / np.median(s, axis=axis))
+
+    from scipy import stats  # here: importing it cost every command about 1 s of its start (core.stats)
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # identical samples make a degenerate, but valid, interval
