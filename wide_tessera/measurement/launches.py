@@ -14,7 +14,7 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
-from .memory import peak_bytes, peak_memory, raw_events, stderr_silenced
+from .memory import peak_bytes, peak_memory, profiled, stderr_silenced
 
 __all__ = ["count_launches", "launches_and_peak"]
 
@@ -27,18 +27,14 @@ _CUDA_CALLS = 3
 
 def count_launches(fn: Callable[[], object], device: str) -> float:
     """Kernels launched (CUDA) or top-level ATen operators dispatched (CPU) per call of `fn`."""
-    cuda = torch.device(device).type == "cuda"
     fn()  # the first call may compile, tune or allocate: not what a call costs
-    calls = _CUDA_CALLS if cuda else 1
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with stderr_silenced(), profile(activities=activities) as prof:
-        for _ in range(calls):
+    if torch.device(device).type != "cuda":
+        return _top_level_aten(profiled(fn)[1])
+    with stderr_silenced(), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(_CUDA_CALLS):
             fn()
-        if cuda:
-            torch.cuda.synchronize()
-    if cuda:
-        return sum(e.device_type == DeviceType.CUDA for e in prof.events()) / calls
-    return _top_level_aten(raw_events(prof)) / calls
+        torch.cuda.synchronize()
+    return sum(e.device_type == DeviceType.CUDA for e in prof.events()) / _CUDA_CALLS
 
 
 def launches_and_peak(fn: Callable[[], object], device: str) -> Tuple[float, int]:
@@ -48,9 +44,7 @@ def launches_and_peak(fn: Callable[[], object], device: str) -> Tuple[float, int
     2026-11-27); one call saves about 2.5 s of it."""
     if torch.device(device).type == "cuda":
         return count_launches(fn, device), peak_memory(fn, device)[1]
-    with stderr_silenced(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    events = raw_events(prof)
+    events = profiled(fn)[1]
     return _top_level_aten(events), peak_bytes(events)
 
 

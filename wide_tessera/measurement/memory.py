@@ -8,9 +8,9 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterator, List, Sequence, Tuple, TypeVar
 
 import torch
-from torch.profiler import ProfilerActivity, profile
+from torch.autograd import profiler as autograd_profiler
 
-__all__ = ["peak_memory", "peak_bytes", "memory_method", "raw_events", "stderr_silenced"]
+__all__ = ["peak_memory", "peak_bytes", "memory_method", "profiled", "stderr_silenced"]
 
 T = TypeVar("T")
 
@@ -33,9 +33,8 @@ def peak_memory(fn: Callable[[], T], device: str) -> Tuple[T, int]:
         result = fn()
         torch.cuda.synchronize(device)
         return result, torch.cuda.max_memory_allocated(device) - before
-    with stderr_silenced(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        result = fn()
-    return result, peak_bytes(raw_events(prof))
+    result, events = profiled(fn)
+    return result, peak_bytes(events)
 
 
 def peak_bytes(events: Sequence[Any]) -> int:
@@ -46,14 +45,18 @@ def peak_bytes(events: Sequence[Any]) -> int:
     return max(0, max(running, default=0))
 
 
-def raw_events(prof: profile) -> List[Any]:
-    """The profiler's events as it recorded them, unparsed.
+def profiled(fn: Callable[[], T]) -> Tuple[T, List[Any]]:
+    """One call of `fn` under the CPU profiler, with memory events: its result, and the events as
+    the profiler recorded them, unparsed (prof.events() builds a Python event tree first, which
+    took 10 of the 15 s of one gru quick point at N=16: 23,000 events per call of the baseline;
+    4.7 s to count its launches, 0.08 s from these).
 
-    prof.events() builds a Python event tree first, which took 10 of the 15 s of one gru
-    quick point at N=16 (23,000 events per call of the baseline; 4.7 s to count its
-    launches, 0.08 s from these).
-    """
-    return prof.profiler.kineto_results.events()
+    torch.autograd.profiler's profile, which torch.profiler's wraps: the wrapper's start asks
+    `hasattr(torch, "_inductor")`, which imports torch._inductor and torch._dynamo, 1.7 s of the
+    first profiled call in every process (2-core CPU, torch 2.13)."""
+    with stderr_silenced(), autograd_profiler.profile(use_kineto=True, profile_memory=True) as prof:
+        result = fn()
+    return result, prof.kineto_results.events()
 
 
 @contextmanager

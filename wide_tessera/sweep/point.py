@@ -39,7 +39,6 @@ from ..measurement import modes
 from ..measurement.controls import OPTIMIZER_CONTROLS, GraphedLoop, compiled, control_unavailable
 from ..measurement.energy import measure_energy
 from ..measurement.launches import launches_and_peak
-from ..measurement.memory import peak_memory
 from ..measurement.modes import TRAINING_MODES, Side
 from ..measurement.recipe import Recipe
 from ..measurement.settings import RunSettings
@@ -96,9 +95,6 @@ def iter_points(
     for n, params in job.sweep.points():
         largest[group_key(params)] = max(n, largest.get(group_key(params), 0))
     bank = TimeBank()
-    # The profiler's first start in a process takes about a second (CPU): pay it here,
-    # outside every stage's time limit.
-    peak_memory(lambda: None, settings.device)
     for index, (n, params) in enumerate(job.sweep.points()):
         if index < start or point_key(n, params) in skip:
             continue
