@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import copy
-from contextlib import contextmanager
+import inspect
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
+from torch.nn import functional as F
+from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import register_dataclass, tree_flatten, tree_map, tree_unflatten
 
 from ..core import trees
@@ -26,7 +29,9 @@ __all__ = [
     "vmap_dims",
     "tensors_only",
     "with_others",
-    "draws_said",
+    "under_vmap",
+    "pads_embeddings",
+    "EMBEDDINGS",
     "is_shared",
     "model_size",
     "tied_aliases",
@@ -115,12 +120,19 @@ def vmap_dims(tree: Any) -> Tuple[Any, Any]:
 
 
 @contextmanager
-def draws_said(randomness: str) -> Iterator[None]:
-    """vmap refusing a draw under randomness='error' said in one line, with what to give instead:
-    fuse() or WideSurgery of models with dropout in training raised torch's 80-line traceback
-    (found by a review; benchmark_custom says it before measuring)."""
+def under_vmap(randomness: str, pads: bool = False) -> Iterator[None]:
+    """What every vmap over the models' own code runs inside:
+
+    * a vmap refusing a draw under randomness='error' said in one line, with what to give instead:
+      fuse() or WideSurgery of models with dropout in training raised torch's 80-line traceback
+      (found by a review; benchmark_custom says it before measuring);
+    * where the code looks embeddings up with a padding_idx (`pads`: `pads_embeddings`), in
+      training, lookups that give the padding row no gradient in every model (_PaddingWithoutGradient).
+      Not elsewhere: a mode sees every torch call, and cost a BertLayer's training step under vmap
+      about 10% (N=8, one thread)."""
     try:
-        yield
+        with _PaddingWithoutGradient() if pads and torch.is_grad_enabled() else nullcontext():
+            yield
     except RuntimeError as e:
         if randomness != "error" or "called random operation while in randomness error mode" not in str(e):
             raise
@@ -128,6 +140,46 @@ def draws_said(randomness: str) -> Iterator[None]:
             "the models draw random numbers (dropout in train mode?): give randomness='different' (each model its "
             "own draws) or 'same' (one draw for all)"
         ) from None
+
+
+class _PaddingWithoutGradient(TorchFunctionMode):
+    """Embedding lookups with a padding_idx, their padding tokens' rows taken without gradient.
+
+    torch's vmap of an embedding looks the N models' indices up in their tables flattened into
+    one, and its padding_idx stays one row of that: in training, every model but the first gave
+    its padding row a gradient (found by a review: a tiny LlamaForCausalLM with pad_token_id=0,
+    fused by vmap, clipped by per-model norms of [1.56, 11.70, 3.49, 1.93] where torch's were
+    [1.56, 2.28, 1.56, 1.67]). Looked up without padding_idx, with the padding tokens' outputs
+    detached, each model's gradient is torch's: no lookup of a padding token reaches its row,
+    and a row tied to another layer (an LM head) still gets that layer's gradient."""
+
+    def __torch_function__(self, func: Any, types: Any, args: Tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+        kwargs = dict(kwargs or {})
+        if func is F.embedding and torch.is_grad_enabled():
+            bound = _EMBEDDING.bind(*args, **kwargs).arguments
+            padding = bound.pop("padding_idx", None)
+            if padding is not None:
+                out = func(**bound)
+                return _detached_at(out, bound["input"], padding % bound["weight"].shape[0])
+        if func in EMBEDDINGS[1:] and torch.is_grad_enabled():
+            weight, indices = args[:2]
+            padding = args[2] if len(args) > 2 else kwargs.pop("padding_idx", -1)
+            if padding >= 0:  # aten's -1: none
+                return _detached_at(func(weight, indices, -1, *args[3:], **kwargs), indices, padding)
+        return func(*args, **kwargs)
+
+
+_EMBEDDING = inspect.signature(F.embedding)
+EMBEDDINGS = (F.embedding, torch.embedding, torch.ops.aten.embedding.default)
+
+
+def pads_embeddings(module: nn.Module) -> bool:
+    """Whether `module` holds an embedding with a padding_idx (nn.Embedding, its subclasses, nn.EmbeddingBag)."""
+    return any(getattr(m, "padding_idx", None) is not None for m in module.modules())
+
+
+def _detached_at(out: torch.Tensor, indices: torch.Tensor, padding: int) -> torch.Tensor:
+    return torch.where((indices == padding).unsqueeze(-1), out.detach(), out)
 
 
 def is_shared(x: Any) -> bool:
@@ -191,7 +243,7 @@ class WideFunctional(StackedIO, nn.Module):
         super().__init__()
         if randomness not in RANDOMNESS:
             raise unknown("randomness", randomness, RANDOMNESS)
-        self.n, self.randomness = len(modules), randomness
+        self.n, self.randomness, self.pads = len(modules), randomness, pads_embeddings(modules[0])
         params, buffers = stack_module_state(list(modules))
         self._param_names, self._buffer_names = list(params), list(buffers)
         # a weight tied to another (GPT-2's lm_head to its embedding) under its second name: the
@@ -242,7 +294,7 @@ class WideFunctional(StackedIO, nn.Module):
 
         (args, kwargs), dims = vmap_dims((args, kwargs))
         kept: List[Any] = []
-        with draws_said(self.randomness):
+        with under_vmap(self.randomness, self.pads):
             out = vmap(tensors_only(one, kept), in_dims=(0, 0, *dims), randomness=self.randomness)(
                 *self._state(), args, kwargs
             )

@@ -25,7 +25,7 @@ from torch.utils._pytree import tree_map
 
 from ..core.environment import cpu_l2_bytes
 from ..core.layout import Slot, prefixed, slots_of
-from .functional import draws_said, is_shared, model_size, tensors_only, vmap_dims, with_ones, with_others
+from .functional import EMBEDDINGS, is_shared, model_size, tensors_only, under_vmap, vmap_dims, with_ones, with_others
 from .lowering import Lowered, draws
 
 __all__ = [
@@ -61,7 +61,7 @@ class Vmapped(nn.Module):
 
     def __init__(self, fn: Callable[..., Any], mask: Any, randomness: str):
         super().__init__()
-        self.fn, self.randomness = fn, randomness
+        self.fn, self.randomness, self.pads = fn, randomness, fn in EMBEDDINGS
         args, kwargs = tree_map(lambda stacked: 0 if stacked else None, mask)
         # shaped as the call receives them: fx keeps its arguments in immutable lists and dicts
         self.in_dims = (tuple(_plain(a) for a in args), {k: _plain(v) for k, v in kwargs.items()})
@@ -70,7 +70,7 @@ class Vmapped(nn.Module):
         fn = self.fn
         values, dims = _fit(self.in_dims, (args, kwargs))
         kept: List[Any] = []
-        with draws_said(self.randomness):
+        with under_vmap(self.randomness, self.pads):
             out = vmap(tensors_only(lambda a, k: fn(*a, **k), kept), in_dims=dims, randomness=self.randomness)(*values)
         return with_others(out, kept)
 
@@ -255,6 +255,7 @@ class Segment(nn.Module):
         # each model draws its own from a value they all share (dropout of a shared input):
         # computed once, it drew one mask for all (found by a review)
         self.draws_each = randomness == "different" and any(draws(node) for node in fn.graph.nodes)
+        self.pads = any(node.target in EMBEDDINGS for node in fn.graph.nodes)
 
     def forward(self, *values: Any) -> Any:
         each = self.draws_each
@@ -267,7 +268,7 @@ class Segment(nn.Module):
             return tree_map(lambda t: t.expand(self.n, *t.shape) if isinstance(t, torch.Tensor) else t, out)
         dims = tuple(0 if m else None for m in mapped)
         kept: List[Any] = []
-        with draws_said(self.randomness):
+        with under_vmap(self.randomness, self.pads):
             if self.plain:
                 return vmap(self.fn, in_dims=dims, randomness=self.randomness)(*values)
             out = vmap(tensors_only(self.fn, kept), in_dims=dims, randomness=self.randomness)(*values)
