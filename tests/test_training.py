@@ -540,13 +540,15 @@ def test_padding_rows_get_the_gradients_n_separate_models_give_them(strategy, br
             torch.testing.assert_close(got.get_parameter(name), p.grad, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("features", [(32, 16), (256, 128)])  # parts below and above optimizers._LARGE_PART
 @pytest.mark.parametrize("kind", ["sgd", "adam", "adamw"])
-def test_a_wide_tensor_is_stepped_bit_for_bit_as_torch_steps_each_model(kind, features):
+def test_a_wide_tensor_is_stepped_bit_for_bit_as_torch_steps_each_model(kind, features, dtype):
     """Given the same gradients, each model's part of a wide tensor ends each step exactly where
-    torch's own optimizer, with that model's settings, puts the model's tensor."""
+    torch's own optimizer, with that model's settings, puts the model's tensor, in 16 bits too
+    (per-model betas of a bfloat16 model raised in step: found by a review)."""
     torch.manual_seed(0)
-    models = [nn.Linear(*features) for _ in range(N)]
+    models = [nn.Linear(*features).to(dtype) for _ in range(N)]
     fused = wt.fuse(copy.deepcopy(models), strategy="bmm")
     separate = copy.deepcopy(models)
     ours = our_optimizer(kind, fused)
@@ -561,7 +563,9 @@ def test_a_wide_tensor_is_stepped_bit_for_bit_as_torch_steps_each_model(kind, fe
         for o in theirs:
             o.step()
         for i, m in enumerate(separate):
-            assert torch.equal(fused.runs.weight[i], m.weight) and torch.equal(fused.runs.bias[i], m.bias), i
+            for name in ("weight", "bias"):  # (float16 Adam: torch's eps of 1e-8 is 0 there, and 0 / 0 NaN)
+                got, expected = getattr(fused.runs, name)[i], getattr(m, name)
+                torch.testing.assert_close(got, expected, rtol=0, atol=0, equal_nan=True)
 
 
 class _Columns(nn.Module):
