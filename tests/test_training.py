@@ -87,7 +87,7 @@ def separate_trainings(models, kind, xs, ys, steps=STEPS):
     return trained
 
 
-def fused_training(fused, opt, xs, ys, steps=STEPS, clip=None, schedule=True):
+def fused_training(fused, opt, xs, ys, steps=STEPS, clip=None, schedule=True, after_step=lambda: None):
     """Train what fuse() returned as a user's loop does: per-model losses summed, backward, clip, step, schedule."""
     cosine = wto.CosineAnnealingLR(opt, T_max=steps) if schedule else None
     for t in range(steps):
@@ -96,6 +96,7 @@ def fused_training(fused, opt, xs, ys, steps=STEPS, clip=None, schedule=True):
         (clip or (lambda f: wto.clip_grad_norm_(f, CLIP)))(fused)
         opt.step()
         opt.zero_grad()
+        after_step()
         if cosine is not None:
             cosine.step()
 
@@ -122,6 +123,37 @@ def test_per_model_settings_clipping_and_schedules_train_as_n_separate_trainings
     for u, w in zip(unfused, want):  # the unfused models are the user's class, and compute as the trained ones
         assert type(u) is MLP
         torch.testing.assert_close(u(x), w(x), rtol=1e-3, atol=1e-4)
+
+
+def cycling(opt, i, steps):
+    """torch's OneCycleLR over Adam-like optimizers, CyclicLR over SGD: each cycles the momentum (beta1) too."""
+    top = LRS if i is None else [LRS[i]]
+    if isinstance(opt, (torch.optim.SGD, wto.SGD)):
+        return torch.optim.lr_scheduler.CyclicLR(opt, [lr / 10 for lr in top], top, step_size_up=steps // 3)
+    return torch.optim.lr_scheduler.OneCycleLR(opt, top, total_steps=steps)
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adamw"])
+def test_schedules_that_cycle_the_momentum_train_as_n_separate_trainings(kind):
+    """torch's schedulers that cycle the momentum with the learning rate (their default) take our
+    optimizers, as they take torch's: they refused them, whose defaults were empty (found by a review)."""
+    models = mlps()
+    xs, ys = data()
+    want = copy.deepcopy(models)
+    for i, m in enumerate(want):
+        opt = torch_optimizer(kind, m.parameters(), i)
+        schedule = cycling(opt, i, STEPS)
+        for t in range(STEPS):
+            F.mse_loss(m(xs[i][t]), ys[i][t]).backward()
+            opt.step()
+            opt.zero_grad()
+            schedule.step()
+    fused = wt.fuse(copy.deepcopy(models), strategy="vmap")
+    opt = our_optimizer(kind, fused)
+    schedule = cycling(opt, None, STEPS)
+    fused_training(fused, opt, xs, ys, clip=lambda f: None, schedule=False, after_step=schedule.step)
+    check = check_trained(parameters_of(fused.unfuse()), parameters_of(want), TOLERANCE[kind])
+    assert check.correct, check.error
 
 
 @pytest.mark.parametrize("capture", ["torch.fx", "torch.export"])

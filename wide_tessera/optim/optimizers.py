@@ -31,6 +31,7 @@ optimizer rebinds to it at its next step, its state carried over.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable, ClassVar, Dict, Iterable, List, Optional, Sequence, Set, Tuple, Type, Union
 
 import torch
@@ -96,7 +97,10 @@ class _PerModel(torch.optim.Optimizer):
         groups = [{"params": [], **{k: values[k][i] for k in self.SETTINGS}} for i in range(self.n)]
         for i, group in enumerate(groups):
             self._check_group(i, group)
-        super().__init__(groups, {})
+        # torch's defaults, as its optimizer has them: schedulers read them (OneCycleLR and CyclicLR
+        # cycle the momentum, or beta1, of an optimizer whose defaults name it, and refused ours)
+        signature = inspect.signature(type(self).__init__).parameters
+        super().__init__(groups, {k: signature[k].default for k in self.SETTINGS})
         self.module, self.implementation = module, implementation
         self.frozen: Set[int] = set()
         self._runs: Optional[nn.Module] = None
