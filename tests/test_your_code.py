@@ -2,6 +2,7 @@
 modules, strategies added to built-in ops, ops from --import and from installed plugins,
 the `custom` command, and the progress shown while a run measures."""
 
+import copy
 import fcntl
 import logging
 import os
@@ -24,6 +25,7 @@ from torch import nn
 
 from wide_tessera import WideTesseraError, benchmark, benchmark_custom, load_results, register_strategy
 from wide_tessera.cli import cli
+from wide_tessera.core.layout import model_state_dicts
 from wide_tessera.ops import WideLinear
 from wide_tessera.sweep.isolation import call_isolated
 from wide_tessera.sweep.runner import run
@@ -1192,3 +1194,51 @@ def test_a_factory_returning_one_object_is_named_and_a_stateful_forward_is_not_c
     # it was refused as drawing random numbers, and told to give randomness=
     with pytest.raises(WideTesseraError, match="Counting's forward updates its own buffers \\(calls\\) and its output"):
         custom_job(Counting, (3, 8), [2], None, "float32", {})
+
+
+class KeepsState(nn.Module):
+    """A model computing from its own buffers alone and updating them in forward: a scale kept as
+    its log, a running average, a step count, a bfloat16 table; `branches`: its forward branches on
+    a size, which torch.fx cannot trace; `plus`: it counts by `+=`, which torch.fx traced as an
+    assignment its graph does not keep (torch.export captures either)."""
+
+    def __init__(self, branches: bool, plus: bool):
+        super().__init__()
+        self.lin, self.branches, self.plus = nn.Linear(4, 4), branches, plus
+        self.register_buffer("log_scale", torch.randn(4))
+        self.register_buffer("ema", torch.randn(4))
+        self.register_buffer("steps", torch.zeros(()))
+        self.register_buffer("table", torch.randn(4).to(torch.bfloat16))
+
+    def forward(self, x):
+        y = self.lin(x) * self.log_scale.exp()
+        self.ema.mul_(0.5).add_(0.5 * y.detach().mean(0))
+        if self.plus:
+            self.steps += 1
+        else:
+            self.steps.add_(1)
+        y = (y + self.ema) * self.steps + self.table.float()
+        return y if not self.branches or x.shape[-1] > 1 else -y
+
+
+@pytest.mark.parametrize(
+    "branches,plus", [(False, False), (False, True), (True, False)], ids=["torch.fx", "+=", "torch.export"]
+)
+def test_what_a_model_computes_of_its_buffers_alone_and_updates_in_them_is_each_models_own(branches, plus):
+    """torch.fx ran what a model computes of a buffer alone at trace time, on the traced model's,
+    and kept it as a constant for all N (models 1 and 2 off by 1.39 and 1.01), and left updates in
+    place out of its graph (found by a review)."""
+    from wide_tessera.widen.surgery import WideSurgery
+
+    torch.manual_seed(0)
+    models = [KeepsState(branches, plus) for _ in range(3)]
+    wide = WideSurgery(copy.deepcopy(models))
+    assert (wide.captured is not None) == (branches or plus)
+    for _ in range(2):  # the second call reads what the first left in the buffers
+        xs = [torch.randn(2, 4) for _ in range(3)]
+        got = wide.unpack(wide(wide.pack(xs)))
+        for g, model, x in zip(got, models, xs):
+            torch.testing.assert_close(g, model(x))
+    for state, model in zip(model_state_dicts(wide, 3), models):
+        for name, buffer in model.named_buffers():
+            torch.testing.assert_close(state[name], buffer)

@@ -70,7 +70,14 @@ def trace_fx(model: nn.Module) -> fx.GraphModule:
         raise NotApplicable("torch.fx traces forward alone, and the model has hooks registered")
     model = copy.deepcopy(model)
     concrete = dict.fromkeys(none_defaults(model))
+    buffers = {id(b) for b in model.buffers()}
     graph = _Tracer(tuple(fusing_ops())).trace(model, concrete_args=concrete or None)
+    # `self.steps += 1` on a buffer: a proxy has no in-place add, so torch.fx traced an add and
+    # assigned its result to the buffer, and the update was never in the graph (found by a review)
+    assigned = [f"{path}.{name}".lstrip(".") for path, m in model.named_modules()
+                for name, b in m._buffers.items() if b is not None and id(b) not in buffers]  # fmt: skip
+    if assigned:
+        raise NotApplicable(f"torch.fx cannot keep forward's assignment to buffer {', '.join(assigned)}")
     return fx.GraphModule(model, graph, type(model).__name__)
 
 
@@ -79,6 +86,12 @@ class _Tracer(fx.Tracer):
     defined: torch.fx keeps only torch.nn's, and would trace through timm's Linear, so it was never
     swapped. One that computes something else than the op (ops.exact: timm's BatchNormAct2d) is
     kept whole too, and runs as itself under vmap, named in `looped`."""
+
+    # A buffer read in forward is a graph input, as a parameter is: torch.fx's default ran what is
+    # computed of a buffer alone at trace time, on the traced model's, and kept the result as a
+    # constant for all N (`x * self.log_scale.exp()`: models 1 and 2 off by 1.39 and 1.01), and left
+    # an update in place (`self.ema.mul_(0.5)`) out of the graph (found by a review)
+    proxy_buffer_attributes = True
 
     def __init__(self, fused: Tuple[type, ...]):
         super().__init__()
