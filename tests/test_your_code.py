@@ -1242,3 +1242,45 @@ def test_what_a_model_computes_of_its_buffers_alone_and_updates_in_them_is_each_
     for state, model in zip(model_state_dicts(wide, 3), models):
         for name, buffer in model.named_buffers():
             torch.testing.assert_close(state[name], buffer)
+
+
+class SharesALayer(nn.Module):
+    """A layer used by two blocks, and a buffer, registered under two names each; its forward
+    branches on a size, which torch.fx cannot trace (torch.export captures it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.l = nn.Linear(4, 4)
+        self.blocks = nn.ModuleList([nn.Sequential(self.l, nn.ReLU()) for _ in range(2)])
+        self.register_buffer("b", torch.randn(4))
+        self.sub = nn.Module()
+        self.sub.register_buffer("b2", self.b)
+
+    def forward(self, x):
+        x = x * 2 if x.shape[0] > 1 else x
+        for block in self.blocks:
+            x = block(x)
+        return x + self.sub.b2
+
+
+def test_a_layer_and_a_buffer_registered_under_two_names_are_each_models_own_in_a_captured_graph():
+    """torch.export's graph called the layer and read the buffer by their second names, which
+    named_modules and named_buffers skip: neither swapped nor stacked, they were held as the
+    captured model's, and every model ran with model 0's weights (found by a review)."""
+    from wide_tessera.widen.surgery import WideSurgery
+
+    torch.manual_seed(0)
+    models = [SharesALayer() for _ in range(3)]
+    wide = WideSurgery(copy.deepcopy(models))
+    xs = [torch.randn(3, 4) for _ in range(3)]
+    got = wide.unpack(wide(wide.pack(xs)))
+    assert wide.captured is not None and wide.swapped == ["l"]
+    for g, model, x in zip(got, models, xs):
+        torch.testing.assert_close(g, model(x))
+        model(x).pow(2).sum().backward()
+    sum(g.pow(2).sum() for g in got).backward()
+    grads = {name: p.grad for name, p in wide.named_parameters()}
+    assert grads and all(g is not None for g in grads.values())
+    weight = next(g for name, g in grads.items() if name.endswith("weight"))
+    for i, model in enumerate(models):
+        torch.testing.assert_close(weight[i], model.l.weight.grad)

@@ -43,7 +43,7 @@ from ..core.errors import NotApplicable, one_line
 from ..core.layout import STACKED, Slot, prefixed, slots_of
 from ..ops.base import fusing_ops
 from .capture import CHECKS, MOST_CAPTURES, SIZE, Capture, export_graph, guards_of, input_dims, signature
-from .functional import model_size
+from .functional import model_size, tied_aliases
 from .layers import LayerChoice, LayerLoop, hold_stacked, wide_layer
 from .lowering import lower
 from .moe import WideSparseMoe, is_sparse_moe
@@ -105,6 +105,12 @@ class ExportedSurgery(nn.Module):
                 self._stacked_names[path] = f"t{len(self._stacked_names)}"
                 values = [operator.attrgetter(path)(m) for m in modules]
                 hold_stacked(self.stacked, self._stacked_names[path], values, persistent=path in saved)
+        # A layer, parameter or buffer registered under two names (a layer shared by two blocks)
+        # is found by named_modules and named_parameters under its first; torch.export's graph
+        # may call or read it by the other, which was then neither swapped nor stacked, but held
+        # as a constant of the captured model's: every model ran with model 0's weights (found by
+        # a review). Each second name -> its first.
+        self._aliases = {**tied_aliases(modules[0]), **_module_aliases(modules[0])}
         self._captures: "OrderedDict[int, Capture]" = OrderedDict()  # the latest used last
         self.train(modules[0].training)
 
@@ -187,6 +193,8 @@ class ExportedSurgery(nn.Module):
                 graph.erase_node(node)
             elif node.target is SIZE:
                 node.target = model_size
+            elif node.op == "get_attr":
+                node.target = self._aliases.get(node.target, node.target)
         self._swap_layers(graph)
         holder = nn.Module()
         holder.s, holder.w, holder.c = self.stacked, self.wides, nn.Module()
@@ -199,6 +207,7 @@ class ExportedSurgery(nn.Module):
         calls: Dict[str, Tuple[str, List[fx.Node]]] = {}  # a call of a layer -> (its path, the ops it ran)
         for node in graph.nodes:
             for key, (path, _) in (node.meta.get("nn_module_stack") or {}).items():  # the outermost first
+                path = self._aliases.get(path, path)
                 if node.op == "call_function" and path in self._wide_names:
                     calls.setdefault(key, (path, []))[1].append(node)
                     break
@@ -308,6 +317,16 @@ def _in_segments(graph: fx.Graph, holder: nn.Module, unstacked: Set[fx.Node], n:
             env[o] = out.call_function(operator.getitem, (call, j))
     out.node_copy(graph.output_node(), env.__getitem__)
     return out
+
+
+def _module_aliases(model: nn.Module) -> Dict[str, str]:
+    """Each second path of a submodule registered under two -> its first."""
+    first: Dict[int, str] = {}
+    aliases = {}
+    for path, sub in model.named_modules(remove_duplicate=False):
+        aliases.update({path: first[id(sub)]} if id(sub) in first else {})
+        first.setdefault(id(sub), path)
+    return aliases
 
 
 def _within(paths: Sequence[str]) -> Tuple[str, ...]:
