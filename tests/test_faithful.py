@@ -335,3 +335,45 @@ def test_models_whose_hooks_differ_are_refused_in_one_line():
     for strategy in ("vmap", "surgery"):
         with pytest.raises(WideTesseraError, match="module 1's 'hooks on 1' is 1 but module 0's is 0"):
             fuse(models, strategy=strategy)
+
+
+class ShapedByItsValues(nn.Module):
+    """What vmap cannot batch: a shape its values decide; `branches`: a forward torch.fx cannot trace."""
+
+    def __init__(self, branches):
+        super().__init__()
+        self.fc, self.branches = nn.Linear(8, 8), branches
+
+    def forward(self, x):
+        y = self.fc(x)
+        if self.branches and x.shape[0] > 1:
+            y = y * 2
+        return (y > 0).nonzero().float().sum()
+
+
+class ReadsARecurrentOutput(nn.Module):
+    def __init__(self, rnn):
+        super().__init__()
+        self.rnn = rnn
+
+    def forward(self, x):
+        return self.rnn(x)[0]
+
+
+@pytest.mark.parametrize(
+    "make,why",
+    [
+        (lambda: ShapedByItsValues(False), "torch's vmap cannot run it: RuntimeError: vmap: We do not support"),
+        (lambda: ShapedByItsValues(True), "its shapes depend on its values"),
+        (lambda: ReadsARecurrentOutput(nn.GRU(8, 8, batch_first=True, bidirectional=True)), "aten::gru"),
+    ],
+    ids=["torch.fx", "torch.export", "bidirectional GRU"],
+)
+def test_what_torch_vmap_cannot_run_in_a_wide_module_is_refused_in_one_line(make, why):
+    """WideSurgery raised torch's 30-line traceback (or, through torch.export, a KeyError of ours:
+    the size of nonzero's output was read before nonzero ran); found by a review."""
+    models = [make() for _ in range(3)]
+    wide = WideSurgery(models)
+    with pytest.raises(NotApplicable) as caught:
+        wide(wide.pack([torch.randn(2, 5, 8)] * 3))
+    assert why in str(caught.value) and "\n" not in str(caught.value), str(caught.value)

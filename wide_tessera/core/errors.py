@@ -126,7 +126,8 @@ _VMAP_LIMITS = re.compile(
 
 
 def vmap_limitation(error: BaseException) -> Optional[str]:
-    """`error` in one line where it is torch's vmap refusing what it was given; None for any other error."""
+    """`error` in one line, said to be torch's, where it is torch's vmap refusing what it was given;
+    None for any other error."""
     if not isinstance(error, RuntimeError) or not _VMAP_LIMITS.match(" ".join(str(error).split())):
         return None
-    return one_line(error)[:300]
+    return f"torch's vmap cannot run it: {one_line(error)[:300]}"

@@ -565,8 +565,7 @@ def _failure(stage: str, error: BaseException, name: str = "") -> Failure:
         return Failure(stage, "skipped", "NotCapturable", f"{name}: {error}" if name else str(error))
     limitation = vmap_limitation(error)
     if limitation is not None:  # torch's, not the strategy's: skipped, with torch's reason
-        why = f"torch's vmap cannot run it: {limitation}"
-        return Failure(stage, "skipped", "VmapLimitation", f"{name}: {why}" if name else why)
+        return Failure(stage, "skipped", "VmapLimitation", f"{name}: {limitation}" if name else limitation)
     return Failure(stage, "error", type(error).__name__, one_line(error).partition(": ")[2])
 
 

@@ -190,13 +190,23 @@ def export_graph(
     dynamic = {k: tree_map(lambda t: _auto(t) if isinstance(t, torch.Tensor) else None, v) for k, v in named.items()}
     try:
         program = torch.export.export(model, args, kwargs, dynamic_shapes=dynamic, strict=False)
-        module = program.module()
-        if all(n.args[0].op == "placeholder" for n in module.graph.find_nodes(op="call_function", target=SIZE)):
-            return module, program.range_constraints
+        if not _computed_sizes(program.module()):
+            return program.module(), program.range_constraints
     except Exception:  # noqa: BLE001  a model whose code cannot take symbolic sizes: one graph per shape
         pass
     program = torch.export.export(model, args, kwargs, strict=False)
+    computed = _computed_sizes(program.module())
+    if computed:  # (they were copied ahead of the ops that make them: a KeyError; found by a review)
+        raise NotApplicable(
+            f"its shapes depend on its values (a size read from what {computed[0]} gives), which vmap cannot batch"
+        )
     return program.module(), program.range_constraints
+
+
+def _computed_sizes(module: fx.GraphModule) -> List[str]:
+    """The values computed inside the model whose sizes its graph reads (what aten op makes them)."""
+    sizes = module.graph.find_nodes(op="call_function", target=SIZE)
+    return [str(n.args[0].target) for n in sizes if n.args[0].op != "placeholder"]
 
 
 def guards_of(exported: fx.GraphModule, leaves: int) -> Optional[Tuple[Callable[..., None], Tuple[int, ...]]]:

@@ -16,7 +16,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import register_dataclass, tree_flatten, tree_map, tree_unflatten
 
 from ..core import trees
-from ..core.errors import WideTesseraError, unknown
+from ..core.errors import NotApplicable, WideTesseraError, unknown, vmap_limitation
 from ..core.layout import STACKED, Slot
 from ..ops.base import WideOp, shared_config
 
@@ -123,6 +123,7 @@ def vmap_dims(tree: Any) -> Tuple[Any, Any]:
 def under_vmap(randomness: str, pads: bool = False) -> Iterator[None]:
     """What every vmap over the models' own code runs inside:
 
+    * torch's vmap refusing what it was given said in one line (core.errors.vmap_limitation);
     * a vmap refusing a draw under randomness='error' said in one line, with what to give instead:
       fuse() or WideSurgery of models with dropout in training raised torch's 80-line traceback
       (found by a review; benchmark_custom says it before measuring);
@@ -134,6 +135,9 @@ def under_vmap(randomness: str, pads: bool = False) -> Iterator[None]:
         with _PaddingWithoutGradient() if pads and torch.is_grad_enabled() else nullcontext():
             yield
     except RuntimeError as e:
+        limitation = vmap_limitation(e)
+        if limitation is not None:  # nonzero, .item(), a bidirectional GRU: torch's 30-line traceback
+            raise NotApplicable(limitation) from None
         if randomness != "error" or "called random operation while in randomness error mode" not in str(e):
             raise
         raise WideTesseraError(
