@@ -312,11 +312,13 @@ class KeepsOutsideItsState(nn.Linear):
 
 def test_models_whose_settings_in_a_dict_or_tensor_attributes_differ_are_refused_in_one_line():
     """Neither is stacked: model 0's were run for all (a per-model table 0.97 off, a scale in a
-    dict 1.32 off; found by a review). Alike ones are taken."""
+    dict 1.32 off; found by a review). Alike ones are taken. A tensor frozen in one model alone
+    raised torch's error from stack_module_state."""
     table = torch.randn(4)
     for models, named in (
         ([KeepsOutsideItsState({"scale": i + 1.0}, table) for i in range(3)], "'cfg' is {'scale': 2.0} but"),
         ([KeepsOutsideItsState({"scale": 1.0}, torch.randn(4)) for _ in range(3)], "'table' holds other values"),
+        ([nn.Linear(4, 4), nn.Linear(4, 4).requires_grad_(False)], "'weight' is frozen in some of the models"),
     ):
         for strategy in ("vmap", "surgery"):
             with pytest.raises(WideTesseraError, match=named):

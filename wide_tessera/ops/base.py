@@ -310,14 +310,12 @@ def _keeping_frozen(from_modules: Callable[..., nn.Module]) -> Callable[..., nn.
 def _frozen_as_in(modules: Sequence[nn.Module], wide: nn.Module) -> nn.Module:
     """`wide` with each parameter that the N models have under the same name frozen where
     they froze it (requires_grad False): fused for training, a frozen layer must stay frozen.
-    One frozen in some models only cannot be one wide tensor half trained."""
+    One frozen in some models only cannot be one wide tensor half trained (check_alike says so)."""
     own = [dict(m.named_parameters()) for m in modules]
     for name, p in wide.named_parameters():
         flags = {ps[name].requires_grad for ps in own if name in ps}
         if len(flags) > 1:
-            raise WideTesseraError(
-                f"parameter {name!r} is frozen in some of the models and not in others: freeze it in all or none"
-            )
+            check_alike(modules, "from_modules")
         if flags == {False}:
             p.requires_grad_(False)
     return wide
@@ -391,6 +389,9 @@ def layout_difference(modules: Sequence[nn.Module]) -> Optional[str]:
         if layout != first:
             name = next(k for k in dict.fromkeys([*first, *layout]) if first.get(k) != layout.get(k))
             theirs, ours = _described(layout.get(name)), _described(first.get(name))
+            a, b = layout.get(name), first.get(name)
+            if isinstance(a, _TensorLayout) and isinstance(b, _TensorLayout) and a[:3] == b[:3]:
+                return f"{name!r} is frozen in some of the models and not in others: freeze it in all or none"
             if theirs == ours:  # tensor attributes of other values
                 return (
                     f"module {i}'s {name!r} holds other values than module 0's, in a tensor that is neither a "
@@ -407,7 +408,9 @@ def layout_of(module: nn.Module) -> Dict[str, Any]:
     model 0's code and settings with each model's tensors, so models whose settings differed
     came out wrong, silently (a per-model scale: 3.24 off)."""
     tensors = {**dict(module.named_parameters()), **dict(module.named_buffers())}
-    layout: Dict[str, Any] = {name: _TensorLayout(tuple(t.shape), t.dtype, t.device) for name, t in tensors.items()}
+    layout: Dict[str, Any] = {
+        name: _TensorLayout(tuple(t.shape), t.dtype, t.device, t.requires_grad) for name, t in tensors.items()
+    }
     for path, sub in module.named_modules():
         for key, value in vars(sub).items():
             if key.startswith("_") or key == "training":
@@ -435,6 +438,9 @@ class _TensorLayout(NamedTuple):
     shape: Tuple[int, ...]
     dtype: torch.dtype
     device: torch.device
+    # one stacked tensor trains or not: torch's stack_module_state raised "Expected fc1.weight from
+    # each model to have the same .requires_grad" (found by a review)
+    requires_grad: bool
 
 
 class _TensorAttribute:
@@ -460,7 +466,7 @@ def _described(layout: Any) -> str:
         return "missing"
     if not isinstance(layout, _TensorLayout):
         return repr(layout)  # a setting
-    shape, dtype, device = layout
+    shape, dtype, device, _ = layout
     return f"{list(shape)} {str(dtype).replace('torch.', '')} on {device}"
 
 
