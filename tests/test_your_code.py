@@ -1238,10 +1238,16 @@ def test_what_a_model_computes_of_its_buffers_alone_and_updates_in_them_is_each_
         xs = [torch.randn(2, 4) for _ in range(3)]
         got = wide.unpack(wide(wide.pack(xs)))
         for g, model, x in zip(got, models, xs):
-            torch.testing.assert_close(g, model(x))
+            want = model(x)
+            torch.testing.assert_close(g, want)
+            want.pow(2).sum().backward()
+        sum(g.pow(2).sum() for g in got).backward()
     for state, model in zip(model_state_dicts(wide, 3), models):
         for name, buffer in model.named_buffers():
             torch.testing.assert_close(state[name], buffer)
+    weight = next(p.grad for name, p in wide.named_parameters() if name.endswith("weight"))
+    for i, model in enumerate(models):
+        torch.testing.assert_close(weight[i], model.lin.weight.grad)
 
 
 class SharesALayer(nn.Module):
@@ -1284,3 +1290,33 @@ def test_a_layer_and_a_buffer_registered_under_two_names_are_each_models_own_in_
     weight = next(g for name, g in grads.items() if name.endswith("weight"))
     for i, model in enumerate(models):
         torch.testing.assert_close(weight[i], model.l.weight.grad)
+
+
+class Running(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.register_buffer("c", torch.randn(4))
+
+    def forward(self, x):
+        y = self.lin(x)
+        self.c += y.detach().mean(0)
+        return y * self.c
+
+
+def test_a_buffer_updated_by_plus_equals_and_multiplied_in_trains_as_each_model_does():
+    """torch.export writes the buffer back with copy_ (c.add_, then c.copy_(c)), which bumped the
+    version of what the product had saved: backward raised "modified by an inplace operation"
+    where each model alone trains (found by a review)."""
+    from wide_tessera.widen.surgery import WideSurgery
+
+    torch.manual_seed(0)
+    models = [Running() for _ in range(3)]
+    wide = WideSurgery(copy.deepcopy(models))
+    xs = [torch.randn(3, 4) for _ in range(3)]
+    got = wide.unpack(wide(wide.pack(xs)))
+    sum(g.pow(2).sum() for g in got).backward()
+    weight = next(p.grad for name, p in wide.named_parameters() if name.endswith("weight"))
+    for i, (model, x) in enumerate(zip(models, xs)):
+        model(x).pow(2).sum().backward()
+        torch.testing.assert_close(weight[i], model.lin.weight.grad)

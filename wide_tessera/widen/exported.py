@@ -195,6 +195,8 @@ class ExportedSurgery(nn.Module):
                 node.target = model_size
             elif node.op == "get_attr":
                 node.target = self._aliases.get(node.target, node.target)
+            elif _copies_itself(node):
+                graph.erase_node(node)
         self._swap_layers(graph)
         holder = nn.Module()
         holder.s, holder.w, holder.c = self.stacked, self.wides, nn.Module()
@@ -317,6 +319,19 @@ def _in_segments(graph: fx.Graph, holder: nn.Module, unstacked: Set[fx.Node], n:
             env[o] = out.call_function(operator.getitem, (call, j))
     out.node_copy(graph.output_node(), env.__getitem__)
     return out
+
+
+def _copies_itself(node: fx.Node) -> bool:
+    """Whether `node` copies into a buffer what an op in place on that buffer gave: the buffer
+    itself. torch.export writes each buffer a forward updated back with copy_ (`self.c += y`: c.add_,
+    then c.copy_(c)), which bumped the version of a tensor a product had saved, and backward raised
+    "modified by an inplace operation", where the model alone trains (found by a review)."""
+    if node.target is not torch.ops.aten.copy_.default or node.users:
+        return False
+    into, source = node.args[0], node.args[1]
+    if not isinstance(source, fx.Node) or not isinstance(source.target, torch._ops.OpOverload):
+        return False
+    return source.target._schema.name.endswith("_") and source.args[0] is into
 
 
 def _module_aliases(model: nn.Module) -> Dict[str, str]:
