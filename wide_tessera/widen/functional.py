@@ -120,20 +120,21 @@ def vmap_dims(tree: Any) -> Tuple[Any, Any]:
 
 
 @contextmanager
-def under_vmap(randomness: str, pads: bool = False) -> Iterator[None]:
+def under_vmap(randomness: str, pads: bool = False) -> Iterator[Optional["_PaddingWithoutGradient"]]:
     """What every vmap over the models' own code runs inside:
 
     * torch's vmap refusing what it was given said in one line (core.errors.vmap_limitation);
     * a vmap refusing a draw under randomness='error' said in one line, with what to give instead:
       fuse() or WideSurgery of models with dropout in training raised torch's 80-line traceback
       (found by a review; benchmark_custom says it before measuring);
-    * where the code looks embeddings up with a padding_idx (`pads`: `pads_embeddings`), in
-      training, lookups that give the padding row no gradient in every model (_PaddingWithoutGradient).
-      Not elsewhere: a mode sees every torch call, and cost a BertLayer's training step under vmap
-      about 10% (N=8, one thread)."""
+    * where the code may look embeddings up with a padding_idx (`pads`), in training, lookups that
+      give the padding row no gradient in every model (_PaddingWithoutGradient, yielded: whether it
+      `saw` one). Not elsewhere: a mode sees every torch call, and cost a BertLayer's training step
+      under vmap about 10% (N=8, one thread)."""
+    mode = _PaddingWithoutGradient() if pads and torch.is_grad_enabled() else None
     try:
-        with _PaddingWithoutGradient() if pads and torch.is_grad_enabled() else nullcontext():
-            yield
+        with mode if mode is not None else nullcontext():
+            yield mode
     except RuntimeError as e:
         limitation = vmap_limitation(e)
         if limitation is not None:  # nonzero, .item(), a bidirectional GRU: torch's 30-line traceback
@@ -157,8 +158,11 @@ class _PaddingWithoutGradient(TorchFunctionMode):
     detached, each model's gradient is torch's: no lookup of a padding token reaches its row,
     and a row tied to another layer (an LM head) still gets that layer's gradient."""
 
+    saw = False  # a lookup with a padding_idx
+
     def __torch_function__(self, func: Any, types: Any, args: Tuple[Any, ...] = (), kwargs: Any = None) -> Any:
         kwargs = dict(kwargs or {})
+        self.saw = self.saw or func in EMBEDDINGS
         if func is F.embedding and torch.is_grad_enabled():
             bound = _EMBEDDING.bind(*args, **kwargs).arguments
             padding = bound.pop("padding_idx", None)
@@ -247,7 +251,11 @@ class WideFunctional(StackedIO, nn.Module):
         super().__init__()
         if randomness not in RANDOMNESS:
             raise unknown("randomness", randomness, RANDOMNESS)
-        self.n, self.randomness, self.pads = len(modules), randomness, pads_embeddings(modules[0])
+        self.n, self.randomness = len(modules), randomness
+        # whether its code looks embeddings up with a padding_idx: it holds such an embedding, or,
+        # where it does not (F.embedding in its own code: models 1 and 2 gave their padding rows
+        # gradients of 10.7 and 16.6; found by a review), what its first call in training saw
+        self.pads: Optional[bool] = True if pads_embeddings(modules[0]) else None
         params, buffers = stack_module_state(list(modules))
         self._param_names, self._buffer_names = list(params), list(buffers)
         # a weight tied to another (GPT-2's lm_head to its embedding) under its second name: the
@@ -298,8 +306,10 @@ class WideFunctional(StackedIO, nn.Module):
 
         (args, kwargs), dims = vmap_dims((args, kwargs))
         kept: List[Any] = []
-        with under_vmap(self.randomness, self.pads):
+        with under_vmap(self.randomness, self.pads is not False) as mode:
             out = vmap(tensors_only(one, kept), in_dims=(0, 0, *dims), randomness=self.randomness)(
                 *self._state(), args, kwargs
             )
+        if mode is not None and self.pads is None:
+            self.pads = mode.saw
         return with_others(out, kept)
