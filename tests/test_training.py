@@ -572,6 +572,35 @@ def test_padding_rows_get_the_gradients_n_separate_models_give_them(strategy, br
             torch.testing.assert_close(got.get_parameter(name), p.grad, rtol=1e-4, atol=1e-5)
 
 
+def test_an_embedding_that_scales_its_gradient_by_frequency_is_not_fused_as_one_that_does_not():
+    """WideEmbedding ignored scale_grad_by_freq: every model's gradient was off, by up to 12.7
+    (found by a review). Its strategies refuse it in one line; surgery leaves it to vmap, which
+    scales each model's gradient by its own counts."""
+    torch.manual_seed(0)
+    tables = [nn.Embedding(10, 4, scale_grad_by_freq=True) for _ in range(3)]
+    with pytest.raises(wt.WideTesseraError, match="scale_grad_by_freq"):
+        wt.fuse(tables, strategy="offset")
+    models = [nn.Sequential(t, nn.Linear(4, 2)) for t in tables]
+    fused = wt.fuse(copy.deepcopy(models), strategy="surgery")
+    ids = [torch.tensor([[1, 1, 2], [3, 1, 2 + k]]) for k in range(3)]
+    sum(o.pow(2).sum() for o in fused.unpack(fused(fused.pack(ids)))).backward()
+    for m, x, got in zip(models, ids, unfused_grads(fused)):
+        m(x).pow(2).sum().backward()
+        torch.testing.assert_close(got[0].weight, m[0].weight.grad)
+
+
+def test_vmap_of_sparse_embeddings_infers_and_refuses_to_train_in_one_line():
+    """Its backward raised torch's "reshape is not implemented for sparse tensors" (found by a review)."""
+    models = [nn.Sequential(nn.Embedding(10, 4, sparse=True), nn.Linear(4, 2)) for _ in range(3)]
+    fused = wt.fuse(copy.deepcopy(models), strategy="vmap")
+    ids = [torch.tensor([[1, 2], [3, 4]])] * 3
+    with torch.no_grad():
+        for got, m, x in zip(fused.unpack(fused(fused.pack(ids))), models, ids):
+            torch.testing.assert_close(got, m(x))
+    with pytest.raises(NotApplicable, match="vmap cannot give 0's sparse gradients"):
+        fused(fused.pack(ids))
+
+
 class LooksUp(nn.Module):
     """A table looked up by F.embedding with a padding row in its own code, no nn.Embedding."""
 

@@ -64,12 +64,15 @@ class WideEmbedding(WideOp, nn.Module):
                 dim=m.embedding_dim,
                 max_norm=m.max_norm,
                 sparse=m.sparse,
+                scale_grad_by_freq=m.scale_grad_by_freq,
                 padding_idx=m.padding_idx,
             ),
         )
-        if config.pop("max_norm") is not None or config.pop("sparse"):
+        # (scale_grad_by_freq was ignored: every model's gradient off, by up to 12.7; found by a review)
+        if config.pop("max_norm") is not None or config.pop("sparse") or config.pop("scale_grad_by_freq"):
             raise WideTesseraError(
-                "WideEmbedding fuses embeddings without max_norm (it renormalizes in place) or sparse gradients"
+                "WideEmbedding fuses embeddings without max_norm (it renormalizes in place), sparse gradients or "
+                "scale_grad_by_freq"
             )
         return load_joined(cls(len(modules), strategy=strategy, **config), modules)
 

@@ -256,6 +256,8 @@ class WideFunctional(StackedIO, nn.Module):
         # where it does not (F.embedding in its own code: models 1 and 2 gave their padding rows
         # gradients of 10.7 and 16.6; found by a review), what its first call in training saw
         self.pads: Optional[bool] = True if pads_embeddings(modules[0]) else None
+        # its backward raised torch's "reshape is not implemented for sparse tensors" (found by a review)
+        self.sparse = next((p for p, m in modules[0].named_modules() if getattr(m, "sparse", False) is True), None)
         params, buffers = stack_module_state(list(modules))
         self._param_names, self._buffer_names = list(params), list(buffers)
         # a weight tied to another (GPT-2's lm_head to its embedding) under its second name: the
@@ -296,6 +298,11 @@ class WideFunctional(StackedIO, nn.Module):
         return params, buffers
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if self.sparse is not None and torch.is_grad_enabled():
+            raise NotApplicable(
+                f"vmap cannot give {self.sparse or 'the model'}'s sparse gradients: call it under torch.no_grad() to "
+                "infer, or train a dense embedding"
+            )
         args, kwargs = unpacked(args, kwargs)
         skeleton = self._skeleton[0].train(self.training)
 
