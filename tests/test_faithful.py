@@ -319,15 +319,20 @@ def test_models_whose_settings_in_a_dict_or_tensor_attributes_differ_are_refused
         ([KeepsOutsideItsState({"scale": i + 1.0}, table) for i in range(3)], "'cfg' is {'scale': 2.0} but"),
         ([KeepsOutsideItsState({"scale": 1.0}, torch.randn(4)) for _ in range(3)], "'table' holds other values"),
         ([nn.Linear(4, 4), nn.Linear(4, 4).requires_grad_(False)], "'weight' is frozen in some of the models"),
+        ([KeepsOutsideItsState({0: i}, table) for i in range(3)], "'cfg' is {0: 1} but"),
+        ([KeepsOutsideItsState({"scale": torch.tensor(i)}, table) for i in range(3)], "'cfg' holds other values"),
+        ([KeepsOutsideItsState([torch.tensor(i)], table) for i in range(3)], "'cfg' holds other values"),
+        ([KeepsOutsideItsState(slice(0, i), table) for i in range(3)], "'cfg' is slice\\(0, 1, None\\) but"),
     ):
         for strategy in ("vmap", "surgery"):
             with pytest.raises(WideTesseraError, match=named):
                 fuse(models, strategy=strategy)
+    table[0] = float("nan")  # alike, NaN where the others have NaN
     alike = [KeepsOutsideItsState({"scale": 2.0}, table.clone()) for _ in range(3)]
     wide = fuse(alike, strategy="vmap")
     x = torch.randn(2, 4)
     for got, model in zip(wide.unpack(wide(wide.pack([x] * 3))), alike):
-        torch.testing.assert_close(got, model(x))
+        torch.testing.assert_close(got, model(x), equal_nan=True)
 
 
 def test_models_whose_hooks_differ_are_refused_in_one_line():

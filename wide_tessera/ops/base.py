@@ -415,23 +415,33 @@ def layout_of(module: nn.Module) -> Dict[str, Any]:
         for key, value in vars(sub).items():
             if key.startswith("_") or key == "training":
                 continue
-            if _plain(value):
-                layout[f"{path}.{key}" if path else key] = value
-            elif isinstance(value, torch.Tensor):  # neither a parameter nor a buffer: model 0's is the one run
-                layout[f"{path}.{key}" if path else key] = _TensorAttribute(value)
+            setting = _setting(value)
+            if setting is not _UNCOMPARED:
+                layout[f"{path}.{key}" if path else key] = setting
         # hooks run model 0's: a hook on model 1 alone was dropped by vmap and surgery (4.4 off)
         layout[f"hooks on {path or 'the model'}"] = len(sub._forward_hooks) + len(sub._forward_pre_hooks)
     return layout
 
 
-def _plain(value: Any) -> bool:
-    """A setting compared by value (numbers, text, flags, dtypes, tuples of them); other objects are
-    not compared: two equal ones of a class without __eq__ would differ by identity."""
+_UNCOMPARED = object()
+
+
+def _setting(value: Any) -> Any:
+    """A setting as it is compared: numbers, text, flags, dtypes, slices, and tuples, lists and
+    dicts of them, by value; a tensor that is neither a parameter nor a buffer (model 0's is the one
+    run), by its values; _UNCOMPARED for other objects: two equal ones of a class without __eq__
+    would differ by identity. (Dicts, tensors in them and slices were not compared: a review's
+    models ran model 0's, 1.35 and 4.23 off.)"""
+    if isinstance(value, torch.Tensor):
+        return _TensorAttribute(value)
     if isinstance(value, (tuple, list)):
-        return all(_plain(v) for v in value)
-    if isinstance(value, dict):  # settings kept in a dict (a config's): model 0's are the ones run
-        return all(isinstance(k, str) and _plain(v) for k, v in value.items())
-    return value is None or isinstance(value, (bool, int, float, str, torch.dtype, torch.device))
+        items = [_setting(v) for v in value]
+        return _UNCOMPARED if any(v is _UNCOMPARED for v in items) else type(value)(items)
+    if isinstance(value, dict):  # settings kept in a dict (a config's)
+        kept = {k: _setting(v) for k, v in value.items()}
+        return _UNCOMPARED if any(v is _UNCOMPARED for v in kept.values()) else kept
+    plain = value is None or isinstance(value, (bool, int, float, str, slice, torch.dtype, torch.device))
+    return value if plain else _UNCOMPARED
 
 
 class _TensorLayout(NamedTuple):
@@ -455,7 +465,15 @@ class _TensorAttribute:
         if not isinstance(other, _TensorAttribute):
             return False
         a, b = self.tensor, other.tensor
-        return a.shape == b.shape and a.dtype == b.dtype and a.device == b.device and bool(torch.equal(a, b))
+        if a.shape != b.shape or a.dtype != b.dtype or a.device != b.device:
+            return False
+        if torch.equal(a, b):
+            return True
+        # NaN where the other has NaN is the same value (torch.equal says not: found by a review)
+        nan = a.isnan() if a.is_floating_point() else None
+        if nan is None or not torch.equal(nan, b.isnan()):
+            return False
+        return torch.equal(a.masked_fill(nan, 0), b.masked_fill(nan, 0))
 
     def __repr__(self) -> str:
         return f"a {list(self.tensor.shape)} tensor attribute"
