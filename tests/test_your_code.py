@@ -1293,14 +1293,19 @@ def test_a_layer_and_a_buffer_registered_under_two_names_are_each_models_own_in_
 
 
 class Running(nn.Module):
-    def __init__(self):
+    """A running sum kept in a buffer, updated by `+=` or (`assigns`) by assigning the buffer."""
+
+    def __init__(self, assigns=False):
         super().__init__()
-        self.lin = nn.Linear(4, 4)
+        self.lin, self.assigns = nn.Linear(4, 4), assigns
         self.register_buffer("c", torch.randn(4))
 
     def forward(self, x):
         y = self.lin(x)
-        self.c += y.detach().mean(0)
+        if self.assigns:
+            self.c = self.c + y.detach().mean(0)
+        else:
+            self.c += y.detach().mean(0)
         return y * self.c
 
 
@@ -1320,3 +1325,22 @@ def test_a_buffer_updated_by_plus_equals_and_multiplied_in_trains_as_each_model_
     for i, (model, x) in enumerate(zip(models, xs)):
         model(x).pow(2).sum().backward()
         torch.testing.assert_close(weight[i], model.lin.weight.grad)
+
+
+def test_a_buffer_assigned_in_forward_is_kept_by_surgery_and_refused_by_vmap_in_one_line():
+    """vmap's functional_call put each model's given buffer back after forward: the assignment was
+    lost and outputs were 1.1 off from the second call, silently (found by a review)."""
+    from wide_tessera import fuse
+    from wide_tessera.core.errors import NotApplicable
+
+    torch.manual_seed(0)
+    models = [Running(assigns=True) for _ in range(3)]
+    vmapped = fuse(copy.deepcopy(models), strategy="vmap")
+    xs = [torch.randn(3, 4) for _ in range(3)]
+    with pytest.raises(NotApplicable, match="vmap cannot keep forward's assignment to buffer c"):
+        vmapped(vmapped.pack(xs))
+    wide = fuse(copy.deepcopy(models), strategy="surgery")
+    for _ in range(2):
+        xs = [torch.randn(3, 4) for _ in range(3)]
+        for got, model, x in zip(wide.unpack(wide(wide.pack(xs))), models, xs):
+            torch.testing.assert_close(got, model(x))

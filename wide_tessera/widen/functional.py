@@ -6,7 +6,7 @@ import copy
 import inspect
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 import torch
 from torch import nn
@@ -256,6 +256,7 @@ class WideFunctional(StackedIO, nn.Module):
         # where it does not (F.embedding in its own code: models 1 and 2 gave their padding rows
         # gradients of 10.7 and 16.6; found by a review), what its first call in training saw
         self.pads: Optional[bool] = True if pads_embeddings(modules[0]) else None
+        self._looked: Set[bool] = set()  # the modes (training or not) of calls looked at for buffers assigned
         # its backward raised torch's "reshape is not implemented for sparse tensors" (found by a review)
         self.sparse = next((p for p, m in modules[0].named_modules() if getattr(m, "sparse", False) is True), None)
         params, buffers = stack_module_state(list(modules))
@@ -306,10 +307,21 @@ class WideFunctional(StackedIO, nn.Module):
         args, kwargs = unpacked(args, kwargs)
         skeleton = self._skeleton[0].train(self.training)
 
+        assigned: List[str] = []
+        # A forward that assigns a buffer (self.c = self.c + x) assigns it on the skeleton, and
+        # functional_call puts the given one back: the update was lost, silently (outputs 1.1 off
+        # from the second call; found by a review). Looked for, while forward's tensors are in
+        # place, on the first call in train and in eval: a hook on every call cost 24 us of 325.
+        look = bool(self._buffer_names) and self.training not in self._looked
+
         def one(
             params: Dict[str, torch.Tensor], buffers: Dict[str, torch.Tensor], a: Tuple[Any, ...], k: Dict[str, Any]
         ) -> Any:
-            return functional_call(skeleton, (params, buffers), a, k)
+            def seen(module: nn.Module, inputs: Any, output: Any) -> None:
+                assigned.extend(name for name, b in buffers.items() if module.get_buffer(name) is not b)
+
+            with skeleton.register_forward_hook(seen) if look else nullcontext():
+                return functional_call(skeleton, (params, buffers), a, k)
 
         (args, kwargs), dims = vmap_dims((args, kwargs))
         kept: List[Any] = []
@@ -317,6 +329,13 @@ class WideFunctional(StackedIO, nn.Module):
             out = vmap(tensors_only(one, kept), in_dims=(0, 0, *dims), randomness=self.randomness)(
                 *self._state(), args, kwargs
             )
+        if assigned:
+            raise NotApplicable(
+                f"vmap cannot keep forward's assignment to buffer {', '.join(dict.fromkeys(assigned))}: update it in "
+                "place (.copy_, .add_), or fuse by surgery"
+            )
+        if look:
+            self._looked.add(self.training)
         if mode is not None and self.pads is None:
             self.pads = mode.saw
         return with_others(out, kept)
