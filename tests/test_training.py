@@ -630,13 +630,17 @@ def test_a_padding_row_looked_up_in_the_models_own_code_gets_no_gradient_through
             torch.testing.assert_close(got, m.table.grad)
 
 
+@pytest.mark.parametrize("shared", [False, True], ids=["per model", "shared"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("features", [(32, 16), (256, 128)])  # parts below and above optimizers._LARGE_PART
 @pytest.mark.parametrize("kind", ["sgd", "adam", "adamw"])
-def test_a_wide_tensor_is_stepped_bit_for_bit_as_torch_steps_each_model(kind, features, dtype):
+def test_a_wide_tensor_is_stepped_bit_for_bit_as_torch_steps_each_model(kind, features, dtype, shared, monkeypatch):
     """Given the same gradients, each model's part of a wide tensor ends each step exactly where
-    torch's own optimizer, with that model's settings, puts the model's tensor, in 16 bits too
-    (per-model betas of a bfloat16 model raised in step: found by a review)."""
+    torch's own optimizer, with that model's settings (each its own, or model 1's for all), puts
+    the model's tensor, in 16 bits too (per-model betas of a bfloat16 model raised in step; with
+    settings shared, parts ended an ulp apart: both found by reviews)."""
+    for settings in ("LRS", "DECAYS", "BETAS", "MOMENTA", "NESTEROV") if shared else ():
+        monkeypatch.setitem(globals(), settings, [globals()[settings][1]] * N)  # (1: a weight decay)
     torch.manual_seed(0)
     models = [nn.Linear(*features).to(dtype) for _ in range(N)]
     fused = wt.fuse(copy.deepcopy(models), strategy="bmm")

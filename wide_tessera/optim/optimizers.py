@@ -80,7 +80,7 @@ class _Wide:
 class _PerModel(torch.optim.Optimizer):
     """The machinery the optimizers share (see the module's docstring). A subclass names torch's
     class (TORCH), its settings and their checks (SETTINGS; a pair where PAIRS), its per-element
-    state (MOMENTS), and implements `_update(p, layout, settings)` for a wide tensor."""
+    state (MOMENTS), and implements `_update(p, grad, state, layout, numbers)` for a wide tensor."""
 
     TORCH: ClassVar[Type[torch.optim.Optimizer]]
     SETTINGS: ClassVar[Dict[str, Check]]
@@ -182,7 +182,7 @@ class _PerModel(torch.optim.Optimizer):
             steps = tuple(state["step"].tolist())
             if steps not in numbers:
                 numbers[steps] = self._numbers(settings, state["step"])
-            self._update(p, w.layout, state, numbers[steps])
+            self._update_wide(p, w.layout, state, numbers[steps])
             for tensor, i, value in kept:
                 w.layout.parts(tensor, self.n)[i].copy_(value)  # type: ignore[union-attr]
 
@@ -236,7 +236,29 @@ class _PerModel(torch.optim.Optimizer):
         `_PerModel` number (computed once a step for all tensors stepped alike)."""
         raise NotImplementedError
 
-    def _update(self, p: torch.Tensor, layout: Layout, state: Dict[str, Any], c: Dict[str, Any]) -> None:
+    def _update_wide(self, p: torch.Tensor, layout: Layout, state: Dict[str, Any], c: Dict[str, Any]) -> None:
+        """`_update` of a wide tensor: at once in 32 or 64 bits; in 16, model by model with each
+        one's floats. torch's 16-bit arithmetic is not the same at every position of a tensor
+        (`g.add_(p, alpha=0.1)` over four models' bfloat16 parts at once gave values an ulp from
+        the same over each part: its vectorised loop and its tail round apart), and numbers held
+        as float32 tensors kept intermediates in float32 where torch's Python floats round each to
+        16 bits: bfloat16 parts ended an ulp or two apart in five steps, float16 ones finite where
+        torch's divided by an eps that is 0 in 16 bits (found by a review)."""
+        assert p.grad is not None
+        if p.element_size() >= 4:
+            self._update(p, p.grad, state, layout, c)
+            return
+        n = self.n
+        shaped = {k: layout.parts(t, n) for k, t in state.items() if isinstance(t, torch.Tensor) and t.shape == p.shape}
+        for i, (mine, grad) in enumerate(zip(layout.parts(p, n), layout.parts(p.grad, n))):
+            if mine is not None:  # (None: the tensor is another model's alone)
+                numbers = {k: x and x.model(i) for k, x in c.items()}
+                self._update(mine, grad, {**state, **{k: t[i] for k, t in shaped.items()}}, layout, numbers)  # type: ignore[arg-type]
+
+    def _update(
+        self, p: torch.Tensor, g: torch.Tensor, state: Dict[str, Any], layout: Layout, c: Dict[str, Any]
+    ) -> None:
+        """One step of tensor `p` (or a model's part of it, numbers all floats), gradient `g`."""
         raise NotImplementedError
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -445,9 +467,9 @@ class SGD(_PerModel):
             "lr": _Numbers(s["lr"]),
         }
 
-    def _update(self, p: torch.Tensor, layout: Layout, state: Dict[str, Any], c: Dict[str, Any]) -> None:
-        g = p.grad
-        assert g is not None
+    def _update(
+        self, p: torch.Tensor, g: torch.Tensor, state: Dict[str, Any], layout: Layout, c: Dict[str, Any]
+    ) -> None:
         if c["decay"] is not None:  # torch: grad.add(param, alpha=weight_decay)
             g = c["decay"].add_to(g.clone(), p, layout)
         if c["keep"] is not None:  # torch: buf.mul_(momentum).add_(grad, alpha=1 - dampening)
@@ -516,25 +538,11 @@ class Adam(_PerModel):
             "step_size": _Numbers(s["lr"] / bias1),
         }
 
-    def _update(self, p: torch.Tensor, layout: Layout, state: Dict[str, Any], c: Dict[str, Any]) -> None:
-        """torch's single-tensor Adam, line by line, with each model's numbers over its part; in
-        16 bits, where the models' numbers differ, model by model with each one's floats: torch's
-        Python floats round each intermediate to 16 bits, which numbers held as float32 tensors
-        do not (bfloat16 parts ended an ulp or two apart in five steps, float16 ones finite where
-        torch's divided by an eps that is 0 in 16 bits)."""
-        g = p.grad
-        assert g is not None
-        tensors = (p, g, state["exp_avg"], state["exp_avg_sq"])
-        if p.element_size() >= 4 or all(x is None or x.same is not None for x in c.values()):
-            self._adam(*tensors, layout, c)
-            return
-        for i, (mine, grad, m, v) in enumerate(zip(*(layout.parts(t, self.n) for t in tensors))):
-            if mine is not None:  # (None: the tensor is another model's alone)
-                self._adam(mine, grad, m, v, layout, {k: x and x.model(i) for k, x in c.items()})
-
-    def _adam(
-        self, p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, layout: Layout, c: Dict[str, Any]
+    def _update(
+        self, p: torch.Tensor, g: torch.Tensor, state: Dict[str, Any], layout: Layout, c: Dict[str, Any]
     ) -> None:
+        """torch's single-tensor Adam, line by line, with each model's numbers over its part."""
+        m, v = state["exp_avg"], state["exp_avg_sq"]
         # torch skips a weight_decay of 0 (in float16, 0 * an inf parameter would be NaN)
         if c["decay"] is not None and c["decay"].same != (1.0 if self.DECOUPLED else 0.0):
             decay = c["decay"].over(layout, p)
