@@ -4,6 +4,7 @@ module only when it computes that op, and what torch's vmap cannot run is skippe
 
 import copy
 import pickle
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -299,6 +300,11 @@ def test_models_whose_settings_differ_are_refused_in_one_line_not_run_with_model
                 fuse(models, strategy=strategy)
 
 
+class Shift(NamedTuple):
+    scale: float
+    shift: float
+
+
 class KeepsOutsideItsState(nn.Linear):
     """Settings in a dict, or a tensor attribute that is neither a parameter nor a buffer."""
 
@@ -329,6 +335,8 @@ def test_models_whose_settings_in_a_dict_or_tensor_attributes_differ_are_refused
                 fuse(models, strategy=strategy)
     table[0] = float("nan")  # alike, NaN where the others have NaN
     alike = [KeepsOutsideItsState({"scale": 2.0}, table.clone()) for _ in range(3)]
+    for m in alike:  # (a NamedTuple was rebuilt from one list: fusing raised a TypeError; found by a review)
+        m.kept = Shift(2.0, 1.0)
     wide = fuse(alike, strategy="vmap")
     x = torch.randn(2, 4)
     for got, model in zip(wide.unpack(wide(wide.pack([x] * 3))), alike):

@@ -436,7 +436,10 @@ def _setting(value: Any) -> Any:
         return _TensorAttribute(value)
     if isinstance(value, (tuple, list)):
         items = [_setting(v) for v in value]
-        return _UNCOMPARED if any(v is _UNCOMPARED for v in items) else type(value)(items)
+        if any(v is _UNCOMPARED for v in items):
+            return _UNCOMPARED
+        # (a NamedTuple's class takes its fields one by one: rebuilt as one, fusing raised a TypeError)
+        return items if isinstance(value, list) else tuple(items)
     if isinstance(value, dict):  # settings kept in a dict (a config's)
         kept = {k: _setting(v) for k, v in value.items()}
         return _UNCOMPARED if any(v is _UNCOMPARED for v in kept.values()) else kept
