@@ -662,6 +662,30 @@ def test_a_wide_tensor_is_stepped_bit_for_bit_as_torch_steps_each_model(kind, fe
                 torch.testing.assert_close(got, expected, rtol=0, atol=0, equal_nan=True)
 
 
+@pytest.mark.parametrize("kind", ["sgd", "adamw"])
+def test_a_channels_last_wide_tensor_in_16_bits_is_stepped_as_torch_steps_each_models(kind):
+    """Each model's part of a channels_last weight is not contiguous, and torch's bfloat16 add_
+    rounds it apart from the model's own contiguous tensor (found by a review)."""
+    torch.manual_seed(0)
+    models = [nn.Conv2d(4, 6, 3).to(torch.bfloat16) for _ in range(N)]
+    fused = wt.fuse(copy.deepcopy(models), strategy="channels_last")
+    separate = copy.deepcopy(models)
+    ours = our_optimizer(kind, fused)
+    theirs = [torch_optimizer(kind, m.parameters(), i) for i, m in enumerate(separate)]
+    weight = fused.runs.weight  # the N models' output channels joined, channels_last
+    assert not weight.chunk(N)[1].is_contiguous()
+    for _ in range(3):
+        weight.grad = torch.empty_like(weight)  # (its strides)
+        for m, part in zip(separate, weight.grad.chunk(N)):
+            m.weight.grad = torch.randn_like(m.weight)
+            part.copy_(m.weight.grad)
+        ours.step()
+        for o in theirs:
+            o.step()
+        for i, (m, part) in enumerate(zip(separate, weight.chunk(N))):
+            assert torch.equal(part, m.weight), i
+
+
 class _Columns(nn.Module):
     """N models' [3, 5] weights joined along their columns: each model's part is a view that is not
     contiguous (torch's fused kernel reads such a view as if it were)."""

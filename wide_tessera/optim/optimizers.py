@@ -251,9 +251,18 @@ class _PerModel(torch.optim.Optimizer):
         n = self.n
         shaped = {k: layout.parts(t, n) for k, t in state.items() if isinstance(t, torch.Tensor) and t.shape == p.shape}
         for i, (mine, grad) in enumerate(zip(layout.parts(p, n), layout.parts(p.grad, n))):
-            if mine is not None:  # (None: the tensor is another model's alone)
-                numbers = {k: x and x.model(i) for k, x in c.items()}
-                self._update(mine, grad, {**state, **{k: t[i] for k, t in shaped.items()}}, layout, numbers)  # type: ignore[arg-type]
+            if mine is None:  # the tensor is another model's alone
+                continue
+            # each part as torch steps a model's own tensor, contiguous: a channels_last part's
+            # bfloat16 add_ rounded apart from a contiguous one's (found by a review)
+            parts = {"p": mine, "g": grad, **{k: t[i] for k, t in shaped.items()}}
+            work = {k: t.contiguous() for k, t in parts.items()}  # type: ignore[union-attr]
+            numbers = {k: x and x.model(i) for k, x in c.items()}
+            moments = {k: work[k] for k in shaped}
+            self._update(work["p"], work["g"], {**state, **moments}, layout, numbers)
+            for k in ("p", *shaped):
+                if work[k] is not parts[k]:
+                    parts[k].copy_(work[k])  # type: ignore[union-attr]
 
     def _update(
         self, p: torch.Tensor, g: torch.Tensor, state: Dict[str, Any], layout: Layout, c: Dict[str, Any]
