@@ -440,6 +440,33 @@ def test_a_first_call_leaves_running_statistics_as_the_separate_call_does(strate
             torch.testing.assert_close(state[k], want, msg=k)
 
 
+class Accumulates(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(D, 1)
+        self.register_buffer("total", torch.zeros(1))
+
+    def forward(self, x):
+        y = self.lin(x)
+        self.total = self.total + y.detach().sum()  # assigned, not updated in place
+        return y * self.total
+
+
+def test_a_first_call_leaves_a_buffer_the_forward_assigns_as_the_separate_call_does(first_call_chooses, tmp_path):
+    """The first call's checks and timings put back the buffers' values, but a forward that assigns
+    a buffer leaves another tensor there: the loop chosen held a total stepped once a timed call,
+    its outputs 644 off (found while checking the refusal of such models by vmap)."""
+    first_call_chooses("loop")
+    torch.manual_seed(0)
+    models = [Accumulates() for _ in range(N)]
+    separate = copy.deepcopy(models)
+    fused = wt.fuse(models, table=tmp_path / "t.json", measure="first-call", time_bound_s=0.05)
+    for _ in range(2):
+        xs = [torch.randn(B, D) for _ in range(N)]
+        for got, m, x in zip(fused.unpack(fused(fused.pack(xs))), separate, xs):
+            torch.testing.assert_close(got, m(x))
+
+
 def test_per_model_groups_made_before_a_first_call_that_fuses_are_refused_loudly(first_call_chooses, tmp_path):
     first_call_chooses("vmap")
     models = mlps()

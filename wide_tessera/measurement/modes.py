@@ -291,8 +291,14 @@ def preserved(modules: Sequence[nn.Module]) -> Iterator[Callable[[], None]]:
     live = list(dict.fromkeys(t for m in modules for t in (*m.parameters(), *m.buffers())))
     saved = [t.detach().clone() for t in live]
     grads = [(p, p.grad) for m in modules for p in m.parameters()]
+    # and which tensor each module holds as each buffer: a forward that assigns one (self.c = self.c
+    # + x) leaves another there, which writing the values back did not undo (a first call's
+    # measurement left it stepped once a timed call: outputs 644 off the separate models')
+    held = [(sub, name, t) for m in modules for sub in m.modules() for name, t in sub._buffers.items()]
 
     def restore() -> None:
+        for sub, name, t in held:
+            sub._buffers[name] = t
         with torch.no_grad():
             for t, value in zip(live, saved):
                 if not torch.equal(t, value):
