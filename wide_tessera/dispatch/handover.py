@@ -61,12 +61,32 @@ def replaced(loop: nn.Module, wide: nn.Module, n: int) -> None:
         if name in wide_params:
             holders[slot.name] = (wide_params[name], slot.layout)
     loop_params = dict(loop.named_parameters())
+    models: Dict[str, List[Optional[torch.Tensor]]] = defaultdict(lambda: [None] * n)  # a wide tensor's N tensors
     for name, slot in slots_of(loop).items():
         if name in loop_params and slot.name in holders and slot.layout.model is not None:
             tensor, layout = holders[slot.name]
             _replaced[loop_params[name]] = _Replaced(tensor, layout, slot.layout.model, n, slot.name)
+            models[slot.name][slot.layout.model] = loop_params[name]
+    for held, params in models.items():
+        _carry_gradients(*holders[held], params)
     if not _hook:
         _hook.append(register_optimizer_step_pre_hook(_hand_over))
+
+
+def _carry_gradients(wide: torch.Tensor, layout: Layout, params: List[Optional[torch.Tensor]]) -> None:
+    """The gradients the N models' tensors hold (accumulated before the first call) carried onto the
+    wide tensor that now holds them, and taken off the models': they stayed on tensors that no
+    longer run, the wide module's backward started from zero, and an optimizer made before the
+    call stepped the stale ones (a weight ended at -0.0013 where the separate models' is -0.158;
+    found by a review)."""
+    grads = [p.grad if p is not None else None for p in params]
+    if all(g is None for g in grads):
+        return
+    joined = layout.join([g if g is not None else torch.zeros_like(p) for g, p in zip(grads, params)])  # type: ignore[arg-type]
+    wide.grad = joined if wide.grad is None else wide.grad + joined
+    for p in params:
+        if p is not None:
+            p.grad = None
 
 
 def _hand_over(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
