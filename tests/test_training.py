@@ -4,6 +4,7 @@ clipping and schedules included, whichever strategy runs."""
 
 import copy
 import math
+import random
 
 import pytest
 import torch
@@ -465,6 +466,66 @@ def test_a_first_call_leaves_a_buffer_the_forward_assigns_as_the_separate_call_d
         xs = [torch.randn(B, D) for _ in range(N)]
         for got, m, x in zip(fused.unpack(fused(fused.pack(xs))), separate, xs):
             torch.testing.assert_close(got, m(x))
+
+
+class Scales(nn.Module):
+    """Writes its input in place and draws from Python's generator in forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(D, 1)
+
+    def forward(self, x):
+        x.mul_(2)
+        return self.lin(x) * (1.0 if random.random() < 2 else 0.0)
+
+
+def test_a_first_call_leaves_the_inputs_and_pythons_generator_as_the_separate_calls_do(first_call_chooses, tmp_path):
+    """The loop was timed on the user's inputs: a forward that scales its input in place left it at
+    inf, and Python's generator moved on at every measured call (found by a review)."""
+    first_call_chooses("loop")
+    torch.manual_seed(0)
+    models = [Scales() for _ in range(N)]
+    separate = copy.deepcopy(models)
+    xs = [torch.randn(B, D) for _ in range(N)]
+    given = [x.clone() for x in xs]
+    random.seed(0)
+    want = [m(x) for m, x in zip(separate, given)]
+    draw = random.random()
+    random.seed(0)
+    fused = wt.fuse(models, table=tmp_path / "t.json", measure="first-call", time_bound_s=0.05)
+    got = fused.unpack(fused(fused.pack(xs)))
+    assert random.random() == draw
+    for g, w, x, x_alone in zip(got, want, xs, given):
+        torch.testing.assert_close(g, w)
+        torch.testing.assert_close(x, x_alone)
+
+
+def test_gradients_accumulated_before_a_first_call_that_fuses_are_carried_onto_the_wide_tensors(
+    first_call_chooses, tmp_path
+):
+    """They stayed on the models' tensors, which no longer run: the wide module's backward started
+    from zero, and an optimizer made before the call stepped the stale ones (a weight at -0.0013
+    where the separate models' is -0.158; found by a review)."""
+    first_call_chooses("bmm")
+    torch.manual_seed(0)
+    models = [nn.Linear(D, H) for _ in range(N)]
+    separate = copy.deepcopy(models)
+    before = [torch.randn(B, D) for _ in range(N)]
+    for m in [*models, *separate]:  # a micro-batch accumulated before the first call
+        m(before[0]).sum().backward()
+    opt = torch.optim.SGD([p for m in models for p in m.parameters()], lr=0.1)
+    theirs = [torch.optim.SGD(m.parameters(), lr=0.1) for m in separate]
+    fused = wt.fuse(models, table=tmp_path / "t.json", measure="first-call", time_bound_s=0.05)
+    xs = [torch.randn(B, D) for _ in range(N)]
+    sum(o.sum() for o in fused.unpack(fused(fused.pack(xs)))).backward()
+    opt.step()
+    for m, x, o in zip(separate, xs, theirs):
+        m(x).sum().backward()
+        o.step()
+    assert fused.strategy == "bmm"
+    for i, m in enumerate(separate):
+        torch.testing.assert_close(fused.runs.weight[i], m.weight)
 
 
 def test_per_model_groups_made_before_a_first_call_that_fuses_are_refused_loudly(first_call_chooses, tmp_path):

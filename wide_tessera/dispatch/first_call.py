@@ -10,12 +10,15 @@ so that the next process fuses from it without measuring.
 
 from __future__ import annotations
 
+import random
 import time
 import warnings
+from contextlib import contextmanager
 from dataclasses import replace
 from functools import partial
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -153,14 +156,16 @@ class FirstCall(Fused):
         where the fewest rounds a decision takes would not fit, it is not measured."""
         device = str(inputs_device(inputs))
         started = time.perf_counter()
-        with torch.no_grad(), torch.random.fork_rng(_cuda_devices(device)):
+        with torch.no_grad(), torch.random.fork_rng(_cuda_devices(device)), _python_rng_kept():
             # N times one model's call, before the state of all N is taken: 10,000 Linears spent
             # 0.28 s, over five times a 0.05 s bound, on a call of the loop that could not be timed
             guess_s = self.n * self._one_call_s(inputs[0])
             if not self._fits(started, guess_s):
                 self._keep_the_loop(started, guess_s)
                 return
-            with preserved(self._given) as undo:
+            # (the loop is timed on the user's inputs: a forward that scales its input in place
+            # left it at inf, and the call's own run then started from that; found by a review)
+            with preserved(self._given, trees.tensors(inputs)) as undo:
                 reference, loop_s = self._reference(inputs, undo, started + 2 * self._bound)
                 if not self._fits(started, loop_s):
                     self._keep_the_loop(started, loop_s)
@@ -259,6 +264,18 @@ def _timing(share_s: float) -> TimingConfig:
 def _on_meta(inputs: Sequence[Any], modules: Sequence[nn.Module]) -> bool:
     tensors = [*trees.tensors(list(inputs)), *(p for m in modules for p in m.parameters())]
     return any(t.is_meta for t in tensors)
+
+
+@contextmanager
+def _python_rng_kept() -> Iterator[None]:
+    """Python's and NumPy's global generators as they were: a model drawing from them moved them on
+    at every measured call, and the user's next random.random() was another (found by a review)."""
+    python, numpy = random.getstate(), np.random.get_state()
+    try:
+        yield
+    finally:
+        random.setstate(python)
+        np.random.set_state(numpy)
 
 
 def _cuda_devices(device: str) -> List[int]:
