@@ -296,10 +296,18 @@ def preserved(modules: Sequence[nn.Module], tensors: Sequence[torch.Tensor] = ()
     # + x) leaves another there, which writing the values back did not undo (a first call's
     # measurement left it stepped once a timed call: outputs 644 off the separate models')
     held = [(sub, name, t) for m in modules for sub in m.modules() for name, t in sub._buffers.items()]
+    # and each number, flag or text a module keeps (a call counter, self.calls += 1, was left at 622
+    # after a first call; found by a review)
+    subs = list(dict.fromkeys(sub for m in modules for sub in m.modules()))
+    kept = [(sub, set(vars(sub)), {k: v for k, v in vars(sub).items() if _plain_number(k, v)}) for sub in subs]
 
     def restore() -> None:
         for sub, name, t in held:
             sub._buffers[name] = t
+        for sub, before, numbers in kept:  # (one the block made, a counter's first call made it, is taken away)
+            for key in [k for k, v in vars(sub).items() if _plain_number(k, v) and k not in before]:
+                del sub.__dict__[key]
+            sub.__dict__.update(numbers)
         with torch.no_grad():
             for t, value in zip(live, saved):
                 if not torch.equal(t, value):
@@ -311,6 +319,10 @@ def preserved(modules: Sequence[nn.Module], tensors: Sequence[torch.Tensor] = ()
         yield restore
     finally:
         restore()
+
+
+def _plain_number(key: str, value: Any) -> bool:
+    return not key.startswith("_") and isinstance(value, (bool, int, float, str))
 
 
 def _outcome(
