@@ -8,6 +8,7 @@ import logging
 import os
 import pickle
 import pty
+import random
 import struct
 import subprocess
 import sys
@@ -1344,3 +1345,29 @@ def test_a_buffer_assigned_in_forward_is_kept_by_surgery_and_refused_by_vmap_in_
         xs = [torch.randn(3, 4) for _ in range(3)]
         for got, model, x in zip(wide.unpack(wide(wide.pack(xs))), models, xs):
             torch.testing.assert_close(got, model(x))
+
+
+class DropsAtRandom(nn.Module):
+    """Skips its layer with probability 1/2, drawn from Python's generator (a stochastic depth);
+    `branches`: a forward torch.fx cannot trace."""
+
+    def __init__(self, branches=False):
+        super().__init__()
+        self.lin, self.branches = nn.Linear(4, 4), branches
+
+    def forward(self, x):
+        x = x * 2 if self.branches and x.shape[0] > 1 else x
+        return self.lin(x) if random.random() < 0.5 else x
+
+
+@pytest.mark.parametrize("strategy,branches", [("vmap", False), ("surgery", False), ("surgery", True)])
+def test_models_that_draw_from_pythons_generator_are_refused_in_one_line(strategy, branches):
+    """A captured graph kept the draw its capture made for every call, and vmap drew once for all N
+    models, where N separate calls draw N times: silently another training (found by a review)."""
+    from wide_tessera import fuse
+    from wide_tessera.core.errors import NotApplicable
+
+    models = [DropsAtRandom(branches) for _ in range(3)]
+    wide = fuse(models, strategy=strategy)
+    with pytest.raises(NotApplicable, match="draw from Python's or NumPy's random generator in forward"):
+        wide(wide.pack([torch.randn(2, 4)] * 3))

@@ -26,7 +26,7 @@ from torch.utils._sympy.numbers import int_oo
 from ..core.errors import NotApplicable
 from ..ops.base import fusing_ops
 from ..ops.exact import has_hooks
-from .functional import is_shared
+from .functional import is_shared, python_draws_refused
 
 __all__ = [
     "CHECKS",
@@ -71,7 +71,8 @@ def trace_fx(model: nn.Module) -> fx.GraphModule:
     model = copy.deepcopy(model)
     concrete = dict.fromkeys(none_defaults(model))
     buffers = {id(b) for b in model.buffers()}
-    graph = _Tracer(tuple(fusing_ops())).trace(model, concrete_args=concrete or None)
+    with python_draws_refused("torch.fx"):
+        graph = _Tracer(tuple(fusing_ops())).trace(model, concrete_args=concrete or None)
     # `self.steps += 1` on a buffer: a proxy has no in-place add, so torch.fx traced an add and
     # assigned its result to the buffer, and the update was never in the graph (found by a review)
     assigned = [f"{path}.{name}".lstrip(".") for path, m in model.named_modules()

@@ -43,7 +43,7 @@ from ..core.errors import NotApplicable, one_line
 from ..core.layout import STACKED, Slot, prefixed, slots_of
 from ..ops.base import fusing_ops
 from .capture import CHECKS, MOST_CAPTURES, SIZE, Capture, export_graph, guards_of, input_dims, signature
-from .functional import model_size, tied_aliases
+from .functional import model_size, python_draws_refused, tied_aliases
 from .layers import LayerChoice, LayerLoop, hold_stacked, wide_layer
 from .lowering import lower
 from .moe import WideSparseMoe, is_sparse_moe
@@ -177,7 +177,8 @@ class ExportedSurgery(nn.Module):
                 # nn.GRU and nn.LSTM rebuild their weight list in forward, which torch.export calls a
                 # tensor attribute assigned during export: torch's own module, nothing the user can change
                 warnings.filterwarnings("ignore", message="The tensor attributes .* were assigned during export")
-                program = export_graph(model, tuple(one_args), dict(one_kwargs))
+                with python_draws_refused("torch.export"):
+                    program = export_graph(model, tuple(one_args), dict(one_kwargs))
         except Exception as e:  # noqa: BLE001  whatever stops the capture: the vmap strategy covers the model
             why = one_line(e)[:200]
             raise NotApplicable(

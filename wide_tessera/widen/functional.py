@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import copy
 import inspect
+import random
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
+import numpy as np
 import torch
 from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
@@ -30,6 +32,7 @@ __all__ = [
     "tensors_only",
     "with_others",
     "under_vmap",
+    "python_draws_refused",
     "pads_embeddings",
     "EMBEDDINGS",
     "is_shared",
@@ -190,6 +193,25 @@ def _detached_at(out: torch.Tensor, indices: torch.Tensor, padding: int) -> torc
     return torch.where((indices == padding).unsqueeze(-1), out.detach(), out)
 
 
+@contextmanager
+def python_draws_refused(what: str, looking: bool = True) -> Iterator[None]:
+    """Refuse, in one line, models whose forward draws from Python's or NumPy's global generator:
+    a captured graph keeps the draw its capture made for every later call, and vmap draws once
+    for all N models, where N separate calls draw N times (a stochastic depth written with
+    random.random() ran the capture's choice at every step, silently; found by a review)."""
+    if not looking:
+        yield
+        return
+    python, numpy = random.getstate(), np.random.get_state(legacy=False)["state"]
+    yield
+    now = np.random.get_state(legacy=False)["state"]
+    if random.getstate() != python or now["pos"] != numpy["pos"] or not np.array_equal(now["key"], numpy["key"]):
+        raise NotApplicable(
+            f"{what}: the models draw from Python's or NumPy's random generator in forward, which a fused model "
+            "cannot draw for each model; draw with torch (torch.rand, dropout) and randomness='different'"
+        )
+
+
 def is_shared(x: Any) -> bool:
     """A tensor passed once for all N models: expanded, stride 0 on its N axis."""
     return isinstance(x, torch.Tensor) and x.dim() > 0 and x.stride(0) == 0 and x.size(0) > 1
@@ -312,7 +334,9 @@ class WideFunctional(StackedIO, nn.Module):
         # functional_call puts the given one back: the update was lost, silently (outputs 1.1 off
         # from the second call; found by a review). Looked for, while forward's tensors are in
         # place, on the first call in train and in eval: a hook on every call cost 24 us of 325.
-        look = bool(self._buffer_names) and self.training not in self._looked
+        # Draws from Python's or NumPy's generator, too (python_draws_refused).
+        first = self.training not in self._looked
+        look = bool(self._buffer_names) and first
 
         def one(
             params: Dict[str, torch.Tensor], buffers: Dict[str, torch.Tensor], a: Tuple[Any, ...], k: Dict[str, Any]
@@ -325,7 +349,7 @@ class WideFunctional(StackedIO, nn.Module):
 
         (args, kwargs), dims = vmap_dims((args, kwargs))
         kept: List[Any] = []
-        with under_vmap(self.randomness, self.pads is not False) as mode:
+        with under_vmap(self.randomness, self.pads is not False) as mode, python_draws_refused("vmap", first):
             out = vmap(tensors_only(one, kept), in_dims=(0, 0, *dims), randomness=self.randomness)(
                 *self._state(), args, kwargs
             )
@@ -334,7 +358,7 @@ class WideFunctional(StackedIO, nn.Module):
                 f"vmap cannot keep forward's assignment to buffer {', '.join(dict.fromkeys(assigned))}: update it in "
                 "place (.copy_, .add_), or fuse by surgery"
             )
-        if look:
+        if first:
             self._looked.add(self.training)
         if mode is not None and self.pads is None:
             self.pads = mode.saw
