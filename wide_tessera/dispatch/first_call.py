@@ -10,7 +10,6 @@ so that the next process fuses from it without measuring.
 
 from __future__ import annotations
 
-import random
 import time
 import warnings
 from contextlib import contextmanager
@@ -18,7 +17,6 @@ from dataclasses import replace
 from functools import partial
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -33,6 +31,7 @@ from ..measurement.settings import RunSettings
 from ..measurement.timing import TimedFunctionError, TimingConfig, measure_paired
 from ..results.decisions import Call, decide, level_of, stop_rule
 from ..results.manifest import now
+from ..widen.functional import HostGenerators
 from .build import DispatchDecision, Fused, LoopedModules, Trials, layer_notes
 from .handover import replaced
 from .table import FIRST_CALL, Case, DispatchEntry, Match, NVerdict, measured_entry, merge_entries
@@ -270,12 +269,11 @@ def _on_meta(inputs: Sequence[Any], modules: Sequence[nn.Module]) -> bool:
 def _python_rng_kept() -> Iterator[None]:
     """Python's and NumPy's global generators as they were: a model drawing from them moved them on
     at every measured call, and the user's next random.random() was another (found by a review)."""
-    python, numpy = random.getstate(), np.random.get_state()
+    kept = HostGenerators()
     try:
         yield
     finally:
-        random.setstate(python)
-        np.random.set_state(numpy)
+        kept.restore()
 
 
 def _cuda_devices(device: str) -> List[int]:

@@ -33,6 +33,7 @@ __all__ = [
     "with_others",
     "under_vmap",
     "python_draws_refused",
+    "HostGenerators",
     "pads_embeddings",
     "EMBEDDINGS",
     "is_shared",
@@ -193,19 +194,32 @@ def _detached_at(out: torch.Tensor, indices: torch.Tensor, padding: int) -> torc
     return torch.where((indices == padding).unsqueeze(-1), out.detach(), out)
 
 
+class HostGenerators:
+    """Python's and NumPy's global generators as they are when this is made: whether they have
+    `moved` since, and `restore` them. torch's own are forked where they are kept (fork_rng)."""
+
+    def __init__(self) -> None:
+        self.python, self.numpy = random.getstate(), np.random.get_state(legacy=False)
+
+    def moved(self) -> bool:
+        now, then = np.random.get_state(legacy=False)["state"], self.numpy["state"]
+        numpy_moved = now["pos"] != then["pos"] or not np.array_equal(now["key"], then["key"])
+        return numpy_moved or random.getstate() != self.python
+
+    def restore(self) -> None:
+        random.setstate(self.python)
+        np.random.set_state(self.numpy)
+
+
 @contextmanager
 def python_draws_refused(what: str, looking: bool = True) -> Iterator[None]:
     """Refuse, in one line, models whose forward draws from Python's or NumPy's global generator:
     a captured graph keeps the draw its capture made for every later call, and vmap draws once
     for all N models, where N separate calls draw N times (a stochastic depth written with
     random.random() ran the capture's choice at every step, silently; found by a review)."""
-    if not looking:
-        yield
-        return
-    python, numpy = random.getstate(), np.random.get_state(legacy=False)["state"]
+    before = HostGenerators() if looking else None
     yield
-    now = np.random.get_state(legacy=False)["state"]
-    if random.getstate() != python or now["pos"] != numpy["pos"] or not np.array_equal(now["key"], numpy["key"]):
+    if before is not None and before.moved():
         raise NotApplicable(
             f"{what}: the models draw from Python's or NumPy's random generator in forward, which a fused model "
             "cannot draw for each model; draw with torch (torch.rand, dropout) and randomness='different'"
