@@ -292,18 +292,18 @@ def preserved(modules: Sequence[nn.Module], tensors: Sequence[torch.Tensor] = ()
     live = list(dict.fromkeys([*(t for m in modules for t in (*m.parameters(), *m.buffers())), *tensors]))
     saved = [t.detach().clone() for t in live]
     grads = [(p, p.grad) for m in modules for p in m.parameters()]
+    subs = list(dict.fromkeys(sub for m in modules for sub in m.modules()))
     # and which tensor each module holds as each buffer: a forward that assigns one (self.c = self.c
     # + x) leaves another there, which writing the values back did not undo (a first call's
     # measurement left it stepped once a timed call: outputs 644 off the separate models')
-    held = [(sub, name, t) for m in modules for sub in m.modules() for name, t in sub._buffers.items()]
+    held = [(sub, dict(sub._buffers)) for sub in subs]
     # and each number, flag or text a module keeps (a call counter, self.calls += 1, was left at 622
     # after a first call; found by a review)
-    subs = list(dict.fromkeys(sub for m in modules for sub in m.modules()))
     kept = [(sub, set(vars(sub)), {k: v for k, v in vars(sub).items() if _plain_number(k, v)}) for sub in subs]
 
     def restore() -> None:
-        for sub, name, t in held:
-            sub._buffers[name] = t
+        for sub, buffers in held:
+            sub._buffers.update(buffers)
         for sub, before, numbers in kept:  # (one the block made, a counter's first call made it, is taken away)
             for key in [k for k, v in vars(sub).items() if _plain_number(k, v) and k not in before]:
                 del sub.__dict__[key]
