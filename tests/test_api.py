@@ -76,6 +76,47 @@ def test_benchmark_custom_refuses_a_random_module_without_a_randomness_mode():
     assert r.points[0].correct == {"vmap": True, "surgery": True} and r.points[0].params["randomness"] == "different"
 
 
+class _OwnNorm(nn.LayerNorm):
+    """A LayerNorm whose forward is its own: not the op's computation, so surgery leaves it to vmap."""
+
+    def forward(self, x):
+        return super().forward(x) * 2
+
+
+class _Swapped(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.norm = nn.Linear(16, 8), nn.Linear(8, 16), _OwnNorm(16)
+
+    def forward(self, x):
+        return self.norm(self.b(torch.softmax(self.a(x), -1)))
+
+
+class _Counted(_Swapped):
+    """Counts its rows in Python: torch.fx cannot trace range() of a proxy; torch.export can."""
+
+    def forward(self, x):
+        return super().forward(x) + sum(x[i] for i in range(x.shape[0]))
+
+
+@pytest.mark.parametrize(
+    "model,capture,vmapped",
+    [(_Swapped, "torch.fx graph:", "calls under vmap: softmax x1"), (_Counted, "torch.export graph (torch.fx: ", "")],
+)
+def test_benchmark_custom_says_which_layers_surgery_swapped_and_which_went_to_vmap(tmp_path, model, capture, vmapped):
+    r = benchmark_custom(model, (4, 16), [2, 3], device="cpu", verbose=False)
+    ran = {p.checks["surgery"].ran for p in r.points}
+    assert len(ran) == 1, ran
+    line = ran.pop()
+    assert line.startswith(capture) and "swapped 2 layers (Linear x2)" in line
+    assert "under vmap 1 layers (_OwnNorm x1)" in line
+    assert vmapped in line
+    assert r.points[0].checks["vmap"].ran is None  # vmap gives no account of itself
+    assert f"surgery ran: {line} (N=2,3)" in r.summary()
+    r.save(tmp_path / "r.json")
+    assert load_results(tmp_path / "r.json")[0].points[1].checks["surgery"].ran == line
+
+
 def test_save_load_round_trip_is_exact(tmp_path):
     r = benchmark("gemm", preset="ci", device="cpu", verbose=False, n_values=[1, 2])
     path = tmp_path / "r.json"

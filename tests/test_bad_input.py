@@ -193,6 +193,7 @@ API_CASES = [
     ("energy str", lambda t: benchmark_custom(Expert, (5, 16), [2], energy="yes"), "energy='yes': give True or False"),
     ("custom timing", lambda t: benchmark_custom(Expert, (5, 16), [2], timing="fast"), "timing='fast'"),
     ("custom n", lambda t: benchmark_custom(Expert, (5, 16), [4097]), "n_values: 4097 is more than 4096"),
+    ("custom preset", lambda t: benchmark_custom(Expert, (5, 16), [2], preset="quick"), "preset='quick' names an op's"),
     ("budget nan", lambda t: TimingConfig(budget_s=NAN), "budget_s=nan: give a number of seconds in (0, 3600]"),
     ("budget inf", lambda t: TimingConfig(budget_s=INF), "budget_s=inf"),
     ("budget negative", lambda t: TimingConfig(budget_s=-1), "budget_s=-1"),

@@ -130,6 +130,11 @@ def benchmark_custom(
             f"{', '.join(RunSettings.names())}); "
             f"give the model's own arguments as model_kwargs={other!r}"
         )
+    if "preset" in given:  # a preset is an op's sweep: a custom run's N values are n_values
+        raise WideTesseraError(
+            f"benchmark_custom: preset={given['preset']!r} names an op's sweep; a custom run sweeps n_values "
+            "(given), and how long it samples is timing=TimingConfig(budget_s=...)"
+        )
     if model_kwargs is not None and not isinstance(model_kwargs, dict):
         raise WideTesseraError(f"model_kwargs={model_kwargs!r}: give a dict of the model's keyword arguments")
     settings = RunSettings.of(preset="custom", **given)

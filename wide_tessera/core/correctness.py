@@ -44,7 +44,9 @@ class Check:
     max_rel_error is the worst norm-wise relative error over the models and the input
     draws; per_model_rel_error / per_model_abs_error give each model's worst (relative,
     and largest absolute elementwise difference). `fallback` says when the strategy did
-    not really fuse (vmap ran a per-model loop), `warnings` what else torch warned.
+    not really fuse (vmap ran a per-model loop), `warnings` what else torch warned, `ran` how
+    the wide module says it ran the N models (surgery: which layers it swapped, which it left
+    to vmap), where it says.
     """
 
     correct: bool
@@ -56,6 +58,7 @@ class Check:
     draws: int = 1
     fallback: Optional[str] = None
     warnings: List[str] = field(default_factory=list)
+    ran: Optional[str] = None
 
 
 def tolerance(dtype: torch.dtype, device: str) -> float:

@@ -25,6 +25,7 @@ __all__ = [
     "measured_points",
     "no_speedup",
     "notes_digest",
+    "ran_digest",
 ]
 
 # The summary shows this many of the worst warnings; the rest are counted (`show FILE --warnings` lists all).
@@ -174,6 +175,17 @@ def notes_digest(result: "BenchmarkResult") -> List[str]:
     ]
 
 
+def ran_digest(result: "BenchmarkResult") -> List[str]:
+    """How each strategy that gives an account of itself ran the N models (surgery: the layers it
+    swapped and those it left to vmap), each account once, with the N values it held at."""
+    seen: Dict[Tuple[str, str], List[int]] = {}
+    for p in result.points:
+        for strategy, check in p.checks.items():
+            if check.ran:
+                seen.setdefault((strategy, check.ran), []).append(p.n)
+    return [f"{s} ran: {ran} (N={','.join(map(str, dict.fromkeys(ns)))})" for (s, ran), ns in seen.items()]
+
+
 def _skipped_lines(result: "BenchmarkResult") -> List[str]:
     """A skipped point, one line each; a skipped strategy, one line per reason with its count of
     points: a strategy this device cannot run is skipped at every point, and one line says so."""
@@ -308,6 +320,7 @@ def format_summary(result: "BenchmarkResult") -> str:
         *(_roofline_line(result, p, shown) for p in roof),
         *_crossover_lines(result),
         *notes_digest(result),
+        *ran_digest(result),
         *warning_digest(result),
     ]
     if result.skipped:

@@ -389,7 +389,10 @@ class _PointMeasurement:
                     self.check_draw(checked_side, candidate.join, i, _clones(x)) for i, x in enumerate(self.draws)
                 ]
             messages = list(dict.fromkeys(str(w.message) for w in caught))
-            self.checks[name] = merge_checks(draw_checks, fallback_note(messages), messages)
+            ran = getattr(side.modules[0], "what_ran", None) if side.wide else None
+            self.checks[name] = replace(
+                merge_checks(draw_checks, fallback_note(messages), messages), ran=ran and ran()
+            )
             if not self.checks[name].correct:
                 return None
             # left as the timed call leaves it: restoring could break a recorded forward

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
+from collections import Counter
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import torch
@@ -87,6 +88,7 @@ class WideSurgery(StackedIO, nn.Module):
         except Exception as e:  # noqa: BLE001  whatever stops the tracer: torch.export captures the model
             self.captured = ExportedSurgery(modules, randomness, one_line(e)[:200], choice)
             self.swapped, self.looped, self.unfused = self.captured.swapped, self.captured.looped, self.captured.unfused
+            self._classes = _classes_of(modules[0], [*self.swapped, *self.looped, *self.unfused])
             return
         self._traced_as_none, self._model_name = none_defaults(modules[0]), type(modules[0]).__name__
         holder = nn.Module()  # what the rewritten graph calls
@@ -168,6 +170,7 @@ class WideSurgery(StackedIO, nn.Module):
                 )
         _tie(holder, self._slots, tied_aliases(modules[0]))
         self.graph_module = fx.GraphModule(holder, graph, class_name=f"Wide{type(modules[0]).__name__}")
+        self._classes = _classes_of(modules[0], [*self.swapped, *self.looped, *self.unfused])
         self.train(modules[0].training)
 
     def _layer(self, node: fx.Node, where: str, subs: List[nn.Module], mask: Any, ops: Dict[type, type]) -> nn.Module:
@@ -185,6 +188,27 @@ class WideSurgery(StackedIO, nn.Module):
         self.looped.append(where)
         looped = WideFunctional(subs, self.randomness)
         return looped if all(args_mask) and not node.kwargs else Repeated(looped, args_mask, self.n)
+
+    def what_ran(self) -> str:
+        """One line on how the N models run: the capture, the layers run as their op's wide
+        module, as N calls or under vmap (by class), and what else runs under vmap (after a first
+        call, torch.export's stretches): what a benchmark's result says beside the strategy's
+        speed, so that a surgery that fused little is not read as one that fused all."""
+        layers = [("swapped", self.swapped), ("as N calls", list(self.unfused)), ("under vmap", self.looped)]
+        parts = [f"{how} {len(paths)} layers ({self._counted(paths)})" for how, paths in layers if paths]
+        if self.captured is None:
+            capture = "torch.fx graph"
+            vmapped = [m.fn for m in self.graph_module.modules() if type(m) is Vmapped]
+            calls = Counter(getattr(fn, "__name__", str(fn)) for fn in vmapped)
+            parts += [f"calls under vmap: {_counted(calls)}"] if calls else []
+        else:
+            capture = f"torch.export graph (torch.fx: {self.captured.why_not_fx[:80]})"
+            stretches = self.captured.vmapped
+            parts += [f"stretches under vmap: {'; '.join(stretches.values())}"] if stretches else []
+        return f"{capture}: {'; '.join(parts) or 'no layer an op fuses'}"
+
+    def _counted(self, paths: Sequence[str]) -> str:
+        return _counted(Counter(self._classes[p] for p in paths))
 
     def first_call_s(self) -> float:
         """What the next call costs beyond a warm one: torch.export's capture, until it is made."""
@@ -250,6 +274,16 @@ def _tie(holder: nn.Module, slots: Dict[str, Slot], aliases: Dict[str, str]) -> 
             )
         owner, _, attribute = name.rpartition(".")
         setattr(holder.get_submodule(owner), attribute, kept)
+
+
+def _classes_of(model: nn.Module, paths: Sequence[str]) -> Dict[str, str]:
+    """Each layer's class's name, by its path in `model`."""
+    return {path: type(model.get_submodule(path)).__name__ for path in paths}
+
+
+def _counted(counts: "Counter[str]") -> str:
+    """'Linear x7, LayerNorm x2'"""
+    return ", ".join(f"{name} x{k}" for name, k in counts.most_common())
 
 
 def _is_record(node: fx.Node) -> bool:
