@@ -91,6 +91,12 @@ class _PerModel(torch.optim.Optimizer):
         self.n = models_in(module)
         if implementation not in IMPLEMENTATIONS:
             raise unknown("implementation", implementation, [str(i) for i in IMPLEMENTATIONS])
+        other = next((k for k in settings if k not in self.SETTINGS), None)
+        if other is not None:  # torch's amsgrad, maximize, ...: a TypeError of Python's said less
+            raise WideTesseraError(
+                f"wide_tessera.optim.{type(self).__name__}: {other}={settings[other]!r} is not one of its settings "
+                f"({', '.join(self.SETTINGS)}; implementation: one of {', '.join(map(str, IMPLEMENTATIONS))})"
+            )
         values = {
             k: per_model(k, settings[k], self.n, check, pairs=k in self.PAIRS) for k, check in self.SETTINGS.items()
         }
@@ -453,10 +459,11 @@ class SGD(_PerModel):
         weight_decay: Any = 0.0,
         nesterov: Any = False,
         implementation: Optional[str] = None,
+        **others: Any,
     ):
         super().__init__(
             module, implementation, lr=lr, momentum=momentum, dampening=dampening,
-            weight_decay=weight_decay, nesterov=nesterov,
+            weight_decay=weight_decay, nesterov=nesterov, **others,
         )  # fmt: skip
 
     def _check_group(self, i: int, group: Dict[str, Any]) -> None:
@@ -530,8 +537,9 @@ class Adam(_PerModel):
         eps: Any = 1e-8,
         weight_decay: Any = 0.0,
         implementation: Optional[str] = None,
+        **others: Any,
     ):
-        super().__init__(module, implementation, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+        super().__init__(module, implementation, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, **others)
 
     def _numbers(self, s: Dict[str, torch.Tensor], steps: torch.Tensor) -> Dict[str, Any]:
         steps = steps.clamp(min=1.0)  # a frozen model's 0 steps would divide by zero; its part is restored
@@ -638,5 +646,6 @@ class AdamW(Adam):
         eps: Any = 1e-8,
         weight_decay: Any = 1e-2,
         implementation: Optional[str] = None,
+        **others: Any,
     ):
-        super().__init__(module, lr, betas, eps, weight_decay, implementation)
+        super().__init__(module, lr, betas, eps, weight_decay, implementation, **others)
