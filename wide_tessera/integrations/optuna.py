@@ -396,7 +396,7 @@ def optimize(
                     member = _Member(
                         trial, params, _build(build, trial, params, device).to(device), _Draws(seed, device)
                     )
-                    key = _shape_key(member.model)
+                    key = _shape_key(member.model, member.draws.batch(training, params, 0, keep=False)[0])
                     if key not in sizes:
                         began = time.perf_counter()
                         sizes[key] = _group_size(
@@ -445,10 +445,15 @@ def _label(key: str, params: Dict[str, Any], told_apart: List[str]) -> str:
     return " ".join([name, *(f"{p}={params[p]!r}" for p in told_apart)])
 
 
-def _shape_key(model: nn.Module) -> str:
-    """What N models must share to train as one: their class, and what every fused strategy
-    needs alike (ops.base.layout_of: each tensor's shape, dtype and device, each plain setting)."""
-    return repr((type(model).__qualname__, sorted(layout_of(model).items())))
+def _shape_key(model: nn.Module, x: Any) -> str:
+    """What N models must share to train as one: their class, what every fused strategy needs
+    alike (ops.base.layout_of: each tensor's shape, dtype and device, each plain setting), and
+    their inputs' shapes and dtypes, which pack stacks: a batch size suggested per trial changes
+    no model, and its trials, grouped together, failed the whole study at their first step
+    (found by a review)."""
+    leaves, _ = trees.flat(x)
+    inputs = [(tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor) else repr(t) for t in leaves]
+    return repr((type(model).__qualname__, sorted(layout_of(model).items()), inputs))
 
 
 def _shape_params(shapes: Dict[str, List[Dict[str, Any]]]) -> List[str]:
