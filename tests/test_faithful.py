@@ -255,6 +255,10 @@ def test_only_torchs_own_vmap_refusals_are_limitations():
     assert vmap_limitation(torchs.value) is not None
     assert vmap_limitation(RuntimeError("my_kernel: Batching rule not implemented for this dtype")) is None
     assert vmap_limitation(ValueError("Batching rule not implemented for aten::gru")) is None
+    with pytest.raises(RuntimeError) as branch:  # transformers' SDPA masks, once the models' masks differ
+        vmap(lambda mask: mask if mask.all() else ~mask)(torch.tensor([[True], [False]]))
+    assert "which vmap cannot take per model" in vmap_limitation(branch.value)
+    assert "per model" not in vmap_limitation(torchs.value)
 
 
 class Standardised(nn.Conv2d):

@@ -108,12 +108,13 @@ def unknown(kind: str, value: object, valid: Iterable[str]) -> WideTesseraError:
 # limitation of torch, not a fault of the strategy or of the model. Each is matched where torch's
 # message starts, and only on the RuntimeError torch raises: a user's error that quoted one of
 # them ("my_kernel: Batching rule not implemented for this dtype") was skipped as torch's.
+_BRANCH = "vmap: It looks like you're attempting to use a Tensor in some data-dependent control flow"
 _VMAP_LIMITS = re.compile(
     "|".join(
         [
             r"vmap: We do not support batching operators that can",  # a data-dependent shape: nonzero, a mask index
             r"vmap: It looks like you're calling \.item\(\)",  # .item(), int(t), float(t)
-            r"vmap: It looks like you're attempting to use a Tensor in some data-dependent control flow",
+            _BRANCH,
             r"vmap: inplace arithmetic\(self, \*extra_args\) is not possible",  # a value written into a shared tensor
             r"accessing `data` under vmap transform is not allowed",  # .data
             r".{0,80}mutating directly with `\.data` under vmap",  # Module.to() in forward (SwitchTransformers' router)
@@ -128,6 +129,13 @@ _VMAP_LIMITS = re.compile(
 def vmap_limitation(error: BaseException) -> Optional[str]:
     """`error` in one line, said to be torch's, where it is torch's vmap refusing what it was given;
     None for any other error."""
-    if not isinstance(error, RuntimeError) or not _VMAP_LIMITS.match(" ".join(str(error).split())):
+    text = " ".join(str(error).split())
+    if not isinstance(error, RuntimeError) or not _VMAP_LIMITS.match(text):
         return None
-    return f"torch's vmap cannot run it: {one_line(error)[:300]}"
+    said = f"torch's vmap cannot run it: {one_line(error)[:300]}"
+    if _BRANCH in text:  # found by a review: a tiny LlamaForCausalLM ran, until the N models' masks differed
+        said += (
+            " (a branch on a value of the models' tensors, which vmap cannot take per model: transformers' SDPA "
+            "attention masks branch so where the models' masks differ; the surgery strategy or the loop runs them)"
+        )
+    return said
