@@ -1347,16 +1347,22 @@ def test_a_buffer_assigned_in_forward_is_kept_by_surgery_and_refused_by_vmap_in_
             torch.testing.assert_close(got, model(x))
 
 
-class DropsAtRandom(nn.Module):
-    """Skips its layer with probability 1/2, drawn from Python's generator (a stochastic depth);
-    `branches`: a forward torch.fx cannot trace."""
+class Branching(nn.Module):
+    """A layer; `branches`: a forward torch.fx cannot trace (a branch on a shape, `branched`)."""
 
     def __init__(self, branches=False):
         super().__init__()
         self.lin, self.branches = nn.Linear(4, 4), branches
 
+    def branched(self, x):
+        return x * 2 if self.branches and x.shape[0] > 1 else x
+
+
+class DropsAtRandom(Branching):
+    """Skips its layer with probability 1/2, drawn from Python's generator (a stochastic depth)."""
+
     def forward(self, x):
-        x = x * 2 if self.branches and x.shape[0] > 1 else x
+        x = self.branched(x)
         return self.lin(x) if random.random() < 0.5 else x
 
 
@@ -1371,3 +1377,76 @@ def test_models_that_draw_from_pythons_generator_are_refused_in_one_line(strateg
     wide = fuse(models, strategy=strategy)
     with pytest.raises(NotApplicable, match="draw from Python's or NumPy's random generator in forward"):
         wide(wide.pack([torch.randn(2, 4)] * 3))
+
+
+class ModeBranch(Branching):
+    """Doubles its output in training only, and drops its input in training (rate 0: no draw)."""
+
+    def forward(self, x):
+        h = self.lin(torch.nn.functional.dropout(self.branched(x), 0.0, self.training))
+        return h * 2 if self.training else h
+
+
+@pytest.mark.parametrize("branches", [False, True])
+@pytest.mark.parametrize("built_in", ["train", "eval"])
+def test_surgery_follows_train_and_eval_as_the_models_do(branches, built_in):
+    """torch.fx read `self.training` once, as the Python value it is at the trace: after
+    fused.eval() the graph ran the train branch for good (an error of 1.99; found by a review)."""
+    from wide_tessera import fuse
+
+    models = [ModeBranch(branches).train(built_in == "train") for _ in range(3)]
+    wide = fuse(copy.deepcopy(models), strategy="surgery")
+    xs = [torch.randn(2, 4) for _ in range(3)]
+    for training in (True, False, True):
+        wide.train(training)
+        for model in models:
+            model.train(training)
+        for got, model, x in zip(wide.unpack(wide(wide.pack(xs))), models, xs):
+            torch.testing.assert_close(got, model(x))
+
+
+class Counted(Branching):
+    """Halves its output from its third call, counted in a plain attribute (a warm-up kept in the module)."""
+
+    calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        return self.lin(self.branched(x)) * (0.5 if self.calls > 2 else 1.0)
+
+
+class Teacher(Branching):
+    """A student (`lin`) beside a teacher it reads without gradients: the teacher's weights stay as they are."""
+
+    def __init__(self, branches=False):
+        super().__init__(branches)
+        self.teacher = nn.Linear(4, 4)
+
+    def forward(self, x):
+        x = self.branched(x)
+        with torch.no_grad():
+            target = self.teacher(x)
+        return self.lin(x) - target
+
+
+@pytest.mark.parametrize("branches", [False, True])
+@pytest.mark.parametrize(
+    "model,said",
+    [(Counted, "the model's forward sets calls"), (Teacher, "reads teacher.weight with gradients off")],
+)
+def test_surgery_refuses_in_one_line_what_its_captured_graph_cannot_keep(branches, model, said):
+    """A number the forward keeps and branches on (the capture's branch ran at every call: 0.67
+    off from the third), a teacher read under torch.no_grad (its weights got gradients of 65):
+    silently another training on both captures (found by a review). vmap runs them as the models."""
+    from wide_tessera import fuse
+    from wide_tessera.core.errors import NotApplicable
+
+    models = [model(branches) for _ in range(3)]
+    wide = fuse(copy.deepcopy(models), strategy="surgery")
+    with pytest.raises(NotApplicable, match=said):
+        wide(wide.pack([torch.randn(2, 4)] * 3))
+    vmapped = fuse(copy.deepcopy(models), strategy="vmap")
+    for _ in range(3):
+        xs = [torch.randn(2, 4) for _ in range(3)]
+        for got, m, x in zip(vmapped.unpack(vmapped(vmapped.pack(xs))), models, xs):
+            torch.testing.assert_close(got, m(x))

@@ -14,12 +14,14 @@ from __future__ import annotations
 import copy
 import dataclasses
 import inspect
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Hashable, List, Optional, Tuple
+from typing import Any, Callable, Dict, Hashable, Iterator, List, Optional, Tuple
 
 import torch
 from torch import fx, nn
 from torch.export import Dim
+from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils._sympy.numbers import int_oo
 
@@ -35,6 +37,7 @@ __all__ = [
     "Capture",
     "none_defaults",
     "trace_fx",
+    "probe_call",
     "signature",
     "export_graph",
     "guards_of",
@@ -68,11 +71,21 @@ def trace_fx(model: nn.Module) -> fx.GraphModule:
     new_dict during proxy unpickling") until its next eager call."""
     if has_hooks(model):  # torch.export runs them
         raise NotApplicable("torch.fx traces forward alone, and the model has hooks registered")
-    model = copy.deepcopy(model)
-    concrete = dict.fromkeys(none_defaults(model))
-    buffers = {id(b) for b in model.buffers()}
-    with python_draws_refused("torch.fx"):
-        graph = _Tracer(tuple(fusing_ops())).trace(model, concrete_args=concrete or None)
+    concrete = dict.fromkeys(none_defaults(model)) or None
+    # a graph of each mode: torch.fx reads `self.training` as the Python value it is, and a
+    # fused.eval() ran the train branch (dropout, a branch on self.training) for good (found by a
+    # review); a graph that differs between them is torch.export's to capture, one per mode
+    graphs, original = [], model
+    for training in (False, True):
+        model = copy.deepcopy(original).train(training)
+        buffers = {id(b) for b in model.buffers()}
+        with python_draws_refused("torch.fx"), numbers_kept(model, "torch.fx"), torch.enable_grad():
+            tracer = _Tracer(tuple(fusing_ops()))
+            graphs.append(tracer.trace(model, concrete_args=concrete))
+        tracer.refuse_parameters_without_gradient(model)
+    graph = graphs[1]
+    if str(graphs[0]) != str(graph):
+        raise NotApplicable("torch.fx traces one mode, and the model's forward differs between train and eval")
     # `self.steps += 1` on a buffer: a proxy has no in-place add, so torch.fx traced an add and
     # assigned its result to the buffer, and the update was never in the graph (found by a review)
     assigned = [f"{path}.{name}".lstrip(".") for path, m in model.named_modules()
@@ -97,6 +110,26 @@ class _Tracer(fx.Tracer):
     def __init__(self, fused: Tuple[type, ...]):
         super().__init__()
         self.fused = fused
+        self.without_gradient: List[fx.Node] = []  # made where forward turned gradients off
+
+    def create_node(self, *args: Any, **kwargs: Any) -> fx.Node:
+        node = super().create_node(*args, **kwargs)
+        if not torch.is_grad_enabled():
+            self.without_gradient.append(node)
+        return node
+
+    def refuse_parameters_without_gradient(self, model: nn.Module) -> None:
+        """Refuse a model whose forward reads a trained parameter where it turned gradients off
+        (`with torch.no_grad():` around a teacher): torch.fx records no grad mode, and the graph
+        trained what the models keep fixed (a teacher's weights got gradients of 65; found by a review)."""
+        for node in self.without_gradient:
+            held = model.get_submodule(str(node.target)) if node.op == "call_module" else None
+            if node.op == "get_attr":
+                owner, _, name = str(node.target).rpartition(".")
+                held = getattr(model.get_submodule(owner), name)
+            trained = [held] if isinstance(held, nn.Parameter) else list(held.parameters()) if held is not None else []
+            if any(p.requires_grad for p in trained):
+                raise _read_without_gradient(str(node.target))
 
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
         return super().is_leaf_module(m, qualname) or isinstance(m, self.fused)
@@ -108,6 +141,44 @@ class _Tracer(fx.Tracer):
         if isinstance(a, dict) and dataclasses.is_dataclass(a):
             return self.create_node("call_function", type(a), (), {k: self.create_arg(v) for k, v in a.items()})
         return super().create_arg(a)
+
+
+def _read_without_gradient(name: str) -> NotApplicable:
+    return NotApplicable(
+        f"the model's forward reads {name} with gradients off (torch.no_grad in forward), which a captured graph "
+        "cannot keep"
+    )
+
+
+class _TrainedWithoutGradient(TorchFunctionMode):
+    """The first trained parameter (of `trained`: id -> name) a torch function reads with gradients off."""
+
+    def __init__(self, trained: Dict[int, str]):
+        super().__init__()
+        self.trained: Dict[int, str] = trained
+        self.found: Optional[str] = None
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if self.found is None and not torch.is_grad_enabled():
+            read = (self.trained.get(id(t)) for t in tree_flatten((args, kwargs))[0])
+            self.found = next((name for name in read if name is not None), None)
+        return func(*args, **kwargs)
+
+
+def probe_call(model: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:
+    """A call of a copy of `model` on one model's input (its draws forked off the caller's
+    generator), before torch.export captures it, refusing what the call does that the graph
+    cannot keep and torch.export does not say: a number the forward sets (torch.export puts the
+    module's attributes back), and a trained parameter read with gradients off (a teacher under
+    `with torch.no_grad():`: the graph keeps no grad mode, and trained what the models keep
+    fixed, a teacher's weights got gradients of 54; found by a review)."""
+    probe = copy.deepcopy(model)
+    mode = _TrainedWithoutGradient({id(p): name for name, p in probe.named_parameters() if p.requires_grad})
+    with numbers_kept(probe, "torch.export"), torch.random.fork_rng(devices=[]), torch.enable_grad(), mode:
+        probe(*args, **kwargs)
+    if mode.found is not None:
+        raise _read_without_gradient(mode.found)
 
 
 # Captures kept for inputs that still specialise (each a graph of the model and its rewriting):
@@ -178,6 +249,32 @@ def signature(training: bool, value: Any) -> Tuple[Hashable, Tuple[Tuple[int, ..
         tuple((x.dtype, x.device, is_shared(x)) if isinstance(x, torch.Tensor) else repr(x) for x in leaves),
     )
     return fixed, tuple(tuple(x.shape[1:]) for x in leaves if isinstance(x, torch.Tensor))
+
+
+@contextmanager
+def numbers_kept(model: nn.Module, what: str) -> Iterator[None]:
+    """Refuse, in one line, a model whose forward changes a number it keeps (`self.calls += 1`):
+    a captured graph keeps the branches its capture took on it for good, and a warm-up counted
+    in the module ran as its capture's call did at every call (0.67 off from the third; found by
+    a review). vmap runs the models' Python, as their calls do."""
+    before = _numbers(model)
+    yield
+    after = _numbers(model)
+    changed = next((k for k in after if before.get(k, after[k]) != after[k] or k not in before), None)
+    if changed is not None:
+        raise NotApplicable(
+            f"{what}: the model's forward sets {changed} (a number it keeps), which a captured graph cannot follow"
+        )
+
+
+def _numbers(model: nn.Module) -> Dict[str, Any]:
+    """Every number kept as a plain attribute by the model's modules, by its path (not `training`)."""
+    return {
+        f"{path}.{name}".lstrip("."): value
+        for path, m in model.named_modules()
+        for name, value in vars(m).items()
+        if name != "training" and isinstance(value, (int, float)) and not name.startswith("__")
+    }
 
 
 def export_graph(

@@ -42,7 +42,17 @@ from torch.utils._pytree import tree_flatten, tree_map
 from ..core.errors import NotApplicable, one_line
 from ..core.layout import STACKED, Slot, prefixed, slots_of
 from ..ops.base import fusing_ops
-from .capture import CHECKS, MOST_CAPTURES, SIZE, Capture, export_graph, guards_of, input_dims, signature
+from .capture import (
+    CHECKS,
+    MOST_CAPTURES,
+    SIZE,
+    Capture,
+    export_graph,
+    guards_of,
+    input_dims,
+    probe_call,
+    signature,
+)
 from .functional import model_size, python_draws_refused, tied_aliases
 from .layers import LayerChoice, LayerLoop, hold_stacked, wide_layer
 from .lowering import lower
@@ -178,6 +188,7 @@ class ExportedSurgery(nn.Module):
                 # tensor attribute assigned during export: torch's own module, nothing the user can change
                 warnings.filterwarnings("ignore", message="The tensor attributes .* were assigned during export")
                 with python_draws_refused("torch.export"):
+                    probe_call(model, tuple(one_args), dict(one_kwargs))
                     program = export_graph(model, tuple(one_args), dict(one_kwargs))
         except Exception as e:  # noqa: BLE001  whatever stops the capture: the vmap strategy covers the model
             why = one_line(e)[:200]
