@@ -377,6 +377,30 @@ def test_what_fuse_returns_owns_what_runs(strategy):
     assert not any(u.training for u in unfused)
 
 
+class Scaled(nn.Module):
+    """A float64 constant registered before its float32 layer."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("scale", torch.tensor(2.0, dtype=torch.float64))
+        self.lin = nn.Linear(D, 3)
+
+    def forward(self, x):
+        return self.lin(x) * self.scale.float()
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_unfuse_gives_each_tensor_its_own_dtype(strategy):
+    """unfuse() cast every model to the dtype of the first tensor it held: a float64 buffer made
+    the models float64 throughout, and they failed on their float32 input (found by a review)."""
+    models = [Scaled() for _ in range(N)]
+    back = wt.fuse(copy.deepcopy(models), strategy=strategy).unfuse()
+    assert [(u.scale.dtype, u.lin.weight.dtype) for u in back] == [(torch.float64, torch.float32)] * N
+    x = torch.randn(B, D)
+    for u, m in zip(back, models):
+        torch.testing.assert_close(u(x), m(x))
+
+
 def test_unfuse_into_loads_the_trained_weights_into_the_given_modules():
     models = mlps()
     fused = wt.fuse(copy.deepcopy(models), strategy="vmap")

@@ -226,11 +226,9 @@ class Fused(nn.Module):
                 raise WideTesseraError(
                     f"unfuse(into=...): give {self.n} {type(self._given[0]).__name__} modules, one per model"
                 )
-        tensors = list(self.runs.state_dict(keep_vars=True).values())
-        held = next((t for t in tensors if t.is_floating_point()), None)
         for target, state in zip(targets, self.state_dicts()):
-            if into is None and held is not None:
-                target.to(device=held.device, dtype=held.dtype)
+            if into is None:
+                _held_as(target, state)
             target.load_state_dict(state)
             target.train(self.training)
         self._frozen_as_runs(targets)
@@ -244,6 +242,25 @@ class Fused(nn.Module):
                 for i, model in enumerate(models):
                     if slot.layout.model in (None, i):
                         model.get_parameter(slot.name).requires_grad_(params[name].requires_grad)
+
+
+def _held_as(model: nn.Module, state: Dict[str, Any]) -> None:
+    """`model`'s tensors on the device and in the dtype the fused module holds them in now (after
+    a .to(), say): each its state's, and a tensor the state lacks (a buffer not saved: rotary
+    tables) on that device, and in the floating dtype of the state's where it has one. One dtype
+    for all, the first tensor's, made a model with a float64 buffer float64 throughout, and it
+    failed on its float32 input (found by a review)."""
+    tensors = list(state.values())
+    floating = {t.dtype for t in tensors if t.is_floating_point()}
+    for name, t in [*model.named_parameters(), *model.named_buffers()]:
+        held = state.get(name)
+        if held is not None:
+            device, dtype = held.device, held.dtype
+        else:
+            device = tensors[0].device if tensors else t.device
+            dtype = next(iter(floating)) if t.is_floating_point() and len(floating) == 1 else t.dtype
+        if (t.device, t.dtype) != (device, dtype):
+            t.data = t.data.to(device=device, dtype=dtype)
 
 
 def build(decision: DispatchDecision, modules: Sequence[nn.Module], make: Make, forced: bool = False) -> Fused:
