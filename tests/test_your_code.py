@@ -1450,3 +1450,62 @@ def test_surgery_refuses_in_one_line_what_its_captured_graph_cannot_keep(branche
         xs = [torch.randn(2, 4) for _ in range(3)]
         for got, m, x in zip(vmapped.unpack(vmapped(vmapped.pack(xs))), models, xs):
             torch.testing.assert_close(got, m(x))
+
+
+def test_a_dropout_layer_keeps_its_model_on_torch_fx_and_follows_train_and_eval():
+    """nn.Dropout is called whole, reading its own mode at each call: traced through, its graph
+    differs between train and eval and sent every model with one to torch.export (a capture of
+    hundreds of milliseconds, and a slower call)."""
+    from wide_tessera.widen.surgery import WideSurgery
+
+    models = [nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5)) for _ in range(3)]
+    wide = WideSurgery(models, randomness="different")
+    assert wide.captured is None and wide.looped == ["1"]
+    x = torch.randn(3, 2, 4)
+    wide.eval()
+    for model in models:
+        model.eval()
+    torch.testing.assert_close(wide(x), torch.stack([m(part) for m, part in zip(models, x)]))
+    wide.train()
+    assert (wide(x) == 0).any()  # 24 draws at 1/2: none dropped once in 2**24
+
+
+class BiasedAttention(nn.Module):
+    """Attention given a bias it makes in forward, by keyword, the same for every model: one slope
+    per head (ALiBi), [batch * heads, L, L]."""
+
+    def __init__(self):
+        super().__init__()
+        self.mha = nn.MultiheadAttention(8, 2, batch_first=True)
+
+    def forward(self, x):
+        distance = -(torch.arange(x.shape[1])[None, :] - torch.arange(x.shape[1])[:, None]).abs().float()
+        bias = (torch.tensor([0.5, 0.0625])[:, None, None] * distance).repeat(x.shape[0], 1, 1)
+        return self.mha(x, x, x, attn_mask=bias, need_weights=False)[0]
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_a_tensor_every_model_shares_given_by_keyword_to_a_layer_under_vmap_is_given_to_each(n):
+    """A layer surgery runs under vmap took a keyword tensor the models share as N models' own,
+    mapped over its first axis: with N equal to batch * heads (2 here), each model ran another's
+    head bias (an error of 0.126); with N=3, torch's error (found by a review)."""
+    from wide_tessera import fuse
+
+    models = [BiasedAttention() for _ in range(n)]
+    wide = fuse(copy.deepcopy(models), strategy="surgery")
+    xs = [torch.randn(1, 6, 8) for _ in range(n)]
+    for got, model, x in zip(wide.unpack(wide(wide.pack(xs))), models, xs):
+        torch.testing.assert_close(got, model(x))
+
+
+def test_an_activation_in_place_on_an_input_every_model_shares_runs_as_the_models():
+    """pack passes an input all models share once; nn.ReLU(inplace=True) wrote into it, and torch
+    refused ("more than one element of the written-to tensor refers to a single memory location")."""
+    from wide_tessera import fuse
+
+    models = [nn.Sequential(nn.ReLU(inplace=True), nn.Linear(4, 4)) for _ in range(2)]
+    wide = fuse(copy.deepcopy(models), strategy="surgery")
+    x = torch.randn(3, 4)
+    got = wide.unpack(wide(wide.pack([x, x])))
+    for out, model in zip(got, models):
+        torch.testing.assert_close(out, model(x.clone()))

@@ -132,7 +132,9 @@ class _Tracer(fx.Tracer):
                 raise _read_without_gradient(str(node.target))
 
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
-        return super().is_leaf_module(m, qualname) or isinstance(m, self.fused)
+        # a dropout layer kept whole reads its own `training` at each call: traced through, it
+        # differs between train and eval, and every model with one went to torch.export
+        return super().is_leaf_module(m, qualname) or isinstance(m, (*self.fused, nn.modules.dropout._DropoutNd))
 
     def create_arg(self, a: Any) -> Any:
         """torch.fx's argument, but a dataclass that is a dict (transformers' ModelOutput) made again

@@ -136,20 +136,25 @@ class ShapeQuery(nn.Module):
 
 
 class Repeated(nn.Module):
-    """A per-model layer given some arguments that are the same for every model: those repeated N times."""
+    """A per-model layer given some arguments that are the same for every model (`mask`: which
+    of the call's (args, kwargs) are stacked): those repeated N times, by keyword too (a causal
+    mask made in forward and given as attn_mask= was mapped over its own first axis as if it were
+    N models' masks: torch's error, or, where that axis was N, each model another's; found by a review)."""
 
     def __init__(self, layer: nn.Module, mask: Any, n: int):
         super().__init__()
-        self.layer, self.mask, self.n = layer, mask, n
+        self.layer, self.n = layer, n
+        self.mask = (tuple(mask[0]), dict(mask[1]))  # fx keeps its arguments in immutable lists and dicts
 
     def model_slots(self) -> Dict[str, Slot]:
         return prefixed(slots_of(self.layer), "layer", "")
 
+    def _repeated(self, x: Any, stacked: Any) -> Any:
+        return x if stacked is not False or not isinstance(x, torch.Tensor) else x.expand(self.n, *x.shape)
+
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        repeated = (
-            x if st or not isinstance(x, torch.Tensor) else x.expand(self.n, *x.shape) for x, st in zip(args, self.mask)
-        )
-        return self.layer(*repeated, **kwargs)
+        args = tuple(self._repeated(x, st) for x, st in zip(args, self.mask[0]))
+        return self.layer(*args, **{k: self._repeated(x, self.mask[1].get(k)) for k, x in kwargs.items()})
 
 
 def _plain(tree: Any) -> Any:

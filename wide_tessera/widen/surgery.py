@@ -23,6 +23,7 @@ at N=4, 1.91x at N=16 and 1.34x at N=64 (scripts/surgery.py).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import operator
 from collections import Counter
@@ -177,7 +178,11 @@ class WideSurgery(StackedIO, nn.Module):
         """The wide layer standing for `subs` (submodule `where` of each model) at this call."""
         args_mask = list(mask[0])
         if isinstance(subs[0], ELEMENTWISE_MODULES) and not any(p.numel() for p in subs[0].parameters()):
-            return subs[0] if alone_among_numbers(node, mask) else Elementwise(subs[0], mask, self.randomness)
+            act = subs[0]
+            if getattr(act, "inplace", False):  # into an input all models share, passed once: torch refuses
+                act = copy.copy(act)  # the write (found by a review); the stacked values are surgery's own
+                act.inplace = False
+            return act if alone_among_numbers(node, mask) else Elementwise(act, mask, self.randomness)
         wide = wide_layer(subs, ops, self.choice) if args_mask == [True] and not node.kwargs else None
         if isinstance(wide, LayerLoop):
             self.unfused[where] = wide.reason
@@ -187,7 +192,7 @@ class WideSurgery(StackedIO, nn.Module):
             return wide
         self.looped.append(where)
         looped = WideFunctional(subs, self.randomness)
-        return looped if all(args_mask) and not node.kwargs else Repeated(looped, args_mask, self.n)
+        return looped if all(args_mask) and not node.kwargs else Repeated(looped, mask, self.n)
 
     def what_ran(self) -> str:
         """One line on how the N models run: the capture, the layers run as their op's wide
