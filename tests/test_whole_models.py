@@ -109,3 +109,17 @@ def test_gpt2_in_benchmark_custom_has_a_correct_fused_strategy_in_inference_and_
         )  # fmt: skip
         (point,) = result.points
         assert point.checks["vmap"].correct, (mode, point.checks["vmap"].error)
+
+
+def test_surgery_of_an_moe_model_that_records_its_routers_logits_says_why_it_cannot():
+    """Surgery swaps each sparse MoE block whole, and a model that records its routers' logits
+    (for its load-balancing loss) found none: torch.export's 'tuple index out of range' (found by a review)."""
+    from wide_tessera.core.errors import NotApplicable
+
+    config = transformers.MixtralConfig(
+        num_hidden_layers=1, hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
+        vocab_size=VOCAB, num_local_experts=4, output_router_logits=True,
+    )  # fmt: skip
+    models = [transformers.MixtralForCausalLM(config) for _ in range(2)]
+    with pytest.raises(NotApplicable, match=r"records its router's logits \(output_router_logits=True\)"):
+        wt.fuse(models, strategy="surgery")

@@ -86,6 +86,13 @@ class ExportedSurgery(nn.Module):
         self._skeleton = (copy.deepcopy(modules[0]),)
         for path, sub in list(self._skeleton[0].named_modules()):
             if path and is_sparse_moe(sub):
+                if getattr(getattr(modules[0], "config", None), "output_router_logits", False):
+                    # the model records its routers' logits (for the load-balancing loss) by hooks
+                    # on blocks a stand-in replaces: torch.export's "tuple index out of range"
+                    raise NotApplicable(
+                        f"surgery swaps sparse MoE block {path} whole, and {type(modules[0]).__name__} records its "
+                        "router's logits (output_router_logits=True), which the wide block does not give"
+                    )
                 self._skeleton[0].set_submodule(path, _MoeStandIn())
         ops = fusing_ops()
         fused = tuple(ops)  # a layer of a class an op fuses: swapped, or named in looped
