@@ -14,9 +14,10 @@ from __future__ import annotations
 import copy
 import dataclasses
 import inspect
+import numbers
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Hashable, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Hashable, Iterator, List, Optional, Set, Tuple
 
 import torch
 from torch import fx, nn
@@ -82,7 +83,7 @@ def trace_fx(model: nn.Module) -> fx.GraphModule:
         with python_draws_refused("torch.fx"), numbers_kept(model, "torch.fx"), torch.enable_grad():
             tracer = _Tracer(tuple(fusing_ops()))
             graphs.append(tracer.trace(model, concrete_args=concrete))
-        tracer.refuse_parameters_without_gradient(model)
+        tracer.refuse_what_the_graph_drops(graphs[-1], model)
     graph = graphs[1]
     if str(graphs[0]) != str(graph):
         raise NotApplicable("torch.fx traces one mode, and the model's forward differs between train and eval")
@@ -111,25 +112,42 @@ class _Tracer(fx.Tracer):
         super().__init__()
         self.fused = fused
         self.without_gradient: List[fx.Node] = []  # made where forward turned gradients off
+        self.autocast = _autocast_state()
+        self.autocast_changed: List[fx.Node] = []  # made where forward entered or left torch.autocast
 
     def create_node(self, *args: Any, **kwargs: Any) -> fx.Node:
         node = super().create_node(*args, **kwargs)
         if not torch.is_grad_enabled():
             self.without_gradient.append(node)
+        if _autocast_state() != self.autocast:
+            self.autocast_changed.append(node)
         return node
 
-    def refuse_parameters_without_gradient(self, model: nn.Module) -> None:
-        """Refuse a model whose forward reads a trained parameter where it turned gradients off
-        (`with torch.no_grad():` around a teacher): torch.fx records no grad mode, and the graph
-        trained what the models keep fixed (a teacher's weights got gradients of 65; found by a review)."""
+    def refuse_what_the_graph_drops(self, graph: fx.Graph, model: nn.Module) -> None:
+        """Refuse a model whose returned values torch.fx's graph would compute otherwise, since it
+        records neither grad mode nor autocast: a value computed with gradients off that depends on
+        a trained parameter (a teacher under `with torch.no_grad():`, a stop-gradient target of
+        shared weights: the graph trained what the models keep fixed, a teacher's weights got
+        gradients of 65, a shared weight's 0.66 off), or in a region of torch.autocast (a bfloat16
+        region ran in float32, 0.0049 off); found by reviews. What it computes so and returns not
+        (a statistic kept in a buffer) is no matter."""
+        depends: Dict[fx.Node, Optional[str]] = {}  # a node -> a trained parameter its value depends on
+        for node in graph.nodes:
+            depends[node] = _trained_read(node, model) or next(
+                (depends[a] for a in node.all_input_nodes if depends[a] is not None), None
+            )
+        returned: Set[fx.Node] = set()
+        pending = list(graph.find_nodes(op="output"))
+        while pending:
+            for a in pending.pop().all_input_nodes:
+                if a not in returned:
+                    returned.add(a)
+                    pending.append(a)
         for node in self.without_gradient:
-            held = model.get_submodule(str(node.target)) if node.op == "call_module" else None
-            if node.op == "get_attr":
-                owner, _, name = str(node.target).rpartition(".")
-                held = getattr(model.get_submodule(owner), name)
-            trained = [held] if isinstance(held, nn.Parameter) else list(held.parameters()) if held is not None else []
-            if any(p.requires_grad for p in trained):
-                raise _read_without_gradient(str(node.target))
+            if node in returned and depends.get(node) is not None:
+                raise _read_without_gradient(str(depends[node]))
+        if any(node in returned for node in self.autocast_changed):
+            raise _autocast_refused()
 
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
         # a dropout layer kept whole reads its own `training` at each call: traced through, it
@@ -145,6 +163,28 @@ class _Tracer(fx.Tracer):
         return super().create_arg(a)
 
 
+def _trained_read(node: fx.Node, model: nn.Module) -> Optional[str]:
+    """The trained parameter `node` reads itself (an attribute, or a layer's), or None."""
+    if node.op == "get_attr":
+        owner, _, name = str(node.target).rpartition(".")
+        held = getattr(model.get_submodule(owner), name, None)
+        return str(node.target) if isinstance(held, nn.Parameter) and held.requires_grad else None
+    if node.op == "call_module":
+        trained = [n for n, p in model.get_submodule(str(node.target)).named_parameters() if p.requires_grad]
+        return f"{node.target}.{trained[0]}" if trained else None
+    return None
+
+
+def _autocast_state() -> Tuple[bool, ...]:
+    return tuple(torch.is_autocast_enabled(device) for device in ("cpu", "cuda"))
+
+
+def _autocast_refused() -> NotApplicable:
+    return NotApplicable(
+        "the model's forward runs a region under torch.autocast, whose dtypes a captured graph does not keep"
+    )
+
+
 def _read_without_gradient(name: str) -> NotApplicable:
     return NotApplicable(
         f"the model's forward reads {name} with gradients off (torch.no_grad in forward), which a captured graph "
@@ -153,19 +193,31 @@ def _read_without_gradient(name: str) -> NotApplicable:
 
 
 class _TrainedWithoutGradient(TorchFunctionMode):
-    """The first trained parameter (of `trained`: id -> name) a torch function reads with gradients off."""
+    """The first trained parameter (of `trained`: id -> name), or value computed from one (a view
+    of a weight made before the region), that a torch function reads with gradients off."""
 
     def __init__(self, trained: Dict[int, str]):
         super().__init__()
         self.trained: Dict[int, str] = trained
         self.found: Optional[str] = None
+        self.autocast, self.autocast_changed = _autocast_state(), False
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        if self.found is None and not torch.is_grad_enabled():
-            read = (self.trained.get(id(t)) for t in tree_flatten((args, kwargs))[0])
-            self.found = next((name for name in read if name is not None), None)
-        return func(*args, **kwargs)
+        out = func(*args, **kwargs)
+        self.autocast_changed |= _autocast_state() != self.autocast
+        # a value computed (x.dtype or x.shape is read, not computed: rotary tables under no_grad)
+        if self.found is None and not torch.is_grad_enabled() and _holds_tensor(out):
+            tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor) and t.requires_grad]
+            named = (self.trained.get(id(t)) for t in tensors)
+            self.found = next((name for name in named if name is not None), None) or (
+                "a value computed from its parameters" if tensors else None
+            )
+        return out
+
+
+def _holds_tensor(value: Any) -> bool:
+    return any(isinstance(t, torch.Tensor) for t in tree_flatten(value)[0])
 
 
 def probe_call(model: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:
@@ -181,6 +233,8 @@ def probe_call(model: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) 
         probe(*args, **kwargs)
     if mode.found is not None:
         raise _read_without_gradient(mode.found)
+    if mode.autocast_changed:
+        raise _autocast_refused()
 
 
 # Captures kept for inputs that still specialise (each a graph of the model and its rewriting):
@@ -255,28 +309,39 @@ def signature(training: bool, value: Any) -> Tuple[Hashable, Tuple[Tuple[int, ..
 
 @contextmanager
 def numbers_kept(model: nn.Module, what: str) -> Iterator[None]:
-    """Refuse, in one line, a model whose forward changes a number it keeps (`self.calls += 1`):
-    a captured graph keeps the branches its capture took on it for good, and a warm-up counted
-    in the module ran as its capture's call did at every call (0.67 off from the third; found by
-    a review). vmap runs the models' Python, as their calls do."""
-    before = _numbers(model)
+    """Refuse, in one line, a model whose forward changes a value it keeps in plain Python (a
+    number, a string, or a list or dict of them: `self.calls += 1`, `self.phase = "main"`,
+    `self.seen["steps"] += 1`): a captured graph keeps the branches its capture took on it for
+    good, and a warm-up counted in the module ran as its capture's call did at every call (0.67
+    off from the third; found by reviews). vmap runs the models' Python, as their calls do."""
+    before = _kept(model)
     yield
-    after = _numbers(model)
-    changed = next((k for k in after if before.get(k, after[k]) != after[k] or k not in before), None)
+    after = _kept(model)
+    changed = next((k for k in after if k not in before or before[k] != after[k]), None)
     if changed is not None:
         raise NotApplicable(
-            f"{what}: the model's forward sets {changed} (a number it keeps), which a captured graph cannot follow"
+            f"{what}: the model's forward sets {changed} (a value it keeps), which a captured graph cannot follow"
         )
 
 
-def _numbers(model: nn.Module) -> Dict[str, Any]:
-    """Every number kept as a plain attribute by the model's modules, by its path (not `training`)."""
+def _kept(model: nn.Module) -> Dict[str, Any]:
+    """Every plain value (_plain_data) the model's modules keep as an attribute, a copy by its
+    path (not `training`, which train() and eval() set)."""
     return {
-        f"{path}.{name}".lstrip("."): value
+        f"{path}.{name}".lstrip("."): copy.deepcopy(value)
         for path, m in model.named_modules()
         for name, value in vars(m).items()
-        if name != "training" and isinstance(value, (int, float)) and not name.startswith("__")
+        if name != "training" and not name.startswith("__") and _plain_data(value)
     }
+
+
+def _plain_data(value: Any) -> bool:
+    """A number (NumPy's too), a string, or a list, tuple or dict holding only those."""
+    if isinstance(value, (list, tuple)):
+        return all(_plain_data(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, (str, int)) and _plain_data(v) for k, v in value.items())
+    return isinstance(value, (numbers.Number, str)) and not isinstance(value, torch.SymInt)
 
 
 def export_graph(

@@ -275,6 +275,11 @@ class ExportedSurgery(nn.Module):
                 node.target = f"s.{self._stacked_names[node.target]}"
             elif node.target.startswith(_within(list(self._wide_names))):
                 raise NotApplicable(f"surgery: {node.target} is read outside its layer's call (a tied weight?)")
+            elif isinstance(operator.attrgetter(node.target)(exported), nn.Module):  # a torch.no_grad region's
+                raise NotApplicable(  # graph: registered as a constant, torch's TypeError (found by a review)
+                    "surgery: torch.export captured a region of forward that switches gradients off (torch.no_grad), "
+                    "which surgery does not lower"
+                )
             else:
                 name = f"c{len(constants._buffers)}"
                 constants.register_buffer(name, operator.attrgetter(node.target)(exported))

@@ -150,6 +150,10 @@ class Repeated(nn.Module):
         return prefixed(slots_of(self.layer), "layer", "")
 
     def _repeated(self, x: Any, stacked: Any) -> Any:
+        """`x` with each tensor `stacked` says is shared repeated, within a tuple too (an LSTM's
+        (h0, c0) made in forward: torch's error; found by a review)."""
+        if isinstance(stacked, (tuple, list)) and isinstance(x, (tuple, list)):
+            return type(x)(self._repeated(a, st) for a, st in zip(x, stacked))
         return x if stacked is not False or not isinstance(x, torch.Tensor) else x.expand(self.n, *x.shape)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
