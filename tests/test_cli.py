@@ -215,21 +215,24 @@ def test_python_dash_m_works():
     assert r.returncode == 2 and "unknown preset" in r.stderr and "Traceback" not in r.stderr
 
 
-@pytest.mark.parametrize("other,threads,said", [
-    (1.9, None, "busy machine: other processes use 1.9 of 2 cores, and this run's 2 threads need 2 free"),
-    (1.9, "auto", "--threads auto: other processes use 1.9 of 2 cores: measuring with 1 thread(s); no core is free"),
-    (1.0, "auto", "--threads auto: other processes use 1.0 of 2 cores: measuring with 1 thread(s)"),
-    (0.0, "auto", "--threads auto: other processes use 0.0 of 2 cores: measuring with 2 thread(s)"),
-    (0.0, None, None),
+@pytest.mark.parametrize("other,threads,said,cpus", [
+    (1.9, None, "busy machine: other processes use 1.9 of 2 cores, and this run's 2 threads need 2 free", 2),
+    (1.9, "auto", "--threads auto: other processes use 1.9 of 2 cores: measuring with 1 thread(s); no core is free", 2),
+    (1.0, "auto", "--threads auto: other processes use 1.0 of 2 cores: measuring with 1 thread(s)", 2),
+    (0.0, "auto", "--threads auto: other processes use 0.0 of 2 cores: measuring with 2 thread(s)", 2),
+    (0.0, None, None, 2),
+    # under taskset -c 0: one CPU to run on, and a loop on it
+    (1.0, "auto", "--threads auto: other processes use 1.0 of 1 cores: measuring with 1 thread(s); no core is free", 1),
 ])  # fmt: skip
-def test_a_busy_machine_is_named_before_measuring_and_auto_takes_the_free_cores(monkeypatch, other, threads, said):
+def test_a_busy_machine_is_named_before_measuring_and_auto_takes_its_free_cores(monkeypatch, other, threads, said,
+                                                                                 cpus):
     """A busy machine cost 15 minutes of DISTURBED points, the remedy printed at the end; the probe
-    says it before the first point and between ops (here: gemm, then layernorm), once."""
+    says it before the first point and between ops (here: gemm, then layernorm), once. The cores
+    are those the run may use: under taskset -c 0 beside a loop there, one was said free (found by a review)."""
     from wide_tessera.cli import measure
 
     monkeypatch.setattr(measure, "probe_load", lambda since: other)
-    monkeypatch.setattr(measure.psutil, "cpu_count", lambda: 2)
-    monkeypatch.setattr("wide_tessera.measurement.health.psutil.cpu_count", lambda: 2)
+    monkeypatch.setattr("wide_tessera.measurement.health.os.sched_getaffinity", lambda pid: set(range(cpus)))
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
@@ -263,7 +266,7 @@ def test_threads_auto_keeps_the_threads_it_began_with_for_every_pass(monkeypatch
 
     loads = iter([0.0] + [1.9] * 10)  # quiet as it starts, busy from the first op on
     monkeypatch.setattr(measure, "probe_load", lambda since: next(loads))
-    monkeypatch.setattr("wide_tessera.measurement.health.psutil.cpu_count", lambda: 2)
+    monkeypatch.setattr("wide_tessera.measurement.health.os.sched_getaffinity", lambda pid: {0, 1})
     before = torch.get_num_threads()
     out = tmp_path / "r.json"
     try:

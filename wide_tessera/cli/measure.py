@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import click
-import psutil
 import torch
 
 from ..api import build_custom_job, build_job
@@ -28,7 +27,7 @@ from ..dispatch.table import (
 from ..kernels import autotuned_kernels, triton_unavailable_reason
 from ..kernels.facts import CompileClock
 from ..kernels.facts import dump_ir as write_ir
-from ..measurement.health import HealthMonitor, free_cores, load_remedy, probe_load
+from ..measurement.health import HealthMonitor, free_cores, load_remedy, probe_load, usable_cpus
 from ..measurement.modes import TRAINING_MODES
 from ..measurement.roofline import cache_path
 from ..measurement.settings import RunSettings
@@ -373,7 +372,7 @@ class _LoadWatch:
     def check(self) -> Optional[str]:
         other, threads = probe_load(self.since), torch.get_num_threads()
         self.since = HealthMonitor("cpu")
-        free, cores = free_cores(other), psutil.cpu_count() or 1
+        free, cores = free_cores(other), len(usable_cpus())
         seen = f"other processes use {other:.1f} of {cores} cores"
         if self.auto:
             self.auto, self.warned = False, not free  # no core free: said here, once

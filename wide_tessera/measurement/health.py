@@ -46,6 +46,7 @@ __all__ = [
     "MAX_DISTURBED_FRACTION",
     "probe_load",
     "free_cores",
+    "usable_cpus",
     "load_remedy",
 ]
 
@@ -135,6 +136,7 @@ class HealthMonitor:
         self.gpu = Nvml.open(device) if self.cuda else None
         self._wall0 = time.monotonic()
         self._cpu0 = psutil.cpu_times()
+        self._usable0 = _usable_busy_s()
         self._own0 = _own_cpu_s()
         self._switches = 0
         self._waited: Dict[str, float] = {}
@@ -189,7 +191,7 @@ class HealthMonitor:
     def other_load(self) -> float:
         """Cores other processes have used on average since the monitor started."""
         wall = max(self.seconds(), 1e-9)
-        busy = _busy_s(psutil.cpu_times()) - _busy_s(self._cpu0)
+        busy = _usable_busy_s() - self._usable0
         return max(0.0, busy - (_own_cpu_s() - self._own0)) / wall
 
     def busy(self) -> bool:
@@ -199,7 +201,7 @@ class HealthMonitor:
     def finish(self, rounds: int, disturbed_rounds: int, min_rounds: int = 1) -> Health:
         """What was seen; `rounds` clean ones were kept and fewer than `min_rounds` cannot be cleaned."""
         cpu1 = psutil.cpu_times()
-        cores = psutil.cpu_count() or 1
+        cores = len(usable_cpus())
         other = self.other_load()
         total = sum(cpu1) - sum(self._cpu0)
         steal = (getattr(cpu1, "steal", 0.0) - getattr(self._cpu0, "steal", 0.0)) / total if total > 0 else 0.0
@@ -256,8 +258,7 @@ def probe_load(since: Optional[HealthMonitor] = None, seconds: float = 0.2) -> f
 def free_cores(other: float) -> int:
     """The cores left to a run while other processes use `other` of them (0: none): a core counts
     as busy once its share of the load exceeds BUSY_CORES."""
-    cores = psutil.cpu_count() or 1
-    return max(0, cores - max(0, math.ceil(other - BUSY_CORES)))
+    return max(0, len(usable_cpus()) - max(0, math.ceil(other - BUSY_CORES)))
 
 
 def load_remedy(other: float) -> str:
@@ -300,6 +301,21 @@ def _cpu_freq_ratio() -> Optional[float]:
     except Exception:  # noqa: BLE001  not reported on this platform
         return None
     return round(freq.current / freq.max, 3) if freq is not None and freq.max > 0 else None
+
+
+def usable_cpus() -> List[int]:
+    """The CPUs this process may run on (taskset's), where the system says; else all of them.
+    Counted over all, a run under `taskset -c 0` beside a loop on its one CPU was told the
+    machine had a core free, and took two threads (found by a review)."""
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(psutil.cpu_count() or 1))
+
+
+def _usable_busy_s() -> float:
+    """Busy seconds of the CPUs this process may run on, since boot."""
+    per_cpu = psutil.cpu_times(percpu=True)
+    return sum(_busy_s(per_cpu[i]) for i in usable_cpus() if i < len(per_cpu))
 
 
 def _busy_s(times: Any) -> float:
