@@ -466,6 +466,11 @@ def _measure(
                 merged = f"dispatch table {save_dispatch}: {result.op} not merged: {e}"
             else:
                 in_table.extend([result.op] if merged else [])
+            if save_dispatch is not None and not result.complete:  # said, not left out silently (found by a review)
+                merged = (
+                    f"dispatch table {save_dispatch}: {result.op} not merged: its run stopped before every point was "
+                    f"measured; tune {result.op} again"
+                )
             if merged:
                 progress.echo(merged + "\n")
 
