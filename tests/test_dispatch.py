@@ -432,3 +432,20 @@ def test_fuse_never_breaks_the_model_and_only_refuses_what_cannot_run():
         fuse([nn.Linear(4, 4), nn.Linear(4, 5)], table=table)
     with pytest.raises(WideTesseraError, match="cuda_graph='yes': give True or False"):
         fuse([nn.Linear(4, 4)], table=table, cuda_graph="yes")
+
+
+def test_tune_says_an_op_it_stopped_early_is_not_in_the_table(tmp_path, monkeypatch):
+    """An op whose first points were all disturbed stops there, incomplete, and its entries stay
+    out of the table: tune left it out silently, and examples/moe.py then failed reading a table
+    that was never written (found by a review)."""
+    from wide_tessera.measurement.health import HealthMonitor
+
+    monkeypatch.setattr(HealthMonitor, "round_disturbed", lambda self: True)
+    table_path = tmp_path / "table.json"
+    args = ["tune", "gemm", "--preset", "ci", "--device", "cpu", "--n-values", "1,2,4,8", "--budget", "0.02",
+            "-o", str(table_path), "--results", str(tmp_path / "results.json")]  # fmt: skip
+    r = CliRunner().invoke(cli, args, catch_exceptions=False)
+    assert f"dispatch table {table_path}: gemm not merged: its run stopped before every point was measured" in (
+        r.output
+    ), r.output
+    assert not table_path.exists()
