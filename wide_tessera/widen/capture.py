@@ -229,7 +229,9 @@ def probe_call(model: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) 
     fixed, a teacher's weights got gradients of 54; found by a review)."""
     probe = copy.deepcopy(model)
     mode = _TrainedWithoutGradient({id(p): name for name, p in probe.named_parameters() if p.requires_grad})
-    with numbers_kept(probe, "torch.export"), torch.random.fork_rng(devices=[]), torch.enable_grad(), mode:
+    # the CUDA generators of the model's devices too: a probe through dropout would move them on
+    cuda = sorted({t.device.index or 0 for t in [*probe.parameters(), *probe.buffers()] if t.is_cuda})
+    with numbers_kept(probe, "torch.export"), torch.random.fork_rng(devices=cuda), torch.enable_grad(), mode:
         probe(*args, **kwargs)
     if mode.found is not None:
         raise _read_without_gradient(mode.found)
