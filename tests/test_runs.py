@@ -37,6 +37,9 @@ def test_a_run_without_o_is_kept_listed_shown_plotted_and_reported(tmp_path):
     assert shown.exit_code == 0 and "== gemm (preset ci)" in shown.output
     run_id = kept.stem.split("_")[-1]
     assert invoke("show", run_id).output == shown.output == invoke("show", "@-1").output
+    # the result's own run id, which a markdown report names: it found nothing (found by a review)
+    assert f"run `{result.run_id}`" in invoke("show", "--format", "markdown").output
+    assert invoke("show", result.run_id).output == shown.output
     plots = invoke("plot", "-o", str(tmp_path / "plots"))
     assert plots.exit_code == 0 and list((tmp_path / "plots").glob("*.png"))
     page = invoke("report", "-o", str(tmp_path / "report"))

@@ -70,9 +70,18 @@ def saved_runs() -> List[Path]:
     return [p for p in names if p.is_file()]
 
 
+def _text(path: Path) -> str:
+    try:
+        return path.read_text()
+    except (OSError, UnicodeDecodeError):  # a file being written, or damaged: not the one named
+        return ""
+
+
 def resolve_run(name: str) -> Path:
-    """A file the user names: a path that exists, `@-K` (the K-th latest run), or the start of
-    a run's file name or id; one line, naming what there is, when nothing matches."""
+    """A file the user names: a path that exists, `@-K` (the K-th latest run), the start of a
+    run's file name or id, or the run id of a result in it (each op of one command has its own:
+    a markdown report names it, and `show` of it found nothing; found by a review); one line,
+    naming what there is, when nothing matches."""
     if Path(name).exists():
         return Path(name)
     runs = saved_runs()
@@ -84,6 +93,8 @@ def resolve_run(name: str) -> Path:
             raise WideTesseraError(f"{name}: there is no such run {where}; @-1 is the latest")
         return runs[-k]
     found = [p for p in runs if p.name.startswith(name) or p.stem.split("_")[-1].startswith(name)]
+    if not found and re.fullmatch(r"[0-9a-f]{4,12}", name):  # a result's own run id (`show --format markdown`
+        found = [p for p in runs if f'"run_id": "{name}' in _text(p)]  # prints it): the file that holds it
     if len(found) == 1:
         return found[0]
     if len(found) > 1:
