@@ -213,6 +213,7 @@ def test_python_dash_m_works():
         timeout=120,
     )
     assert r.returncode == 2 and "unknown preset" in r.stderr and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines() == [r.stderr.strip()]  # one line: click's usage lines said nothing more
 
 
 @pytest.mark.parametrize("other,threads,said,cpus", [

@@ -52,6 +52,9 @@ def run() -> int:
     try:
         returned = cli.main(prog_name="wide_tessera", standalone_mode=False)
         code: Any = returned if isinstance(returned, int) else 0
+    except click.UsageError as e:  # bad input: its one line, without click's usage lines above it
+        click.echo(f"Error: {e.format_message()}", err=True)
+        code = e.exit_code
     except click.ClickException as e:
         e.show()
         code = e.exit_code
