@@ -26,6 +26,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils._sympy.numbers import int_oo
 
+from ..core import trees
 from ..core.errors import NotApplicable
 from ..ops.base import fusing_ops
 from ..ops.exact import has_hooks
@@ -207,17 +208,13 @@ class _TrainedWithoutGradient(TorchFunctionMode):
         out = func(*args, **kwargs)
         self.autocast_changed |= _autocast_state() != self.autocast
         # a value computed (x.dtype or x.shape is read, not computed: rotary tables under no_grad)
-        if self.found is None and not torch.is_grad_enabled() and _holds_tensor(out):
-            tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor) and t.requires_grad]
+        if self.found is None and not torch.is_grad_enabled() and trees.tensors(out):
+            tensors = [t for t in trees.tensors((args, kwargs)) if t.requires_grad]
             named = (self.trained.get(id(t)) for t in tensors)
             self.found = next((name for name in named if name is not None), None) or (
                 "a value computed from its parameters" if tensors else None
             )
         return out
-
-
-def _holds_tensor(value: Any) -> bool:
-    return any(isinstance(t, torch.Tensor) for t in tree_flatten(value)[0])
 
 
 def probe_call(model: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:
