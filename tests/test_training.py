@@ -576,6 +576,31 @@ def test_a_first_call_leaves_the_inputs_and_pythons_generator_as_the_separate_ca
         torch.testing.assert_close(x, x_alone)
 
 
+class KeepsItsSteps(nn.Module):
+    """Counts its calls in a private attribute and keeps a list of them."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(D, 1)
+        self._steps = 0
+        self.seen = []
+
+    def forward(self, x):
+        self._steps += 1
+        self.seen.append(self._steps)
+        return self.lin(x)
+
+
+def test_a_first_call_puts_back_a_private_counter_and_a_list_the_forward_keeps(first_call_chooses, tmp_path):
+    """Only public numbers were put back after a first call's measurement: `self._steps += 1` was
+    left at the measurement's count, and a list the forward appends to held every timed call."""
+    first_call_chooses("loop")
+    models = [KeepsItsSteps() for _ in range(N)]
+    fused = wt.fuse(models, table=tmp_path / "t.json", measure="first-call", time_bound_s=0.05)
+    fused.unpack(fused(fused.pack([torch.randn(B, D) for _ in range(N)])))
+    assert [(m._steps, m.seen) for m in models] == [(1, [1])] * N
+
+
 def test_gradients_accumulated_before_a_first_call_that_fuses_are_carried_onto_the_wide_tensors(
     first_call_chooses, tmp_path
 ):

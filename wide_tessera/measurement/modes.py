@@ -44,6 +44,7 @@ from torch.utils._pytree import tree_map
 from ..core import trees
 from ..core.correctness import ADAM_TRAINED, Check, check_outputs, check_trained
 from ..core.errors import unknown
+from ..core.kept import is_plain_value, plain_values
 from .recipe import TRAIN_STEPS, Recipe
 
 __all__ = [
@@ -297,17 +298,17 @@ def preserved(modules: Sequence[nn.Module], tensors: Sequence[torch.Tensor] = ()
     # + x) leaves another there, which writing the values back did not undo (a first call's
     # measurement left it stepped once a timed call: outputs 644 off the separate models')
     held = [(sub, dict(sub._buffers)) for sub in subs]
-    # and each number, flag or text a module keeps (a call counter, self.calls += 1, was left at 622
-    # after a first call; found by a review)
-    kept = [(sub, set(vars(sub)), {k: v for k, v in vars(sub).items() if _plain_number(k, v)}) for sub in subs]
+    # and each plain value a module keeps (core.kept: a call counter, self.calls += 1, was left at
+    # 622 after a first call; found by a review)
+    kept = [(sub, set(vars(sub)), plain_values(sub)) for sub in subs]
 
     def restore() -> None:
         for sub, buffers in held:
             sub._buffers.update(buffers)
-        for sub, before, numbers in kept:  # (one the block made, a counter's first call made it, is taken away)
-            for key in [k for k, v in vars(sub).items() if _plain_number(k, v) and k not in before]:
+        for sub, before, values in kept:  # (one the block made, a counter's first call made it, is taken away)
+            for key in [k for k, v in vars(sub).items() if k not in before and is_plain_value(k, v)]:
                 del sub.__dict__[key]
-            sub.__dict__.update(numbers)
+            sub.__dict__.update(copy.deepcopy(values))  # (a copy: the block may append to a list it is given)
         with torch.no_grad():
             for t, value in zip(live, saved):
                 if not torch.equal(t, value):
@@ -319,10 +320,6 @@ def preserved(modules: Sequence[nn.Module], tensors: Sequence[torch.Tensor] = ()
         yield restore
     finally:
         restore()
-
-
-def _plain_number(key: str, value: Any) -> bool:
-    return not key.startswith("_") and isinstance(value, (bool, int, float, str))
 
 
 def _outcome(

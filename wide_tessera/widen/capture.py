@@ -14,7 +14,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import inspect
-import numbers
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Hashable, Iterator, List, Optional, Set, Tuple
@@ -28,6 +27,7 @@ from torch.utils._sympy.numbers import int_oo
 
 from ..core import trees
 from ..core.errors import NotApplicable
+from ..core.kept import plain_values
 from ..ops.base import fusing_ops
 from ..ops.exact import has_hooks
 from .functional import is_shared, python_draws_refused
@@ -324,23 +324,9 @@ def numbers_kept(model: nn.Module, what: str) -> Iterator[None]:
 
 
 def _kept(model: nn.Module) -> Dict[str, Any]:
-    """Every plain value (_plain_data) the model's modules keep as an attribute, a copy by its
-    path (not `training`, which train() and eval() set)."""
-    return {
-        f"{path}.{name}".lstrip("."): copy.deepcopy(value)
-        for path, m in model.named_modules()
-        for name, value in vars(m).items()
-        if name != "training" and not name.startswith("__") and _plain_data(value)
-    }
-
-
-def _plain_data(value: Any) -> bool:
-    """A number (NumPy's too), a string, or a list, tuple or dict holding only those."""
-    if isinstance(value, (list, tuple)):
-        return all(_plain_data(v) for v in value)
-    if isinstance(value, dict):
-        return all(isinstance(k, (str, int)) and _plain_data(v) for k, v in value.items())
-    return isinstance(value, (numbers.Number, str)) and not isinstance(value, torch.SymInt)
+    """Every plain value the model's modules keep (core.kept), by its path."""
+    kept = ((path, plain_values(m)) for path, m in model.named_modules())
+    return {f"{path}.{name}".lstrip("."): value for path, values in kept for name, value in values.items()}
 
 
 def export_graph(
