@@ -90,8 +90,13 @@ class WideSurgery(StackedIO, nn.Module):
         except Exception as e:  # noqa: BLE001  whatever stops the tracer: torch.export captures the model
             self.captured = ExportedSurgery(modules, randomness, one_line(e)[:200], choice)
             self.swapped, self.looped, self.unfused = self.captured.swapped, self.captured.looped, self.captured.unfused
-            self._classes = _classes_of(modules[0], [*self.swapped, *self.looped, *self.unfused])
-            return
+        else:
+            self._rewrite(modules, traced)
+        self._classes = _classes_of(modules[0], [*self.swapped, *self.looped, *self.unfused])
+        self.train(modules[0].training)
+
+    def _rewrite(self, modules: Sequence[nn.Module], traced: fx.GraphModule) -> None:
+        """torch.fx's graph of one model rewritten for N: each layer an op fuses swapped, the rest run under vmap."""
         self._traced_as_none, self._model_name = none_defaults(modules[0]), type(modules[0]).__name__
         holder = nn.Module()  # what the rewritten graph calls
         graph = traced.graph
@@ -158,7 +163,7 @@ class WideSurgery(StackedIO, nn.Module):
                     pass  # one stacked value and numbers: elementwise on the stack as it is
                 else:
                     kind = GetItem if fn is operator.getitem else Elementwise if is_elementwise(node) else Vmapped
-                    holder.add_module(name, kind(fn, (mask[0], mask[1]), randomness))
+                    holder.add_module(name, kind(fn, (mask[0], mask[1]), self.randomness))
                     node.op, node.target = "call_module", name
                 stacked.add(node)
             elif node.op == "output":
@@ -172,8 +177,6 @@ class WideSurgery(StackedIO, nn.Module):
                 )
         _tie(holder, self._slots, tied_aliases(modules[0]))
         self.graph_module = fx.GraphModule(holder, graph, class_name=f"Wide{type(modules[0]).__name__}")
-        self._classes = _classes_of(modules[0], [*self.swapped, *self.looped, *self.unfused])
-        self.train(modules[0].training)
 
     def _layer(self, node: fx.Node, where: str, subs: List[nn.Module], mask: Any, ops: Dict[type, type]) -> nn.Module:
         """The wide layer standing for `subs` (submodule `where` of each model) at this call."""
