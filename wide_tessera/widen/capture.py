@@ -223,17 +223,26 @@ def probe_call(model: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) 
     cannot keep and torch.export does not say: a number the forward sets (torch.export puts the
     module's attributes back), and a trained parameter read with gradients off (a teacher under
     `with torch.no_grad():`: the graph keeps no grad mode, and trained what the models keep
-    fixed, a teacher's weights got gradients of 54; found by a review)."""
+    fixed, a teacher's weights got gradients of 54; found by a review); and, where torch.export
+    says it less clearly, an output it cannot give."""
     probe = copy.deepcopy(model)
     mode = _TrainedWithoutGradient({id(p): name for name, p in probe.named_parameters() if p.requires_grad})
     # the CUDA generators of the model's devices too: a probe through dropout would move them on
     cuda = sorted({t.device.index or 0 for t in [*probe.parameters(), *probe.buffers()] if t.is_cuda})
     with numbers_kept(probe, "torch.export"), torch.random.fork_rng(devices=cuda), torch.enable_grad(), mode:
-        probe(*args, **kwargs)
+        out = probe(*args, **kwargs)
     if mode.found is not None:
         raise _read_without_gradient(mode.found)
     if mode.autocast_changed:
         raise _autocast_refused()
+    # an object holding tensors that torch's pytree does not open (transformers' DynamicCache):
+    # torch.export's own words name its class only, cut short in the one line (found by a review)
+    closed = next((x for x in tree_flatten(out)[0] if not isinstance(x, torch.Tensor) and trees.tensors(x)), None)
+    if closed is not None:
+        raise NotApplicable(
+            f"torch.export cannot give the model's output: it holds a {type(closed).__name__}, a class torch's pytree "
+            "does not know (a transformers model returns no cache with use_cache=False)"
+        )
 
 
 # Captures kept for inputs that still specialise (each a graph of the model and its rewriting):

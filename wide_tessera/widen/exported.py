@@ -100,11 +100,15 @@ class ExportedSurgery(nn.Module):
         self.unfused: Dict[str, str] = {}  # a layer run as N calls (choice) -> why
         self.wides = nn.ModuleDict()
         self._wide_names: Dict[str, str] = {}  # a swapped or unfused layer's path -> its key in wides
+        holders = _holders(modules[0])
         for path, sub in modules[0].named_modules():
             moe = is_sparse_moe(sub)
             taken = _within([*self._wide_names, *self.looped])
             if not path or not (moe or isinstance(sub, fused)) or path.startswith(taken):
                 continue  # (a fused layer's own parts, an nn.MultiheadAttention's out_proj, are its)
+            if _tied_outside(sub, holders):
+                self.looped.append(path)
+                continue
             subs = [m.get_submodule(path) for m in modules]
             wide = WideSparseMoe(subs, randomness) if moe else wide_layer(subs, ops, choice)
             if wide is None:
@@ -366,6 +370,25 @@ def _module_aliases(model: nn.Module) -> Dict[str, str]:
         aliases.update({path: first[id(sub)]} if id(sub) in first else {})
         first.setdefault(id(sub), path)
     return aliases
+
+
+def _holders(model: nn.Module) -> Dict[int, Set[int]]:
+    """Each tensor of `model` (by id) -> the modules (by id) that hold it as their own."""
+    held: Dict[int, Set[int]] = {}
+    for m in model.modules():
+        for t in chain(m.parameters(recurse=False), m.buffers(recurse=False)):
+            held.setdefault(id(t), set()).add(id(m))
+    return held
+
+
+def _tied_outside(layer: nn.Module, holders: Dict[int, Set[int]]) -> bool:
+    """Whether `layer` holds a tensor tied to a module outside it (GPT-2's lm_head holds its
+    embedding's table; a layer registered under two names is one module, not tied). torch.export's
+    graph reads such a tensor by one name, so the layer's call takes it as a second input, which
+    its wide module cannot (surgery refused whole GPT-2, and a tied embedding and head; found by a
+    review). The layer runs as its ops, on the tensor held stacked once, as the rest of the graph does."""
+    inside = {id(m) for m in layer.modules()}
+    return any(holders[id(t)] - inside for t in chain(layer.parameters(), layer.buffers()))
 
 
 def _within(paths: Sequence[str]) -> Tuple[str, ...]:
