@@ -1001,3 +1001,39 @@ def test_a_weight_read_outside_its_layer_is_one_tensor_or_surgery_is_refused():
         torch.testing.assert_close(state["lin.weight"], m.lin.weight, rtol=1e-4, atol=1e-6)
     with pytest.raises(wt.WideTesseraError, match="conv.weight is used by two wide layers"):
         wt.fuse([_ReadTwice(conv=True) for _ in range(N)], strategy="surgery")
+
+
+class _Encoder(nn.Module):
+    """A two-layer recurrent encoder started from a state it learns (GRU: h0; LSTM: (h0, c0))."""
+
+    def __init__(self, kind):
+        super().__init__()
+        self.kind = kind
+        self.rnn = getattr(nn, kind)(4, 6, num_layers=2, batch_first=True)
+        self.h0 = nn.Parameter(torch.randn(2, 1, 6))
+
+    def forward(self, x):
+        h = self.h0.expand(2, x.shape[0], 6).contiguous()
+        out, _ = self.rnn(x, h if self.kind == "GRU" else (h, torch.tanh(h)))
+        return out
+
+
+@pytest.mark.parametrize("kind", ["GRU", "LSTM"])
+def test_a_recurrent_layer_given_its_initial_state_is_swapped_and_trains_as_the_separate_models(kind):
+    """Surgery swapped a layer called with its input alone: a GRU given h0 ran under vmap, which
+    has no batching rule for aten::gru, and surgery was refused. The op's wide module takes the
+    state stacked too (WideOp.STACKED_ARGS)."""
+    torch.manual_seed(0)
+    models = [_Encoder(kind) for _ in range(3)]
+    xs = [torch.randn(2, 5, 4) for _ in range(3)]
+    fused = wt.fuse(copy.deepcopy(models), strategy="surgery")
+    got = fused.unpack(fused(fused.pack(xs)))
+    assert next(m for m in fused.modules() if hasattr(m, "swapped")).swapped == ["rnn"]
+    sum(g.pow(2).sum() for g in got).backward()
+    for g, m, x in zip(got, models, xs):
+        want = m(x)
+        torch.testing.assert_close(g, want)
+        want.pow(2).sum().backward()
+    for m, grads in zip(models, unfused_grads(fused)):
+        for name, p in m.named_parameters():
+            torch.testing.assert_close(grads.get_parameter(name), p.grad, rtol=1e-4, atol=1e-5)

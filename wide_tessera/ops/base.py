@@ -77,6 +77,10 @@ class WideOp:
     FUSES: ClassVar[Optional[type]] = None
     LAYOUT: ClassVar[Layout] = STACKED
     LAYOUTS: ClassVar[Dict[str, Layout]] = {}
+    # How many of a layer's arguments its wide module takes, each stacked on a leading N axis as
+    # the input is: surgery swaps a call that gives that many or fewer, all the models' own (a
+    # recurrent layer's input and initial state: 2).
+    STACKED_ARGS: ClassVar[int] = 1
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """Make the subclass's own from_modules keep the models' frozen parameters frozen (_frozen_as_in)."""

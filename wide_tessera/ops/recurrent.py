@@ -40,6 +40,7 @@ class _WideRNN(WideOp, nn.Module):
 
     GATES: ClassVar[int]
     BENCHMARK_STRATEGIES = ("fused_cell", "block_diagonal")
+    STACKED_ARGS = 2  # the input, and the initial state stacked as the final one is given back
     BENCHMARK_SWEEPS = {
         "ci": SweepParams.of([1, 4, 16], batch=[4], seq_len=[8], hidden=[32], dtype=["float32"]),
         "quick": SweepParams.of([1, 2, 4, 8, 16], batch=[8], seq_len=[32], hidden=[64], dtype=["float32", "bfloat16"]),

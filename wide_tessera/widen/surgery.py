@@ -180,11 +180,11 @@ class WideSurgery(StackedIO, nn.Module):
 
     def _layer(self, node: fx.Node, where: str, subs: List[nn.Module], mask: Any, ops: Dict[type, type]) -> nn.Module:
         """The wide layer standing for `subs` (submodule `where` of each model) at this call."""
-        args_mask = list(mask[0])
         if isinstance(subs[0], ELEMENTWISE_MODULES) and not any(p.numel() for p in subs[0].parameters()):
             act = _InPlaceUnlessShared(subs[0]) if getattr(subs[0], "inplace", False) else subs[0]
             return act if alone_among_numbers(node, mask) else Elementwise(act, mask, self.randomness)
-        wide = wide_layer(subs, ops, self.choice) if args_mask == [True] and not node.kwargs else None
+        own = all(leaf_flags(mask[0])) and not node.kwargs  # every argument the models' own, stacked
+        wide = wide_layer(subs, ops, self.choice, len(node.args)) if own and node.args else None
         if isinstance(wide, LayerLoop):
             self.unfused[where] = wide.reason
             return wide
@@ -193,7 +193,7 @@ class WideSurgery(StackedIO, nn.Module):
             return wide
         self.looped.append(where)
         looped = WideFunctional(subs, self.randomness)
-        return looped if all(leaf_flags(mask[0])) and not node.kwargs else Repeated(looped, mask, self.n)
+        return looped if own else Repeated(looped, mask, self.n)
 
     def what_ran(self) -> str:
         """One line on how the N models run: the capture, the layers run as their op's wide
