@@ -601,6 +601,73 @@ def test_a_first_call_puts_back_a_private_counter_and_a_list_the_forward_keeps(f
     assert [(m._steps, m.seen) for m in models] == [(1, [1])] * N
 
 
+class _Scaled(nn.Module):
+    """Scales by the step of a schedule its parent shares with it."""
+
+    def __init__(self, schedule):
+        super().__init__()
+        self.lin, self.schedule = nn.Linear(D, 1), schedule
+
+    def forward(self, x):
+        return self.lin(x) * self.schedule["step"]
+
+
+class SharesASchedule(nn.Module):
+    """Counts steps in a dict its child shares, logs them in a list the user holds, and keeps a set."""
+
+    def __init__(self, log):
+        super().__init__()
+        self.schedule, self.log, self.seen = {"step": 0}, log, set()
+        self.child = _Scaled(self.schedule)
+
+    def forward(self, x):
+        self.schedule["step"] += 1
+        self.log.append(self.schedule["step"])
+        self.seen.add(self.schedule["step"])
+        return self.child(x)
+
+
+def test_a_first_call_puts_back_shared_and_held_values_as_the_objects_they_are(first_call_chooses, tmp_path):
+    """Each module's values were put back as a copy of its own: a schedule shared by a parent and
+    its child split in two, the child's stuck at its first step (0.34 further off the separate
+    models at every call), a log the user holds was no longer the module's, and a set was not put
+    back at all (1095 entries). Found by a review."""
+    first_call_chooses("loop")
+    torch.manual_seed(0)
+    logs = [[] for _ in range(N)]
+    models = [SharesASchedule(log) for log in logs]
+    separate = copy.deepcopy(models)
+    fused = wt.fuse(models, table=tmp_path / "t.json", measure="first-call", time_bound_s=0.05)
+    xs = [torch.randn(B, D) for _ in range(N)]
+    for _ in range(3):
+        got = fused.unpack(fused(fused.pack(xs)))
+        for g, m, x in zip(got, separate, xs):
+            torch.testing.assert_close(g, m(x))
+    assert all(m.schedule is m.child.schedule and m.log is log for m, log in zip(models, logs))
+    assert [(m.log, m.seen) for m in models] == [([1, 2, 3], {1, 2, 3})] * N
+
+
+class KeepsANaN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin, self.best = nn.Linear(D, 1), float("nan")  # a best loss not seen yet
+
+    def forward(self, x):
+        return self.lin(x)
+
+
+@pytest.mark.parametrize("strategy", ["surgery", "vmap"])
+def test_models_keeping_a_nan_setting_fuse(strategy):
+    """NaN equals no NaN: surgery's capture called a NaN it kept as it was set by the forward, and
+    fuse() called N models each keeping one of different configurations (found by a review)."""
+    torch.manual_seed(0)
+    models = [KeepsANaN() for _ in range(N)]
+    xs = [torch.randn(B, D) for _ in range(N)]
+    fused = wt.fuse(copy.deepcopy(models), strategy=strategy)
+    for g, m, x in zip(fused.unpack(fused(fused.pack(xs))), models, xs):
+        torch.testing.assert_close(g, m(x))
+
+
 def test_gradients_accumulated_before_a_first_call_that_fuses_are_carried_onto_the_wide_tensors(
     first_call_chooses, tmp_path
 ):

@@ -44,7 +44,7 @@ from torch.utils._pytree import tree_map
 from ..core import trees
 from ..core.correctness import ADAM_TRAINED, Check, check_outputs, check_trained
 from ..core.errors import unknown
-from ..core.kept import is_plain_value, plain_values
+from ..core.kept import putting_back
 from .recipe import TRAIN_STEPS, Recipe
 
 __all__ = [
@@ -300,15 +300,12 @@ def preserved(modules: Sequence[nn.Module], tensors: Sequence[torch.Tensor] = ()
     held = [(sub, dict(sub._buffers)) for sub in subs]
     # and each plain value a module keeps (core.kept: a call counter, self.calls += 1, was left at
     # 622 after a first call; found by a review)
-    kept = [(sub, set(vars(sub)), plain_values(sub)) for sub in subs]
+    put_back = putting_back(subs)
 
     def restore() -> None:
         for sub, buffers in held:
             sub._buffers.update(buffers)
-        for sub, before, values in kept:  # (one the block made, a counter's first call made it, is taken away)
-            for key in [k for k, v in vars(sub).items() if k not in before and is_plain_value(k, v)]:
-                del sub.__dict__[key]
-            sub.__dict__.update(copy.deepcopy(values))  # (a copy: the block may append to a list it is given)
+        put_back()
         with torch.no_grad():
             for t, value in zip(live, saved):
                 if not torch.equal(t, value):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from functools import partial, wraps
 from typing import Any, Callable, ClassVar, Dict, List, NamedTuple, Optional, Sequence, Tuple, Type, Union
 
@@ -428,6 +429,9 @@ def layout_of(module: nn.Module) -> Dict[str, Any]:
 
 
 _UNCOMPARED = object()
+# a NaN setting, as it is compared: NaN equals no NaN, and N models each keeping one were refused
+# as models of different configurations (found by a review)
+_NOT_A_NUMBER = object()
 
 
 def _setting(value: Any) -> Any:
@@ -447,6 +451,8 @@ def _setting(value: Any) -> Any:
     if isinstance(value, dict):  # settings kept in a dict (a config's)
         kept = {k: _setting(v) for k, v in value.items()}
         return _UNCOMPARED if any(v is _UNCOMPARED for v in kept.values()) else kept
+    if isinstance(value, float) and math.isnan(value):
+        return _NOT_A_NUMBER
     plain = value is None or isinstance(value, (bool, int, float, str, slice, torch.dtype, torch.device))
     return value if plain else _UNCOMPARED
 
