@@ -1104,3 +1104,27 @@ def test_a_recurrent_layer_given_its_initial_state_is_swapped_and_trains_as_the_
     for m, grads in zip(models, unfused_grads(fused)):
         for name, p in m.named_parameters():
             torch.testing.assert_close(grads.get_parameter(name), p.grad, rtol=1e-4, atol=1e-5)
+
+
+class KeepsUnread(nn.Module):
+    """A parameter and a buffer its forward never reads (kept for later, or for another head)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(D, 1)
+        self.spare = nn.Parameter(torch.randn(2))
+        self.register_buffer("stats", torch.randn(3))
+
+    def forward(self, x):
+        return self.lin(x)
+
+
+def test_surgery_gives_back_the_tensors_a_forward_never_reads():
+    """torch.fx's graph module keeps only what its graph reads: unfuse() and state_dicts() of a
+    model with a tensor its forward never reads raised ContractError (found by a review)."""
+    torch.manual_seed(0)
+    models = [KeepsUnread() for _ in range(N)]
+    fused = wt.fuse(copy.deepcopy(models), strategy="surgery")
+    for state, back, m in zip(fused.state_dicts(), fused.unfuse(), models):
+        assert state.keys() == back.state_dict().keys() == m.state_dict().keys()
+        assert all(torch.equal(state[k], v) and torch.equal(back.state_dict()[k], v) for k, v in m.state_dict().items())

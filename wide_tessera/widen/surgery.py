@@ -175,8 +175,16 @@ class WideSurgery(StackedIO, nn.Module):
                         is_leaf=lambda a: isinstance(a, fx.Node),
                     )
                 )
-        _tie(holder, self._slots, tied_aliases(modules[0]))
+        aliases = tied_aliases(modules[0])
+        _tie(holder, self._slots, aliases)
         self.graph_module = fx.GraphModule(holder, graph, class_name=f"Wide{type(modules[0]).__name__}")
+        # a tensor the forward never reads is still each model's (the graph module keeps only what
+        # its graph reads): unfuse() and state_dicts() refused to give the models back without it
+        read = {aliases.get(slot.name, slot.name) for slot in self._slots.values()}
+        for i, where in enumerate(w for w in saved if w not in aliases and w not in read):
+            values = [operator.attrgetter(where)(m) for m in modules]
+            hold_stacked(self.graph_module, f"unread{i}", values, persistent=True)
+            self._slots[f"unread{i}"] = Slot(where, STACKED)
 
     def _layer(self, node: fx.Node, where: str, subs: List[nn.Module], mask: Any, ops: Dict[type, type]) -> nn.Module:
         """The wide layer standing for `subs` (submodule `where` of each model) at this call."""
