@@ -247,7 +247,8 @@ class ExportedSurgery(nn.Module):
             if len(inputs) != 1 or len(outputs) != 1:
                 raise NotApplicable(
                     f"surgery: layer {path} takes {len(inputs)} values and gives {len(outputs)} in this model, where "
-                    "its wide module takes one and gives one"
+                    "a torch.export capture swaps a layer taking one and giving one (torch.fx's swaps a recurrent "
+                    "layer given its state)"
                 )
             out = outputs[0]
             # nn.GRU and nn.LSTM return (output, state), and their wide modules too; a model that
