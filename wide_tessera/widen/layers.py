@@ -24,15 +24,15 @@ LayerChoice = Callable[[Type[WideOp], Sequence[nn.Module]], Optional[str]]
 
 
 def wide_layer(
-    subs: Sequence[nn.Module], ops: Dict[type, type], choice: Optional[LayerChoice] = None, args: int = 1
+    subs: Sequence[nn.Module], ops: Dict[type, type], choice: Optional[LayerChoice] = None, n_args: int = 1
 ) -> Optional[nn.Module]:
     """The op's wide module of `subs` (submodule `where` of each model) taking and giving tensors
-    stacked on a leading N axis, called with `args` arguments; None where no op fuses them (no op
+    stacked on a leading N axis, called with `n_args` arguments; None where no op fuses them (no op
     fuses the class, they compute something else than it (ops.exact), its wide module takes fewer
     arguments (WideOp.STACKED_ARGS), or the op refuses this configuration: a grouped convolution).
     A `LayerLoop` where `choice` gives a reason not to fuse them."""
     op = op_fusing(subs, ops)
-    if op is None or args > op.STACKED_ARGS:
+    if op is None or n_args > op.STACKED_ARGS:
         return None
     reason = None if choice is None else choice(op, subs)
     if reason is not None:
