@@ -181,3 +181,24 @@ def test_bad_input_names_the_bad_value(call, match):
 def test_cuda_without_cuda_is_a_clear_error():
     with pytest.raises(WideTesseraError, match="CUDA is not available on this machine"):
         benchmark("gemm", preset="ci", device="cuda")
+
+
+def test_the_public_surface_names_the_settings_the_errors_and_optim_in_a_fresh_process():
+    """`import wide_tessera as wt` alone reaches RunSettings, every exception a user may catch,
+    and wt.optim: optim used to be there only after something else had imported it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import wide_tessera as wt\n"
+        "from wide_tessera.core import errors\n"
+        "from wide_tessera.measurement.settings import RunSettings\n"
+        "assert wt.RunSettings is RunSettings\n"
+        "for name in errors.__all__:\n"
+        "    obj = getattr(errors, name)\n"
+        "    if isinstance(obj, type) and issubclass(obj, BaseException):\n"
+        "        assert getattr(wt, name) is obj, name\n"
+        "assert wt.optim.AdamW.__name__ == 'AdamW'\n"
+        "assert 'optim' in dir(wt)\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
