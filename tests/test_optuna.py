@@ -174,7 +174,7 @@ def test_a_measured_group_size_comes_from_the_table_it_wrote(tmp_path, monkeypat
     def measure_again(*args, **kwargs):
         raise AssertionError("the second study measured what the table already said")
 
-    monkeypatch.setattr("wide_tessera.integrations.optuna.benchmark_custom", measure_again)
+    monkeypatch.setattr("wide_tessera.integrations.optuna.sizing.benchmark_custom", measure_again)
     again = optimize(study(), suggest, build, training, n_trials=4, table=table, progress=False)
     (why_again,) = again.sizes.values()
     # the same verdicts from the same table; only the free memory the cap reads may differ
