@@ -232,6 +232,15 @@ def test_noise_between_measurements_widens_the_interval():
     assert noisy.noise == pytest.approx(math.sqrt(sum(x * x for x in logs) / 4)) and noisy.noise_pairs == 2 * 4 * 3
 
 
+@pytest.mark.parametrize("setting,value,line", [("energy", True, "energy: False -> True"), ("precise", True, "precise: False -> True")])
+def test_compare_names_every_setting_resume_would_refuse(setting, value, line):
+    """compare and --resume ask one list (results.alike) what says how a run was measured: compare
+    once missed --energy and --precise, and held such runs against each other as alike."""
+    new = synthetic()
+    new.settings = dataclasses.replace(new.settings, **{setting: value})
+    assert f"synthetic: {line}" in compare([synthetic()], [new]).differences
+
+
 def test_compare_notes_a_different_device_and_a_broken_strategy(tmp_path):
     new = synthetic(device_name="Other CPU")
     p = new.points[-1]
@@ -248,14 +257,14 @@ def test_compare_notes_a_different_device_and_a_broken_strategy(tmp_path):
         confirmation=None,
     )
     comparison = compare([synthetic()], [new])
-    assert "synthetic: device: Synthetic CPU -> Other CPU" in comparison.differences
+    assert "synthetic: device name: Synthetic CPU -> Other CPU" in comparison.differences
     [broken] = [c for c in comparison.changes if c.verdict == "broken"]
     assert broken.callable == "b" and broken.n == 8 and "boom" in broken.note
     assert any("boom" in line for line in comparison.regressions(50))
     wt.save_results([synthetic()], tmp_path / "b.json")
     wt.save_results([new], tmp_path / "n.json")
     out = invoke("compare", tmp_path / "b.json", tmp_path / "n.json", "--format", "markdown")
-    assert out.exit_code == 0 and "the runs differ: synthetic: device: Synthetic CPU -> Other CPU" in out.output
+    assert out.exit_code == 0 and "the runs differ: synthetic: device name: Synthetic CPU -> Other CPU" in out.output
     assert out.output.startswith("**COMPARE:") and "| synthetic | 8 |" in out.output
 
 
