@@ -32,6 +32,7 @@ optimizer rebinds to it at its next step, its state carried over.
 from __future__ import annotations
 
 import inspect
+import math
 from typing import Any, Callable, ClassVar, Dict, Iterable, List, Optional, Sequence, Set, Tuple, Type, Union
 
 import torch
@@ -41,7 +42,7 @@ from torch.optim.adamw import adamw as torch_adamw
 
 from ..core.errors import WideTesseraError, unknown
 from ..core.layout import Layout, slots_of
-from .per_model import models_in, number, parameter_names, per_model
+from .per_model import models_in, models_reached, number, parameter_names, per_model
 
 __all__ = ["SGD", "Adam", "AdamW", "IMPLEMENTATIONS"]
 
@@ -165,26 +166,27 @@ class _PerModel(torch.optim.Optimizer):
                 loss = closure()
         self._bind()
         if self._inner is not None:
+            reached = models_reached(self.module)
             for i, theirs in enumerate(self._inner.param_groups):
                 theirs.update(self._torch_settings(i))
-                theirs["params"] = [] if i in self.frozen else [p for _, p in self._own[i]]
+                own = [p for _, p in self._own[i] if i not in self._sat_out(p, Layout.own(i), reached)]
+                theirs["params"] = [] if i in self.frozen else own
             self._inner.step()
         if self._wide:
             self._step_wide()
         return loss
 
-    def _active(self) -> torch.Tensor:
-        """1 for each model stepped, 0 for a frozen one: what a step adds to the models' step counts."""
-        return torch.tensor([0.0 if i in self.frozen else 1.0 for i in range(self.n)], dtype=torch.float64)
+    def _active(self, skipped: Set[int]) -> torch.Tensor:
+        """1 for each model stepped, 0 for one skipped: what a step adds to the models' step counts."""
+        return torch.tensor([0.0 if i in skipped else 1.0 for i in range(self.n)], dtype=torch.float64)
 
     def _step_wide(self) -> None:
-        active = self._active()
         settings = self._settings_per_model()
         numbers: Dict[Tuple[float, ...], Dict[str, Any]] = {}  # per step counts: the numbers of this step
-        for w in self._stepped():
+        for w, skipped in self._stepped():
             p, state = w.tensor, self.state[w.tensor]
-            kept = self._frozen_parts(p, w.layout, state)
-            state["step"] += active
+            kept = self._kept_parts(p, w.layout, state, skipped)
+            state["step"] += self._active(skipped)
             steps = tuple(state["step"].tolist())
             if steps not in numbers:
                 numbers[steps] = self._numbers(settings, state["step"])
@@ -192,8 +194,10 @@ class _PerModel(torch.optim.Optimizer):
             for tensor, i, value in kept:
                 w.layout.parts(tensor, self.n)[i].copy_(value)  # type: ignore[union-attr]
 
-    def _stepped(self) -> List[_Wide]:
-        """The wide tensors this step updates (those with a gradient), their state made where new."""
+    def _stepped(self) -> List[Tuple[_Wide, Set[int]]]:
+        """The wide tensors this step updates (those with a gradient), their state made where new,
+        each with the models whose parts it leaves as they are (frozen, or sat out)."""
+        reached = models_reached(self.module)
         wides = []
         for w in self._wide:
             grad = w.tensor.grad
@@ -203,21 +207,29 @@ class _PerModel(torch.optim.Optimizer):
                 raise WideTesseraError(f"{w.name}: sparse gradients are not supported")
             if not self.state[w.tensor]:
                 self._init_state(self.state[w.tensor], w.tensor)
-            wides.append(w)
+            wides.append((w, self.frozen | self._sat_out(w.tensor, w.layout, reached)))
         return wides
 
-    def _frozen_parts(
-        self, p: torch.Tensor, layout: Layout, state: Dict[str, Any]
+    def _sat_out(self, p: torch.Tensor, layout: Layout, reached: Optional[Set[int]]) -> Set[int]:
+        """The models whose part of `p`'s gradient torch would hold as None: none of their outputs
+        reached the loss (`reached`, what the module recorded; None: not known), and nothing else
+        gave the part a gradient (a penalty on the parameters themselves does, and torch steps it
+        then). A model in the loss is stepped whatever its gradient, zeros included, as torch steps it."""
+        if reached is None or p.grad is None or len(reached) == self.n:
+            return set()
+        sizes = layout.norms(p.grad, self.n, math.inf).tolist()  # (NaN: a gradient)
+        return {i for i in range(self.n) if i not in reached and sizes[i] == 0}
+
+    def _kept_parts(
+        self, p: torch.Tensor, layout: Layout, state: Dict[str, Any], skipped: Set[int]
     ) -> List[Tuple[torch.Tensor, int, torch.Tensor]]:
-        """The frozen models' parts of `p` and its moments, copied before an update that steps all N
-        at once, to be put back after it (a pruned trial may have NaN gradients: masking its update
-        arithmetically would spread them)."""
+        """The skipped models' parts of `p` and its moments, copied before an update that steps all
+        N at once, to be put back after it (a pruned trial may have NaN gradients: masking its
+        update arithmetically would spread them)."""
         kept: List[Tuple[torch.Tensor, int, torch.Tensor]] = []
-        if not self.frozen:
-            return kept
-        for t in [p, *(state[k] for k in self.MOMENTS if state.get(k) is not None)]:
+        for t in [p, *(state[k] for k in self.MOMENTS if state.get(k) is not None)] if skipped else []:
             parts = layout.parts(t, self.n)
-            kept += [(t, i, parts[i].clone()) for i in self.frozen]  # type: ignore[union-attr]
+            kept += [(t, i, parts[i].clone()) for i in skipped]  # type: ignore[union-attr]
         return kept
 
     def _settings_per_model(self) -> Dict[str, torch.Tensor]:
@@ -592,16 +604,18 @@ class Adam(_PerModel):
                 alike.setdefault(repr([group[k] for k in self.SETTINGS]), []).append(i)
         # each model's parts of every wide tensor (the tensor, its gradient, its moments) and its step count
         parts: List[_Parts] = [[] for _ in range(self.n)]
-        active = self._active()
-        for w in self._stepped():
+        for w, skipped in self._stepped():
             state = self.state[w.tensor]
             counts = state["step"].tolist()
-            state["step"] += active  # torch's kernel counts its own copy of the count, below
+            state["step"] += self._active(skipped)  # torch's kernel counts its own copy of the count, below
             tensors = (w.tensor, w.tensor.grad, state["exp_avg"], state["exp_avg_sq"])
             for i, four in enumerate(zip(*(w.layout.parts(t, self.n) for t in tensors))):  # type: ignore[arg-type]
-                parts[i].append((four, counts[i]))
+                if i not in skipped:
+                    parts[i].append((four, counts[i]))
         for models in alike.values():
-            self._step_by_torch([one for i in models for one in parts[i]], self.param_groups[models[0]])
+            stepped = [one for i in models for one in parts[i]]
+            if stepped:
+                self._step_by_torch(stepped, self.param_groups[models[0]])
 
     def _step_by_torch(self, parts: _Parts, group: Dict[str, Any]) -> None:
         """Models of equal settings (`group`) stepped by torch's own Adam in the implementation asked

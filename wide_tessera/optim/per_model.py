@@ -4,13 +4,13 @@ module that holds N models says of them (how many; one model's parameter names).
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, List, Optional, Set
 
 from torch import nn
 
 from ..core.errors import WideTesseraError
 
-__all__ = ["per_model", "models_in", "parameter_names", "number"]
+__all__ = ["per_model", "models_in", "models_reached", "parameter_names", "number"]
 
 
 def per_model(name: str, value: Any, n: int, check: Callable[[str, Any], Any], pairs: bool = False) -> List[Any]:
@@ -54,3 +54,11 @@ def parameter_names(module: nn.Module) -> Optional[List[str]]:
     the module knows the models' class (fuse()'s result); None where it does not."""
     names = getattr(module, "parameter_names", None)
     return list(names()) if callable(names) else None
+
+
+def models_reached(module: nn.Module) -> Optional[Set[int]]:
+    """The models whose outputs a backward reached since the gradients were set to None, where the
+    module records it (fuse()'s result: a model left out of the loss is skipped, as torch skips a
+    parameter whose grad is None); None where it does not: every model counts by its gradient."""
+    reached = getattr(module, "models_reached", None)
+    return reached() if callable(reached) else None
