@@ -42,7 +42,7 @@ from torch.optim.adamw import adamw as torch_adamw
 
 from ..core.errors import WideTesseraError, unknown
 from ..core.layout import Layout, slots_of
-from .per_model import models_in, models_reached, number, parameter_names, per_model
+from .per_model import models_in, models_reached, number, parameter_names, per_model, per_model_pairs
 
 __all__ = ["SGD", "Adam", "AdamW", "IMPLEMENTATIONS"]
 
@@ -60,13 +60,6 @@ def _flag(name: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise WideTesseraError(f"{name}={value!r}: give True or False")
     return value
-
-
-def _betas(name: str, value: Any) -> Tuple[float, float]:
-    if not (isinstance(value, (tuple, list)) and len(value) == 2):
-        raise WideTesseraError(f"{name}={value!r}: give a pair (beta1, beta2), each in [0, 1)")
-    beta = number(0.0, 1.0, open_high=True)
-    return beta(f"{name}[0]", value[0]), beta(f"{name}[1]", value[1])
 
 
 class _Wide:
@@ -98,8 +91,9 @@ class _PerModel(torch.optim.Optimizer):
                 f"wide_tessera.optim.{type(self).__name__}: {other}={settings[other]!r} is not one of its settings "
                 f"({', '.join(self.SETTINGS)}; implementation: one of {', '.join(map(str, IMPLEMENTATIONS))})"
             )
-        values = {
-            k: per_model(k, settings[k], self.n, check, pairs=k in self.PAIRS) for k, check in self.SETTINGS.items()
+        values: Dict[str, List[Any]] = {
+            k: (per_model_pairs if k in self.PAIRS else per_model)(k, settings[k], self.n, check)
+            for k, check in self.SETTINGS.items()
         }
         groups = [{"params": [], **{k: values[k][i] for k in self.SETTINGS}} for i in range(self.n)]
         for i, group in enumerate(groups):
@@ -532,10 +526,16 @@ class SGD(_PerModel):
 
 class Adam(_PerModel):
     """torch.optim.Adam for each of the N models: lr, betas, eps and weight_decay (added to the
-    gradient), each one value or one per model (betas: one pair, or N pairs)."""
+    gradient), each one value or one per model (betas: one pair, each coefficient one value or N,
+    or N pairs)."""
 
     TORCH: ClassVar[Type[torch.optim.Optimizer]] = torch.optim.Adam
-    SETTINGS = {"lr": number(0.0), "betas": _betas, "eps": number(0.0), "weight_decay": number(0.0)}
+    SETTINGS = {
+        "lr": number(0.0),
+        "betas": number(0.0, 1.0, open_high=True),  # each coefficient's, the pair per_model_pairs's
+        "eps": number(0.0),
+        "weight_decay": number(0.0),
+    }
     PAIRS = ("betas",)
     MOMENTS = ("exp_avg", "exp_avg_sq")
     DECOUPLED = False
