@@ -102,3 +102,60 @@ def test_clipping_takes_what_torchs_clipping_takes(max_norm, norm_type):
         want = torch.nn.utils.clip_grad_norm_(m.parameters(), max_norm, norm_type)
         torch.testing.assert_close(norms[i].float(), want)
         torch.testing.assert_close(f.runs.weight.grad[i], m.weight.grad)
+
+
+def _states_of(kind, f):
+    """Optimizer states of the N models after one step: torch's own format, as state_dicts() gives them."""
+    opt = kind(f)
+    sum(o.sum() for o in f.unpack(f(f.pack([torch.randn(5, 4) for _ in range(f.n)])))).backward()
+    opt.step()
+    return opt.state_dicts()
+
+
+def _moment_of_another_shape():
+    states = _states_of(wto.Adam, fused())
+    states[1]["state"][0]["exp_avg"] = torch.zeros(3, 4)
+    return wto.Adam(fused()).load_state_dicts(states)
+
+
+def _two_modes():
+    torch.manual_seed(0)
+    models = [nn.Sequential(nn.Linear(4, 2), nn.Dropout(0.5)) for _ in range(N)]
+    models[1].eval()
+    return wt.fuse(models, strategy="vmap")
+
+
+TAKEN_WRONGLY = {
+    # accepted under vmap and loop: the two "models" were one set of weights, and unfuse(into=[m, m]) kept the last
+    "one module given twice": (lambda: wt.fuse([linears(1)[0]] * 2, strategy="vmap"), ["module 1 is module 0"]),
+    # taken, and Adam stepped on from SGD's momentum buffers
+    "another optimizer's states": (
+        lambda: wto.Adam(fused()).load_state_dicts(_states_of(lambda f: wto.SGD(f, momentum=0.9), fused())),
+        ["state 0 has no betas, eps", "not Adam's"],
+    ),
+    "Adam's states into SGD": (
+        lambda: wto.SGD(fused(), momentum=0.9).load_state_dicts(_states_of(wto.Adam, fused())),
+        ["has no momentum", "not SGD's"],
+    ),
+    # taken, and step() failed on a size mismatch
+    "a moment of another shape": (_moment_of_another_shape, ["state 1's exp_avg of weight", "[3, 4]", "[2, 4]"]),
+    "freeze of a float": (lambda: wto.SGD(fused()).freeze(2.0), ["models=2.0", "from 0 to 2"]),
+    # torch.func's RuntimeError from stack_module_state
+    "vmap of models in train and eval mode": (_two_modes, ["strategy 'vmap'", "eval: modules [1]", "strategy='loop'"]),
+    # its rows were returned as the N outputs
+    "the loop's unpack of a tensor": (
+        lambda: fused(strategy="loop").unpack(torch.randn(N, 2)),
+        ["a tuple of 3 outputs", "Tensor of shape [3, 2]"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", TAKEN_WRONGLY)
+def test_what_was_taken_wrongly_or_raised_a_traceback_is_one_line(case):
+    make, tokens = TAKEN_WRONGLY[case]
+    with pytest.raises(wt.WideTesseraError) as e:
+        make()
+    message = str(e.value)
+    assert "\n" not in message
+    for token in tokens:
+        assert token in message, (token, message)

@@ -111,6 +111,11 @@ class LoopedModules(nn.Module):
         return one_each(inputs, len(self.models))
 
     def unpack(self, output: Tuple[Any, ...]) -> List[Any]:
+        if not isinstance(output, tuple) or len(output) != len(self.models):  # a tensor's rows are not N outputs
+            raise WideTesseraError(
+                f"unpack takes what forward gives: a tuple of {len(self.models)} outputs, one per module; got "
+                f"{_described(output)}"
+            )
         return list(output)
 
     def forward(self, inputs: Tuple[Any, ...]) -> Tuple[Any, ...]:

@@ -41,6 +41,7 @@ from __future__ import annotations
 import copy
 import inspect
 import math
+import numbers
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -60,6 +61,7 @@ from ..core.errors import MissingDependency, WideTesseraError, unknown
 from ..dispatch.build import Fused
 from ..dispatch.fuse import decide_at, fuse
 from ..dispatch.table import default_table_path, merge_into
+from ..measurement.settings import resolve_device
 from ..measurement.timing import TimingConfig
 from ..ops.base import layout_of
 
@@ -118,8 +120,8 @@ class Training:
         if self.clip is not None and not (isinstance(self.clip, (int, float)) and self.clip > 0):
             raise WideTesseraError(f"Training: clip={self.clip!r}: give a positive number, or None")
         for name in ("batch", "loss"):
-            if not callable(getattr(self, name)):
-                raise WideTesseraError(f"Training: {name}={getattr(self, name)!r} is not callable")
+            if not callable(getattr(self, name)):  # (a list of tensors was printed whole)
+                raise WideTesseraError(f"Training: {name} is a {type(getattr(self, name)).__name__}, not a function")
         if self.evaluate is not None and not callable(self.evaluate):
             raise WideTesseraError(f"Training: evaluate={self.evaluate!r} is not callable")
 
@@ -142,7 +144,10 @@ class Training:
 
 def trial_seed(trial: Any, params: Dict[str, Any]) -> int:
     """The seed a trial's model is built under: its 'seed' parameter, else its number."""
-    return int(params.get("seed", trial.number))
+    seed = params.get("seed", trial.number)
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed < 2**63:
+        raise WideTesseraError(f"trial {trial.number}: seed={seed!r}: give an int from 0 to 2**63 - 1")
+    return int(seed)
 
 
 def _forked(device: str) -> Any:
@@ -363,6 +368,7 @@ def optimize(
         raise WideTesseraError(f"group_size={group_size!r}: give a positive int, or None to size groups by measurement")
     if not isinstance(training, Training):
         raise WideTesseraError(f"training={training!r}: give a wide_tessera.integrations.optuna.Training")
+    device = resolve_device(device)
     if len(study.directions) != 1:
         raise WideTesseraError(
             f"the study has {len(study.directions)} objectives: optimize trains each trial to one loss; give a "

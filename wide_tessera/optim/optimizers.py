@@ -295,6 +295,8 @@ class _PerModel(torch.optim.Optimizer):
         self.frozen -= set(self._indices(models))
 
     def _indices(self, models: Union[int, Iterable[int]]) -> List[int]:
+        if not isinstance(models, (int, list, tuple, set, frozenset, range)):
+            raise WideTesseraError(f"models={models!r}: give a model index from 0 to {self.n - 1}, or a list of them")
         indices: List[Any] = [models] if isinstance(models, int) else list(models)
         for i in indices:
             if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < self.n:
@@ -345,9 +347,8 @@ class _PerModel(torch.optim.Optimizer):
 
     def load_state_dicts(self, states: List[Dict[str, Any]]) -> None:
         """Take N models' optimizer states (state_dicts' format, torch's): settings and moments."""
-        if not isinstance(states, (list, tuple)) or len(states) != self.n:
-            raise WideTesseraError(f"load_state_dicts: give {self.n} optimizer states, one per model")
         names = self._names()
+        self._check_states(states, names)
         for i, state in enumerate(states):
             group = state["param_groups"][0]
             self.param_groups[i].update({k: group[k] for k in group if k != "params"})
@@ -366,6 +367,39 @@ class _PerModel(torch.optim.Optimizer):
             for i, one in enumerate(per_model):
                 if one:
                     self._load_part(i, state, one, w.layout)
+
+    def _check_states(self, states: Any, names: List[str]) -> None:
+        """Refuse, before anything is loaded, states this optimizer cannot take: another optimizer's
+        (Adam took SGD's and stepped on), or a moment of another shape than its parameter (taken,
+        then step() failed on a size mismatch)."""
+        if not isinstance(states, (list, tuple)) or len(states) != self.n:
+            raise WideTesseraError(f"load_state_dicts: give {self.n} optimizer states, one per model")
+        mine, kept = type(self).__name__, {"step", *self.MOMENTS}
+        for i, state in enumerate(states):
+            groups = state.get("param_groups") if isinstance(state, dict) else None
+            if not (isinstance(groups, list) and groups and isinstance(state.get("state"), dict)):
+                raise WideTesseraError(f"load_state_dicts: state {i} is not an optimizer's state_dict")
+            missing = [k for k in self.SETTINGS if k not in groups[0]]
+            if missing:
+                raise WideTesseraError(f"load_state_dicts: state {i} has no {', '.join(missing)}: it is not {mine}'s")
+            shapes = {w.name: w.layout.parts(w.tensor, self.n)[i].shape for w in self._wide}  # type: ignore[union-attr]
+            shapes.update((name, p.shape) for name, p in self._own[i])
+            for j, one in state["state"].items():
+                other = sorted(k for k in one if k not in kept)
+                if other:
+                    raise WideTesseraError(
+                        f"load_state_dicts: state {i} holds {', '.join(other)}, which {mine} does not keep "
+                        f"({', '.join(sorted(kept))}): it is another optimizer's"
+                    )
+                if not (isinstance(j, int) and 0 <= j < len(names)):
+                    raise WideTesseraError(f"load_state_dicts: state {i} holds parameter {j!r} of {len(names)}")
+                for k in self.MOMENTS:
+                    value = one.get(k)
+                    if value is not None and tuple(value.shape) != tuple(shapes[names[j]]):
+                        raise WideTesseraError(
+                            f"load_state_dicts: state {i}'s {k} of {names[j]} has shape {list(value.shape)}, the "
+                            f"parameter {list(shapes[names[j]])}"
+                        )
 
     def _load_part(self, i: int, state: Dict[str, Any], one: Dict[str, Any], layout: Layout) -> None:
         state["step"][i] = float(one.get("step", 1))
