@@ -137,6 +137,12 @@ def test_a_pruned_trial_leaves_its_group_and_the_survivors_train_on_unchanged():
         (dict(strategy="vmapp"), "unknown strategy for MLP 'vmapp'"),
         (dict(study=optuna.create_study(directions=["minimize"] * 2)), "the study has 2 objectives"),
         (dict(training=Training(steps=2, batch=TRAINING.batch, loss=lambda o, y: 1.0)), "loss.*returned float"),
+        # torch's AssertionError and RuntimeError
+        (dict(device="tpu9"), "unknown device 'tpu9'"),
+        (dict(device="cuda:99"), "device 'cuda:99'"),
+        # a ValueError that did not name the seed, and a generator's overflow
+        (dict(suggest=lambda trial: {"seed": "b"}), "trial 0: seed='b': give an int"),
+        (dict(suggest=lambda trial: {"seed": 2**70}), f"seed={2**70}: give an int"),
     ],
 )
 def test_bad_input_is_one_line_before_any_training(kwargs, message):
@@ -149,7 +155,12 @@ def test_bad_input_is_one_line_before_any_training(kwargs, message):
 
 @pytest.mark.parametrize(
     "kwargs, message",
-    [(dict(steps=0), "steps=0"), (dict(optimizer="lion"), "unknown optimizer 'lion'"), (dict(clip=-1), "clip=-1")],
+    [
+        (dict(steps=0), "steps=0"),
+        (dict(optimizer="lion"), "unknown optimizer 'lion'"),
+        (dict(clip=-1), "clip=-1"),
+        (dict(batch=[torch.zeros(40, 2)] * 3), "^Training: batch is a list, not a function$"),  # (printed whole)
+    ],
 )
 def test_a_training_of_bad_settings_is_refused(kwargs, message):
     with pytest.raises(wt.WideTesseraError, match=message):

@@ -232,7 +232,9 @@ def test_noise_between_measurements_widens_the_interval():
     assert noisy.noise == pytest.approx(math.sqrt(sum(x * x for x in logs) / 4)) and noisy.noise_pairs == 2 * 4 * 3
 
 
-@pytest.mark.parametrize("setting,value,line", [("energy", True, "energy: False -> True"), ("precise", True, "precise: False -> True")])
+@pytest.mark.parametrize(
+    "setting,value,line", [("energy", True, "energy: False -> True"), ("precise", True, "precise: False -> True")]
+)
 def test_compare_names_every_setting_resume_would_refuse(setting, value, line):
     """compare and --resume ask one list (results.alike) what says how a run was measured: compare
     once missed --energy and --precise, and held such runs against each other as alike."""

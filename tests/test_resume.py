@@ -105,7 +105,12 @@ def test_a_file_measured_with_other_settings_is_refused(tmp_path, args, message)
 
 @pytest.mark.parametrize(
     "field,value",
-    [("device_name", "Another CPU"), ("torch_version", "1.0.0"), ("triton_version", "0.1"), ("python_version", "3.9.1")],
+    [
+        ("device_name", "Another CPU"),
+        ("torch_version", "1.0.0"),
+        ("triton_version", "0.1"),
+        ("python_version", "3.9.1"),
+    ],
 )
 def test_a_file_from_another_machine_or_torch_is_refused(gemm_file, field, value):
     doc = json.loads(gemm_file.read_text())

@@ -417,7 +417,7 @@ def test_unfuse_into_loads_the_trained_weights_into_the_given_modules():
 
 def test_a_forced_strategy_is_checked_and_never_falls_back():
     with pytest.raises(wt.WideTesseraError, match="unknown strategy for gemm 'bmmm'; did you mean 'bmm'"):
-        wt.fuse([nn.Linear(2, 2)] * 2, strategy="bmmm")
+        wt.fuse([nn.Linear(2, 2) for _ in range(2)], strategy="bmmm")
     with pytest.raises(wt.WideTesseraError, match="strategy 'triton' cannot run here"):
         wt.fuse([nn.Linear(2, 2) for _ in range(2)], strategy="triton")
     assert "forced: strategy='einsum'" in str(wt.fuse([nn.Linear(2, 2) for _ in range(2)], strategy="einsum").decision)

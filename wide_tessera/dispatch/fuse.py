@@ -156,6 +156,12 @@ def _forced(modules: List[nn.Module], trials: Trials, case: Case, strategy: str)
     if strategy not in valid:
         raise unknown(f"strategy for {case.op}", strategy, valid)
     if strategy != LOOP:
+        mixed = _mixed_modes(modules)
+        if mixed is not None:  # torch.func's stack_module_state raised its own error
+            raise WideTesseraError(
+                f"fuse: strategy {strategy!r} runs all models in one mode, and {mixed}: put them in one "
+                "(m.train() or m.eval()), or use strategy='loop'"
+            )
         why = unmet_need(trials.needs.get(strategy), _device(modules[0]), getattr(torch, case.dtype), case.params)
         if why is not None:
             raise WideTesseraError(f"fuse: strategy {strategy!r} cannot run here: {why}")
@@ -229,6 +235,14 @@ def _check_modules(modules: Any) -> List[nn.Module]:
                 "of one class"
             )
     checked = list(modules)
+    seen: Dict[int, int] = {}
+    for i, m in enumerate(checked):
+        if id(m) in seen:  # one set of weights: trained as two models, unfuse(into=) kept only the last
+            raise WideTesseraError(
+                f"fuse: module {i} is module {seen[id(m)]}, one object given twice: give N separate modules "
+                "(copy.deepcopy(module) for each copy)"
+            )
+        seen[id(m)] = i
     different = layout_difference(checked)
     if different is not None:
         raise WideTesseraError(f"fuse: {different}; all must have one configuration")
@@ -240,8 +254,14 @@ def _unmeasurable(modules: Sequence[nn.Module], dtype: str) -> Optional[str]:
     measure, or modules in train and eval modes at once (no wide module can be both)."""
     if dtype not in DTYPES:
         return f"the modules' dtype {dtype} is not one wide_tessera measures ({', '.join(DTYPES)})"
-    if len({m.training for m in modules}) > 1:
-        return "some of the modules are in train mode and some in eval mode"
+    return _mixed_modes(modules)
+
+
+def _mixed_modes(modules: Sequence[nn.Module]) -> Optional[str]:
+    """Why no wide module can run these modules: some in train mode, some in eval (it has one mode)."""
+    evaluating = [i for i, m in enumerate(modules) if not m.training]
+    if 0 < len(evaluating) < len(modules):
+        return f"some of the modules are in train mode and some in eval mode (eval: modules {evaluating})"
     return None
 
 

@@ -13,6 +13,7 @@ from torch import nn
 from ...core import trees
 from ...core.errors import MissingDependency, WideTesseraError
 from ...dispatch.table import default_table_path
+from ...measurement.settings import resolve_device
 from ...ops.base import layout_of
 from .group import Plan, train_group
 from .host import optuna
@@ -51,6 +52,7 @@ def optimize(
         raise WideTesseraError(f"group_size={group_size!r}: give a positive int, or None to size groups by measurement")
     if not isinstance(training, Training):
         raise WideTesseraError(f"training={training!r}: give a wide_tessera.integrations.optuna.Training")
+    device = resolve_device(device)
     if len(study.directions) != 1:
         raise WideTesseraError(
             f"the study has {len(study.directions)} objectives: optimize trains each trial to one loss; give a "

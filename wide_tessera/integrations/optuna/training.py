@@ -54,8 +54,8 @@ class Training:
         if self.clip is not None and not (isinstance(self.clip, (int, float)) and self.clip > 0):
             raise WideTesseraError(f"Training: clip={self.clip!r}: give a positive number, or None")
         for name in ("batch", "loss"):
-            if not callable(getattr(self, name)):
-                raise WideTesseraError(f"Training: {name}={getattr(self, name)!r} is not callable")
+            if not callable(getattr(self, name)):  # (a list of tensors was printed whole)
+                raise WideTesseraError(f"Training: {name} is a {type(getattr(self, name)).__name__}, not a function")
         if self.evaluate is not None and not callable(self.evaluate):
             raise WideTesseraError(f"Training: evaluate={self.evaluate!r} is not callable")
 

@@ -3,6 +3,7 @@ built under the seed, its parameters."""
 
 from __future__ import annotations
 
+import numbers
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Tuple
@@ -16,7 +17,10 @@ from .training import Training
 
 def trial_seed(trial: Any, params: Dict[str, Any]) -> int:
     """The seed a trial's model is built under: its 'seed' parameter, else its number."""
-    return int(params.get("seed", trial.number))
+    seed = params.get("seed", trial.number)
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= int(seed) < 2**63:
+        raise WideTesseraError(f"trial {trial.number}: seed={seed!r}: give an int from 0 to 2**63 - 1")
+    return int(seed)
 
 
 def forked(device: str) -> Any:
