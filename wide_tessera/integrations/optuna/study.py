@@ -14,6 +14,7 @@ from ...core import trees
 from ...core.errors import MissingDependency, WideTesseraError
 from ...dispatch.table import default_table_path
 from ...ops.base import layout_of
+from ...widen.rates import rate_settings
 from .group import Plan, train_group
 from .host import optuna
 from .sizing import size_groups, step_seconds
@@ -128,10 +129,12 @@ def optimize(
 
 def _shape_key(model: nn.Module, x: Any) -> str:
     """What N models must share to train as one: their class, what every fused strategy needs
-    alike (ops.base.layout_of: each tensor's shape, dtype and device, each plain setting), and
-    their inputs' shapes and dtypes, which pack stacks: a batch size suggested per trial changes
-    no model, and its trials, grouped together, failed the whole study at their first step
-    (found by a review)."""
+    alike (ops.base.layout_of: each tensor's shape, dtype and device, each plain setting but a
+    rate, which fuse() runs per model: widen.rates), and their inputs' shapes and dtypes, which
+    pack stacks: a batch size suggested per trial changes no model, and its trials, grouped
+    together, failed the whole study at their first step."""
     leaves, _ = trees.flat(x)
     inputs = [(tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor) else repr(t) for t in leaves]
-    return repr((type(model).__qualname__, sorted(layout_of(model).items()), inputs))
+    rates = set(rate_settings(model))
+    layout = sorted((k, v) for k, v in layout_of(model).items() if k not in rates)
+    return repr((type(model).__qualname__, layout, inputs))
