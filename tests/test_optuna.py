@@ -2,6 +2,7 @@
 loop, groups that never mix shapes, pruning that frees its group mates, and bad input refused."""
 
 import json
+import warnings
 
 import pytest
 import torch
@@ -195,6 +196,31 @@ def test_a_measured_group_size_comes_from_the_table_it_wrote(tmp_path, monkeypat
         summary = optimize(study(), suggest, build, training, n_trials=8, table=table, progress=False)
         assert [len(g.trials) for g in summary.groups] == [size] * (8 // size), verdicts
         assert all((g.strategy == "vmap") == (size > 1) for g in summary.groups), verdicts
+
+
+@pytest.mark.parametrize(
+    "verdict, named, runs",
+    [("fuse", "vmap", "vmap"), ("disturbed", "surgery", "surgery"), ("same", "vmap", "vmap"), ("failed", None, None)],
+)
+def test_the_group_size_asked_for_is_the_size_trained_with_the_strategy_the_table_names_at_it(
+    verdict, named, runs, tmp_path, monkeypatch
+):
+    """group_size=4 alone ran the loop where the verdict at 4 was 'disturbed': now groups of 4 run
+    the strategy the table names at N=4, whatever its verdict; where it names none (no strategy
+    was correct), one line says so before any training and the groups of 4 run as a loop."""
+    from wide_tessera.dispatch.fuse import DispatchWarning
+    from wide_tessera.integrations.optuna import sizing
+
+    monkeypatch.setattr(sizing, "_verdicts", lambda member, ns, table: {n: (False, verdict, named) for n in ns})
+    training = Training(steps=3, batch=TRAINING.batch, loss=F.mse_loss, report_every=3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        summary = optimize(study(), suggest, build, training, n_trials=8, group_size=4, table=tmp_path / "t.json",
+                           progress=False)  # fmt: skip
+    assert [len(g.trials) for g in summary.groups] == [4, 4]
+    assert [g.strategy for g in summary.groups] == [runs, runs]
+    said = [str(w.message) for w in caught if issubclass(w.category, DispatchWarning)]
+    assert len(said) == (runs is None) and all("group_size=4" in s and verdict in s for s in said)
 
 
 def test_a_study_with_dropout_gives_the_same_values_run_after_run():

@@ -40,8 +40,10 @@ def optimize(
     (Optuna's define-by-run: trial.suggest_float(...)); build(params) -> its model; training: how
     it trains. group_size: trials per group (None: the largest N the dispatch `table` says fuses
     a training step, measured here where it says nothing, capped by memory). strategy: the fused
-    strategy every group runs (fuse(strategy=...)); None: the table's choice at the group's N,
-    measured here where it says nothing."""
+    strategy every group runs (fuse(strategy=...)); None: with group_size K, the strategy the
+    table names at N=K whatever its verdict (measured here where it names none; where none trains
+    K models correctly, a DispatchWarning says so and the groups run as a loop); without, fuse()'s
+    choice at the group's N."""
     if optuna is None:
         raise MissingDependency("wide_tessera.integrations.optuna needs optuna: pip install optuna")
     if not isinstance(study, optuna.Study):
@@ -60,7 +62,7 @@ def optimize(
     table_path = Path(table) if table is not None else default_table_path()
     start = time.perf_counter()
     pending: Dict[str, List[Member]] = {}
-    sizes: Dict[str, Tuple[int, str]] = {}
+    sizes: Dict[str, Tuple[int, str, Optional[str]]] = {}  # per shape: the group size, why, the strategy
     shapes: Dict[str, List[Dict[str, Any]]] = {}
     groups: List[GroupRecord] = []
     estimate: Optional[float] = None
@@ -103,7 +105,7 @@ def optimize(
                     pending[key] = rest
                 else:
                     del pending[key]
-                plan = Plan(training, table_path, strategy, device)
+                plan = Plan(training, table_path, sizes[key][2], device)
                 clock = (start, estimate or 0.0) if progress else None
                 with seeded(device, members[0].draws.training_seed):  # the group's dropout masks
                     groups.append(train_group(study, members, plan, clock, len(groups), key))
@@ -117,7 +119,7 @@ def optimize(
     for g in groups:
         g.shape = labels[g.shape]
     return StudySummary(
-        {labels[key]: why for key, (_, why) in sizes.items()},
+        {labels[key]: why for key, (_, why, _) in sizes.items()},
         groups,
         time.perf_counter() - start,
         estimate or 0.0,
