@@ -31,6 +31,7 @@ from ..ops.registry import REGISTRY, get_op
 from ..widen.custom import model_identity
 from ..widen.functional import RANDOMNESS
 from ..widen.layers import LayerChoice
+from ..widen.rates import rates_differ_alone, with_own_rates
 from .build import DispatchDecision, Fused, Trials, build, custom_trials, op_trials
 from .first_call import FirstCall
 from .table import TABLE_ENV, Case, DispatchTable, Match, decide, default_table_path, match
@@ -74,6 +75,8 @@ def fuse(
     with `state_dicts()` or `unfuse()`. A wide module holds a copy of the modules' parameters, as
     `from_modules` makes it: the modules given are left as they were (the loop runs them).
     `strategy`: run this one (one of the op's strategies, or 'loop'), whatever the table says.
+    Models that differ only in a rate (an nn.Dropout's p, an nn.LeakyReLU's slope) fuse, each
+    model with its own (widen.rates).
 
     table: a path or a DispatchTable; default $WIDE_TESSERA_DISPATCH, else the per-user cache
     file `wide_tessera tune` writes. op: the registered op (name or class) when the module
@@ -222,8 +225,9 @@ def _case(
 
 def _check_modules(modules: Any) -> List[nn.Module]:
     """The modules, if they can run as N copies at all: one class, one configuration (every
-    parameter and buffer of the same name, shape, dtype and device). Anything else is the
-    loop's or the table's business, never an error."""
+    parameter and buffer of the same name, shape, dtype and device, every setting but a rate,
+    which each model keeps: widen.rates). Anything else is the loop's or the table's business,
+    never an error."""
     if not isinstance(modules, (list, tuple, nn.ModuleList)) or len(modules) == 0:
         raise WideTesseraError(f"fuse needs a non-empty list of modules, got {type(modules).__name__}")
     for i, m in enumerate(modules):
@@ -244,7 +248,8 @@ def _check_modules(modules: Any) -> List[nn.Module]:
             )
         seen[id(m)] = i
     different = layout_difference(checked)
-    if different is not None:
+    if different is not None and not rates_differ_alone(checked):
+        different = layout_difference(with_own_rates(checked))  # what differs besides a rate
         raise WideTesseraError(f"fuse: {different}; all must have one configuration")
     return checked
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import time
+import warnings
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
@@ -15,7 +16,7 @@ from torch import nn
 
 from ...api import benchmark_custom
 from ...core import trees
-from ...dispatch.fuse import decide_at
+from ...dispatch.fuse import DispatchWarning, decide_at
 from ...dispatch.table import merge_into
 from ...measurement.timing import TimingConfig
 from .training import Training, loss_of
@@ -34,46 +35,61 @@ def size_groups(
     table: Path,
     n_trials: int,
     device: str,
-) -> Tuple[int, str]:
-    """How many trials of this shape train as one, and why (a given size whose strategy the table
-    does not say is measured, so that fuse() finds its entry)."""
+) -> Tuple[int, str, Optional[str]]:
+    """How many trials of this shape train as one, why, and the strategy their groups run (None:
+    fuse()'s choice by the table). A given size K runs the strategy given, else the one the table
+    names at N=K (measured here where it names none), whatever its verdict: the size asked for is
+    the size trained (`group_size=8` alone ran the loop where the verdict at 8 was 'disturbed').
+    Where no strategy trains K models correctly, one line says so and the groups run as a loop."""
     cap, memory = _memory_cap(member, training, device)
     if given is not None:
         size = min(given, n_trials)
-        if strategy is None and size > 1 and _verdicts(member, [size], table)[size][1] == "none":
-            _measure(build, member, training, [size], table, device)
         capped = f" ({given} given; {n_trials} trials)" if size < given else ""
-        return size, f"{size}, as given{capped}" + (f" (memory would allow {cap})" if cap < size else "")
+        why = f"{size}, as given{capped}" + (f" (memory would allow {cap})" if cap < size else "")
+        if strategy is not None or size == 1:
+            return size, why, strategy
+        if _verdicts(member, [size], table)[size][1] == "none":
+            _measure(build, member, training, [size], table, device)
+        _, verdict, named = _verdicts(member, [size], table)[size]
+        if named is None:
+            line = f"group_size={given}: no strategy trains N={size} of these models correctly (verdict at N={size}: "
+            warnings.warn(f"{line}{verdict}; {table}): its groups run as a loop", DispatchWarning, stacklevel=3)
+            return size, f"{why}, as a loop: no strategy ran correctly at N={size}", "loop"
+        return size, f"{why}, {named}: the strategy the table names at N={size} ({verdict}; {table})", named
     ns = [n for n in _MEASURED_NS if n <= min(n_trials, cap)]
     if not ns:
-        return 1, f"1: {memory} allows one model"
+        return 1, f"1: {memory} allows one model", strategy
     verdicts = _verdicts(member, ns, table)
-    if not any(v in _DECIDED for _, v in verdicts.values()):  # nothing measured, or nothing measured cleanly
+    if not any(v in _DECIDED for _, v, _ in verdicts.values()):  # nothing measured, or nothing measured cleanly
         _measure(build, member, training, ns, table, device)
         verdicts = _verdicts(member, ns, table)
-    fusing = [n for n, (fuses, _) in verdicts.items() if fuses]
-    said = ", ".join(f"N={n} {v}" for n, (_, v) in verdicts.items())
+    fusing = [n for n, (fuses, _, _) in verdicts.items() if fuses]
+    said = ", ".join(f"N={n} {v}" for n, (_, v, _) in verdicts.items())
     if not fusing:
-        undecided = not any(v in _DECIDED for _, v in verdicts.values())
+        undecided = not any(v in _DECIDED for _, v, _ in verdicts.values())
         hint = "; on a quieter machine, or with group_size=, it may fuse" if undecided else ""
-        return 1, f"1, one trial at a time: no measured N fuses a training step ({said}; {table}){hint}"
+        return 1, f"1, one trial at a time: no measured N fuses a training step ({said}; {table}){hint}", strategy
     size = max(fusing)
-    return size, f"{size}: the largest N at which a training step fuses on this machine ({said}; {table}), {memory}"
+    why = f"{size}: the largest N at which a training step fuses on this machine ({said}; {table}), {memory}"
+    return size, why, strategy
 
 
 # the table's verdicts that decided something (dispatch.table.N_VERDICTS): the others ask to measure again
 _DECIDED = ("fuse", "marginal", "same", "loop")
 
 
-def _verdicts(member: Member, ns: Sequence[int], table: Path) -> Dict[int, Tuple[bool, str]]:
+def _verdicts(member: Member, ns: Sequence[int], table: Path) -> Dict[int, Tuple[bool, str, Optional[str]]]:
     """What the table says of a training step of N of this model at each of `ns`: whether fuse()
-    fuses N of them (its rule: the measured N deciding N fused, and every larger measured N), and
-    the verdict measured at that N ('none' where the table has no entry)."""
+    fuses N of them (its rule: the measured N deciding N fused, and every larger measured N), the
+    verdict measured at that N (else at the nearest N measured; 'none' where the table has no
+    entry) and the strategy it names
+    (the winner's, or the best correct one's; None where none ran correctly)."""
     out = {}
     for n in ns:
         match, _ = decide_at(member.model, n, table, mode="train")
-        at_n = [v for e in match.entries for v in e.verdicts if v.n == match.measured_n]
-        out[n] = match.fuse, at_n[0].verdict if at_n else "none"
+        measured = [v for e in match.entries for v in e.verdicts]
+        at_n = [v for v in measured if v.n == n] or [v for v in measured if v.n == match.measured_n]
+        out[n] = (match.fuse, at_n[0].verdict, at_n[0].strategy) if at_n else (match.fuse, "none", None)
     return out
 
 

@@ -15,6 +15,7 @@ from ...core.errors import MissingDependency, WideTesseraError
 from ...dispatch.table import default_table_path
 from ...measurement.settings import resolve_device
 from ...ops.base import layout_of
+from ...widen.rates import rate_settings
 from .group import Plan, train_group
 from .host import optuna
 from .sizing import size_groups, step_seconds
@@ -40,8 +41,10 @@ def optimize(
     (Optuna's define-by-run: trial.suggest_float(...)); build(params) -> its model; training: how
     it trains. group_size: trials per group (None: the largest N the dispatch `table` says fuses
     a training step, measured here where it says nothing, capped by memory). strategy: the fused
-    strategy every group runs (fuse(strategy=...)); None: the table's choice at the group's N,
-    measured here where it says nothing."""
+    strategy every group runs (fuse(strategy=...)); None: with group_size K, the strategy the
+    table names at N=K whatever its verdict (measured here where it names none; where none trains
+    K models correctly, a DispatchWarning says so and the groups run as a loop); without, fuse()'s
+    choice at the group's N."""
     if optuna is None:
         raise MissingDependency("wide_tessera.integrations.optuna needs optuna: pip install optuna")
     if not isinstance(study, optuna.Study):
@@ -61,7 +64,7 @@ def optimize(
     table_path = Path(table) if table is not None else default_table_path()
     start = time.perf_counter()
     pending: Dict[str, List[Member]] = {}
-    sizes: Dict[str, Tuple[int, str]] = {}
+    sizes: Dict[str, Tuple[int, str, Optional[str]]] = {}  # per shape: the group size, why, the strategy
     shapes: Dict[str, List[Dict[str, Any]]] = {}
     groups: List[GroupRecord] = []
     estimate: Optional[float] = None
@@ -104,7 +107,7 @@ def optimize(
                     pending[key] = rest
                 else:
                     del pending[key]
-                plan = Plan(training, table_path, strategy, device)
+                plan = Plan(training, table_path, sizes[key][2], device)
                 clock = (start, estimate or 0.0) if progress else None
                 with seeded(device, members[0].draws.training_seed):  # the group's dropout masks
                     groups.append(train_group(study, members, plan, clock, len(groups), key))
@@ -118,7 +121,7 @@ def optimize(
     for g in groups:
         g.shape = labels[g.shape]
     return StudySummary(
-        {labels[key]: why for key, (_, why) in sizes.items()},
+        {labels[key]: why for key, (_, why, _) in sizes.items()},
         groups,
         time.perf_counter() - start,
         estimate or 0.0,
@@ -130,10 +133,12 @@ def optimize(
 
 def _shape_key(model: nn.Module, x: Any) -> str:
     """What N models must share to train as one: their class, what every fused strategy needs
-    alike (ops.base.layout_of: each tensor's shape, dtype and device, each plain setting), and
-    their inputs' shapes and dtypes, which pack stacks: a batch size suggested per trial changes
-    no model, and its trials, grouped together, failed the whole study at their first step
-    (found by a review)."""
+    alike (ops.base.layout_of: each tensor's shape, dtype and device, each plain setting but a
+    rate, which fuse() runs per model: widen.rates), and their inputs' shapes and dtypes, which
+    pack stacks: a batch size suggested per trial changes no model, and its trials, grouped
+    together, failed the whole study at their first step."""
     leaves, _ = trees.flat(x)
     inputs = [(tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor) else repr(t) for t in leaves]
-    return repr((type(model).__qualname__, sorted(layout_of(model).items()), inputs))
+    rates = set(rate_settings(model))
+    layout = sorted((k, v) for k, v in layout_of(model).items() if k not in rates)
+    return repr((type(model).__qualname__, layout, inputs))
