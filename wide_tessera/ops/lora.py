@@ -196,16 +196,17 @@ class WideLoRA(WideOp, nn.Module):
 
             y = segmented_lora(y, x, self.lora_A, self.lora_B, self.scaling, self._group_sizes(x.shape[0]))
             return y.reshape(*lead, -1)
-        x = self._dropped(x)
+        x = self._dropped(x).to(self.lora_A.dtype)  # PEFT keeps a half base's adapters in float32
         if self.strategy == "grouped_mm":
             sizes = self._group_sizes(x.shape[0])
             offsets = sizes.cumsum(0, dtype=torch.int32)
             h = torch._grouped_mm(x, self.lora_A.transpose(1, 2), offs=offsets)
             h = h * self.scaling.to(h.dtype).repeat_interleave(sizes, output_size=x.shape[0])[:, None]
-            return (y + torch._grouped_mm(h, self.lora_B.transpose(1, 2), offs=offsets)).reshape(*lead, -1)
+            h = torch._grouped_mm(h, self.lora_B.transpose(1, 2), offs=offsets)
+            return (y + h.to(y.dtype)).reshape(*lead, -1)
         h = torch.bmm(x.view(self.n, -1, x.shape[-1]), self.lora_A.transpose(1, 2))
         h = h * self.scaling.to(h.dtype)[:, None, None]
-        return (y + torch.bmm(h, self.lora_B.transpose(1, 2)).view(y.shape)).reshape(*lead, -1)
+        return (y + torch.bmm(h, self.lora_B.transpose(1, 2)).view(y.shape).to(y.dtype)).reshape(*lead, -1)
 
     def _group_sizes(self, tokens: int) -> torch.Tensor:
         """Each adapter's token count, [N] on the module's device: pack's, else an equal share."""
