@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from wide_tessera import WideTesseraError
+from wide_tessera import benchmark as wt_benchmark
 from wide_tessera.core import trees
 from wide_tessera.core.capabilities import unmet_need
 from wide_tessera.core.correctness import check_outputs, tolerance
@@ -201,3 +202,24 @@ def test_lora_refuses_adapters_that_are_not_over_one_base_at_one_rank(third, mat
     modules = [LoRALinear(shared_base(16), 8, 8.0) for _ in range(2)]
     with pytest.raises(WideTesseraError, match=match):
         WideLoRA.from_modules([*modules, third(LoRALinear, shared_base(16))])
+
+
+def test_lora_trains_in_the_train_mode_its_shared_base_read_back_per_model(fast_timing):
+    """The train mode's check compares each model's whole state after training: the base, held once
+    (core.layout.SHARED), is every model's."""
+    r = wt_benchmark("lora", preset="ci", device="cpu", n_values=[2], mode="train", split=["uniform"],
+                     verbose=False, timing=fast_timing, confirm="none")  # fmt: skip
+    assert r.all_correct and {"bmm", "grouped_mm"} <= set(r.points[0].correct), r.points[0].checks
+
+
+def test_lora_drops_each_adapters_inputs_at_its_own_rate():
+    from wide_tessera.ops.lora import LoRALinear, WideLoRA, shared_base
+
+    torch.manual_seed(0)
+    modules = [LoRALinear(shared_base(16), 4, 8.0, dropout=p) for p in (0.0, 0.9)]
+    inputs = [torch.randn(64, 16) for _ in modules]
+    wide = WideLoRA.from_modules([m.eval() for m in modules])
+    with torch.no_grad():
+        kept = wide.unpack(wide(wide.pack(inputs)))
+        dropped = wide.unpack(wide.train()(wide.pack(inputs)))
+    assert torch.equal(kept[0], dropped[0]) and not torch.allclose(kept[1], dropped[1])
