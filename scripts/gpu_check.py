@@ -4,7 +4,8 @@
 
 1. the Triton kernels against torch at large sizes, and transformers' experts implementations
    (grouped_mm, batched_mm, eager) against our Triton grouped GEMM in bfloat16 at decode and
-   prefill sizes (hf_experts): median, paired speedup CI, TFLOP/s,
+   prefill sizes (hf_experts), and N LoRA adapters over one base (the lora op's strategies, its
+   Triton segmented shrink and expand among them): median, paired speedup CI, TFLOP/s,
    percentage of the roofline bound (peaks calibrated on this device), kernels launched
    per call, and energy per call and power from NVML's energy counter (measurement.energy);
 2. the GPU tests (pytest -m gpu);
@@ -125,6 +126,7 @@ def kernel_cases() -> List[Tuple[str, str, Dict[str, Callable[[], object]], floa
             )
         )
     cases += hf_experts_cases()
+    cases += lora_cases()
     # contiguous q, k, v; then, as the flash_attention op lays them, strided views of one
     # [Z, L, 3, H, D] projection, which both sides read where they lie
     for length, views in ((2048, False), (4096, False), (2048, True)):
@@ -189,6 +191,47 @@ def hf_experts_cases() -> List[Tuple[str, str, Dict[str, Callable[[], object]], 
                 6.0 * rows * hidden * inter,
                 2.0 * (3 * n * hidden * inter + 2 * tokens * hidden),
                 "grouped_mm",
+            )
+        )
+    return cases
+
+
+def lora_cases() -> List[Tuple[str, str, Dict[str, Callable[[], object]], float, float, str]]:
+    """N=16 LoRA adapters of rank 16 over one 4096x4096 base in bfloat16, 256 tokens each on
+    average, uniform and ragged (the lora op's splits): the N separate calls (the reference)
+    against every strategy of the op that runs here, the Triton segmented shrink and expand
+    among them (inference)."""
+    from wide_tessera.core.capabilities import unmet_need
+    from wide_tessera.ops.experts import routing_sizes
+    from wide_tessera.ops.lora import SPLITS, WideLoRA
+
+    dev, bf16 = "cuda", torch.bfloat16
+    n, hidden, rank, tokens = 16, 4096, 16, 256
+    torch.manual_seed(0)
+    models = [WideLoRA.bench_model(hidden=hidden, rank=rank).to(device=dev, dtype=bf16) for _ in range(n)]
+    for m in models:  # inference: no graph kept for a backward
+        m.eval().requires_grad_(False)
+    cases = []
+    for split, skew in SPLITS.items():
+        inputs = [torch.randn(s, hidden, device=dev, dtype=bf16) for s in routing_sizes(n, n * tokens, skew)]
+        params = dict(hidden=hidden, rank=rank, split=split)
+        sides: Dict[str, Callable[[], object]] = {
+            "N calls": lambda inputs=inputs: [m(x) for m, x in zip(models, inputs)]
+        }
+        for strategy in WideLoRA.BENCHMARK_STRATEGIES:
+            if unmet_need(WideLoRA.STRATEGY_NEEDS.get(strategy), dev, bf16, params) is None:
+                wide = WideLoRA.from_modules(models, strategy)
+                packed = wide.pack(inputs)
+                sides[strategy] = partial(wide, packed)
+        t = n * tokens
+        cases.append(
+            (
+                f"lora N={n} rank {rank} over one {hidden}x{hidden} base, {tokens} tokens each, {split}",
+                "bfloat16",
+                sides,
+                2.0 * t * hidden * (hidden + 2 * rank),
+                2.0 * (2 * t * hidden + hidden * hidden + n * 2 * rank * hidden),
+                "N calls",
             )
         )
     return cases

@@ -80,7 +80,7 @@ def test_all_runs_every_op(tmp_path):
     assert [x.op for x in load_results(out)] == [
         "gemm", "conv1d", "conv2d", "conv3d", "conv_transpose2d", "flash_attention", "moe_experts", "hf_experts", "mlp",
         "layernorm", "batchnorm1d", "batchnorm2d", "instancenorm1d", "instancenorm2d", "groupnorm", "embedding", "gru",
-        "lstm",
+        "lstm", "lora",
     ]
 
 

@@ -257,3 +257,22 @@ def test_kernels_take_inputs_by_their_strides():
     ref = torch.cat([F.linear(g, w[i, :, :1].expand(5, 13), b[i]) for i, g in enumerate(tokens.split(sizes))])
     out = ragged_linear(tokens, w[:, :, :1].expand(3, 5, 13), torch.tensor(sizes, device=DEVICE), b)
     assert rel_error(out, ref) < TOL[torch.float32]
+
+
+@pytest.mark.parametrize("sizes", [[16, 16, 16], [40, 3, 17, 1], [0, 40, 3, 0, 17], [5]], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rank", [5, 40])
+def test_segmented_lora_adds_each_adapter_on_its_segment(sizes, dtype, rank):
+    """Ranks within and beyond the 16-wide rank tile; empty segments anywhere."""
+    from wide_tessera.kernels import segmented_lora
+
+    n, k, o = len(sizes), 21, 37
+    x, y = torch.randn(sum(sizes), k, device=DEVICE), torch.randn(sum(sizes), o, device=DEVICE)
+    a, b = torch.randn(n, rank, k, device=DEVICE), torch.randn(n, o, rank, device=DEVICE)
+    scaling = torch.rand(n, device=DEVICE) + 0.5
+    adapters = [F.linear(F.linear(part, a[i]), b[i]) * scaling[i] for i, part in enumerate(x.split(sizes))]
+    ref = y + torch.cat(adapters)
+    groups = torch.tensor(sizes, device=DEVICE)
+    out = segmented_lora(y.to(dtype), x.to(dtype), a.to(dtype), b.to(dtype), scaling, groups)
+    assert out.shape == ref.shape and out.dtype == dtype
+    assert rel_error(out, ref) < TOL[dtype] * 2  # two products, each rounded to dtype

@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from wide_tessera import WideTesseraError
+from wide_tessera import benchmark as wt_benchmark
 from wide_tessera.core import trees
 from wide_tessera.core.capabilities import unmet_need
 from wide_tessera.core.correctness import check_outputs, tolerance
@@ -31,6 +32,11 @@ def random_params(op: str, rng: random.Random, strategy: str = "") -> dict:
             intermediate=8 * rng.randint(1, 3),
             skew=rng.choice([0, 1, 2.5]),
         )
+    if op == "lora":  # torch._grouped_mm takes rows of a multiple of 16 bytes only
+        hidden = 8 * rng.randint(1, 3) if strategy == "grouped_mm" else rng.randint(1, 20)
+        rank = 8 if strategy == "grouped_mm" else rng.randint(1, 9)
+        split = "uniform" if strategy in ("bmm", "peft") else rng.choice(["uniform", "ragged"])
+        return dict(hidden=hidden, rank=rank, tokens=rng.randint(1, 9), split=split)
     if op == "mlp":
         return dict(tokens=rng.randint(1, 9), d_model=rng.randint(1, 40), hidden=rng.randint(1, 40))
     if op == "layernorm":
@@ -160,3 +166,60 @@ def test_experts_pack_rejects_a_wrong_count_or_width():
         wide.pack([torch.randn(2, 8)] * 2)
     with pytest.raises(WideTesseraError, match=r"input 1 must be a \[tokens, 8\] tensor"):
         wide.pack([torch.randn(2, 8), torch.randn(2, 9), torch.randn(1, 8)])
+
+
+@pytest.mark.parametrize("strategy, sizes", [("bmm", [5, 5, 5]), ("grouped_mm", [7, 0, 3]), ("grouped_mm", [4, 4, 4])])
+def test_lora_adapters_train_as_n_separate_ones_and_the_base_gets_no_gradient(strategy, sizes):
+    """Each adapter its own scaling: the gradients of A and B are the separate adapters', stacked."""
+    from wide_tessera.ops.lora import LoRALinear, WideLoRA, shared_base
+
+    torch.manual_seed(0)
+    base = shared_base(16)
+    modules = [LoRALinear(base, 8, alpha=a) for a in (4.0, 8.0, 16.0)]
+    for m in modules:
+        nn.init.normal_(m.lora_B.weight)
+    inputs = [torch.randn(s, 16) for s in sizes]
+    wide = WideLoRA.from_modules(modules, strategy)
+    sum(y.square().sum() for y in wide.unpack(wide(wide.pack(inputs)))).backward()
+    sum(m(x).square().sum() for m, x in zip(modules, inputs)).backward()
+    for name in ("lora_A", "lora_B"):
+        separate = torch.stack([getattr(m, name).weight.grad for m in modules])
+        torch.testing.assert_close(getattr(wide, name).grad, separate, rtol=1e-4, atol=1e-4)
+    assert base.weight.grad is None and base.bias.grad is None
+
+
+@pytest.mark.parametrize(
+    "third, match",
+    [
+        (lambda lora, base: nn.Linear(16, 16), "module 2 is a Linear; expected LoRALinear"),
+        (lambda lora, base: lora(nn.Linear(16, 16), 8, 8.0), "module 2's base differs"),
+        (lambda lora, base: lora(base, 4, 8.0), "module 2 has rank 4 but module 0 rank 8"),
+    ],
+)
+def test_lora_refuses_adapters_that_are_not_over_one_base_at_one_rank(third, match):
+    from wide_tessera.ops.lora import LoRALinear, WideLoRA, shared_base
+
+    modules = [LoRALinear(shared_base(16), 8, 8.0) for _ in range(2)]
+    with pytest.raises(WideTesseraError, match=match):
+        WideLoRA.from_modules([*modules, third(LoRALinear, shared_base(16))])
+
+
+def test_lora_trains_in_the_train_mode_its_shared_base_read_back_per_model(fast_timing):
+    """The train mode's check compares each model's whole state after training: the base, held once
+    (core.layout.SHARED), is every model's."""
+    r = wt_benchmark("lora", preset="ci", device="cpu", n_values=[2], mode="train", split=["uniform"],
+                     verbose=False, timing=fast_timing, confirm="none")  # fmt: skip
+    assert r.all_correct and {"bmm", "grouped_mm"} <= set(r.points[0].correct), r.points[0].checks
+
+
+def test_lora_drops_each_adapters_inputs_at_its_own_rate():
+    from wide_tessera.ops.lora import LoRALinear, WideLoRA, shared_base
+
+    torch.manual_seed(0)
+    modules = [LoRALinear(shared_base(16), 4, 8.0, dropout=p) for p in (0.0, 0.9)]
+    inputs = [torch.randn(64, 16) for _ in modules]
+    wide = WideLoRA.from_modules([m.eval() for m in modules])
+    with torch.no_grad():
+        kept = wide.unpack(wide(wide.pack(inputs)))
+        dropped = wide.unpack(wide.train()(wide.pack(inputs)))
+    assert torch.equal(kept[0], dropped[0]) and not torch.allclose(kept[1], dropped[1])

@@ -122,7 +122,7 @@ def test_tidy_rows_for_every_op_one_per_point_and_callable(every_op):
     assert {r.op for r in results} == {
         "gemm", "conv1d", "conv2d", "conv3d", "conv_transpose2d", "flash_attention", "moe_experts", "mlp", "layernorm",
         "batchnorm1d", "batchnorm2d", "instancenorm1d", "instancenorm2d", "groupnorm", "embedding", "gru", "lstm",
-        "hf_experts",
+        "hf_experts", "lora",
     }
     for r in results:
         rows = r.to_rows()

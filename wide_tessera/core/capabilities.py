@@ -13,7 +13,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 
-__all__ = ["Needs", "unmet_need"]
+__all__ = ["Needs", "Probe", "unmet_need"]
 
 # probe(device, dtype, params) -> None when the strategy can run there at the point's
 # parameters, else the reason it cannot.

@@ -34,6 +34,7 @@ __all__ = [
     "Layout",
     "STACKED",
     "JOINED",
+    "SHARED",
     "Slot",
     "slots_of",
     "prefixed",
@@ -58,6 +59,8 @@ class Layout:
     dim: int = 0
     joined: bool = False
     model: Optional[int] = None
+    # the whole tensor is every model's, held once: a frozen base N LoRA adapters share
+    shared: bool = False
 
     @staticmethod
     def own(i: int) -> "Layout":
@@ -68,12 +71,16 @@ class Layout:
         """The N models' tensors (in model order) as one wide tensor."""
         if self.model is not None:
             raise ContractError("a tensor owned by one model joins nothing")
+        if self.shared:  # the models hold it as one (the wide module's from_modules checked they do)
+            return values[0]
         return torch.cat(list(values), self.dim) if self.joined else torch.stack(list(values), self.dim)
 
     def parts(self, wide: torch.Tensor, n: int) -> List[Optional[torch.Tensor]]:
         """Each model's part of `wide`, a view (None for a model with no part in it)."""
         if self.model is not None:
             return [wide if i == self.model else None for i in range(n)]
+        if self.shared:
+            return [wide] * n
         size = wide.shape[self.dim]
         if (size % n if self.joined else size != n) or size == 0:
             raise WideTesseraError(
@@ -87,6 +94,7 @@ class Layout:
         value over its part."""
         if self.model is not None:
             return values[self.model]
+        self._per_model("settings")
         dim = self.dim % wide.dim()
         if self.joined:
             values = values.repeat_interleave(wide.shape[dim] // values.numel())
@@ -94,6 +102,7 @@ class Layout:
 
     def norms(self, wide: torch.Tensor, n: int, p: float) -> torch.Tensor:
         """Each model's p-norm of its part of `wide`, [N] (zero for a model with no part)."""
+        self._per_model("gradient norms")
         if self.model is not None:
             out = wide.new_zeros(n)
             out[self.model] = torch.linalg.vector_norm(wide, p)
@@ -103,9 +112,14 @@ class Layout:
         norms: torch.Tensor = torch.linalg.vector_norm(blocks, p, dim=1)
         return norms
 
+    def _per_model(self, what: str) -> None:
+        if self.shared:
+            raise ContractError(f"a tensor the N models share has no per-model {what}: keep it frozen")
+
 
 STACKED = Layout()
 JOINED = Layout(joined=True)
+SHARED = Layout(shared=True)
 
 
 class Slot(NamedTuple):

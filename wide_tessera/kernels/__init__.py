@@ -1,4 +1,5 @@
-"""Triton kernels for wide strategies: a grouped GEMM (uniform and ragged groups) and a flash attention.
+"""Triton kernels for wide strategies: a grouped GEMM (uniform and ragged groups), a flash attention
+and N LoRA adapters on the segments of one batch.
 
 Each is one launch for all N problems. They run on CUDA devices; on the CPU only under
 Triton's interpreter (TRITON_INTERPRET=1 set before this package is first imported),
@@ -19,6 +20,7 @@ __all__ = [
     "grouped_linear",
     "ragged_linear",
     "flash_attention",
+    "segmented_lora",
     "triton_unavailable_reason",
     "require_triton",
     "wants_tma",
@@ -128,6 +130,7 @@ def autotuned_kernels() -> Dict[str, Any]:
     """The autotuned Triton kernels behind each function, by function name (imports triton)."""
     from .attention import ATTENTION, ATTENTION_TMA
     from .grouped_gemm import GROUPED, GROUPED_TMA, RAGGED
+    from .lora import LORA
 
     return {
         "grouped_linear": GROUPED,
@@ -135,11 +138,17 @@ def autotuned_kernels() -> Dict[str, Any]:
         "ragged_linear": RAGGED,
         "flash_attention": ATTENTION,
         "flash_attention_tma": ATTENTION_TMA,
+        "segmented_lora": LORA,
     }
 
 
 # Loaded on first use (PEP 562), so that importing this package never imports triton.
-_LAZY = {"grouped_linear": ".grouped_gemm", "ragged_linear": ".grouped_gemm", "flash_attention": ".attention"}
+_LAZY = {
+    "grouped_linear": ".grouped_gemm",
+    "ragged_linear": ".grouped_gemm",
+    "flash_attention": ".attention",
+    "segmented_lora": ".lora",
+}
 
 
 def __getattr__(name: str) -> Any:

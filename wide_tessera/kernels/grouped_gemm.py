@@ -28,7 +28,7 @@ from . import INTERPRETED, dot_precision, require_triton, wants_tma
 # See _tile_dot: the interpreter cannot multiply bfloat16.
 WIDEN = tl.constexpr(INTERPRETED)
 
-__all__ = ["grouped_linear", "ragged_linear", "GROUPED", "GROUPED_TMA", "RAGGED"]
+__all__ = ["grouped_linear", "ragged_linear", "row_tile", "check_group_sizes", "GROUPED", "GROUPED_TMA", "RAGGED"]
 
 
 def _configs(pre_hook: Optional[Callable[[dict], None]] = None) -> List[triton.Config]:
@@ -136,19 +136,12 @@ def _grouped_tma_kernel(
         y.store([g, m0, o0], acc.to(y.dtype).reshape(1, BM, BO))
 
 
-# Not keyed on T: the token count changes with every routing, and tuning again for each
-# would cost more than it saves (one H100 moe_experts ci sweep spent most of its 112 s so).
-@triton.autotune(configs=_configs(), key=["O", "K", "N"])
 @triton.jit
-def _ragged_kernel(
-    x, w, bias, sizes, y, T, O, K, N,
-    sxt, sxk, swn, swo, swk, sbn, syt, syo,
-    HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, BM: tl.constexpr, BO: tl.constexpr, BK: tl.constexpr,
-):  # fmt: skip
-    # Row tiles are numbered group after group, each group taking cdiv(size, BM) of them; the
-    # grid launches an upper bound (cdiv(T, BM) + N), so no count travels to the host. Each
-    # program finds its group by walking the N sizes; programs past the last tile do nothing.
-    pid, po = tl.program_id(0), tl.program_id(1)
+def row_tile(pid, sizes, N, BM: tl.constexpr):
+    """Row tile `pid` of groups of `sizes` rows laid end to end -> (its group, or -1 past the last
+    tile; its tile number in the group; the group's first row; the group's size). Tiles are
+    numbered group after group, each group taking cdiv(size, BM); each program walks the N sizes,
+    so no count travels to the host."""
     group, local, first_row, size = -1, 0, 0, 0
     tiles_before, rows_before = 0, 0
     for g in range(0, N):
@@ -161,6 +154,22 @@ def _ragged_kernel(
         size = tl.where(mine, n_rows, size)
         tiles_before += n_tiles
         rows_before += n_rows
+    return group, local, first_row, size
+
+
+# Not keyed on T: the token count changes with every routing, and tuning again for each
+# would cost more than it saves (one H100 moe_experts ci sweep spent most of its 112 s so).
+@triton.autotune(configs=_configs(), key=["O", "K", "N"])
+@triton.jit
+def _ragged_kernel(
+    x, w, bias, sizes, y, T, O, K, N,
+    sxt, sxk, swn, swo, swk, sbn, syt, syo,
+    HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, BM: tl.constexpr, BO: tl.constexpr, BK: tl.constexpr,
+):  # fmt: skip
+    # The grid launches an upper bound of row tiles (cdiv(T, BM) + N); each program finds its
+    # group (row_tile); programs past the last tile do nothing.
+    pid, po = tl.program_id(0), tl.program_id(1)
+    group, local, first_row, size = row_tile(pid, sizes, N, BM)
     live = group >= 0
     g = tl.maximum(group, 0)
     in_group = local * BM + tl.arange(0, BM)
@@ -260,12 +269,7 @@ def ragged_linear(
     >>> y = ragged_linear(tokens, experts.weight, torch.tensor([300, 12, 0, 700], device="cuda"))
     """
     _check(x, weight, bias, 2)
-    if not isinstance(group_sizes, torch.Tensor) or group_sizes.shape != (weight.shape[0],):
-        raise ValueError(f"group_sizes must be a tensor of {weight.shape[0]} counts, one per group")
-    if group_sizes.dtype not in (torch.int32, torch.int64) or group_sizes.device != x.device:
-        raise ValueError(
-            f"group_sizes must be int32 or int64 on {x.device}, got {group_sizes.dtype} on {group_sizes.device}"
-        )
+    check_group_sizes(group_sizes, weight.shape[0], x.device)
     t, k = x.shape
     n, o = weight.shape[:2]
     y = torch.empty(t, o, device=x.device, dtype=x.dtype)
@@ -280,3 +284,13 @@ def ragged_linear(
         HAS_BIAS=bias is not None, PRECISION=dot_precision(x.dtype),
     )  # fmt: skip
     return y
+
+
+def check_group_sizes(group_sizes: torch.Tensor, n: int, device: torch.device) -> None:
+    """One ValueError unless `group_sizes` is n int32 or int64 counts on `device`."""
+    if not isinstance(group_sizes, torch.Tensor) or group_sizes.shape != (n,):
+        raise ValueError(f"group_sizes must be a tensor of {n} counts, one per group")
+    if group_sizes.dtype not in (torch.int32, torch.int64) or group_sizes.device != device:
+        raise ValueError(
+            f"group_sizes must be int32 or int64 on {device}, got {group_sizes.dtype} on {group_sizes.device}"
+        )

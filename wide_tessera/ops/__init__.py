@@ -18,6 +18,7 @@ from .norms import (
 
 from .embedding import WideEmbedding  # isort: skip
 from .recurrent import WideGRU, WideLSTM  # isort: skip
+from .lora import LoRALinear, WideLoRA  # isort: skip
 from .base import WideOp
 
 __all__ = [
@@ -42,4 +43,6 @@ __all__ = [
     "WideEmbedding",
     "WideGRU",
     "WideLSTM",
+    "LoRALinear",
+    "WideLoRA",
 ]

@@ -8,14 +8,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..core.capabilities import Needs
+from ..core.capabilities import Needs, Probe
 from ..core.errors import WideTesseraError
 from ..core.job import SweepParams, Work
 from .base import TRITON, WideOp, itemsize, shared_config
 from .gemm import WideLinear
 from .registry import register
 
-__all__ = ["Expert", "WideExperts", "expert_sizes", "routing_sizes", "padded_rows"]
+__all__ = ["Expert", "WideExperts", "expert_sizes", "routing_sizes", "padded_rows", "grouped_mm_probe"]
 
 
 class Expert(nn.Module):
@@ -57,22 +57,27 @@ def padded_rows(sizes: Sequence[int], device: torch.device) -> torch.Tensor:
     return torch.cat([torch.arange(s) + g * largest for g, s in enumerate(sizes)]).to(device)
 
 
-def _grouped_mm_probe(device: torch.device, dtype: torch.dtype, params: Dict[str, Any]) -> Optional[str]:
-    """Whether torch._grouped_mm runs here: its kernels exist for some devices and dtypes only
-    (CUDA: compute capability 9.0 and bfloat16 in torch 2.11), so a tiny call asks; and its
-    operands' rows must be multiples of 16 bytes."""
-    if not hasattr(torch, "_grouped_mm"):
-        return f"needs torch._grouped_mm, which torch {torch.__version__} lacks"
-    size = torch.empty(0, dtype=dtype).element_size()
-    for axis in ("d_model", "hidden"):
-        if params.get(axis, 0) * size % 16:
-            return f"needs {axis} x {size} bytes a multiple of 16 (torch._grouped_mm); {axis}={params[axis]}"
-    x, w = torch.ones(32, 16, device=device, dtype=dtype), torch.ones(2, 16, 16, device=device, dtype=dtype)
-    try:
-        torch._grouped_mm(x, w.transpose(1, 2), offs=torch.tensor([16, 32], device=device, dtype=torch.int32))
-    except Exception as e:  # noqa: BLE001  whatever it raises, the kernel is missing here
-        return f"torch._grouped_mm has no kernel here ({type(e).__name__}: {str(e).splitlines()[0][:120]})"
-    return None
+def grouped_mm_probe(*axes: str) -> Probe:
+    """A probe: whether torch._grouped_mm runs here on a point whose `axes` give its operands' row
+    lengths. Its kernels exist for some devices and dtypes only (CUDA: compute capability 9.0 and
+    bfloat16 in torch 2.11), so a tiny call asks; and its operands' rows must be multiples of 16
+    bytes."""
+
+    def probe(device: torch.device, dtype: torch.dtype, params: Dict[str, Any]) -> Optional[str]:
+        if not hasattr(torch, "_grouped_mm"):
+            return f"needs torch._grouped_mm, which torch {torch.__version__} lacks"
+        size = torch.empty(0, dtype=dtype).element_size()
+        for axis in axes:
+            if params.get(axis, 0) * size % 16:
+                return f"needs {axis} x {size} bytes a multiple of 16 (torch._grouped_mm); {axis}={params[axis]}"
+        x, w = torch.ones(32, 16, device=device, dtype=dtype), torch.ones(2, 16, 16, device=device, dtype=dtype)
+        try:
+            torch._grouped_mm(x, w.transpose(1, 2), offs=torch.tensor([16, 32], device=device, dtype=torch.int32))
+        except Exception as e:  # noqa: BLE001  whatever it raises, the kernel is missing here
+            return f"torch._grouped_mm has no kernel here ({type(e).__name__}: {str(e).splitlines()[0][:120]})"
+        return None
+
+    return probe
 
 
 @register("moe_experts", "moe")
@@ -89,7 +94,7 @@ class WideExperts(WideOp, nn.Module):
     STRATEGY_NEEDS = {
         # torch's meta kernel for _grouped_mm (what torch.compile traces with) takes bfloat16
         # only (torch 2.13), though the eager CPU kernel takes float32 too
-        "grouped_mm": Needs(probe=_grouped_mm_probe, compiled_dtypes=("bfloat16",)),
+        "grouped_mm": Needs(probe=grouped_mm_probe("d_model", "hidden"), compiled_dtypes=("bfloat16",)),
         "triton": TRITON,
     }
     BENCHMARK_SWEEPS = {
