@@ -32,7 +32,23 @@ def places(tmp_path):
     CliRunner().invoke(cli, [*GEMM, "-o", str(results)])
     bad_module = tmp_path / "exits.py"
     bad_module.write_text("import sys\nsys.exit(3)\n")
-    return {"tmp": str(tmp_path), "blocker": str(blocker), "results": str(results), "long": "x" * 300}
+    (tmp_path / "lazy.py").write_text("def __getattr__(name):\n    raise RuntimeError('boom')\n")
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\n")
+    table = tmp_path / "table.json"
+    DispatchTable().save(table)
+    user = tmp_path / "docs"  # a folder of the user's, with a README of theirs
+    user.mkdir()
+    (user / "README.md").write_text("# my project\n")
+    return {
+        "tmp": str(tmp_path),
+        "blocker": str(blocker),
+        "results": str(results),
+        "long": "x" * 300,
+        "notes": str(notes),
+        "table": str(table),
+        "user": str(user),
+    }
 
 
 CLI_CASES = [
@@ -73,6 +89,38 @@ CLI_CASES = [
     (["benchmark", "--import", "exits", "gemm"], "cannot import 'exits': SystemExit: 3"),
     # -o over results: refused, nothing lost
     ([*GEMM, "-o", "{results}"], "holds results already"),
+    # a file that holds no results is never replaced, --overwrite or not, and the refusal says what it holds (issue 67)
+    ([*GEMM, "-o", "{notes}", "--overwrite"], "-o {notes}: holds text, not results: it is never replaced"),
+    ([*GEMM, "-o", "{notes}"], "-o {notes}: holds text, not results"),
+    ([*GEMM, "-o", "{table}", "--overwrite"], "-o {table}: holds a wide_tessera dispatch table, not results"),
+    ([*GEMM, "--save-dispatch", "{results}"], "{results}: holds results, not a wide_tessera dispatch table"),
+    ([*GEMM, "--save-dispatch", "{notes}"], "{notes}: holds text, not a wide_tessera dispatch table"),
+    (["tune", "gemm", "--preset", "ci", "--n-values", "1", "-o", "{notes}"], "{notes}: holds text, not a wide_tessera"),
+    (["tune", "gemm", "--preset", "ci", "--n-values", "1", "--results", "{table}"], "--results {table}: holds a wide"),
+    (["report", "{results}", "-o", "{user}"], "README.md: holds text, not a wide_tessera report"),
+    # options that contradict each other (issue 67)
+    ([*GEMM, "--overwrite"], "--overwrite replaces the results -o FILE holds: give -o FILE, or leave it out"),
+    ([*GEMM, "-o", "{results}", "--overwrite", "--resume"], "--resume continues {results} and --overwrite replaces it"),
+    ([*GEMM, "--search", "1:4"], "--search 1:4 chooses the N values itself: give --search or --n-values 1, not both"),
+    (
+        ["custom", "tests.helpers:Expert", "--input-shape", "2,16", "--kwarg", "d=16", "--n-values", "2",
+         "--search", "1:4"],
+        "give --search or --n-values 2, not both",
+    ),
+    ([*GEMM, "--controls-at", "every", "--no-controls"], "--controls-at 'every': this run times no controls"),
+    # tracebacks that owed a line (issue 67)
+    (
+        ["custom", "tests.helpers:Expert", "--input-shape", "2,16", "--n-values", "2",
+         "--kwarg", "d=" + "-" * 50000 + "1"],
+        "--kwarg d=-------------------------------------...: nested too deeply to read as a Python literal",
+    ),
+    (["custom", "lazy:Thing", "--input-shape", "2,16", "--n-values", "2"], "'lazy:Thing': reading 'Thing' of it raised "
+     "RuntimeError: boom"),
+    (
+        ["custom", "tests.helpers:Expert", "--input-shape", "99999999999999999999,16", "--n-values", "2"],
+        "--input-shape '99999999999999999999,16': size 99999999999999999999: expected positive ints up to 2147483647",
+    ),
+    (["custom", "tests.helpers:Expert", "--input-shape", "0,16", "--n-values", "2"], "size 0: expected positive ints"),
     # collectives: checked before any process group, outside torchrun too
     (["collectives", "--ops", "bogus"], "unknown collective 'bogus'"),
     (["collectives", "--min-bytes", "1GiB", "--max-bytes", "1KiB"], "--min-bytes 1GiB is larger than --max-bytes 1KiB"),
@@ -84,12 +132,13 @@ CLI_CASES = [
 def test_the_cli_answers_hostile_input_with_one_line(args, message, places, monkeypatch):
     monkeypatch.chdir(places["tmp"])
     monkeypatch.syspath_prepend(places["tmp"])
-    before = Path(places["results"]).read_text()
+    kept = [Path(places[name]) for name in ("results", "notes", "table")] + [Path(places["user"]) / "README.md"]
+    before = [path.read_bytes() for path in kept]
     r = CliRunner().invoke(cli, [a.format(**places) for a in args])
     assert r.exit_code == 2, r.output
     assert message.format(**places) in r.output and "Traceback" not in r.output
     assert len([line for line in r.output.splitlines() if line.startswith("Error:")]) == 1
-    assert Path(places["results"]).read_text() == before  # nothing lost
+    assert [path.read_bytes() for path in kept] == before  # nothing lost
 
 
 # a cache folder the OS refuses: refused before anything is measured
@@ -313,3 +362,29 @@ def test_a_runs_folder_that_is_a_file_is_named(args, places, monkeypatch):
     monkeypatch.setenv("WIDE_TESSERA_RUNS", places["blocker"])
     r = CliRunner().invoke(cli, args)
     assert r.exit_code == 2 and f"runs folder {places['blocker']} ($WIDE_TESSERA_RUNS" in r.output, r.output
+
+
+@pytest.mark.parametrize(
+    "args,advice",
+    [
+        ([*GEMM, "-o", "{tmp}/r2.json"], "continue it: the same command with --resume"),
+        (GEMM, "continue it: the same command with --resume -o {tmp}/runs/"),  # the run kept: no -o was given
+        (["tune", "gemm", "conv1d", "--preset", "ci", "--quiet", "-o", "{tmp}/t.json"], "wide_tessera tune gemm conv1"),
+    ],
+    ids=["benchmark -o", "benchmark", "tune"],
+)
+def test_the_advice_after_ctrl_c_is_a_command_that_runs(args, advice, places, monkeypatch):
+    """tune said 'continue with --resume', which it lacks; benchmark without -o said so, then refused
+    --resume without -o (issue 67)."""
+    from wide_tessera.cli import measure as commands
+
+    monkeypatch.setenv("WIDE_TESSERA_RUNS", f"{places['tmp']}/runs")
+    result = wt.load_results(Path(__file__).parent / "golden" / "schema6.json")[0]
+
+    def interrupted(jobs, settings, previous, output, progress, finished):
+        raise wt.core.errors.Interrupted(result, output)
+
+    monkeypatch.setattr(commands, "measure_jobs", interrupted)
+    r = CliRunner().invoke(cli, [a.format(**places) for a in args])
+    assert r.exit_code == 130 and advice.format(**places) in r.output, r.output
+    assert "continue with --resume" not in r.output

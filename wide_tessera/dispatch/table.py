@@ -34,6 +34,7 @@ from ..results.schema import MARGINAL, NO_DIFFERENCE, OPEN, BenchmarkResult, Poi
 
 __all__ = [
     "NVerdict",
+    "KIND",
     "DispatchEntry",
     "DispatchTable",
     "Case",
@@ -53,6 +54,7 @@ __all__ = [
 ]
 
 FORMAT = "wide_tessera dispatch table"
+KIND = f"a {FORMAT}"  # what a table file holds, in the words of files.results_target
 VERSION = 1
 TABLE_ENV = "WIDE_TESSERA_DISPATCH"
 # The preset of an entry that fuse(measure='first-call') measured on the modules' first call.
@@ -156,7 +158,7 @@ class DispatchTable:
     def save(self, path: Union[str, Path]) -> None:
         _check_entries_are(self.entries, "DispatchTable.save")
         _check_entries(self)  # what load would refuse is never written
-        write_json(path, self.to_dict())  # type: ignore[attr-defined]  # dataclass_json adds it
+        write_json(path, self.to_dict(), KIND)  # type: ignore[attr-defined]  # dataclass_json adds it
 
     def merged(self, entries: Sequence[DispatchEntry]) -> "DispatchTable":
         """This table with `entries` added; of two measurements of one entry the newer is kept."""
@@ -207,7 +209,7 @@ def check_table_target(path: str, output: Optional[str]) -> None:
     """The table a run merges into: a regular file or none yet, not the results file, and, where
     it exists, a table (a damaged one is not overwritten: it may hold other measurements)."""
     try:
-        results_target(path)
+        results_target(path, KIND)
     except WideTesseraError as e:
         raise WideTesseraError(f"dispatch table {e}") from None
     if output and Path(output).resolve() == Path(path).resolve():
