@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 import click
 
 from ..core.errors import WideTesseraError, one_line, unknown
-from ..core.user_input import check_number
+from ..core.user_input import MAX_THREADS, check_number
 from ..measurement.controls import COMPILE_MODES
 from ..measurement.modes import MODES
 from ..measurement.settings import (
@@ -380,7 +380,7 @@ def settings_from(
         raise WideTesseraError(f"--cuda-graph needs a CUDA device; the run is on {resolved}")
     try:
         if threads is not None:
-            check_number("threads", threads, 1, 4096, integer=True, low_ok=True)
+            check_number("threads", threads, 1, MAX_THREADS, integer=True, low_ok=True)
         return RunSettings(
             preset=preset,
             device=resolved,
