@@ -484,3 +484,29 @@ def test_a_run_against_the_previous_one_names_the_crossovers_that_moved_beyond_t
     assert "0 of 1 crossovers agree" in moved
     assert "synthetic size=64 dtype=float32: then fuse from N=2, now fuse from N=4" in moved
     assert against_previous([base], [synthetic(slow_a=1.4, device_name="Other CPU")], "@-2") is None
+
+
+@pytest.mark.parametrize("in_the_way", ["a folder", "a picture of the user's"])
+def test_plot_never_replaces_what_is_not_its_own_picture(in_the_way, tmp_path):
+    """A folder where a picture goes was IsADirectoryError; a picture of the user's was replaced (issue 67)."""
+    path = tmp_path / "r.json"
+    synthetic().save(path)
+    assert invoke("plot", path, "-o", tmp_path / "plots").exit_code == 0
+    assert invoke("plot", path, "-o", tmp_path / "plots").exit_code == 0  # its own pictures it replaces
+    picture = sorted((tmp_path / "plots").glob("*.svg"))[0]
+    picture.unlink()
+    if in_the_way == "a folder":
+        picture.mkdir()
+    else:
+        picture.write_text("<svg>my drawing</svg>")
+    r = CliRunner().invoke(cli, ["plot", str(path), "-o", str(tmp_path / "plots")])
+    said = "is a directory, not a wide_tessera plot" if in_the_way == "a folder" else "holds text"
+    assert r.exit_code == 2 and said in r.output and "Traceback" not in r.output, r.output
+    assert in_the_way == "a folder" or picture.read_text() == "<svg>my drawing</svg>"
+
+
+def test_the_markdown_views_escape_html_as_the_html_view_does():
+    """A result named <script>alert(1)</script> went through the notebook's Markdown view raw (issue 67)."""
+    result = dataclasses.replace(synthetic(), op="<script>alert(1)</script>")
+    for view in (result._repr_markdown_(), result._repr_html_()):
+        assert "<script>" not in view and "&lt;script&gt;alert(1)&lt;/script&gt;" in view

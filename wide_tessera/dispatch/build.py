@@ -22,6 +22,7 @@ from ..core.errors import WideTesseraError
 from ..core.job import params_text
 from ..core.layout import Slot, loop_slots, model_state_dicts, prefixed, slots_of
 from ..ops.base import WideOp, wide_module
+from ..ops.registry import outside_strategies
 from ..widen.custom import CUSTOM_STRATEGIES, custom_wide
 from ..widen.layers import LayerChoice
 from .reached import Reached
@@ -34,16 +35,25 @@ Make = Callable[[List[nn.Module], str], nn.Module]
 
 
 class Trials(NamedTuple):
-    """A module kind's strategies, how one is built from N modules, and what each needs to run."""
+    """A module kind's strategies, how one is built from N modules, and what each needs to run;
+    `outside`: the strategies added to it from outside (register_strategy), which a table measured
+    by `tune` may name and `make` builds, but a first call does not try."""
 
     strategies: Sequence[str]
     make: Make
     needs: Dict[str, Needs]
+    outside: Sequence[str] = ()
+
+    def known(self) -> List[str]:
+        """Every strategy a table entry may name for this kind of module."""
+        return [*self.strategies, *self.outside]
 
 
 def op_trials(cls: Type[WideOp]) -> Trials:
     """A registered op's strategies, built by its own from_modules (outside strategies included)."""
-    return Trials(cls.BENCHMARK_STRATEGIES, partial(wide_module, cls), cls.strategy_needs())
+    return Trials(
+        cls.BENCHMARK_STRATEGIES, partial(wide_module, cls), cls.strategy_needs(), list(outside_strategies(cls))
+    )
 
 
 def custom_trials(randomness: str, choice: Optional[LayerChoice] = None) -> Trials:

@@ -106,7 +106,7 @@ def fuse(
         _warn_once(case, f"{unmeasurable}: running the modules as a loop")
         answer = Match(False, None, (), None, None, f"{unmeasurable}: not fused")
     else:
-        answer = decide(loaded, case, trials.needs, _device(modules[0]))
+        answer = decide(loaded, case, trials.known(), trials.needs, _device(modules[0]))
         if not answer.entries and measure == "first-call" and mode == "inference":
             return FirstCall(modules, trials, case, _table_file(table), time_bound_s, source)
         if not answer.entries:
@@ -127,7 +127,7 @@ def decide_at(
     trials = _trials(cls, "error")
     case = _case([module] * n, cls, mode, "none", False, None, {})
     loaded, _ = _load_table(table, "first-call")
-    return decide(loaded, case, trials.needs, _device(module)), case
+    return decide(loaded, case, trials.known(), trials.needs, _device(module)), case
 
 
 def _trials(cls: Optional[Type[WideOp]], randomness: str, choice: Optional[LayerChoice] = None) -> Trials:

@@ -95,7 +95,8 @@ class ExpertsDispatch:
 
     def _decide(self, key: Key, experts: nn.Module, *call: torch.Tensor) -> Callable[..., torch.Tensor]:
         case = _case(experts, *call)
-        answer = decide(self.table, case, WideHFExperts.strategy_needs(), str(call[0].device))
+        trials = op_trials(WideHFExperts)
+        answer = decide(self.table, case, trials.strategies, trials.needs, str(call[0].device))
         if answer.entries:
             name, why = _measured_choice(answer)
         elif self.measure == "first-call":
