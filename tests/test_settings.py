@@ -28,6 +28,7 @@ CHANGED = {
     "energy": True,
     "timing": wt.TimingConfig(budget_s=0.3),
     "precise": True,
+    "regret": 0.05,
 }
 
 
