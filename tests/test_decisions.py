@@ -18,6 +18,7 @@ from wide_tessera.core.correctness import Check
 from wide_tessera.core.stats import REGRET, paired_ratio
 from wide_tessera.measurement.health import Health, HealthMonitor
 from wide_tessera.measurement.timing import PairedTimings, TimingConfig
+from wide_tessera.reports.answer import percent
 from wide_tessera.reports.brief import closing_table
 from wide_tessera.results import analysis
 from wide_tessera.results.decisions import MARGIN, decide, decision_level, kind_of, looks
@@ -157,6 +158,9 @@ def test_a_deciding_point_near_the_margin_with_no_time_left_is_unreliable():
     assert near.decision.kind == "open"
     r = result([point(1, rounds(1.0), {"a": rounds(2.0)}), near, point(4, rounds(4.0), {"a": rounds(2.0)})])
     assert not r.reliable and "open at N=2" in r.unreliable_reasons[0]
+    stake = f"{100 * near.decision.call.regret:.3g}% at stake"
+    assert any(f"N=2: open: up to {stake}" in why for why in r.groups[0].problems), r.groups[0].problems
+    assert f"N=2: open: up to {percent(near.decision.call.regret)} at stake" in r.summary()
 
 
 def test_a_disturbed_first_pass_and_a_clean_agreeing_confirmation_is_not_unstable():
@@ -399,6 +403,8 @@ def test_a_point_at_the_margin_fuses_within_epsilon_and_says_its_bound():
     assert at_margin.decision.call.regret == pytest.approx(1.05 / 1.04 - 1)
     assert at_margin.winner == "a" and r.groups[0].crossover_n == 2 and r.groups[0].marginal_n == []
     assert "fuse a (may be 1.0% short)" in r.summary() and r.reliable
+    bound = "what a wrong choice can cost: N=2: fuse with a; if it falls short of the margin, by at most 1.0%"
+    assert bound in r.summary() and bound in r.brief()
 
 
 def test_a_marginal_point_is_reported_beside_the_crossover():

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, List, Optional, Tuple
 
+from ..core.job import params_text
 from ..core.stats import MIN_EFFECT
 from ..results.analysis import reported_kind
 from ..results.decisions import ALPHA, MARGIN, ZONE, Call
@@ -21,6 +22,7 @@ __all__ = [
     "level_text",
     "percent",
     "regret_words",
+    "bound_lines",
     "decision_cell",
     "crossover_known",
     "crossover_range",
@@ -44,18 +46,31 @@ def percent(fraction: float) -> str:
 
 
 def regret_words(call: Call) -> str:
-    """What a wrong choice can cost, as a user acts on it: 'fusing would gain at most 0.3% beyond
-    the margin' (loop), 'if it falls short of the margin, by at most 1.0%' (fuse), 'up to 19% at
-    stake' (open); '' where the call has no regret (files from before regret bounds) or fusing
-    clears the margin outright."""
+    """A decision with what a wrong choice can cost, as a user acts on it: 'loop; fusing would
+    gain at most 0.3% beyond the margin', 'fuse with bmm; if it falls short of the margin, by at
+    most 1.0%', 'open: up to 19% at stake'; '' where nothing is at stake (a fuse above the
+    margin, a loop below it) or the call has no regret (files from before regret bounds)."""
     r = call.regret
-    if r is None:
+    if not r:
         return ""
     if call.kind == "fuse":
-        return "" if r == 0 else f"if it falls short of the margin, by at most {percent(r)}"
+        return f"fuse with {call.strategy}; if it falls short of the margin, by at most {percent(r)}"
     if call.kind == "loop":
-        return f"fusing would gain at most {percent(r)} beyond the margin"
-    return f"up to {percent(r)} at stake"
+        return f"loop; fusing would gain at most {percent(r)} beyond the margin"
+    return f"open: up to {percent(r)} at stake"
+
+
+def bound_lines(result: "BenchmarkResult") -> List[str]:
+    """'what a wrong choice can cost: N=8: loop; fusing would gain at most 0.3% beyond the
+    margin; ...': the points an answer rests on whose decision costs something if wrong."""
+    several = len(result.groups) > 1
+    words = [
+        f"N={p.n}{f' {params_text(p.params)}' if several else ''}: {regret_words(p.decision.call)}"
+        for p in result.points
+        if p.decision is not None and p.decision.feeds and not (p.disturbed or p.unstable)
+        and regret_words(p.decision.call)
+    ]  # fmt: skip
+    return ["what a wrong choice can cost: " + "; ".join(words)] if words else []
 
 
 def n_or_never(n: Optional[int]) -> str:
