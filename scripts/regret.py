@@ -43,7 +43,7 @@ from wide_tessera.core.stats import REGRET
 from wide_tessera.measurement.settings import RunSettings
 from wide_tessera.measurement.timing import TimingConfig, measure_paired
 from wide_tessera.reports.text import format_table
-from wide_tessera.results.decisions import MARGIN, decide, decision_level, looks, stop_rule
+from wide_tessera.results.decisions import decide, decision_level, fuse_regret, looks, loop_regret, stop_rule
 
 TRUTHS = (0.90, 0.95, 1.00, 1.03, 1.05, 1.07, 1.10, 1.20)
 ROUNDS = 400  # per recorded point
@@ -103,7 +103,7 @@ def replay(points: List[np.ndarray], truth: float, epsilon: Optional[float], rng
 
 def cost(kind: str, truth: float) -> float:
     """What the action taken costs beyond the margin: fusing, or the loop (loop, marginal, open)."""
-    return max(0.0, MARGIN / truth - 1) if kind == "fuse" else max(0.0, truth / MARGIN - 1)
+    return fuse_regret(truth) if kind == "fuse" else loop_regret([truth])
 
 
 def simulate(points: List[np.ndarray], reps: int, epsilon: float) -> List[List[str]]:
