@@ -3,8 +3,9 @@
 An op whose two wide strategies run the N separate calls themselves (plus one call of
 overhead) is measured RUNS times with the decision rule, quietly and then with K processes
 burning a CPU each beside it. Counts, per condition: points where a twin was called faster,
-groups that crossed, points decided 'loop' (what an A/A should say), marginal, open; and the
-median rounds. Target: never faster, never a crossover.
+groups that crossed, the points' decisions ('loop', what an A/A should say, or 'open'; a
+'fuse' within ε of the margin would be a false one); and the median rounds. Target: never
+faster, never a crossover, never 'fuse'.
 
     python scripts/aa.py [--runs 20] [--load 1] [--threads T]
 """

@@ -5,8 +5,8 @@ For pairs of functions with equal costs and with known ratios, the true ratio co
 torch.utils.benchmark `blocked_autorange` blocks taken side by side, interleaved with ours
 (A then B, B then A, one wide_tessera paired measurement, A then B, B then A); the truth is
 the median of every run's block ratios. Each paired measurement stops as a benchmark point does:
-at the first look (10, 20, 40, ... rounds) where the decision rule is settled (is B faster
-than A beyond the 5% margin, known not to be, or within the marginal zone), and reports the
+at the first look (10, 20, 40, ... rounds) where the decision rule is settled (fusing B, or
+keeping A, costs at most ε beyond the 5% margin at the interval's worst), and reports the
 median of the paired rounds' ratios with its interval at the look's level
 (results.decisions). Optional stopping picks the look by what the data say, which is what
 can break a fixed-sample interval; each look's interval is at 1 - 0.05 / looks, so over

@@ -19,6 +19,7 @@ from wide_tessera import TimingStats
 from wide_tessera.cli import cli
 from wide_tessera.core.correctness import Check
 from wide_tessera.core.environment import Environment
+from wide_tessera.core.stats import REGRET
 from wide_tessera.measurement.health import Health
 from wide_tessera.measurement.settings import RunSettings
 from wide_tessera.measurement.timing import PairedTimings, TimingConfig
@@ -51,26 +52,29 @@ def _samples(median_ms, spread=0.002, k=11):
     return [median_ms * (1 + spread * (i - k // 2)) for i in range(k)]
 
 
-def _measured(n, params, times):
+def _measured(n, params, times, epsilon=REGRET):
     stats = {s: TimingStats.from_samples(_samples(ms), "synthetic") for s, ms in times.items()}
     checks = {s: Check(True, 0.0, 1e-4) for s in times if s != "baseline"}
-    return analysis.measured_point(n, params, PairedTimings(stats, Health(11, 0)), checks)
+    return analysis.measured_point(n, params, PairedTimings(stats, Health(11, 0)), checks, epsilon=epsilon)
 
 
-def synthetic(slow_a=1.0, scale=1.0, device_name="Synthetic CPU", confirm_noise=0.01, n_values=(1, 2, 4, 8)):
+def synthetic(
+    slow_a=1.0, scale=1.0, device_name="Synthetic CPU", confirm_noise=0.01, n_values=(1, 2, 4, 8), epsilon=REGRET
+):
     """One op, one group: 'a' costs 1 + 0.3 N ms (x slow_a), 'b' costs what the baseline does (N ms).
 
     Every point is confirmed by a second measurement `confirm_noise` away, so that the
     comparison knows the noise between measurements. With slow_a=1 fusing with 'a' wins
-    from N=2 (2 ms against 1.6 ms); slow_a=1.2 moves that to N=4.
+    from N=2 (2 ms against 1.6 ms); slow_a=1.2 moves that to N=4 (N=2 at 1.04x: a loop, and
+    marginal by the rule before regret bounds, `epsilon` None, as old files hold it).
     """
     params = {"size": 64, "dtype": "float32"}
     points = []
     for n in n_values:
         times = {"baseline": n * scale, "a": (1 + 0.3 * n) * slow_a * scale, "b": n * scale}
-        first = _measured(n, params, times)
+        first = _measured(n, params, times, epsilon)
         wobble = 1 + confirm_noise * (-1) ** n
-        second = _measured(n, params, {s: ms * wobble for s, ms in times.items()})
+        second = _measured(n, params, {s: ms * wobble for s, ms in times.items()}, epsilon)
         points.append(analysis.confirmed(first, second))
     env = Environment("cpu", device_name, "2.13.0", None, "3.11.7", 2, "Linux")
     manifest = Manifest(
@@ -96,7 +100,7 @@ def synthetic(slow_a=1.0, scale=1.0, device_name="Synthetic CPU", confirm_noise=
         strategies=["a", "b"],
         environment=env,
         timer="synthetic",
-        settings=RunSettings(preset="test", device="cpu", timing=TimingConfig()),
+        settings=RunSettings(preset="test", device="cpu", timing=TimingConfig(), regret=epsilon),
         duration_s=60.0,
         runs=[manifest],
     )
@@ -452,9 +456,12 @@ def test_an_op_that_shifted_as_a_whole_is_named_with_its_unchanged_speedups():
 
 
 def test_a_crossover_that_moves_only_across_a_marginal_point_says_so():
-    """'fuse from N=4; N=2 marginal' against 'fuse from N=2': the ranges overlap, the table says
-    'within marginal', and the gate still counts the move."""
-    [marginal] = compare([synthetic()], [synthetic(slow_a=1.2)]).crossovers
+    """'fuse from N=4; N=2 marginal' against 'fuse from N=2' (files decided by the rule before
+    regret bounds): the ranges overlap, the table says 'within marginal', and the gate still
+    counts the move. By regret bounds N=2, 1.04x, is a loop: the crossover moved."""
+    [moved] = compare([synthetic()], [synthetic(slow_a=1.2)]).crossovers
+    assert (moved.base, moved.new, moved.agree, moved.moved) == (2, 4, False, "LATER")
+    [marginal] = compare([synthetic(epsilon=None)], [synthetic(slow_a=1.2, epsilon=None)]).crossovers
     assert (marginal.base, marginal.new, marginal.agree, marginal.moved) == (2, 4, True, "LATER, within marginal")
     assert marginal.moved_later
     [clear] = compare([synthetic()], [synthetic(slow_a=1.4)]).crossovers  # N=2 loses: no marginal point
@@ -464,12 +471,12 @@ def test_a_crossover_that_moves_only_across_a_marginal_point_says_so():
 def test_a_point_called_marginal_with_an_interval_outside_the_zone_makes_no_crossover_agree():
     """A file from before issue 48 called N=2 marginal over 0.78x to 1.54x: the crossover moving
     across it is not 'within marginal', in compare and in repeatability.py alike."""
-    moved = synthetic(slow_a=1.2)
+    moved = synthetic(slow_a=1.2, epsilon=None)
     (point,) = [p for p in moved.points if p.n == 2]
     assert point.winner == "marginal" and moved.groups[0].marginal_n == [2]
     old = dataclasses.replace(point, speedup_ci={**point.speedup_ci, "a": [0.78, 1.54]})
     moved.points = [old if p is point else p for p in moved.points]
-    [crossover] = compare([synthetic()], [moved]).crossovers
+    [crossover] = compare([synthetic(epsilon=None)], [moved]).crossovers
     assert (crossover.base, crossover.new, crossover.agree, crossover.moved) == (2, 4, False, "LATER")
 
 
@@ -479,7 +486,9 @@ def test_a_run_against_the_previous_one_names_the_crossovers_that_moved_beyond_t
         "AGAINST THE PREVIOUS RUN (@-2, measured alike): 1 of 1 crossovers agree (0 of the 1 groups left out: "
         "flagged in either run)"
     )
-    assert "1 of 1 crossovers agree" in against_previous([base], [synthetic(slow_a=1.2)], "@-2")  # N=2 marginal
+    before = synthetic(slow_a=1.2, epsilon=None)  # N=2 marginal, by the rule before regret bounds
+    assert "1 of 1 crossovers agree" in against_previous([synthetic(epsilon=None)], [before], "@-2")
+    assert "0 of 1 crossovers agree" in against_previous([base], [synthetic(slow_a=1.2)], "@-2")  # N=2 a loop
     moved = against_previous([base], [synthetic(slow_a=1.4)], "@-2")
     assert "0 of 1 crossovers agree" in moved
     assert "synthetic size=64 dtype=float32: then fuse from N=2, now fuse from N=4" in moved

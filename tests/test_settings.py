@@ -2,6 +2,7 @@
 --resume without being told, and kept in the results file (old files included)."""
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,7 @@ CHANGED = {
     "energy": True,
     "timing": wt.TimingConfig(budget_s=0.3),
     "precise": True,
+    "regret": 0.05,
 }
 
 
@@ -83,3 +85,18 @@ def test_a_results_file_of_schema_6_loads_with_its_settings_in_one_object():
     assert (layernorm.mode, layernorm.confirm) == ("forward", "none")
     assert not gemm.measured_energy and gemm.timing.budget_s == 0.01
     assert "crossover_n" in gemm.summary()
+
+
+def test_a_file_measured_before_regret_bounds_keeps_the_rule_it_was_decided_by(tmp_path, fast_timing):
+    """Its settings hold no regret: None, not today's default, so that it renders and is
+    re-analysed by its marginal zone (results.decisions), and a --resume of it is refused."""
+    (gemm, _) = wt.load_results(GOLDEN / "schema6.json")
+    assert gemm.settings.regret is None and "marginal: within 1.029..1.071" in gemm.summary()
+    path = tmp_path / "r.json"
+    wt.benchmark("gemm", preset="ci", device="cpu", verbose=False, n_values=[1], timing=fast_timing).save(path)
+    doc = json.loads(path.read_text())
+    assert doc["results"][0]["settings"]["regret"] == 0.02
+    del doc["results"][0]["settings"]["regret"]
+    path.write_text(json.dumps(doc))
+    (before,) = wt.load_results(path)
+    assert before.settings.regret is None and "marginal: within" in before.summary()

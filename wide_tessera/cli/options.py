@@ -19,6 +19,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 import click
 
 from ..core.errors import WideTesseraError, one_line, unknown
+from ..core.stats import REGRET
 from ..core.user_input import MAX_THREADS, check_number
 from ..measurement.controls import COMPILE_MODES
 from ..measurement.modes import MODES
@@ -161,6 +162,7 @@ RUN_OPTIONS = options(
     _option("controls", "--controls/--no-controls", default=None),
     _option("controls_at", "--controls-at", type=click.Choice(CONTROLS_AT), default="largest", show_default=True),
     _option("precise", "--precise", is_flag=True),
+    _option("regret", "--regret", type=float, default=REGRET, show_default=True),
     _option("roofline", "--roofline", is_flag=True),
     _option("energy", "--energy", is_flag=True),
     _option("trace", "--trace", default=None, metavar="DIR"),

@@ -11,7 +11,16 @@ from dataclasses_json import dataclass_json
 from numpy.typing import ArrayLike
 from scipy import special
 
-__all__ = ["TimingStats", "median_ci", "median_ci_rel_width", "paired_ratio", "HIGH_CV", "MIN_EFFECT", "MARGINAL_ZONE"]
+__all__ = [
+    "TimingStats",
+    "median_ci",
+    "median_ci_rel_width",
+    "paired_ratio",
+    "HIGH_CV",
+    "MIN_EFFECT",
+    "MARGINAL_ZONE",
+    "REGRET",
+]
 
 # Above this coefficient of variation a timing is flagged as noisy.
 HIGH_CV = 0.10
@@ -20,9 +29,14 @@ HIGH_CV = 0.10
 # conv1d at N=1, one conv either way, came out 1.03x [1.02, 1.05] in one run and within
 # noise in the next). A gain that small is no reason to fuse, and not reproducible.
 MIN_EFFECT = 0.05
-# A speedup known to lie within this factor of the margin (1.05/1.02 to 1.05*1.02) is
-# marginal: fusing gains about the margin, and either choice costs at most about 2%.
+# The zone around the margin (1.05/1.02 to 1.05*1.02): two strategies whose ratio is known to
+# lie within it tie (results.decisions), and, by the rule before regret bounds, a speedup known
+# to lie within it was marginal.
 MARGINAL_ZONE = 0.02
+# A decision is settled once the worst a wrong choice can cost beyond the margin is at most
+# this (RunSettings.regret's default): the cost the marginal zone accepted on either side, now
+# asked of one side, the one the point chooses (scripts/regret.py).
+REGRET = 0.02
 
 
 def median_ci(samples: ArrayLike, confidence: float = 0.95) -> Tuple[float, float]:

@@ -177,7 +177,7 @@ class FirstCall(Fused):
                     stats = self._measure(inputs, candidates, device, started + self._bound - time.perf_counter())
         settings = RunSettings(device=device)
         samples = {name: st.samples_ms for name, st in stats.items()}
-        call = decide(samples, list(candidates), level_of(settings))
+        call = decide(samples, list(candidates), level_of(settings), epsilon=settings.regret)
         entry = self._entry(call, samples)
         verdict = entry.verdicts[0]
         reason = (

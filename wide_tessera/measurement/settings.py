@@ -17,6 +17,7 @@ from dataclasses_json import dataclass_json
 
 from ..core.errors import WideTesseraError, unknown
 from ..core.job import MAX_N
+from ..core.stats import REGRET
 from ..core.user_input import check_bool, check_instance, check_number, check_seed
 from .controls import COMPILE_MODES
 from .modes import check_mode
@@ -111,9 +112,7 @@ def check_search(search: Any) -> Tuple[int, int]:
     return search[0], search[1]
 
 
-def _field(
-    default: Any, help: str, *, option: Optional[str] = None, resume: bool = False, factory: Any = None
-) -> Any:
+def _field(default: Any, help: str, *, option: Optional[str] = None, resume: bool = False, factory: Any = None) -> Any:
     """A field of RunSettings: `help` and `option` as the command line shows them; `resume`:
     --resume refuses a file measured with another value (it changes what a measurement means)."""
     metadata = {"help": help, "option": option, "resume": resume}
@@ -158,6 +157,14 @@ class RunSettings:
         resume=True,
     )
     timing: Optional[TimingConfig] = _field(None, "When sampling stops (TimingConfig).", resume=True)
+    regret: Optional[float] = _field(
+        REGRET,
+        "Stop sampling a point once the worst a wrong choice can cost beyond the 5% margin is at most this "
+        "fraction: fusing, if the speedup is its interval's bottom; the loop, if it is the top. None in files "
+        "from before it (their decisions had a marginal zone instead).",
+        option="--regret",
+        resume=True,
+    )
     timeouts: StageTimeouts = _field(None, "Each stage's time limit (StageTimeouts).", factory=StageTimeouts)
     memory_budget: Optional[int] = _field(
         None, "Skip points estimated above SIZE (e.g. 4GiB).", option="--memory-budget"
@@ -235,6 +242,8 @@ class RunSettings:
         check_instance("timing", self.timing, TimingConfig)
         check_instance("timeouts", self.timeouts, StageTimeouts)
         check_bool("precise", self.precise)
+        if self.regret is not None:
+            check_number("regret", self.regret, 0, 1, what="a fraction (0.02: 2%)", low_ok=True)
         if self.controls_at not in CONTROLS_AT:
             raise unknown("controls_at", self.controls_at, CONTROLS_AT)
         if self.controls_at == "every" and not self.controls:
@@ -259,7 +268,10 @@ class RunSettings:
 
     @classmethod
     def of(cls, **options: Any) -> "RunSettings":
-        """The settings a caller asks for, its device checked against this machine."""
+        """The settings a caller asks for, its device checked against this machine. regret None is
+        a file's, from before regret bounds: a run is decided by one."""
+        if "regret" in options and options["regret"] is None:
+            check_number("regret", None, 0, 1, what="a fraction (0.02: 2%)", low_ok=True)
         return cls(**{**options, "device": resolve_device(options.get("device"))})
 
     @classmethod
@@ -293,4 +305,3 @@ class RunSettings:
     def option_of(name: str) -> Optional[str]:
         meta = {f.name: f.metadata for f in dataclasses.fields(RunSettings)}.get(name)
         return meta["option"] if meta else None
-

@@ -1,15 +1,17 @@
-"""A result's answers in words: a point's decision, a group's crossover with its marginal
-points, fuse or capture, and the legend of the intervals. Every table that states an answer
-states it with these."""
+"""A result's answers in words: a point's decision with what a wrong choice can cost, a
+group's crossover (with its marginal points, in files from before regret bounds), fuse or
+capture, and the legend of the intervals. Every table that states an answer states it with
+these."""
 
 from __future__ import annotations
 
 import math
 from typing import TYPE_CHECKING, List, Optional, Tuple
 
+from ..core.job import params_text
 from ..core.stats import MIN_EFFECT
 from ..results.analysis import reported_kind
-from ..results.decisions import MARGIN, ZONE
+from ..results.decisions import ALPHA, MARGIN, ZONE, Call
 from ..results.schema import MARGINAL
 
 if TYPE_CHECKING:
@@ -18,6 +20,9 @@ if TYPE_CHECKING:
 __all__ = [
     "n_or_never",
     "level_text",
+    "percent",
+    "regret_words",
+    "bound_lines",
     "decision_cell",
     "crossover_known",
     "crossover_range",
@@ -35,14 +40,48 @@ def level_text(level: float) -> str:
     return f"{100 * level:.3g}%"
 
 
+def percent(fraction: float) -> str:
+    """'0.3%', '1.0%', '19%': a regret as the answers write it."""
+    return f"{100 * fraction:.1f}%" if fraction < 0.1 else f"{100 * fraction:.0f}%"
+
+
+def regret_words(call: Call) -> str:
+    """A decision with what a wrong choice can cost, as a user acts on it: 'loop; fusing would
+    gain at most 0.3% beyond the margin', 'fuse with bmm; if it falls short of the margin, by at
+    most 1.0%', 'open: up to 19% at stake'; '' where nothing is at stake (a fuse above the
+    margin, a loop below it) or the call has no regret (files from before regret bounds)."""
+    r = call.regret
+    if not r:
+        return ""
+    if call.kind == "fuse":
+        return f"fuse with {call.strategy}; if it falls short of the margin, by at most {percent(r)}"
+    if call.kind == "loop":
+        return f"loop; fusing would gain at most {percent(r)} beyond the margin"
+    return f"open: up to {percent(r)} at stake"
+
+
+def bound_lines(result: "BenchmarkResult") -> List[str]:
+    """'what a wrong choice can cost: N=8: loop; fusing would gain at most 0.3% beyond the
+    margin; ...': the points an answer rests on whose decision costs something if wrong."""
+    several = len(result.groups) > 1
+    words = [
+        f"N={p.n}{f' {params_text(p.params)}' if several else ''}: {regret_words(p.decision.call)}"
+        for p in result.points
+        if p.decision is not None and p.decision.feeds and not (p.disturbed or p.unstable)
+        and regret_words(p.decision.call)
+    ]  # fmt: skip
+    return ["what a wrong choice can cost: " + "; ".join(words)] if words else []
+
+
 def n_or_never(n: Optional[int]) -> str:
     """A crossover or threshold N as every table writes it: the number, or 'never'."""
     return "never" if n is None else str(n)
 
 
 def decision_cell(point: "PointResult", confirmed_mark: bool = True) -> str:
-    """'fuse bmm', 'fuse bmm (tie einsum)', 'marginal', 'loop', 'open', 'UNSTABLE ...',
-    'DISTURBED': what the point decided (the winner, for files from before decisions)."""
+    """'fuse bmm', 'fuse bmm (tie einsum)', 'fuse bmm (may be 1.0% short)', 'loop', 'loop (fusing
+    may gain 0.3%)', 'open (19% at stake)', 'UNSTABLE ...', 'DISTURBED', 'marginal' (files from
+    before regret bounds): what the point decided (the winner, for files from before decisions)."""
     if "point" in point.failures:
         return "-"
     if point.unstable:
@@ -56,10 +95,13 @@ def decision_cell(point: "PointResult", confirmed_mark: bool = True) -> str:
     if call.kind == "fuse":
         ties = f" (tie {', '.join(call.ties)})" if call.ties else ""
         rivals = f" (or {', '.join(call.rivals)}?)" if call.rivals else ""
-        return f"fuse {call.strategy}{ties}{rivals}{confirmed}"
-    if call.kind == "open":
-        return f"open{confirmed}"
-    return call.kind + confirmed
+        short = f" (may be {percent(call.regret)} short)" if call.regret else ""
+        return f"fuse {call.strategy}{short}{ties}{rivals}{confirmed}"
+    if call.regret is None or call.kind == MARGINAL:
+        return call.kind + confirmed
+    if call.kind == "loop":
+        return f"loop{f' (fusing may gain {percent(call.regret)})' if call.regret else ''}{confirmed}"
+    return f"open ({percent(call.regret)} at stake){confirmed}"
 
 
 def crossover_known(group: "GroupResult") -> bool:
@@ -132,7 +174,8 @@ def level_of_result(result: "BenchmarkResult") -> Optional[float]:
 
 
 def interval_legend(result: "BenchmarkResult") -> List[str]:
-    """What the intervals and the decisions mean, in the words of results.decisions."""
+    """What the intervals and the decisions mean, in the words of results.decisions: by the rule
+    the result was decided by (its regret bound, or the marginal zone before it)."""
     level = level_of_result(result)
     margin, (low, high) = MARGIN, ZONE
     if level is None or abs(level - 0.95) < 1e-9:
@@ -145,6 +188,18 @@ def interval_legend(result: "BenchmarkResult") -> List[str]:
             f"speedup [{level_text(level)} CI]: the median of the paired rounds' ratios; sampling stopped as soon "
             "as the decision was settled, and each interval holds at 95% over every look it could have stopped at."
         )
+    epsilon = result.settings.regret
+    if epsilon is not None:
+        return [
+            ci,
+            f"fuse S: if S falls short of the {100 * MIN_EFFECT:.0f}% margin, by at most the % shown (none shown: "
+            f"its whole interval is above {margin:.2f}), and no strategy known faster than S by more than "
+            f"{high:.3f}x; loop: fusing would gain at most the % shown beyond the margin (none shown: every "
+            f"interval is below {margin:.2f}); open: undecided at the budget, or over both passes, with the % "
+            f"at stake either way. A decision is settled once its worst case is at most {percent(epsilon)} "
+            f"(--regret). A fuse bound holds at {level_text(1 - ALPHA / 2)}; the loop's is a maximum over the k "
+            f"strategies compared and holds at 1 - k x {level_text(ALPHA / 2)}.",
+        ]
     return [
         ci,
         f"fuse: a strategy's whole interval above {margin:.2f} (and the winner known faster than the rest, or tied); "

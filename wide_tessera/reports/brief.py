@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Sequence, Tuple
 
 from ..core.job import params_text
 from ..core.roles import CONTROLS
-from .answer import capture_text, crossover_text, decision_cell, interval_legend, result_n_text
+from .answer import bound_lines, capture_text, crossover_text, decision_cell, interval_legend, result_n_text
 from .text import (
     advice_lines,
     controls_run,
@@ -106,7 +106,7 @@ def brief_summary(result: "BenchmarkResult") -> str:
         captures = [g for g in result.groups if g.fuse_or_capture is not None]
         if captures:
             lines.append("fuse or capture: " + "; ".join(f"{label(g)}: {capture_text(g)}" for g in captures))
-    lines += notes_digest(result) + ran_digest(result)
+    lines += bound_lines(result) + notes_digest(result) + ran_digest(result)
     skipped = Counter(f.message for p in points for s, f in p.failures.items() if f.kind == "skipped")
     lines += [f"skipped: {why}" + (f" ({k} points)" if k > 1 else "") for why, k in skipped.items()]
     lines += [f"FAILED: {f}" for f in result.failures]

@@ -239,9 +239,7 @@ def _change(op: str, base: PointResult, new: PointResult, name: str, noise: floa
             note="a time of zero",
         )
     ratio = s.median_ms / b.median_ms
-    lo, hi = _widened(
-        b.median_ms / s.median_ms, *_between_runs_ci(b.samples_ms, s.samples_ms), noise
-    )  # base / new
+    lo, hi = _widened(b.median_ms / s.median_ms, *_between_runs_ci(b.samples_ms, s.samples_ms), noise)  # base / new
     untrusted = [f"{why} in the {run} run" for run, p in (("base", base), ("new", new)) if (why := _untrusted(p))]
     return Change(
         **where,
@@ -461,9 +459,11 @@ def against_previous(previous: Sequence[BenchmarkResult], new: Sequence[Benchmar
     )
     if not lines:
         return head
-    return "\n".join([
-        head + "; these moved between the runs, beyond their marginal points:",
-        *lines,
-        "  The machine's state moved them (both runs were measured alike): the Ns between the two answers are",
-        "  marginal on this machine, and another run tells more (wide_tessera compare shows the points).",
-    ])
+    return "\n".join(
+        [
+            head + "; these moved between the runs, beyond their marginal points:",
+            *lines,
+            "  The machine's state moved them (both runs were measured alike): the Ns between the two answers are",
+            "  marginal on this machine, and another run tells more (wide_tessera compare shows the points).",
+        ]
+    )

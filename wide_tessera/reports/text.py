@@ -10,7 +10,7 @@ from ..core.roles import BASELINE, CONTROLS
 from ..measurement.controls import legend
 from ..measurement.roofline import roofline
 from .advice import advice_table
-from .answer import capture_text, crossover_text, decision_cell, interval_legend, result_n_text
+from .answer import bound_lines, capture_text, crossover_text, decision_cell, interval_legend, result_n_text
 
 if TYPE_CHECKING:  # only for annotations: the schema imports this module to render itself
     from ..results.schema import BenchmarkResult, PointResult
@@ -319,6 +319,7 @@ def format_summary(result: "BenchmarkResult") -> str:
         ),
         *(_roofline_line(result, p, shown) for p in roof),
         *_crossover_lines(result),
+        *bound_lines(result),
         *notes_digest(result),
         *ran_digest(result),
         *warning_digest(result),

@@ -52,7 +52,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tupl
 from ..core.correctness import Check
 from ..core.job import group_key, params_text
 from ..core.roles import BASELINE, CONTROLS
-from ..core.stats import MIN_EFFECT, paired_ratio
+from ..core.stats import MIN_EFFECT, REGRET, paired_ratio
 from ..measurement.health import RunHealth
 from ..measurement.timing import PairedTimings
 from .decisions import Call, Decision, compatible, decide, decide_capture, kind_of, same_winner
@@ -151,10 +151,11 @@ def measured_point(
     peak_memory_bytes: Optional[Dict[str, int]] = None,
     failures: Optional[Dict[str, Failure]] = None,
     first_call_s: Optional[Dict[str, float]] = None,
+    epsilon: Optional[float] = REGRET,
 ) -> PointResult:
     """A point from its timings (None when the baseline could not be timed) and checks: every
     speedup the median of the paired rounds' ratios with its interval at `level`, and the
-    point's decision (results.decisions)."""
+    point's decision (results.decisions) at regret `epsilon`."""
     failures = dict(failures or {})
     if timings is None or BASELINE not in timings.stats:
         return failed_point(n, params, failures, checks, peak_memory_bytes)
@@ -178,6 +179,7 @@ def measured_point(
         _fusing(speedups, correct),
         [s for s in speedups if correct.get(s, False) and s in CONTROLS],
         level,
+        epsilon,
     )
     trusted = timings.health.cleaned
     return PointResult(
@@ -203,12 +205,12 @@ def measured_point(
 
 
 def point_decision(
-    samples: Dict[str, List[float]], strategies: List[str], controls: List[str], level: float
+    samples: Dict[str, List[float]], strategies: List[str], controls: List[str], level: float, epsilon: Optional[float]
 ) -> Decision:
     """The Decision the final samples support; settled_at is their round count where it settled."""
-    call = decide(samples, strategies, level, controls)
+    call = decide(samples, strategies, level, controls, epsilon)
     rounds = len(samples[BASELINE])
-    return Decision(call, rounds, rounds if call.settled else None, level)
+    return Decision(call, rounds, rounds if call.settled else None, level, epsilon=epsilon)
 
 
 def failed_point(
@@ -250,6 +252,8 @@ def _significant(best: Optional[str], speedups: Dict[str, float], verdicts: Dict
 
 
 def _winner(best: Optional[str], verdicts: Dict[str, str], decision: Optional[Decision] = None) -> str:
+    if decision is not None and decision.kind == "fuse" and decision.call.strategy is not None:
+        return decision.call.strategy  # within ε of the margin, or beyond it
     if best is not None and verdicts[best] == "faster":
         return best
     if decision is not None and decision.kind in (MARGINAL, OPEN):  # a Call's kinds are these winners
@@ -329,10 +333,12 @@ def _across_passes(point: PointResult, other: PointResult) -> PointResult:
     decision = point.decision
     if decision is None:
         return widened
-    kind, strategy = reported_kind(widened)
+    kind, strategy, regret = reported_kind(widened)
     call = decision.call
     if (kind, strategy) != (call.kind, call.strategy):  # ties and rivals were the pass's, for its winner
-        call = Call(kind, strategy, capture=call.capture)
+        call = Call(kind, strategy, capture=call.capture, regret=regret)
+    else:  # the regret over both passes' intervals
+        call = dataclasses.replace(call, regret=regret)
     flags, was = widened.flags, decision.call.strategy
     if kind != decision.kind and was is not None:
         then = other.decision.kind if other.decision else "-"
@@ -345,12 +351,16 @@ def _across_passes(point: PointResult, other: PointResult) -> PointResult:
     return dataclasses.replace(widened, decision=decided, flags=flags, winner=_winner(best, verdicts, decided))
 
 
-def reported_kind(point: PointResult) -> Tuple[str, Optional[str]]:
-    """The decision on fusing (and its strategy) that the intervals a point reports support
-    (decisions.kind_of over its correct strategies): what its label must be."""
+def reported_kind(point: PointResult) -> Tuple[str, Optional[str], Optional[float]]:
+    """The decision on fusing (its strategy, its regret) that the intervals a point reports
+    support (decisions.kind_of over its correct strategies, by the rule that decided the point):
+    what its label must be."""
     cis = point.speedup_ci
     ratios = {s: (point.speedups[s], cis[s][0], cis[s][1]) for s in _fusing(cis, point.correct)}
-    return kind_of(ratios) if ratios else ("loop", None)
+    epsilon = point.decision.epsilon if point.decision is not None else None
+    if not ratios:
+        return "loop", None, None if epsilon is None else 0.0
+    return kind_of(ratios, epsilon)
 
 
 def _fusing(timed: Iterable[str], correct: Dict[str, bool]) -> List[str]:
@@ -403,7 +413,8 @@ def stored_passes(point: PointResult) -> Optional[Tuple[PointResult, PointResult
         return None
     timings = PairedTimings(point.stats, point.health)
     own = measured_point(point.n, point.params, timings, point.checks, point.decision.level,
-                         point.peak_memory_bytes, point.failures, point.first_call_s)  # fmt: skip
+                         point.peak_memory_bytes, point.failures, point.first_call_s,
+                         point.decision.epsilon)  # fmt: skip
     best = pick_best(c.speedups, c.verdicts, own.correct)
     other = dataclasses.replace(
         own, timings=c.timings, speedups=c.speedups, speedup_ci=c.speedup_ci, verdicts=c.verdicts,
@@ -534,7 +545,8 @@ def fuse_or_capture(point: PointResult) -> Optional[FuseOrCapture]:
     level = point.decision.level if point.decision is not None else 0.95
     speedup, lo, hi = paired_ratio(point.stats[control].samples_ms, point.stats[best].samples_ms, level)
     samples = {name: point.stats[name].samples_ms for name in (best, control)}
-    answer = decide_capture(samples, best, [control], level)
+    epsilon = point.decision.epsilon if point.decision is not None else None
+    answer = decide_capture(samples, best, [control], level, epsilon)
     return FuseOrCapture(point.n, best, control, speedup, [lo, hi], verdict((lo, hi)), answer)
 
 

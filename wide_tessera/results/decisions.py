@@ -7,17 +7,25 @@ settled, instead of when every median is known to 2%:
 
 * a strategy **beats the margin** when its whole interval lies above 1 + MIN_EFFECT, and is
   **known not to** when the whole interval lies below it;
-* the point is **fuse** (strategy S) when a strategy beats the margin and, for the winner's
-  identity, every other strategy is known slower than S or ties with it: not known slower,
-  but known not faster than S by more than the margin and its zone (an indifference zone,
-  as in Bechhofer's selection of the best: choosing S costs at most that, a difference a
-  fusing decision would not act on either); **loop** when every strategy is known not to beat the
-  margin; **marginal** when the strategies that might beat it are known to lie within
-  MARGINAL_ZONE of the margin (fusing gains about the margin; either choice costs little);
-  else **open**. Given time every point settles: an interval that straddles the margin
-  shrinks until it lies within the zone. Fuse or capture follows the same rule with the
-  fastest control in the baseline's place: 'fuse', 'capture' (fusing is known not to gain
-  the margin over the captured loop), 'either' (it gains about the margin) or 'open'.
+* each action has a worst case over the intervals (its **regret**, what a wrong choice can
+  cost beyond the margin): fusing with S costs MARGIN/lo - 1 if S's truth is its interval's
+  bottom; the loop costs max(hi)/MARGIN - 1 if the fastest strategy's truth is its top;
+* the point is **fuse** (strategy S) or **loop**, whichever worst case is smaller, as soon as
+  it is at most ε (RunSettings.regret, 2%): ε-best-arm identification (Even-Dar, Mannor and
+  Mansour 2002), which contains the rule of a margin alone, whose fuse (lo above the margin)
+  and loop (every hi below it) have no regret at all. Fuse also needs the winner's identity:
+  every other strategy known slower than S or tied with it, not known slower but known not
+  faster than S by more than the margin and its own zone, ZONE (an indifference zone, as in
+  Bechhofer's selection of the best: choosing S costs at most that). Else the point is
+  **open**, with the smaller worst case at stake. Given time every point settles: both
+  intervals shrink until one worst case is within ε. A strategy whose worst case is within ε
+  fuses with the fastest such one. Fuse or capture follows the same rule with the fastest
+  control in the baseline's place: 'fuse', 'capture' (fusing would gain at most ε beyond
+  the margin over the captured loop) or 'open'.
+* Files from before this rule (a Decision without `epsilon`) were decided by the margin and a
+  **marginal** zone around it, MARGINAL_ZONE either side: 'marginal' (every strategy that
+  might beat the margin known to lie within the zone) and, for fuse or capture, 'either'.
+  Their decisions are read, and re-derived, by that rule (`_kind_before_regret`).
 
 Repeated looks. The rule looks at the data at geometric round counts (10, 20, 40, ... up to
 the timer's max_samples) and once more when the budget is spent, and could stop at any of
@@ -25,7 +33,11 @@ them. Each look's intervals are at level 1 - ALPHA / looks (Bonferroni), so the 
 any interval of a speedup misses its true value at any look, the one the run stopped at
 included, is at most ALPHA: optional stopping does not erode the 95%. The intervals a result
 reports are those of the look it stopped at, at that level (`level`). scripts/coverage.py
-measures their coverage under this rule.
+measures their coverage under this rule. The loop's worst case is a maximum over the k
+strategies a point compares, and it is wrong only when one of their tops misses, a one-sided
+miss of at most ALPHA/2 each: it holds at 1 - k * ALPHA/2 (95% with two strategies), not at
+1 - ALPHA/2; a fuse bound rests on one interval's bottom and holds at 1 - ALPHA/2.
+scripts/regret.py measures how often a decision's regret exceeds ε.
 
 The speedup is the median of the per-round ratios (core.stats.paired_ratio), its interval
 from order statistics: distribution-free, and valid at ten rounds.
@@ -39,7 +51,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 from dataclasses_json import dataclass_json
 
 from ..core.roles import BASELINE
-from ..core.stats import MARGINAL_ZONE, MIN_EFFECT, paired_ratio
+from ..core.stats import MARGINAL_ZONE, MIN_EFFECT, REGRET, paired_ratio
 from ..measurement.settings import RunSettings
 from ..measurement.timing import Look, StopRule, TimingConfig
 
@@ -47,6 +59,8 @@ __all__ = [
     "ALPHA",
     "MARGIN",
     "ZONE",
+    "fuse_regret",
+    "loop_regret",
     "Call",
     "Decision",
     "looks",
@@ -66,11 +80,24 @@ __all__ = [
 # The chance, over all looks, that a reported interval misses its true value.
 ALPHA = 0.05
 MARGIN = 1 + MIN_EFFECT
-# The marginal zone, 1.029 to 1.071: a speedup known to lie here gains about the margin.
+# The zone around the margin, 1.029 to 1.071: the winner's indifference zone (a strategy not
+# faster than the winner by more than 1.071x ties with it), and the marginal zone of the rule
+# before regret bounds.
 ZONE = (MARGIN / (1 + MARGINAL_ZONE), MARGIN * (1 + MARGINAL_ZONE))
 
+# 'marginal' and 'either' only in files from before regret bounds
 KINDS = ("fuse", "marginal", "loop", "open")
 CAPTURE_KINDS = ("fuse", "capture", "either", "open")
+
+
+def fuse_regret(lo: float) -> float:
+    """What fusing costs beyond the margin if the speedup is its interval's bottom `lo`."""
+    return max(0.0, MARGIN / lo - 1)
+
+
+def loop_regret(his: Sequence[float]) -> float:
+    """What the loop costs beyond the margin if the fastest strategy's speedup is its interval's top."""
+    return max(0.0, max(his) / MARGIN - 1)
 
 
 def looks(config: TimingConfig) -> List[int]:
@@ -107,7 +134,7 @@ def stop_rule(strategies: Sequence[str], controls: Sequence[str], settings: RunS
     def stop(samples: Dict[str, List[float]]) -> Look:
         if len(samples[BASELINE]) not in scheduled:
             return Look(False)
-        call = decide(samples, strategies, level, controls)
+        call = decide(samples, strategies, level, controls, settings.regret)
         return Look(call.settled, frozenset(settled_parts(samples, call, strategies, controls, level)))
 
     return stop
@@ -138,9 +165,11 @@ def settled_parts(
 class Call:
     """What a point decided about fusing, at the look it stopped at.
 
-    kind: 'fuse' (with `strategy`), 'marginal' (`strategy` the fastest within the margin's zone),
-    'loop' (no strategy beats the margin), or 'open' (undecided when the budget ran out, or
-    over a point's passes taken together: results.analysis; `strategy` the provisional best).
+    kind: 'fuse' (with `strategy`), 'loop', or 'open' (undecided when the budget ran out, or
+    over a point's passes taken together: results.analysis; `strategy` the provisional best);
+    'marginal' in files from before regret bounds. regret: the kind's worst case beyond the
+    margin (fuse: how far `strategy` may fall short of it; loop: how much fusing may gain beyond
+    it; open: the smaller of the two, what is at stake); None in files from before it.
     ties: strategies not known slower than the winner, but known not faster by more than the
     margin. rivals: strategies that may be faster
     than the winner by more than the margin (the winner's identity is open). capture: at a
@@ -153,6 +182,7 @@ class Call:
     ties: List[str] = field(default_factory=list)
     rivals: List[str] = field(default_factory=list)
     capture: Optional[str] = None
+    regret: Optional[float] = None
 
     @property
     def settled(self) -> bool:
@@ -164,13 +194,16 @@ class Call:
 class Decision:
     """A point's decision and how it was reached: the Call; the rounds taken; the round count at
     which it settled (None: it never did); the intervals' level; the decisions of its group
-    that it feeds ('crossover', 'winner', 'fuse_or_capture'; set when the result is analysed)."""
+    that it feeds ('crossover', 'winner', 'fuse_or_capture'; set when the result is analysed);
+    the ε it was settled to (RunSettings.regret; None: decided by the rule before regret
+    bounds, with its marginal zone)."""
 
     call: Call
     rounds: int
     settled_at: Optional[int]
     level: float
     feeds: List[str] = field(default_factory=list)
+    epsilon: Optional[float] = None
 
     @property
     def kind(self) -> str:
@@ -178,8 +211,9 @@ class Decision:
 
 
 def classify(lo: float, hi: float) -> str:
-    """Where a speedup interval lies against the margin: 'beats' (wholly above it), 'marginal'
-    (wholly within the zone around it), 'below' (wholly below it), else 'open'."""
+    """Where a speedup interval lies against the margin, by the rule before regret bounds:
+    'beats' (wholly above it), 'marginal' (wholly within the zone around it), 'below' (wholly
+    below it), else 'open'."""
     if lo > MARGIN:
         return "beats"
     if ZONE[0] <= lo and hi <= ZONE[1]:
@@ -192,15 +226,21 @@ def classify(lo: float, hi: float) -> str:
 Samples = Mapping[str, Sequence[float]]
 
 
-def decide(samples: Samples, strategies: Sequence[str], level: float, controls: Sequence[str] = ()) -> Call:
+def decide(
+    samples: Samples,
+    strategies: Sequence[str],
+    level: float,
+    controls: Sequence[str] = (),
+    epsilon: Optional[float] = REGRET,
+) -> Call:
     """The Call the samples (ms per call, paired by round; 'baseline' among them) support at
-    `level`, over the correct `strategies` that were timed; with `controls`, the fuse-or-capture
-    answer too."""
+    `level` and regret `epsilon` (None: the rule before regret bounds), over the correct
+    `strategies` that were timed; with `controls`, the fuse-or-capture answer too."""
     timed = [s for s in strategies if s in samples]
     if not timed:
-        return Call("loop")
+        return Call("loop", regret=None if epsilon is None else 0.0)
     ratios = {s: paired_ratio(samples[BASELINE], samples[s], level) for s in timed}
-    kind, strategy = kind_of(ratios)
+    kind, strategy, regret = kind_of(ratios, epsilon)
     ties: List[str] = []
     rivals: List[str] = []
     if kind == "fuse":
@@ -209,17 +249,38 @@ def decide(samples: Samples, strategies: Sequence[str], level: float, controls: 
         others = [s for s in timed if s != strategy and s not in below_winner]
         ties, rivals = _against(samples, strategy, others, level)
     # where fusing loses, capturing the loop is all there is to weigh
-    capture = decide_capture(samples, strategy, controls, level) if controls and kind != "loop" else None
-    return Call(kind, strategy, ties, rivals, capture)
+    capture = decide_capture(samples, strategy, controls, level, epsilon) if controls and kind != "loop" else None
+    return Call(kind, strategy, ties, rivals, capture, regret)
 
 
-def kind_of(ratios: Mapping[str, Tuple[float, float, float]]) -> Tuple[str, str]:
+def kind_of(
+    ratios: Mapping[str, Tuple[float, float, float]], epsilon: Optional[float]
+) -> Tuple[str, str, Optional[float]]:
     """The decision on fusing that speedups (strategy -> (median, low, high); at least one)
-    support, with its strategy: 'fuse' with the fastest that beats the margin; 'loop' (every
-    one known not to) with the fastest; 'marginal' (every one known not to, or within the
-    zone) with the fastest within the zone; else 'open' with the fastest. `decide` applies it
-    to a pass's intervals, results.analysis to a point's intervals over several passes: one
-    rule, so that no label says more than the intervals it is shown with."""
+    support at regret `epsilon`, with its strategy and its regret: 'fuse' with the fastest
+    whose fusing regret is within ε, where that is no more than the loop's; 'loop' (its regret
+    within ε) with the fastest; else 'open' with the fastest, the smaller regret at stake.
+    `decide` applies it to a pass's intervals, results.analysis to a point's intervals over
+    several passes: one rule, so that no label says more than the intervals it is shown with.
+    epsilon None: the rule before regret bounds (`_kind_before_regret`), no regret."""
+    if epsilon is None:
+        return (*_kind_before_regret(ratios), None)
+    fusing = {s: fuse_regret(lo) for s, (_, lo, _) in ratios.items()}
+    looping = loop_regret([hi for _, _, hi in ratios.values()])
+    best = min(fusing.values())
+    if best <= epsilon and best <= looping:
+        s = max((s for s in ratios if fusing[s] <= epsilon), key=lambda s: ratios[s][0])
+        return "fuse", s, fusing[s]
+    fastest = max(ratios, key=lambda s: ratios[s][0])
+    if looping <= epsilon:
+        return "loop", fastest, looping
+    return "open", fastest, min(best, looping)
+
+
+def _kind_before_regret(ratios: Mapping[str, Tuple[float, float, float]]) -> Tuple[str, str]:
+    """The rule of files from before regret bounds: 'fuse' with the fastest that beats the
+    margin; 'loop' (every one known not to) with the fastest; 'marginal' (every one known not
+    to, or within the zone) with the fastest within the zone; else 'open' with the fastest."""
     places = {s: classify(lo, hi) for s, (_, lo, hi) in ratios.items()}
 
     def fastest(kinds: Sequence[str]) -> str:
@@ -253,17 +314,21 @@ def _against(samples: Samples, winner: str, others: Sequence[str], level: float)
     return ties, rivals
 
 
-def decide_capture(samples: Samples, strategy: str, controls: Sequence[str], level: float) -> str:
+def decide_capture(
+    samples: Samples, strategy: str, controls: Sequence[str], level: float, epsilon: Optional[float] = REGRET
+) -> str:
     """Fuse with `strategy`, or capture the loop with the fastest control? The fuse decision's
-    rule with the control in the baseline's place: 'fuse' when the strategy is known faster
-    beyond the margin, 'capture' when it is known not to be (capturing the loop is enough),
-    'either' when the speedup is known to lie in the zone around the margin, else 'open'."""
+    rule (`kind_of`) with the control in the baseline's place: 'fuse', 'capture' (capturing the
+    loop is enough: fusing would gain at most ε beyond the margin over it) or 'open'; 'either'
+    where no control or strategy was timed, and by the rule before regret bounds where the
+    speedup is known to lie in the zone around the margin."""
     timed = [c for c in controls if c in samples]
     if not timed or strategy not in samples:
         return "either"
     control = min(timed, key=lambda c: _median(samples[c]))
-    _, lo, hi = paired_ratio(samples[control], samples[strategy], level)
-    return {"beats": "fuse", "below": "capture", "marginal": "either", "open": "open"}[classify(lo, hi)]
+    ratio = paired_ratio(samples[control], samples[strategy], level)
+    kind = kind_of({strategy: ratio}, epsilon)[0]
+    return {"fuse": "fuse", "loop": "capture", "marginal": "either", "open": "open"}[kind]
 
 
 def _median(values: Sequence[float]) -> float:

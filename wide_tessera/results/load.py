@@ -35,6 +35,7 @@ def load_results(path: Union[str, Path]) -> List[BenchmarkResult]:
         for i, raw in enumerate(doc["results"]):
             if version < 7:
                 raw = _with_settings(raw)
+            raw = _before_regret(raw)
             result = build(raw, BenchmarkResult, f"results[{i}]")
             check_result(result, f"results[{i}]")
             results.append(result)
@@ -42,6 +43,15 @@ def load_results(path: Union[str, Path]) -> List[BenchmarkResult]:
     except Exception as e:  # noqa: BLE001  RecursionError from deep nesting included: bad file, one line
         detail = str(e) if isinstance(e, WideTesseraError) else f"{type(e).__name__}: {e}"
         raise DamagedFile(f"{path}: not a wide_tessera results file ({' '.join(detail.split())})") from None
+
+
+def _before_regret(raw: Any) -> Any:
+    """A result whose settings hold no `regret` was decided by the rule before regret bounds, with
+    its marginal zone: regret None, not the default a setting left out would take today."""
+    settings = raw.get("settings") if isinstance(raw, dict) else None
+    if not isinstance(settings, dict) or "regret" in settings:
+        return raw
+    return {**raw, "settings": {**settings, "regret": None}}
 
 
 # Schema 3 to 6 held these settings as fields of the result; 7 holds them in `settings`.

@@ -10,9 +10,11 @@ UNRELIABLE, only when a point it rests on
 * was disturbed and never measured clean (a clean measurement outranks a disturbed one of
   the same point, analysis.confirmed);
 * was measured twice and the two contradict each other (unstable);
-* is still open when the budget is spent (its winner's identity or fuse-or-capture included),
-  or over its passes (one cleared the margin, and their intervals together lie across it:
-  results.analysis.disputed, after the third pass that buys).
+* is still open when the budget is spent: neither fusing nor the loop known to cost at most
+  ε beyond the margin (its winner's identity or fuse-or-capture included), or over its
+  passes (one settled, and over both builds' intervals together neither is within ε: a
+  disagreement between builds beyond ε; results.analysis.disputed, after the third pass that
+  buys).
 
 Everything else is recorded as a note, never a reason: a busy machine that disturbed no
 deciding round, a disturbed point that decides nothing, intervals near the margin of a
@@ -22,9 +24,9 @@ is clear.
 
 from __future__ import annotations
 
-from typing import List, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
-from .decisions import same_winner
+from .decisions import Call, same_winner
 from .schema import PointResult
 
 __all__ = ["feeds_of", "judge"]
@@ -65,9 +67,7 @@ def judge(group: Sequence[PointResult], feeds: Sequence[List[str]]) -> Tuple[Lis
             continue
         call = decision.call
         if call.kind == "open" and "crossover" in fed:
-            problems.append(
-                f"{where}: open: {call.strategy or 'no strategy'} neither beats the margin nor is known not to"
-            )
+            problems.append(f"{where}: open: {_open_why(call, decision.epsilon)}")
         elif call.kind == "open":
             notes.append(f"{where}: open, but no decision rests on it")
         if "winner" in fed and _winners_differ(p):
@@ -77,6 +77,17 @@ def judge(group: Sequence[PointResult], feeds: Sequence[List[str]]) -> Tuple[Lis
         if call.capture == "open" and "fuse_or_capture" in fed:
             problems.append(f"{where}: open: fuse or capture is not yet decided")
     return problems, list(dict.fromkeys(notes))
+
+
+def _open_why(call: Call, epsilon: Optional[float]) -> str:
+    """Why an open point decides nothing: what is at stake against what was asked (ε)."""
+    best = call.strategy or "no strategy"
+    if call.regret is None or epsilon is None:  # the rule before regret bounds
+        return f"{best} neither beats the margin nor is known not to"
+    return (
+        f"up to {100 * call.regret:.3g}% at stake ({best}: neither fusing nor the loop "
+        f"is known to cost at most {100 * epsilon:.3g}%)"
+    )
 
 
 def _winners_differ(point: PointResult) -> bool:

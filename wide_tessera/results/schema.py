@@ -201,14 +201,14 @@ class PointResult:
 
     @property
     def fused_wins(self) -> bool:
-        """A correct strategy is significantly faster than the N separate calls, in a measurement
-        that was not disturbed and that a confirmation did not contradict."""
-        return (
-            not self.unstable
-            and not self.disturbed
-            and self.best_strategy is not None
-            and self.verdicts[self.best_strategy] == "faster"
-        )
+        """The point decided to fuse (results.decisions: within ε of the margin or beyond it; in
+        files from before regret bounds, a correct strategy significantly faster than the margin),
+        in a measurement that was not disturbed and that a confirmation did not contradict."""
+        if self.unstable or self.disturbed:
+            return False
+        if self.decision is not None and self.decision.epsilon is not None:
+            return self.decision.kind == "fuse"
+        return self.best_strategy is not None and self.verdicts[self.best_strategy] == "faster"
 
 
 @dataclass_json

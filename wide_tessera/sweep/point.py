@@ -446,6 +446,7 @@ class _PointMeasurement:
             self.peaks,
             self.failures,
             self.first_call_s,
+            self.settings.regret,
         )
         point.launches, point.work = launches, self.job.work_factory(self.n, **self.params)
         if timings is not None:
