@@ -17,6 +17,7 @@ class GroupRecord:
     seconds: float
     pruned: List[int] = field(default_factory=list)
     repacked: List[int] = field(default_factory=list)  # the group's N after each repack
+    failed: List[int] = field(default_factory=list)  # trials whose own code raised: FAIL, alone
 
 
 @dataclass
@@ -50,9 +51,10 @@ class StudySummary:
         lines += [f"group size for {shape}: {why}" for shape, why in self.sizes.items()]
         for index, g in enumerate(self.groups):
             repacked = f" (repacked to N={', '.join(map(str, g.repacked))})" if g.repacked else ""
-            pruned = f", pruned {g.pruned}{repacked}" if g.pruned else ""
+            pruned = f", pruned {g.pruned}" if g.pruned else ""
+            failed = f", failed {g.failed}" if g.failed else ""
             ran = f"{g.strategy or 'a loop'} ({g.why})"
-            lines.append(f"  group {index}: trials {g.trials} as {ran}, {g.seconds:.1f} s{pruned}")
+            lines.append(f"  group {index}: trials {g.trials} as {ran}, {g.seconds:.1f} s{pruned}{failed}{repacked}")
         return "\n".join(lines)
 
 
