@@ -11,9 +11,11 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 from tqdm.auto import tqdm
 
+from ...core.roles import BASELINE
 from ...dispatch.build import Fused
 from ...dispatch.fuse import fuse
 from .host import optuna
+from .probe import Probe, now
 from .sequential import train_alone
 from .summary import GroupRecord
 from .tell import Teller
@@ -23,13 +25,14 @@ from .trial import Member
 
 @dataclass(frozen=True)
 class Plan:
-    """How every group of a study trains: the training, the table fuse() decides from, the strategy
-    forced (None: the table's), the device."""
+    """How a group trains: the training, the table fuse() decides from, the strategy forced (None:
+    the table's), the device, and the probe it runs first (None: none; see probe.Probe)."""
 
     training: Training
     table: Path
     strategy: Optional[str]
     device: str
+    probe: Optional[Probe] = None
 
 
 class _Group:
@@ -70,13 +73,14 @@ class _Group:
             self.after_backward()
         return {i: float(loss.detach()) for i, loss in losses.items()}
 
-    def without(self, kept: List[int], step: int) -> "_Group":
+    def without(self, kept: List[int], step: int, strategy: Optional[str] = None) -> "_Group":
         """The group repacked with only the members at `kept`, after step `step`: their weights and
-        optimizer states as they are, their schedule where it is."""
+        optimizer states as they are, their schedule where it is; `strategy`: run this one from now
+        on (a probe's turn, or its winner)."""
         models = self.fused.unfuse()
         states = self.opt.state_dicts()
         members = [replace(self.members[i], model=models[i]) for i in kept]
-        regroup = _Group(members, self.plan)
+        regroup = _Group(members, self.plan if strategy is None else replace(self.plan, strategy=strategy))
         regroup.opt.load_state_dicts([states[i] for i in kept])  # each model's lr as scheduled, its initial lr
         regroup.after_backward.restart_schedules(step)  # at its position: step + 1 steps taken
         return regroup
@@ -102,7 +106,7 @@ def _train_fused(
     teller: Teller, members: List[Member], plan: Plan, clock: Optional[Tuple[float, float]], index: int, key: str
 ) -> GroupRecord:
     """A group of several trials trained as one fused model (see train_group)."""
-    start, training = time.perf_counter(), plan.training
+    start, training, probe = time.perf_counter(), plan.training, plan.probe
     group = _Group(members, plan)
     record = GroupRecord(
         [m.trial.number for m in members], key, group.fused.strategy, group.fused.decision.match.reason, 0.0
@@ -114,7 +118,17 @@ def _train_fused(
     bar = tqdm(total=training.steps, desc=what, disable=clock is None, leave=False)
     for step in range(training.steps):
         failed: Dict[int, Exception] = {}
-        losses = group.step(step, failed)
+        if probe is not None and not probe.done:
+            group = _turn(group, probe, probe.side(step), step)
+            began = now()
+            losses = group.step(step, failed)
+            probe.timed(step, now() - began)
+            if probe.done:
+                group = _turn(group, probe, probe.winner() or BASELINE, step + 1)
+                record.strategy, record.why = group.fused.strategy, probe.said(len(members))
+                _label_trials(group.members, group.fused.strategy)
+        else:
+            losses = group.step(step, failed)
         for i, error in failed.items():
             teller.failed(group.members[i].trial, error)
             record.failed.append(group.members[i].trial.number)
@@ -147,6 +161,18 @@ def _train_fused(
                 teller.tell(m.trial, value)
     record.seconds = time.perf_counter() - start
     return record
+
+
+def _turn(group: _Group, probe: Probe, side: str, step: int) -> _Group:
+    """The group running `side` (the loop: BASELINE) from `step` on, repacked where it ran another;
+    the switch's time counted as the probe's cost."""
+    strategy = "loop" if side == BASELINE else side
+    if (group.fused.strategy or "loop") == strategy:
+        return group
+    began = now()
+    group = group.without(list(range(len(group.members))), step - 1, strategy)
+    probe.switching_s += now() - began
+    return group
 
 
 def _refuses_settings(teller: Teller, member: Member, plan: Plan) -> bool:

@@ -12,12 +12,13 @@ from torch import nn
 
 from ...core import trees
 from ...core.errors import MissingDependency, WideTesseraError
+from ...core.user_input import check_number
 from ...dispatch.table import default_table_path
 from ...ops.base import layout_of
 from ...widen.rates import rate_settings
 from .group import Plan, train_group
 from .host import optuna
-from .sizing import size_groups, step_seconds
+from .sizing import Sizing, probed, size_groups, step_seconds
 from .summary import GroupRecord, StudySummary, label, shape_params
 from .tell import Callback, Teller, checked_contract
 from .training import Training
@@ -39,6 +40,7 @@ def optimize(
     catch: Tuple[Type[Exception], ...] = (),
     callbacks: Optional[Iterable[Callback]] = None,
     gc_after_trial: bool = False,
+    sizing_share: float = 0.1,
 ) -> StudySummary:
     """Run `n_trials` trials of `study`, each group of trials whose models share a shape trained
     as one fused model (see the module's docstring). suggest(trial) -> the trial's parameters
@@ -51,7 +53,8 @@ def optimize(
     choice at the group's N. timeout, catch, callbacks, gc_after_trial: study.optimize's (no trial
     is asked after `timeout` seconds, the groups asked train to the end; a trial that raises fails
     alone, its group going on without it, and the error is raised once the trials asked are told,
-    unless `catch` names its type)."""
+    unless `catch` names its type). sizing_share: the most of the study's estimated sequential time
+    spent probing a shape the table decides nothing for (0: the table's or the given size alone)."""
     if optuna is None:
         raise MissingDependency("wide_tessera.integrations.optuna needs optuna: pip install optuna")
     if not isinstance(study, optuna.Study):
@@ -68,11 +71,12 @@ def optimize(
             "single-objective study"
         )
     timeout, catch, listed = checked_contract(timeout, catch, callbacks)
+    share = check_number("sizing_share", sizing_share, 0.0, 1.0, low_ok=True)
     teller = Teller(study, catch, listed, gc_after_trial)
     table_path = Path(table) if table is not None else default_table_path()
     start = time.perf_counter()
     pending: Dict[str, List[Member]] = {}
-    sizes: Dict[str, Tuple[int, str, Optional[str]]] = {}  # per shape: the group size, why, the strategy
+    sizes: Dict[str, Sizing] = {}  # per shape
     shapes: Dict[str, List[Dict[str, Any]]] = {}
     groups: List[GroupRecord] = []
     estimate: Optional[float] = None
@@ -81,7 +85,7 @@ def optimize(
     with forked(device):
         try:
             while (asked < n_trials and _asking(start, timeout, teller)) or pending:
-                ready = next((k for k, ms in pending.items() if len(ms) >= sizes[k][0]), None)
+                ready = next((k for k, ms in pending.items() if len(ms) >= sizes[k].size), None)
                 if ready is None and asked < n_trials and _asking(start, timeout, teller):
                     trial = teller.ask()
                     asked += 1
@@ -98,27 +102,30 @@ def optimize(
                     except Exception as error:  # noqa: BLE001  the trial's own code raised: it fails alone
                         teller.failed(trial, error)
                         continue
+                    if estimate is None:
+                        estimate = step_seconds(member, training, device) * training.steps * n_trials
                     if key not in sizes:
                         began = time.perf_counter()
                         sizes[key] = size_groups(
-                            build, member, training, group_size, strategy, table_path, n_trials, device
+                            member, training, group_size, strategy, table_path, n_trials, device, share * estimate
                         )
                         sizing += time.perf_counter() - began
-                    if estimate is None:
-                        estimate = step_seconds(member, training, device) * training.steps * n_trials
                     pending.setdefault(key, []).append(member)
                     shapes.setdefault(key, []).append(params)
                     continue
                 key = ready if ready is not None else next(iter(pending))
-                members, rest = pending[key][: sizes[key][0]], pending[key][sizes[key][0] :]
+                members, rest = pending[key][: sizes[key].size], pending[key][sizes[key].size :]
                 if rest:
                     pending[key] = rest
                 else:
                     del pending[key]
-                plan = Plan(training, table_path, sizes[key][2], device)
+                plan = Plan(training, table_path, sizes[key].strategy, device, sizes[key].probe)
                 clock = (start, estimate or 0.0) if progress else None
                 with seeded(device, members[0].draws.training_seed):  # the group's dropout masks
                     groups.append(train_group(teller, members, plan, clock, len(groups), key))
+                if plan.probe is not None:  # the later groups of the shape run what it decided
+                    sizes[key] = probed(sizes[key], members[0], len(members), table_path)
+                    sizing += plan.probe.cost_s
             if teller.raised is not None:
                 raise teller.raised
         except BaseException:  # as study.optimize does: a trial interrupted, or asked and left by an error, FAILED
@@ -129,7 +136,7 @@ def optimize(
     for g in groups:
         g.shape = labels[g.shape]
     return StudySummary(
-        {labels[key]: why for key, (_, why, _) in sizes.items()},
+        {labels[key]: s.why for key, s in sizes.items()},
         groups,
         time.perf_counter() - start,
         estimate or 0.0,

@@ -45,7 +45,7 @@ class StudySummary:
             f"(sequential, unpruned, estimated {self.sequential_estimate_s:.1f} s)"
         ]
         if self.sizing_s >= 0.05:
-            lines.append(f"of which {self.sizing_s:.1f} s measured what the table lacked (once: later studies read it)")
+            lines.append(f"of which {self.sizing_s:.1f} s went to sizing the groups (see the group sizes)")
         if self.shape_params:
             lines.append(f"groups told apart by: {', '.join(self.shape_params)}")
         lines += [f"group size for {shape}: {why}" for shape, why in self.sizes.items()]
