@@ -15,7 +15,7 @@ from ...core.roles import BASELINE
 from ...dispatch.build import Fused
 from ...dispatch.fuse import fuse
 from .host import optuna
-from .probe import Probe, now
+from .probe import TURN_STEPS, Probe, now
 from .sequential import train_alone
 from .summary import GroupRecord
 from .tell import Teller
@@ -119,10 +119,13 @@ def _train_fused(
     for step in range(training.steps):
         failed: Dict[int, Exception] = {}
         if probe is not None and not probe.done:
+            if step % TURN_STEPS == 0:
+                probe.last_turn_s, turn_began = 0.0, probe.cost_s
             group = _turn(group, probe, probe.side(step), step)
             began = now()
             losses = group.step(step, failed)
             probe.timed(step, now() - began)
+            probe.last_turn_s = probe.cost_s - turn_began
             if probe.done:
                 group = _turn(group, probe, probe.winner() or BASELINE, step + 1)
                 record.strategy, record.why = group.fused.strategy, probe.said(len(members))

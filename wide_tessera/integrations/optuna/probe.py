@@ -48,6 +48,7 @@ class Probe:
     spent_s: float = 0.0
     switching_s: float = 0.0
     excess_s: float = 0.0  # what the fused turns' steps took beyond the loop's (the sequential's) time
+    last_turn_s: float = 0.0  # the cost of the last switch and its turn: the next one is taken only if it fits
     call: Optional[Call] = None
     steps: int = 0
     _block: List[float] = field(default_factory=list)
@@ -85,7 +86,8 @@ class Probe:
 
     @property
     def done(self) -> bool:
-        return self.call is not None or self.cost_s >= self.budget_s
+        at_turn = self.steps % TURN_STEPS == 0
+        return self.call is not None or self.cost_s + (self.last_turn_s if at_turn else 0.0) >= self.budget_s
 
     def winner(self) -> Optional[str]:
         """The strategy the group goes on with (None: the loop): the rule's, or where it did not
