@@ -24,8 +24,8 @@ class GroupRecord:
 class StudySummary:
     """What `optimize` did: the group size and why, per shape; every group; the wall time against
     an estimate of the sequential study (one trial's step timed alone, times every trial's steps),
-    and how much of it went to sizing the groups (measuring what the table lacked: a cost the
-    next study on this machine, reading the table, does not pay)."""
+    and how much of it went to sizing the groups (a probe's switches, and its fused turns' time
+    beyond the loop's: each group size's line says what the probe measured and decided)."""
 
     sizes: Dict[str, str]
     groups: List[GroupRecord]
