@@ -158,19 +158,25 @@ def test_a_training_of_bad_settings_is_refused(kwargs, message):
 
 
 @pytest.mark.slow
+def _clock(monkeypatch, loop_s, fused_s):
+    """The probe's clock replaced: each loop step takes `loop_s`, each fused one `fused_s`, and a
+    switch nothing."""
+    from wide_tessera.integrations.optuna import probe
+
+    ticks = iter(range(10**9))
+    monkeypatch.setattr("wide_tessera.integrations.optuna.group.now", lambda: next(ticks) * 1e-9)
+    timed = probe.Probe.timed
+    monkeypatch.setattr(probe.Probe, "timed", lambda self, step, s: timed(
+        self, step, loop_s if self.side(step) == probe.BASELINE else fused_s))  # fmt: skip
+
+
 def test_a_shape_the_table_lacks_is_sized_on_its_first_groups_own_steps(tmp_path, monkeypatch):
     """The first group trains in turns (loop, vmap, surgery), every step a step of training, until
     the decision rule settles within the sizing share; it goes on with the winner, writes what it
     learned (a win unconfirmed, confirmed by the next study's agreeing probe), and the trials end
     as they end sequentially. (Measuring the shape by benchmark_custom cost 114 s of a 137 s
     study.) The clock is replaced: fused steps 10x faster than the loop's, switches free."""
-    from wide_tessera.integrations.optuna import probe
-
-    ticks = iter(range(10**9))
-    monkeypatch.setattr("wide_tessera.integrations.optuna.group.now", lambda: next(ticks) * 1e-9)
-    timed = probe.Probe.timed
-    monkeypatch.setattr(probe.Probe, "timed", lambda self, step, s: timed(self, step, 1e-2 if self.side(step) ==
-                                                                         probe.BASELINE else 1e-3))  # fmt: skip
+    _clock(monkeypatch, loop_s=1e-2, fused_s=1e-3)
     table = tmp_path / "table.json"
     training = Training(steps=40, batch=lambda p, step: (X[step % STEPS], Y[step % STEPS]), loss=F.mse_loss,
                         optimizer="adamw", report_every=10)  # fmt: skip
@@ -189,6 +195,24 @@ def test_a_shape_the_table_lacks_is_sized_on_its_first_groups_own_steps(tmp_path
     # the third study reads the confirmed entry: no probe, fuse() fuses N=4
     summary = optimize(study(), suggest, build, training, n_trials=4, table=table, progress=False)
     assert "probed" not in summary.groups[0].why and summary.groups[0].strategy == group.strategy
+
+
+def test_where_the_probe_finds_the_loop_faster_the_trials_go_on_one_at_a_time(tmp_path, monkeypatch):
+    """No fused strategy wins: the first group's trials go on alone from where the probe left them
+    (torch's optimizer state and schedule carried over), end as they end sequentially, and the
+    shape's later trials train one at a time; the table says 'loop'."""
+    _clock(monkeypatch, loop_s=1e-3, fused_s=1e-2)
+    table = tmp_path / "table.json"
+    training = Training(steps=40, batch=lambda p, step: (X[step % STEPS], Y[step % STEPS]), loss=F.mse_loss,
+                        optimizer="adamw", cosine=True, report_every=10)  # fmt: skip
+    sequential = study()
+    sequential.optimize(sequential_objective(suggest, build, training), n_trials=6)
+    fused = study()
+    summary = optimize(fused, suggest, build, training, n_trials=6, table=table, progress=False, sizing_share=1.0)
+    assert [len(g.trials) for g in summary.groups] == [4, 1, 1] and "one at a time" in summary.groups[0].why
+    assert [t.value for t in fused.trials] == pytest.approx([t.value for t in sequential.trials], rel=1e-3)
+    (entry,) = json.loads(table.read_text())["entries"]
+    assert [v["verdict"] for v in entry["verdicts"]] == ["loop"]
 
 
 def test_with_no_sizing_share_a_shape_the_table_lacks_trains_one_trial_at_a_time(tmp_path):

@@ -107,6 +107,7 @@ def _train_fused(
 ) -> GroupRecord:
     """A group of several trials trained as one fused model (see train_group)."""
     start, training, probe = time.perf_counter(), plan.training, plan.probe
+    alone = False
     group = _Group(members, plan)
     record = GroupRecord(
         [m.trial.number for m in members], key, group.fused.strategy, group.fused.decision.match.reason, 0.0
@@ -130,6 +131,7 @@ def _train_fused(
                 group = _turn(group, probe, probe.winner() or BASELINE, step + 1)
                 record.strategy, record.why = group.fused.strategy, probe.said(len(members))
                 _label_trials(group.members, group.fused.strategy)
+                alone = probe.winner() is None
         else:
             losses = group.step(step, failed)
         for i, error in failed.items():
@@ -149,6 +151,12 @@ def _train_fused(
         if clock is not None:
             elapsed = f"{time.perf_counter() - clock[0]:.0f}s of ~{clock[1]:.0f}s sequential"
             bar.set_postfix(training=len(group.members), pruned=len(record.pruned), study=elapsed)
+        if alone:  # no fused strategy won: the trials go on one at a time, as the sequential loop trains them
+            bar.close()
+            record.why += "; the trials then trained one at a time"
+            _one_at_a_time(teller, group, step + 1, history, record)
+            record.seconds = time.perf_counter() - start
+            return record
     bar.close()
     if kept:
         models = group.fused.unfuse() if training.evaluate is not None else []
@@ -164,6 +172,28 @@ def _train_fused(
                 teller.tell(m.trial, value)
     record.seconds = time.perf_counter() - start
     return record
+
+
+def _one_at_a_time(
+    teller: Teller, group: _Group, start: int, history: Dict[int, List[float]], record: GroupRecord
+) -> None:
+    """Each member of the group trained alone from step `start` to the end, as the sequential loop
+    trains it (train_alone: torch's optimizer, its state and schedule carried over from the
+    group's), then told: where the group would have run as a loop, each trial pays no wrapper and
+    can be pruned against the ones finished before it."""
+    models, states = group.fused.unfuse(), group.opt.state_dicts()
+    for i, m in enumerate(group.members):
+        try:
+            value = train_alone(m.trial, m.params, models[i], m.draws, group.plan.training, group.plan.device,
+                                resume=(start, states[i], history[m.trial.number]))  # fmt: skip
+        except optuna.TrialPruned:
+            teller.tell(m.trial, state=optuna.trial.TrialState.PRUNED)
+            record.pruned.append(m.trial.number)
+        except Exception as error:  # noqa: BLE001  the trial's own code raised: it fails alone
+            teller.failed(m.trial, error)
+            record.failed.append(m.trial.number)
+        else:
+            teller.tell(m.trial, value)
 
 
 def _turn(group: _Group, probe: Probe, side: str, step: int) -> _Group:
