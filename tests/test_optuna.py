@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import wide_tessera as wt
-from wide_tessera.measurement.health import HealthMonitor
+from wide_tessera.core.errors import WideTesseraError
 
 optuna = pytest.importorskip("optuna")
 from wide_tessera.integrations.optuna import Training, optimize, sequential_objective  # noqa: E402
@@ -169,44 +169,72 @@ def test_a_training_of_bad_settings_is_refused(kwargs, message):
 
 
 @pytest.mark.slow
-def test_a_measured_group_size_comes_from_the_table_it_wrote(tmp_path, monkeypatch):
-    # a measurement disturbed throughout writes no entry, and the second study measured again
-    # (beside two busy loops): here the machine is taken to be quiet
-    monkeypatch.setattr(HealthMonitor, "round_disturbed", lambda self: False)
-    monkeypatch.setattr(HealthMonitor, "busy", lambda self: False)
+def _clock(monkeypatch, loop_s, fused_s):
+    """The probe's clock replaced: each loop step takes `loop_s`, each fused one `fused_s`, and a
+    switch nothing."""
+    from wide_tessera.integrations.optuna import probe
+
+    ticks = iter(range(10**9))
+    monkeypatch.setattr("wide_tessera.integrations.optuna.group.now", lambda: next(ticks) * 1e-9)
+    timed = probe.Probe.timed
+    monkeypatch.setattr(probe.Probe, "timed", lambda self, step, s: timed(
+        self, step, loop_s if self.side(step) == probe.BASELINE else fused_s))  # fmt: skip
+
+
+def test_a_shape_the_table_lacks_is_sized_on_its_first_groups_own_steps(tmp_path, monkeypatch):
+    """The first group trains in turns (loop, vmap, surgery), every step a step of training, until
+    the decision rule settles within the sizing share; it goes on with the winner, writes what it
+    learned (a win unconfirmed, confirmed by the next study's agreeing probe), and the trials end
+    as they end sequentially. (Measuring the shape by benchmark_custom cost 114 s of a 137 s
+    study.) The clock is replaced: fused steps 10x faster than the loop's, switches free."""
+    _clock(monkeypatch, loop_s=1e-2, fused_s=1e-3)
+    table = tmp_path / "table.json"
+    training = Training(steps=40, batch=lambda p, step: (X[step % STEPS], Y[step % STEPS]), loss=F.mse_loss,
+                        optimizer="adamw", report_every=10)  # fmt: skip
+    sequential = study()
+    sequential.optimize(sequential_objective(suggest, build, training), n_trials=4)
+    verdicts = []
+    for _ in range(2):
+        fused = study()
+        summary = optimize(fused, suggest, build, training, n_trials=4, table=table, progress=False, sizing_share=1.0)
+        (group,) = summary.groups
+        assert len(group.trials) == 4 and group.strategy in ("vmap", "surgery") and "3 round(s)" in group.why
+        (entry,) = json.loads(table.read_text())["entries"]
+        verdicts.append([(v["n"], v["verdict"], v["strategy"]) for v in entry["verdicts"]])
+        assert [t.value for t in fused.trials] == pytest.approx([t.value for t in sequential.trials], rel=1e-3)
+    assert verdicts == [[(4, "unconfirmed", group.strategy)], [(4, "fuse", group.strategy)]]
+    # the third study reads the confirmed entry: no probe, fuse() fuses N=4
+    summary = optimize(study(), suggest, build, training, n_trials=4, table=table, progress=False)
+    assert "probed" not in summary.groups[0].why and summary.groups[0].strategy == group.strategy
+
+
+def test_where_the_probe_finds_the_loop_faster_the_trials_go_on_one_at_a_time(tmp_path, monkeypatch):
+    """No fused strategy wins: the first group's trials go on alone from where the probe left them
+    (torch's optimizer state and schedule carried over), end as they end sequentially, and the
+    shape's later trials train one at a time; the table says 'loop'."""
+    _clock(monkeypatch, loop_s=1e-3, fused_s=1e-2)
+    table = tmp_path / "table.json"
+    training = Training(steps=40, batch=lambda p, step: (X[step % STEPS], Y[step % STEPS]), loss=F.mse_loss,
+                        optimizer="adamw", cosine=True, report_every=10)  # fmt: skip
+    sequential = study()
+    sequential.optimize(sequential_objective(suggest, build, training), n_trials=6)
+    fused = study()
+    summary = optimize(fused, suggest, build, training, n_trials=6, table=table, progress=False, sizing_share=1.0)
+    assert [len(g.trials) for g in summary.groups] == [4, 1, 1] and "one at a time" in summary.groups[0].why
+    assert [t.value for t in fused.trials] == pytest.approx([t.value for t in sequential.trials], rel=1e-3)
+    (entry,) = json.loads(table.read_text())["entries"]
+    assert [v["verdict"] for v in entry["verdicts"]] == ["loop"]
+
+
+def test_with_no_sizing_share_a_shape_the_table_lacks_trains_one_trial_at_a_time(tmp_path):
     table = tmp_path / "table.json"
     training = Training(steps=3, batch=TRAINING.batch, loss=F.mse_loss, report_every=3)
-    summary = optimize(study(), suggest, build, training, n_trials=4, table=table, progress=False)
+    summary = optimize(study(), suggest, build, training, n_trials=4, table=table, progress=False, sizing_share=0)
+    assert [len(g.trials) for g in summary.groups] == [1] * 4 and not table.exists()
     (why,) = summary.sizes.values()
-    assert table.exists() and str(table) in why
-    if "on a quieter machine" in why:  # every N open: the next study rightly measures again
-        pytest.skip(f"the first study decided nothing on this busy machine: {why}")
-    written = table.read_bytes()
-
-    def measure_again(*args, **kwargs):
-        raise AssertionError("the second study measured what the table already said")
-
-    monkeypatch.setattr("wide_tessera.integrations.optuna.sizing.benchmark_custom", measure_again)
-    again = optimize(study(), suggest, build, training, n_trials=4, table=table, progress=False)
-    (why_again,) = again.sizes.values()
-    # the same verdicts from the same table; only the free memory the cap reads may differ
-    assert why_again.split("), memory")[0] == why.split("), memory")[0]
-    assert table.read_bytes() == written
-
-    # The size is where fuse() fuses: a win at N=4 that N=8 does not confirm fuses nothing (fuse()
-    # fuses N only where every larger measured N fused), and each group of the size runs fused.
-    for verdicts, size, crossover in (("same fuse unconfirmed", 1, None), ("same fuse fuse", 8, 4)):
-        document = json.loads(written)
-        (entry,) = document["entries"]
-        entry["verdicts"] = [
-            {"n": n, "verdict": v, "strategy": "vmap" if v == "fuse" else None}
-            for n, v in zip((2, 4, 8), verdicts.split())
-        ]
-        entry["crossover_n"] = crossover
-        table.write_text(json.dumps(document))
-        summary = optimize(study(), suggest, build, training, n_trials=8, table=table, progress=False)
-        assert [len(g.trials) for g in summary.groups] == [size] * (8 // size), verdicts
-        assert all((g.strategy == "vmap") == (size > 1) for g in summary.groups), verdicts
+    assert "sizing_share=0" in why
+    with pytest.raises(WideTesseraError, match="sizing_share=1.5"):
+        optimize(study(), suggest, build, training, n_trials=4, sizing_share=1.5)
 
 
 @pytest.mark.parametrize(
@@ -298,10 +326,76 @@ def test_a_trial_that_raises_is_failed_and_one_its_suggest_prunes_is_pruned_as_s
     def negative_lr(trial):
         return {**suggest(trial), "lr": -1.0} if trial.number == 2 else suggest(trial)
 
+    sequential = study()
+    with pytest.raises(ValueError, match="-1.0"):
+        sequential.optimize(sequential_objective(negative_lr, build, TRAINING), n_trials=3)
     s = study()
     with pytest.raises(ValueError, match="-1.0"):
         optimize(s, negative_lr, build, TRAINING, n_trials=3, group_size=3, strategy="vmap", progress=False)
-    assert [t.state.name for t in s.trials] == ["FAIL"] * 3  # asked, never told: none is left RUNNING
+    # as sequentially: the trial whose settings torch refuses fails alone (it failed its whole group)
+    assert [t.state.name for t in s.trials] == [t.state.name for t in sequential.trials] == ["COMPLETE"] * 2 + ["FAIL"]
+    assert [t.value for t in s.trials[:2]] == pytest.approx([t.value for t in sequential.trials[:2]], rel=1e-3)
+
+
+class _RaisesInTrial(Exception):
+    pass
+
+
+@pytest.mark.parametrize("where", ["batch", "loss", "evaluate"])
+def test_a_trial_whose_own_code_raises_fails_alone_and_its_group_trains_on(where):
+    """Trial 1's batch, loss or evaluate raises: it fails, its group is repacked without it, its
+    mates end as they end sequentially; the error is raised once they are told, or, named in
+    `catch`, the study goes on; callbacks see every trial as it ends."""
+    probe = study()
+    probe.optimize(lambda t: suggest(t)["lr"], n_trials=2)
+    second_lr = probe.trials[1].params["lr"]  # the RandomSampler gives trial 1 the same lr in every study
+
+    def batch(params, step):
+        if params["lr"] == second_lr and step == 3 and where != "evaluate":
+            if where == "batch":
+                raise _RaisesInTrial(where)
+            return X[step], torch.full_like(Y[step], -7.0)  # the loss refuses it
+        return TRAINING.batch(params, step)
+
+    def loss(out, y):
+        if bool((y == -7.0).all()):
+            raise _RaisesInTrial(where)
+        return F.mse_loss(out, y)
+
+    def evaluate(model, params):
+        if params["lr"] == second_lr:
+            raise _RaisesInTrial(where)
+        with torch.no_grad():
+            return float(model(X[0]).square().mean())
+
+    training = Training(steps=6, batch=batch, loss=loss, optimizer="adamw", report_every=3,
+                        evaluate=evaluate if where == "evaluate" else None)  # fmt: skip
+    seen = []
+    s = study()
+    with pytest.raises(_RaisesInTrial, match=where):
+        optimize(s, suggest, build, training, n_trials=3, group_size=3, strategy="vmap", progress=False,
+                 callbacks=[lambda st, t: seen.append((t.number, t.state.name))])  # fmt: skip
+    assert [t.state.name for t in s.trials] == ["COMPLETE", "FAIL", "COMPLETE"]
+    assert sorted(seen) == [(0, "COMPLETE"), (1, "FAIL"), (2, "COMPLETE")]
+    caught = study()
+    summary = optimize(caught, suggest, build, training, n_trials=6, group_size=3, strategy="vmap", progress=False,
+                       catch=(_RaisesInTrial,), gc_after_trial=True)  # fmt: skip
+    assert [t.state.name for t in caught.trials] == ["COMPLETE", "FAIL"] + ["COMPLETE"] * 4
+    assert summary.groups[0].failed == [1] and "failed [1]" in str(summary)
+    alone = study()
+    alone.optimize(sequential_objective(suggest, build, training), n_trials=6, catch=(_RaisesInTrial,))
+    got, want = [t.value for t in caught.trials], [t.value for t in alone.trials]
+    assert got[:1] + got[2:] == pytest.approx(want[:1] + want[2:], rel=1e-3)
+
+
+def test_no_trial_is_asked_after_the_timeout():
+    s = study()
+    optimize(s, suggest, build, TRAINING, n_trials=50, group_size=2, strategy="vmap", progress=False, timeout=1e-9)
+    assert len(s.trials) == 0
+    with pytest.raises(WideTesseraError, match="timeout=-1"):
+        optimize(study(), suggest, build, TRAINING, n_trials=2, timeout=-1)
+    with pytest.raises(WideTesseraError, match="catch=.*tuple"):
+        optimize(study(), suggest, build, TRAINING, n_trials=2, catch=[ValueError])
 
 
 class _PrunesOddTrialsAtTheEnd(optuna.pruners.BasePruner):
@@ -363,3 +457,61 @@ def test_trials_run_one_at_a_time_train_exactly_as_the_sequential_loop_trains_th
     summary = optimize(alone, suggest, build, TRAINING, n_trials=3, group_size=1, progress=False)
     assert [t.value for t in alone.trials] == [t.value for t in sequential.trials]  # bit for bit
     assert all(g.why == "one trial: nothing to fuse" and g.strategy is None for g in summary.groups)
+
+
+_WORKER = """
+import sys, pathlib
+import optuna, torch
+import torch.nn.functional as F
+from torch import nn
+from wide_tessera.integrations.optuna import Training, optimize
+
+db, marker = sys.argv[1], pathlib.Path(sys.argv[2])
+storage = optuna.storages.RDBStorage(db, heartbeat_interval=1, grace_period=2)
+study = optuna.load_study(study_name="s", storage=storage)
+x = torch.randn(16, 8)
+
+def batch(params, step):
+    if step == 2:
+        marker.write_text("training")
+    return x, x.sum(-1, keepdim=True)
+
+training = Training(steps=10**6, batch=batch, loss=F.mse_loss, report_every=10**6)
+optimize(study, lambda t: {"lr": t.suggest_float("lr", 1e-4, 1e-2)}, lambda p: nn.Sequential(nn.Linear(8, 1)), training,
+         n_trials=3, group_size=3, strategy="vmap", progress=False)
+"""
+
+
+@pytest.mark.slow
+def test_a_killed_workers_trials_fail_as_stale_at_the_next_optimize(tmp_path):
+    """On an RDB storage with a heartbeat, a worker killed with SIGKILL in the middle of a group
+    leaves its trials RUNNING until the next optimize fails them as stale, as study.optimize's
+    killed trial is failed (they were left RUNNING for good: the group recorded no heartbeat)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    db = f"sqlite:///{tmp_path / 'study.db'}"
+    storage = optuna.storages.RDBStorage(db, heartbeat_interval=1, grace_period=2)
+    optuna.create_study(study_name="s", storage=storage)
+    marker = tmp_path / "marker"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    worker = subprocess.Popen([sys.executable, "-c", _WORKER, db, str(marker)], env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while not marker.exists() and worker.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert marker.exists(), "the worker never started training"
+        time.sleep(1.5)  # a heartbeat or two recorded
+    finally:
+        worker.send_signal(signal.SIGKILL)
+        worker.wait()
+    resumed = optuna.load_study(study_name="s", storage=storage)
+    assert [t.state.name for t in resumed.trials] == ["RUNNING"] * 3
+    time.sleep(3)  # past the grace period
+    training = Training(steps=2, batch=lambda p, step: (X[0], Y[0]), loss=F.mse_loss, report_every=2)
+    same_space = lambda t: {"lr": t.suggest_float("lr", 1e-4, 1e-2)}  # noqa: E731  the worker's
+    optimize(resumed, same_space, build, training, n_trials=1, group_size=1, progress=False)
+    assert [t.state.name for t in resumed.trials] == ["FAIL"] * 3 + ["COMPLETE"]

@@ -27,8 +27,10 @@ work as usual.
   The summary says which suggested parameters told groups apart.
 * **Group size.** The user's number, or the measurement's: the largest N at which this
   machine's dispatch table says the model's training step fuses (`--mode train` entries: a
-  `tune` run's, or measured here by `benchmark_custom(mode='train')` and written to the table
-  for the next study), capped by memory. The summary says which size and why.
+  `tune` run's, or a probe's: where the table decides nothing, the first group's own steps run
+  as the loop and fused in turns within `sizing_share` of the study's time, probe.Probe, and
+  what they decide is written to the table), capped by memory. The summary says which size
+  and why.
 * **Pruning.** A trial Optuna's pruner stops is frozen at once (`opt.freeze`); the group is then
   repacked without it (its survivors' weights, optimizer states and schedule carried over
   exactly), so a pruned trial stops costing time.

@@ -11,24 +11,28 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 from tqdm.auto import tqdm
 
+from ...core.roles import BASELINE
 from ...dispatch.build import Fused
 from ...dispatch.fuse import fuse
 from .host import optuna
+from .probe import TURN_STEPS, Probe, now
 from .sequential import train_alone
 from .summary import GroupRecord
+from .tell import Teller
 from .training import Training, loss_of, on_device
 from .trial import Member
 
 
 @dataclass(frozen=True)
 class Plan:
-    """How every group of a study trains: the training, the table fuse() decides from, the strategy
-    forced (None: the table's), the device."""
+    """How a group trains: the training, the table fuse() decides from, the strategy forced (None:
+    the table's), the device, and the probe it runs first (None: none; see probe.Probe)."""
 
     training: Training
     table: Path
     strategy: Optional[str]
     device: str
+    probe: Optional[Probe] = None
 
 
 class _Group:
@@ -43,36 +47,67 @@ class _Group:
         # wide_tessera.optim's: freeze, state_dicts and load_state_dicts beside torch's interface
         self.opt: Any = self.after_backward.optimizers[0]
 
-    def step(self, step: int) -> List[float]:
-        training = self.plan.training
-        batches = [on_device(self.plan.device, m.draws.batch(training, m.params, step)) for m in self.members]
-        outs = self.fused.unpack(self.fused(self.fused.pack([x for x, _ in batches])))
-        losses = [loss_of(training, o, y) for o, (_, y) in zip(outs, batches)]
-        torch.autograd.backward(losses)
-        self.after_backward()
-        return [float(loss.detach()) for loss in losses]
+    def step(self, step: int, failed: Dict[int, Exception]) -> Dict[int, float]:
+        """One training step: each member's loss, by its index; a member whose batch or loss raised
+        is put in `failed` instead (a member whose batch raised runs on a group mate's input, its
+        output unused), and the group is repacked without it after the step."""
+        training, batches = self.plan.training, {}
+        for i, m in enumerate(self.members):
+            try:
+                batches[i] = on_device(self.plan.device, m.draws.batch(training, m.params, step))
+            except Exception as error:  # noqa: BLE001  the trial's own code (batch, loss): it fails alone
+                failed[i] = error
+        if not batches:
+            return {}
+        stand_in = next(iter(batches.values()))
+        xs = [batches.get(i, stand_in)[0] for i in range(len(self.members))]
+        outs = self.fused.unpack(self.fused(self.fused.pack(xs)))
+        losses = {}
+        for i, (_, y) in batches.items():
+            try:
+                losses[i] = loss_of(training, outs[i], y)
+            except Exception as error:  # noqa: BLE001  the trial's own code (batch, loss): it fails alone
+                failed[i] = error
+        if losses:
+            torch.autograd.backward(list(losses.values()))
+            self.after_backward()
+        return {i: float(loss.detach()) for i, loss in losses.items()}
 
-    def without(self, kept: List[int], step: int) -> "_Group":
+    def without(self, kept: List[int], step: int, strategy: Optional[str] = None) -> "_Group":
         """The group repacked with only the members at `kept`, after step `step`: their weights and
-        optimizer states as they are, their schedule where it is."""
+        optimizer states as they are, their schedule where it is; `strategy`: run this one from now
+        on (a probe's turn, or its winner)."""
         models = self.fused.unfuse()
         states = self.opt.state_dicts()
         members = [replace(self.members[i], model=models[i]) for i in kept]
-        regroup = _Group(members, self.plan)
+        regroup = _Group(members, self.plan if strategy is None else replace(self.plan, strategy=strategy))
         regroup.opt.load_state_dicts([states[i] for i in kept])  # each model's lr as scheduled, its initial lr
         regroup.after_backward.restart_schedules(step)  # at its position: step + 1 steps taken
         return regroup
 
 
 def train_group(
-    study: Any, members: List[Member], plan: Plan, clock: Optional[Tuple[float, float]], index: int, key: str
+    teller: Teller, members: List[Member], plan: Plan, clock: Optional[Tuple[float, float]], index: int, key: str
 ) -> GroupRecord:
-    """Train one group to the end (reporting each trial's mean loss, pruning and repacking on the
-    way), and tell Optuna each surviving trial's value. `clock`: when the study began and the
-    sequential study's estimated time, for the progress bar (None: no bar)."""
-    start, training = time.perf_counter(), plan.training
-    if len(members) == 1:
-        return _train_one(study, members[0], plan, clock, index, key)
+    """Train one group to the end (reporting each trial's mean loss, pruning, failing a trial that
+    raised and repacking on the way), and tell Optuna each surviving trial's value. `clock`: when
+    the study began and the sequential study's estimated time, for the progress bar (None: no bar)."""
+    refused = [m.trial.number for m in members if _refuses_settings(teller, m, plan)]  # before a group is built
+    members = [m for m in members if m.trial.number not in refused]
+    if not members:
+        return GroupRecord(refused, key, None, "every trial's settings refused", 0.0, failed=refused)
+    train = _train_one if len(members) == 1 else _train_fused
+    record = train(teller, members, plan, clock, index, key)
+    record.trials, record.failed = [*refused, *record.trials], [*refused, *record.failed]
+    return record
+
+
+def _train_fused(
+    teller: Teller, members: List[Member], plan: Plan, clock: Optional[Tuple[float, float]], index: int, key: str
+) -> GroupRecord:
+    """A group of several trials trained as one fused model (see train_group)."""
+    start, training, probe = time.perf_counter(), plan.training, plan.probe
+    alone = False
     group = _Group(members, plan)
     record = GroupRecord(
         [m.trial.number for m in members], key, group.fused.strategy, group.fused.decision.match.reason, 0.0
@@ -83,37 +118,122 @@ def train_group(
     what = f"group {index}: {len(members)} trials, {group.fused.strategy or 'loop'}"
     bar = tqdm(total=training.steps, desc=what, disable=clock is None, leave=False)
     for step in range(training.steps):
-        for m, loss in zip(group.members, group.step(step)):
-            history[m.trial.number].append(loss)
+        failed: Dict[int, Exception] = {}
+        if probe is not None and not probe.done:
+            if step % TURN_STEPS == 0:
+                probe.last_turn_s, turn_began = 0.0, probe.cost_s
+            group = _turn(group, probe, probe.side(step), step)
+            began = now()
+            losses = group.step(step, failed)
+            probe.timed(step, now() - began)
+            probe.last_turn_s = probe.cost_s - turn_began
+            if probe.done:
+                group = _turn(group, probe, probe.winner() or BASELINE, step + 1)
+                record.strategy, record.why = group.fused.strategy, probe.said(len(members))
+                _label_trials(group.members, group.fused.strategy)
+                alone = probe.winner() is None
+        else:
+            losses = group.step(step, failed)
+        for i, error in failed.items():
+            teller.failed(group.members[i].trial, error)
+            record.failed.append(group.members[i].trial.number)
+        for i, loss in losses.items():
+            history[group.members[i].trial.number].append(loss)
         bar.update(1)
-        if not training.reports_at(step):
-            continue
-        kept = []
-        for i, m in enumerate(group.members):
-            values[m.trial.number] = training.reported(history[m.trial.number])
-            m.trial.report(values[m.trial.number], step)
-            if m.trial.should_prune():  # at the last report too, as an objective asks its pruner
-                group.opt.freeze(i)
-                study.tell(m.trial, state=optuna.trial.TrialState.PRUNED)
-                record.pruned.append(m.trial.number)
-            else:
-                kept.append(i)
+        kept = list(losses)
+        if training.reports_at(step):
+            kept = [i for i in kept if not _pruned(teller, group, i, history, values, step, record)]
         if not kept:
             break
-        if len(kept) < len(group.members):  # a pruned trial stops costing time
+        if len(kept) < len(group.members):  # a pruned or failed trial stops costing time
             group = group.without(kept, step)
             record.repacked.append(len(kept))
         if clock is not None:
             elapsed = f"{time.perf_counter() - clock[0]:.0f}s of ~{clock[1]:.0f}s sequential"
             bar.set_postfix(training=len(group.members), pruned=len(record.pruned), study=elapsed)
+        if alone:  # no fused strategy won: the trials go on one at a time, as the sequential loop trains them
+            bar.close()
+            record.why += "; the trials then trained one at a time"
+            _one_at_a_time(teller, group, step + 1, history, record)
+            record.seconds = time.perf_counter() - start
+            return record
     bar.close()
-    if len(record.pruned) < len(members):
+    if kept:
         models = group.fused.unfuse() if training.evaluate is not None else []
         for i, m in enumerate(group.members):
-            value = training.evaluate(models[i], m.params) if training.evaluate is not None else values[m.trial.number]
-            study.tell(m.trial, value)
+            try:
+                value = (
+                    training.evaluate(models[i], m.params) if training.evaluate is not None else values[m.trial.number]
+                )
+            except Exception as error:  # noqa: BLE001  the trial's own evaluate: it fails alone
+                teller.failed(m.trial, error)
+                record.failed.append(m.trial.number)
+            else:
+                teller.tell(m.trial, value)
     record.seconds = time.perf_counter() - start
     return record
+
+
+def _one_at_a_time(
+    teller: Teller, group: _Group, start: int, history: Dict[int, List[float]], record: GroupRecord
+) -> None:
+    """Each member of the group trained alone from step `start` to the end, as the sequential loop
+    trains it (train_alone: torch's optimizer, its state and schedule carried over from the
+    group's), then told: where the group would have run as a loop, each trial pays no wrapper and
+    can be pruned against the ones finished before it."""
+    models, states = group.fused.unfuse(), group.opt.state_dicts()
+    for i, m in enumerate(group.members):
+        try:
+            value = train_alone(m.trial, m.params, models[i], m.draws, group.plan.training, group.plan.device,
+                                resume=(start, states[i], history[m.trial.number]))  # fmt: skip
+        except optuna.TrialPruned:
+            teller.tell(m.trial, state=optuna.trial.TrialState.PRUNED)
+            record.pruned.append(m.trial.number)
+        except Exception as error:  # noqa: BLE001  the trial's own code raised: it fails alone
+            teller.failed(m.trial, error)
+            record.failed.append(m.trial.number)
+        else:
+            teller.tell(m.trial, value)
+
+
+def _turn(group: _Group, probe: Probe, side: str, step: int) -> _Group:
+    """The group running `side` (the loop: BASELINE) from `step` on, repacked where it ran another;
+    the switch's time counted as the probe's cost."""
+    strategy = "loop" if side == BASELINE else side
+    if (group.fused.strategy or "loop") == strategy:
+        return group
+    began = now()
+    group = group.without(list(range(len(group.members))), step - 1, strategy)
+    probe.switching_s += now() - began
+    return group
+
+
+def _refuses_settings(teller: Teller, member: Member, plan: Plan) -> bool:
+    """Whether torch's optimizer refuses the trial's settings (a negative learning rate): the trial
+    then fails alone, as it does sequentially, where in the group's one optimizer it failed all."""
+    try:
+        plan.training.alone_step(member.model, member.params)
+    except Exception as error:  # noqa: BLE001  torch's own check of the trial's settings
+        teller.failed(member.trial, error)
+        return True
+    return False
+
+
+def _pruned(
+    teller: Teller, group: _Group, i: int, history: Dict[int, List[float]], values: Dict[int, float], step: int,
+    record: GroupRecord,
+) -> bool:  # fmt: skip
+    """Report member i's mean loss at `step`; where the pruner stops it (at the last report too, as
+    an objective asks its pruner), freeze it and tell it PRUNED."""
+    m = group.members[i]
+    values[m.trial.number] = group.plan.training.reported(history[m.trial.number])
+    m.trial.report(values[m.trial.number], step)
+    if not m.trial.should_prune():
+        return False
+    group.opt.freeze(i)
+    teller.tell(m.trial, state=optuna.trial.TrialState.PRUNED)
+    record.pruned.append(m.trial.number)
+    return True
 
 
 def _label_trials(members: List[Member], strategy: Optional[str]) -> None:
@@ -123,11 +243,12 @@ def _label_trials(members: List[Member], strategy: Optional[str]) -> None:
 
 
 def _train_one(
-    study: Any, member: Member, plan: Plan, clock: Optional[Tuple[float, float]], index: int, key: str
+    teller: Teller, members: List[Member], plan: Plan, clock: Optional[Tuple[float, float]], index: int, key: str
 ) -> GroupRecord:
     """A group of one trial trains as the sequential loop trains it (`train_alone`): nothing to
     fuse, and no wrapper to pay for (through fuse()'s loop and wide_tessera.optim it cost 5% of a
     trial of hidden 256, one trial at a time)."""
+    (member,) = members
     start, number = time.perf_counter(), member.trial.number
     record = GroupRecord([number], key, None, "one trial: nothing to fuse", 0.0)
     _label_trials([member], None)
@@ -138,10 +259,13 @@ def _train_one(
         value = train_alone(member.trial, member.params, member.model, member.draws, plan.training, plan.device,
                              lambda: bar.update(1))  # fmt: skip
     except optuna.TrialPruned:
-        study.tell(member.trial, state=optuna.trial.TrialState.PRUNED)
+        teller.tell(member.trial, state=optuna.trial.TrialState.PRUNED)
         record.pruned.append(number)
+    except Exception as error:  # noqa: BLE001  the trial's own code raised: it fails alone
+        teller.failed(member.trial, error)
+        record.failed.append(number)
     else:
-        study.tell(member.trial, value)
+        teller.tell(member.trial, value)
     bar.close()
     record.seconds = time.perf_counter() - start
     return record

@@ -4,7 +4,7 @@ clipping and schedule."""
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
@@ -37,16 +37,21 @@ def sequential_objective(
 
 def train_alone(
     trial: Any, params: Dict[str, Any], model: nn.Module, draws: Draws, training: Training, device: str,
-    tick: Callable[[], None] = lambda: None,
+    tick: Callable[[], None] = lambda: None, resume: Optional[Tuple[int, Dict[str, Any], List[float]]] = None,
 ) -> float:  # fmt: skip
     """One trial trained alone with torch's own optimizer, clipping and schedule, reporting each
     mean loss and raising optuna.TrialPruned where the pruner says so: the sequential loop's
-    training, and a group of one's (`tick`: after each step, for a progress bar)."""
+    training, and a group of one's (`tick`: after each step, for a progress bar). `resume`: go on
+    from a step (its optimizer's torch state, its losses so far), where a group left it."""
     model.train()
     after_backward = training.alone_step(model, params)
-    losses: List[float] = []
-    value = math.nan
-    for step in range(training.steps):
+    first, losses = 0, []
+    if resume is not None:
+        first, state, losses = resume[0], resume[1], list(resume[2])
+        after_backward.optimizers[0].load_state_dict(state)
+        after_backward.restart_schedules(first - 1)  # `first` steps taken
+    value = training.reported(losses) if losses else math.nan
+    for step in range(first, training.steps):
         x, y = on_device(device, draws.batch(training, params, step))
         loss = loss_of(training, trees.call(model, x), y)
         torch.autograd.backward(loss)

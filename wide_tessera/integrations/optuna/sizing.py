@@ -1,33 +1,43 @@
-"""How many trials of one shape train as one: the user's number, or the dispatch table's (measured
-here where it says nothing), capped by memory; and one step's time, for the sequential estimate."""
+"""How many trials of one shape train as one: the user's number, or the dispatch table's (probed on
+the first group where it says nothing), capped by memory; and one step's time, for the sequential
+estimate."""
 
 from __future__ import annotations
 
 import copy
 import time
 import warnings
-from functools import partial
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 import psutil
 import torch
-from torch import nn
 
-from ...api import benchmark_custom
 from ...core import trees
 from ...dispatch.fuse import DispatchWarning, decide_at
-from ...dispatch.table import merge_into
-from ...measurement.timing import TimingConfig
-from .training import Training, loss_of
+from .probe import Probe
+from .training import Training, loss_of, on_device
 from .trial import Member
 
 # the group sizes a measurement tries, at most
 _MEASURED_NS = (2, 4, 8, 16, 32, 64)
 
 
+@dataclass
+class Sizing:
+    """How the trials of one shape train: the group size, why, the strategy their groups run (None:
+    fuse()'s choice by the table), and the probe the first group runs where the table decides
+    nothing (probe.Probe: the group then starts as the loop)."""
+
+    size: int
+    why: str
+    strategy: Optional[str] = None
+    probe: Optional[Probe] = None
+    given: bool = False  # the caller's size: kept whatever the probe decides
+
+
 def size_groups(
-    build: Callable[[Dict[str, Any]], nn.Module],
     member: Member,
     training: Training,
     given: Optional[int],
@@ -35,43 +45,58 @@ def size_groups(
     table: Path,
     n_trials: int,
     device: str,
-) -> Tuple[int, str, Optional[str]]:
-    """How many trials of this shape train as one, why, and the strategy their groups run (None:
-    fuse()'s choice by the table). A given size K runs the strategy given, else the one the table
-    names at N=K (measured here where it names none), whatever its verdict: the size asked for is
-    the size trained (`group_size=8` alone ran the loop where the verdict at 8 was 'disturbed').
-    Where no strategy trains K models correctly, one line says so and the groups run as a loop."""
+    budget_s: float,
+) -> Sizing:
+    """How the trials of this shape train. A given size K runs the strategy given, else the one the
+    table names at N=K whatever its verdict (`group_size=8` alone ran the loop where the verdict
+    at 8 was 'disturbed'), probed on the first group where the table has nothing at K; where no
+    strategy trains K models correctly, one line says so and the groups run as a loop. Without a
+    size: the largest N the table says fuses, capped by memory; where it decides nothing, the
+    largest N memory allows, probed on the first group within `budget_s` (0: one trial at a time)."""
     cap, memory = _memory_cap(member, training, device)
     if given is not None:
         size = min(given, n_trials)
         capped = f" ({given} given; {n_trials} trials)" if size < given else ""
         why = f"{size}, as given{capped}" + (f" (memory would allow {cap})" if cap < size else "")
         if strategy is not None or size == 1:
-            return size, why, strategy
-        if _verdicts(member, [size], table)[size][1] == "none":
-            _measure(build, member, training, [size], table, device)
+            return Sizing(size, why, strategy)
         _, verdict, named = _verdicts(member, [size], table)[size]
+        if verdict == "none" and budget_s > 0:
+            return Sizing(size, f"{why}, the strategy probed on its first group", "loop", Probe(budget_s), given=True)
         if named is None:
             line = f"group_size={given}: no strategy trains N={size} of these models correctly (verdict at N={size}: "
             warnings.warn(f"{line}{verdict}; {table}): its groups run as a loop", DispatchWarning, stacklevel=3)
-            return size, f"{why}, as a loop: no strategy ran correctly at N={size}", "loop"
-        return size, f"{why}, {named}: the strategy the table names at N={size} ({verdict}; {table})", named
+            return Sizing(size, f"{why}, as a loop: no strategy ran correctly at N={size}", "loop")
+        return Sizing(size, f"{why}, {named}: the strategy the table names at N={size} ({verdict}; {table})", named)
     ns = [n for n in _MEASURED_NS if n <= min(n_trials, cap)]
     if not ns:
-        return 1, f"1: {memory} allows one model", strategy
+        return Sizing(1, f"1: {memory} allows one model", strategy)
     verdicts = _verdicts(member, ns, table)
-    if not any(v in _DECIDED for _, v, _ in verdicts.values()):  # nothing measured, or nothing measured cleanly
-        _measure(build, member, training, ns, table, device)
-        verdicts = _verdicts(member, ns, table)
-    fusing = [n for n, (fuses, _, _) in verdicts.items() if fuses]
     said = ", ".join(f"N={n} {v}" for n, (_, v, _) in verdicts.items())
+    if not any(v in _DECIDED for _, v, _ in verdicts.values()):  # nothing measured, or nothing settled
+        if budget_s <= 0:
+            return Sizing(1, f"1, one trial at a time: the table decides nothing ({said}) and sizing_share=0")
+        return Sizing(ns[-1], f"{ns[-1]}, probed on its first group ({said}; {table}), {memory}", "loop",
+                      Probe(budget_s))  # fmt: skip
+    fusing = [n for n, (fuses, _, _) in verdicts.items() if fuses]
     if not fusing:
-        undecided = not any(v in _DECIDED for _, v, _ in verdicts.values())
-        hint = "; on a quieter machine, or with group_size=, it may fuse" if undecided else ""
-        return 1, f"1, one trial at a time: no measured N fuses a training step ({said}; {table}){hint}", strategy
+        return Sizing(1, f"1, one trial at a time: no measured N fuses a training step ({said}; {table})", strategy)
     size = max(fusing)
     why = f"{size}: the largest N at which a training step fuses on this machine ({said}; {table}), {memory}"
-    return size, why, strategy
+    return Sizing(size, why, strategy)
+
+
+def probed(sizing: Sizing, member: Member, n: int, table: Path) -> Sizing:
+    """The sizing of a shape once its first group's probe has decided (written to the table): its
+    size and the winner, or where the loop won or nothing settled, one trial at a time (a size
+    given stays, as a loop)."""
+    probe = sizing.probe
+    assert probe is not None
+    probe.write(member, n, table)
+    winner = probe.winner()
+    if winner is None and not sizing.given:
+        return Sizing(1, f"1, one trial at a time after group 0: {probe.said(n)}")
+    return Sizing(sizing.size, f"{sizing.size}, {probe.said(n)}", winner or "loop", given=sizing.given)
 
 
 # the table's verdicts that decided something (dispatch.table.N_VERDICTS): the others ask to measure again
@@ -93,30 +118,6 @@ def _verdicts(member: Member, ns: Sequence[int], table: Path) -> Dict[int, Tuple
     return out
 
 
-def _measure(
-    build: Callable[[Dict[str, Any]], nn.Module], member: Member, training: Training, ns: Sequence[int], table: Path,
-    device: str,
-) -> None:  # fmt: skip
-    """benchmark_custom of this model's training step at `ns` (N models built afresh, each its own
-    weights), merged into the table."""
-    params = member.params
-    x, _ = member.draws.batch(training, params, 0, keep=False)
-    result = benchmark_custom(
-        partial(build, dict(params)),
-        None,
-        [1, *ns],
-        input_factory=lambda: trees.clone(x),
-        mode="train",
-        confirm="all",  # fuse() fuses N only where every larger measured N fused, confirmed: measure them all
-        randomness="different",
-        device=device,
-        verbose=False,
-        timing=TimingConfig(budget_s=0.25),
-    )
-    table.parent.mkdir(parents=True, exist_ok=True)
-    merge_into(table, result)
-
-
 def _memory_cap(member: Member, training: Training, device: str) -> Tuple[int, str]:
     """How many models' training fits in half the device's free memory: a model's weights,
     gradients and two optimizer moments, and its input and output three times over (forward,
@@ -133,16 +134,19 @@ def _memory_cap(member: Member, training: Training, device: str) -> Tuple[int, s
 
 
 def step_seconds(member: Member, training: Training, device: str) -> float:
-    """One training step of one model alone, timed after a first one (on copies)."""
+    """One training step of one model alone as the sequential loop takes it (its batch drawn, its
+    loss read), the median of four after a first one (on copies): the fastest of two, without the
+    batch, put a small model's sequential study at a quarter of its time, and the sizing share
+    with it."""
     model = copy.deepcopy(member.model)
     after_backward = training.alone_step(model, member.params)
     times = []
-    for step in range(3):
-        x, y = member.draws.batch(training, member.params, step % training.steps, keep=False)
+    for step in range(5):
         begin = time.perf_counter()
-        torch.autograd.backward(loss_of(training, trees.call(model, x), y))
+        x, y = member.draws.batch(training, member.params, step % training.steps, keep=False)
+        loss = loss_of(training, trees.call(model, on_device(device, x)), on_device(device, y))
+        torch.autograd.backward(loss)
         after_backward()
-        if torch.device(device).type == "cuda":
-            torch.cuda.synchronize()
+        float(loss.detach())
         times.append(time.perf_counter() - begin)
-    return min(times[1:])
+    return sorted(times[1:])[len(times[1:]) // 2]

@@ -5,21 +5,23 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Type, Union
 
 import torch
 from torch import nn
 
 from ...core import trees
 from ...core.errors import MissingDependency, WideTesseraError
+from ...core.user_input import check_number
 from ...dispatch.table import default_table_path
 from ...measurement.settings import resolve_device
 from ...ops.base import layout_of
 from ...widen.rates import rate_settings
 from .group import Plan, train_group
 from .host import optuna
-from .sizing import size_groups, step_seconds
+from .sizing import Sizing, probed, size_groups, step_seconds
 from .summary import GroupRecord, StudySummary, label, shape_params
+from .tell import Callback, Teller, checked_contract
 from .training import Training
 from .trial import Draws, Member, build_model, forked, seeded, suggested, trial_seed
 
@@ -35,6 +37,11 @@ def optimize(
     strategy: Optional[str] = None,
     device: str = "cpu",
     progress: bool = True,
+    timeout: Optional[float] = None,
+    catch: Tuple[Type[Exception], ...] = (),
+    callbacks: Optional[Iterable[Callback]] = None,
+    gc_after_trial: bool = False,
+    sizing_share: float = 0.1,
 ) -> StudySummary:
     """Run `n_trials` trials of `study`, each group of trials whose models share a shape trained
     as one fused model (see the module's docstring). suggest(trial) -> the trial's parameters
@@ -44,7 +51,11 @@ def optimize(
     strategy every group runs (fuse(strategy=...)); None: with group_size K, the strategy the
     table names at N=K whatever its verdict (measured here where it names none; where none trains
     K models correctly, a DispatchWarning says so and the groups run as a loop); without, fuse()'s
-    choice at the group's N."""
+    choice at the group's N. timeout, catch, callbacks, gc_after_trial: study.optimize's (no trial
+    is asked after `timeout` seconds, the groups asked train to the end; a trial that raises fails
+    alone, its group going on without it, and the error is raised once the trials asked are told,
+    unless `catch` names its type). sizing_share: the most of the study's estimated sequential time
+    spent probing a shape the table decides nothing for (0: the table's or the given size alone)."""
     if optuna is None:
         raise MissingDependency("wide_tessera.integrations.optuna needs optuna: pip install optuna")
     if not isinstance(study, optuna.Study):
@@ -61,67 +72,73 @@ def optimize(
             f"the study has {len(study.directions)} objectives: optimize trains each trial to one loss; give a "
             "single-objective study"
         )
+    timeout, catch, listed = checked_contract(timeout, catch, callbacks)
+    share = check_number("sizing_share", sizing_share, 0.0, 1.0, low_ok=True)
+    teller = Teller(study, catch, listed, gc_after_trial)
     table_path = Path(table) if table is not None else default_table_path()
     start = time.perf_counter()
     pending: Dict[str, List[Member]] = {}
-    sizes: Dict[str, Tuple[int, str, Optional[str]]] = {}  # per shape: the group size, why, the strategy
+    sizes: Dict[str, Sizing] = {}  # per shape
     shapes: Dict[str, List[Dict[str, Any]]] = {}
     groups: List[GroupRecord] = []
     estimate: Optional[float] = None
     asked, sizing, pruned_by_suggest = 0, 0.0, 0
     # every draw the study makes (sizing, timing, training) on a fork: the caller's generator stays as it was
     with forked(device):
-        numbers: List[int] = []  # the trials this call asked
         try:
-            while asked < n_trials or pending:
-                ready = next((k for k, ms in pending.items() if len(ms) >= sizes[k][0]), None)
-                if ready is None and asked < n_trials:
-                    trial = study.ask()
+            while (asked < n_trials and _asking(start, timeout, teller)) or pending:
+                ready = next((k for k, ms in pending.items() if len(ms) >= sizes[k].size), None)
+                if ready is None and asked < n_trials and _asking(start, timeout, teller):
+                    trial = teller.ask()
                     asked += 1
-                    numbers.append(trial.number)
                     try:
                         params = suggested(suggest, trial)
+                        seed = trial_seed(trial, params)
+                        model = build_model(build, trial, params, device).to(device)
+                        member = Member(trial, params, model, Draws(seed, device))
+                        key = _shape_key(member.model, member.draws.batch(training, params, 0, keep=False)[0])
                     except optuna.TrialPruned:  # as study.optimize does: this trial is over, the study goes on
-                        study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+                        teller.tell(trial, state=optuna.trial.TrialState.PRUNED)
                         pruned_by_suggest += 1
                         continue
-                    seed = trial_seed(trial, params)
-                    member = Member(
-                        trial, params, build_model(build, trial, params, device).to(device), Draws(seed, device)
-                    )
-                    key = _shape_key(member.model, member.draws.batch(training, params, 0, keep=False)[0])
+                    except Exception as error:  # noqa: BLE001  the trial's own code raised: it fails alone
+                        teller.failed(trial, error)
+                        continue
+                    if estimate is None:
+                        estimate = step_seconds(member, training, device) * training.steps * n_trials
                     if key not in sizes:
                         began = time.perf_counter()
                         sizes[key] = size_groups(
-                            build, member, training, group_size, strategy, table_path, n_trials, device
+                            member, training, group_size, strategy, table_path, n_trials, device, share * estimate
                         )
                         sizing += time.perf_counter() - began
-                    if estimate is None:
-                        estimate = step_seconds(member, training, device) * training.steps * n_trials
                     pending.setdefault(key, []).append(member)
                     shapes.setdefault(key, []).append(params)
                     continue
                 key = ready if ready is not None else next(iter(pending))
-                members, rest = pending[key][: sizes[key][0]], pending[key][sizes[key][0] :]
+                members, rest = pending[key][: sizes[key].size], pending[key][sizes[key].size :]
                 if rest:
                     pending[key] = rest
                 else:
                     del pending[key]
-                plan = Plan(training, table_path, sizes[key][2], device)
+                plan = Plan(training, table_path, sizes[key].strategy, device, sizes[key].probe)
                 clock = (start, estimate or 0.0) if progress else None
                 with seeded(device, members[0].draws.training_seed):  # the group's dropout masks
-                    groups.append(train_group(study, members, plan, clock, len(groups), key))
-        except BaseException:  # as study.optimize does: a trial that raised, or was interrupted, FAILED
-            for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-                if t.number in numbers:
-                    study.tell(t.number, state=optuna.trial.TrialState.FAIL)
+                    groups.append(train_group(teller, members, plan, clock, len(groups), key))
+                if plan.probe is not None:  # the later groups of the shape run what it decided
+                    sizes[key] = probed(sizes[key], members[0], len(members), table_path)
+                    sizing += plan.probe.cost_s
+            if teller.raised is not None:
+                raise teller.raised
+        except BaseException:  # as study.optimize does: a trial interrupted, or asked and left by an error, FAILED
+            teller.fail_running()
             raise
     told_apart = shape_params(shapes)
     labels = {key: label(key, params[0], told_apart) for key, params in shapes.items()}
     for g in groups:
         g.shape = labels[g.shape]
     return StudySummary(
-        {labels[key]: why for key, (_, why, _) in sizes.items()},
+        {labels[key]: s.why for key, s in sizes.items()},
         groups,
         time.perf_counter() - start,
         estimate or 0.0,
@@ -129,6 +146,12 @@ def optimize(
         sizing,
         pruned_by_suggest,
     )
+
+
+def _asking(start: float, timeout: Optional[float], teller: Teller) -> bool:
+    """Whether another trial is asked: not after `timeout` seconds, nor once a trial raised an error
+    `catch` does not name (the trials asked are trained and told first)."""
+    return (timeout is None or time.perf_counter() - start < timeout) and teller.raised is None
 
 
 def _shape_key(model: nn.Module, x: Any) -> str:

@@ -17,14 +17,15 @@ class GroupRecord:
     seconds: float
     pruned: List[int] = field(default_factory=list)
     repacked: List[int] = field(default_factory=list)  # the group's N after each repack
+    failed: List[int] = field(default_factory=list)  # trials whose own code raised: FAIL, alone
 
 
 @dataclass
 class StudySummary:
     """What `optimize` did: the group size and why, per shape; every group; the wall time against
     an estimate of the sequential study (one trial's step timed alone, times every trial's steps),
-    and how much of it went to sizing the groups (measuring what the table lacked: a cost the
-    next study on this machine, reading the table, does not pay)."""
+    and how much of it went to sizing the groups (a probe's switches, and its fused turns' time
+    beyond the loop's: each group size's line says what the probe measured and decided)."""
 
     sizes: Dict[str, str]
     groups: List[GroupRecord]
@@ -44,15 +45,16 @@ class StudySummary:
             f"(sequential, unpruned, estimated {self.sequential_estimate_s:.1f} s)"
         ]
         if self.sizing_s >= 0.05:
-            lines.append(f"of which {self.sizing_s:.1f} s measured what the table lacked (once: later studies read it)")
+            lines.append(f"of which {self.sizing_s:.1f} s went to sizing the groups (see the group sizes)")
         if self.shape_params:
             lines.append(f"groups told apart by: {', '.join(self.shape_params)}")
         lines += [f"group size for {shape}: {why}" for shape, why in self.sizes.items()]
         for index, g in enumerate(self.groups):
             repacked = f" (repacked to N={', '.join(map(str, g.repacked))})" if g.repacked else ""
-            pruned = f", pruned {g.pruned}{repacked}" if g.pruned else ""
+            pruned = f", pruned {g.pruned}" if g.pruned else ""
+            failed = f", failed {g.failed}" if g.failed else ""
             ran = f"{g.strategy or 'a loop'} ({g.why})"
-            lines.append(f"  group {index}: trials {g.trials} as {ran}, {g.seconds:.1f} s{pruned}")
+            lines.append(f"  group {index}: trials {g.trials} as {ran}, {g.seconds:.1f} s{pruned}{failed}{repacked}")
         return "\n".join(lines)
 
 
