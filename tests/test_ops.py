@@ -223,3 +223,22 @@ def test_lora_drops_each_adapters_inputs_at_its_own_rate():
         kept = wide.unpack(wide(wide.pack(inputs)))
         dropped = wide.unpack(wide.train()(wide.pack(inputs)))
     assert torch.equal(kept[0], dropped[0]) and not torch.allclose(kept[1], dropped[1])
+
+
+@pytest.mark.parametrize(
+    "installed, split, reason",
+    [
+        (False, "uniform", "needs peft (pip install peft)"),
+        (True, "ragged", "needs as many tokens for every adapter"),
+        (True, "uniform", None),
+    ],
+)
+def test_lora_peft_strategy_is_skipped_with_the_reason_where_it_cannot_run(monkeypatch, installed, split, reason):
+    import importlib.util
+
+    from wide_tessera.ops.lora import WideLoRA
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: real(name) if installed or name != "peft" else None)
+    said = unmet_need(WideLoRA.STRATEGY_NEEDS["peft"], "cpu", torch.float32, dict(split=split))
+    assert said == reason if reason is None else said.startswith(reason)
