@@ -1,5 +1,6 @@
 """The Python API as a user calls it: benchmark, benchmark_custom, measure, save/load, bad input."""
 
+import dataclasses
 import json
 
 import pytest
@@ -117,12 +118,32 @@ def test_benchmark_custom_says_which_layers_surgery_swapped_and_which_went_to_vm
     assert load_results(tmp_path / "r.json")[0].points[1].checks["surgery"].ran == line
 
 
-def test_save_load_round_trip_is_exact(tmp_path):
-    r = benchmark("gemm", preset="ci", device="cpu", verbose=False, n_values=[1, 2])
+def _differences(saved, loaded, where="result"):
+    """Where two results differ, types included: == holds between 18 and 18.0, and between a
+    str and torch's TorchVersion, yet a loaded result must be the saved one as it was."""
+    if type(saved) is not type(loaded):
+        return [f"{where}: {saved!r} ({type(saved).__name__}) became {loaded!r} ({type(loaded).__name__})"]
+    if dataclasses.is_dataclass(saved):
+        fields = [f.name for f in dataclasses.fields(saved)]
+        return [d for f in fields for d in _differences(getattr(saved, f), getattr(loaded, f), f"{where}.{f}")]
+    if isinstance(saved, dict):
+        if saved.keys() != loaded.keys():
+            return [f"{where}: keys {sorted(saved)} became {sorted(loaded)}"]
+        return [d for k in saved for d in _differences(saved[k], loaded[k], f"{where}[{k!r}]")]
+    if isinstance(saved, (list, tuple)):
+        if len(saved) != len(loaded):
+            return [f"{where}: {len(saved)} items became {len(loaded)}"]
+        return [d for i, (a, b) in enumerate(zip(saved, loaded)) for d in _differences(a, b, f"{where}[{i}]")]
+    return [] if saved == loaded else [f"{where}: {saved!r} became {loaded!r}"]
+
+
+@pytest.mark.parametrize("op,sweep", [("gemm", {"n_values": [1, 2]}), ("flash_attention", {})])
+def test_save_load_round_trip_is_exact(tmp_path, op, sweep):
+    r = benchmark(op, preset="ci", device="cpu", verbose=False, **sweep)
     path = tmp_path / "r.json"
     r.save(path)
     (loaded,) = load_results(path)
-    assert loaded == r
+    assert _differences(r, loaded) == []
     assert loaded.summary() == r.summary()
     doc = json.loads(path.read_text())
     assert doc["schema_version"] == SCHEMA_VERSION and doc["results"][0]["points"][0]["timings"]["baseline"] > 0
@@ -181,3 +202,24 @@ def test_bad_input_names_the_bad_value(call, match):
 def test_cuda_without_cuda_is_a_clear_error():
     with pytest.raises(WideTesseraError, match="CUDA is not available on this machine"):
         benchmark("gemm", preset="ci", device="cuda")
+
+
+def test_the_public_surface_names_the_settings_the_errors_and_optim_in_a_fresh_process():
+    """`import wide_tessera as wt` alone reaches RunSettings, every exception a user may catch,
+    and wt.optim: optim used to be there only after something else had imported it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import wide_tessera as wt\n"
+        "from wide_tessera.core import errors\n"
+        "from wide_tessera.measurement.settings import RunSettings\n"
+        "assert wt.RunSettings is RunSettings\n"
+        "for name in errors.__all__:\n"
+        "    obj = getattr(errors, name)\n"
+        "    if isinstance(obj, type) and issubclass(obj, BaseException):\n"
+        "        assert getattr(wt, name) is obj, name\n"
+        "assert wt.optim.AdamW.__name__ == 'AdamW'\n"
+        "assert 'optim' in dir(wt)\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -106,7 +106,7 @@ CLI_CASES = [
     ([*GEMM, "-o", "/nonexistent/dir/r.json"], "folder '/nonexistent/dir' does not exist"),
     ([*GEMM, "--resume"], "--resume needs -o FILE"),
     ([*GEMM, "--resume", "-o", "{tmp}/missing.json"], "{tmp}/missing.json does not exist"),
-    ([*GEMM, "--resume", "-o", "{bad}"], "{bad}: not a wide_tessera results file"),
+    ([*GEMM, "--resume", "-o", "{bad}"], "{bad}: holds text, not results"),
     (["benchmark", "gemm", "--preset", "nope"], "unknown preset for gemm 'nope'"),
     (["benchmark", "gemm", "--preset", ""], "unknown preset for gemm ''"),
     (["benchmark", "gemm", "--all", "--preset", "ci"], "name one or more ops, or give --all"),

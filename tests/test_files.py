@@ -58,7 +58,7 @@ def test_a_new_file_follows_a_stricter_umask(tmp_path, results):
 
 def test_an_existing_file_keeps_its_mode(tmp_path, results, umask_022):
     path = tmp_path / "r.json"
-    path.write_text("old")
+    save_results(results[:1], path)
     path.chmod(0o640)
     save_results(results, path)
     assert mode(path) == 0o640 and load_results(path) == results
@@ -67,7 +67,7 @@ def test_an_existing_file_keeps_its_mode(tmp_path, results, umask_022):
 def test_a_symlink_is_written_through_to_its_target(tmp_path, results):
     target, link = tmp_path / "data" / "r.json", tmp_path / "link.json"
     target.parent.mkdir()
-    target.write_text("stale")
+    save_results([], target)  # stale: no results yet
     link.symlink_to(target)
     save_results(results, link)
     assert link.is_symlink() and os.readlink(link) == str(target)

@@ -246,6 +246,26 @@ def test_a_tuned_table_decides_per_shape_and_an_inconclusive_entry_runs_the_defa
     assert chosen == {4: expected, 256: "padded"}
 
 
+def test_an_entry_naming_an_implementation_transformers_lacks_is_one_line_naming_it():
+    """A table written beside another transformers: a KeyError that said only the name."""
+    params = dict(model_type="mixtral", tokens=4, top_k=2, hidden=32, intermediate=48, skew=0.0)
+    integration.register(table=DispatchTable([entry("hf_experts", params, "fuse:8", strategy="bogus_mm")]))
+    experts = build_experts("mixtral", 8, 32, 48)
+    experts.config._experts_implementation = "wide_tessera"
+    with pytest.raises(WideTesseraError, match=r"experts implementation in the dispatch table 'bogus_mm'.*eager"):
+        experts(*_call(tokens=3))
+
+
+def test_a_first_call_of_experts_on_the_meta_device_is_one_line(tmp_path):
+    """torch's NotImplementedError for nonzero on the meta device, from the routing."""
+    integration.register(table=str(tmp_path / "none.json"), measure="first-call")
+    with torch.device("meta"):
+        experts = build_experts("mixtral", 8, 32, 48)
+    experts.config._experts_implementation = "wide_tessera"
+    with pytest.raises(WideTesseraError, match="on the meta device: load their weights first"):
+        experts(*(t.to("meta") for t in _call(tokens=3)))
+
+
 def test_a_run_ends_with_which_experts_implementation_to_use_for_decode_and_prefill():
     from wide_tessera import benchmark
 

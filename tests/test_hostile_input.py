@@ -19,7 +19,7 @@ from wide_tessera.ops.gemm import WideLinear
 from wide_tessera.widen.functional import WideFunctional
 from wide_tessera.widen.surgery import WideSurgery
 
-from .helpers import Expert
+from .helpers import Expert, entry
 
 GEMM = ["benchmark", "gemm", "--preset", "ci", "--device", "cpu", "--n-values", "1", "--budget", "0.005", "--quiet"]
 
@@ -32,7 +32,27 @@ def places(tmp_path):
     CliRunner().invoke(cli, [*GEMM, "-o", str(results)])
     bad_module = tmp_path / "exits.py"
     bad_module.write_text("import sys\nsys.exit(3)\n")
-    return {"tmp": str(tmp_path), "blocker": str(blocker), "results": str(results), "long": "x" * 300}
+    (tmp_path / "lazy.py").write_text("def __getattr__(name):\n    raise RuntimeError('boom')\n")
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\n")
+    table = tmp_path / "table.json"
+    DispatchTable().save(table)
+    damaged = json.loads(json.dumps(DispatchTable([entry()]).to_dict()))
+    damaged["entries"][0]["verdicts"][1]["speedup_ci"] = [3.0]
+    (tmp_path / "damaged.json").write_text(json.dumps(damaged))
+    user = tmp_path / "docs"  # a folder of the user's, with a README of theirs
+    user.mkdir()
+    (user / "README.md").write_text("# my project\n")
+    return {
+        "tmp": str(tmp_path),
+        "blocker": str(blocker),
+        "results": str(results),
+        "long": "x" * 300,
+        "notes": str(notes),
+        "table": str(table),
+        "user": str(user),
+        "damaged": str(tmp_path / "damaged.json"),
+    }
 
 
 CLI_CASES = [
@@ -73,6 +93,40 @@ CLI_CASES = [
     (["benchmark", "--import", "exits", "gemm"], "cannot import 'exits': SystemExit: 3"),
     # -o over results: refused, nothing lost
     ([*GEMM, "-o", "{results}"], "holds results already"),
+    # a file that holds no results is never replaced, --overwrite or not, and the refusal says what it holds (issue 67)
+    ([*GEMM, "-o", "{notes}", "--overwrite"], "-o {notes}: holds text, not results: it is never replaced"),
+    ([*GEMM, "-o", "{notes}"], "-o {notes}: holds text, not results"),
+    ([*GEMM, "-o", "{table}", "--overwrite"], "-o {table}: holds a wide_tessera dispatch table, not results"),
+    ([*GEMM, "--save-dispatch", "{results}"], "{results}: holds results, not a wide_tessera dispatch table"),
+    ([*GEMM, "--save-dispatch", "{notes}"], "{notes}: holds text, not a wide_tessera dispatch table"),
+    (["tune", "gemm", "--preset", "ci", "--n-values", "1", "-o", "{notes}"], "{notes}: holds text, not a wide_tessera"),
+    (["tune", "gemm", "--preset", "ci", "--n-values", "1", "--results", "{table}"], "--results {table}: holds a wide"),
+    (["report", "{results}", "-o", "{user}"], "README.md: holds text, not a wide_tessera report"),
+    # a table with an entry that cannot be trusted is not merged into, before anything is measured
+    (["tune", "gemm", "--preset", "ci", "--n-values", "1", "-o", "{damaged}"], "entries[0] (gemm): N=4: speedup_ci"),
+    # options that contradict each other (issue 67)
+    ([*GEMM, "--overwrite"], "--overwrite replaces the results -o FILE holds: give -o FILE, or leave it out"),
+    ([*GEMM, "-o", "{results}", "--overwrite", "--resume"], "--resume continues {results} and --overwrite replaces it"),
+    ([*GEMM, "--search", "1:4"], "--search 1:4 chooses the N values itself: give --search or --n-values 1, not both"),
+    (
+        ["custom", "tests.helpers:Expert", "--input-shape", "2,16", "--kwarg", "d=16", "--n-values", "2",
+         "--search", "1:4"],
+        "give --search or --n-values 2, not both",
+    ),
+    ([*GEMM, "--controls-at", "every", "--no-controls"], "--controls-at 'every': this run times no controls"),
+    # tracebacks that owed a line (issue 67)
+    (
+        ["custom", "tests.helpers:Expert", "--input-shape", "2,16", "--n-values", "2",
+         "--kwarg", "d=" + "-" * 50000 + "1"],
+        "--kwarg d=-------------------------------------...: nested too deeply to read as a Python literal",
+    ),
+    (["custom", "lazy:Thing", "--input-shape", "2,16", "--n-values", "2"], "'lazy:Thing': reading 'Thing' of it raised "
+     "RuntimeError: boom"),
+    (
+        ["custom", "tests.helpers:Expert", "--input-shape", "99999999999999999999,16", "--n-values", "2"],
+        "--input-shape '99999999999999999999,16': size 99999999999999999999: expected positive ints up to 2147483647",
+    ),
+    (["custom", "tests.helpers:Expert", "--input-shape", "0,16", "--n-values", "2"], "size 0: expected positive ints"),
     # collectives: checked before any process group, outside torchrun too
     (["collectives", "--ops", "bogus"], "unknown collective 'bogus'"),
     (["collectives", "--min-bytes", "1GiB", "--max-bytes", "1KiB"], "--min-bytes 1GiB is larger than --max-bytes 1KiB"),
@@ -84,12 +138,13 @@ CLI_CASES = [
 def test_the_cli_answers_hostile_input_with_one_line(args, message, places, monkeypatch):
     monkeypatch.chdir(places["tmp"])
     monkeypatch.syspath_prepend(places["tmp"])
-    before = Path(places["results"]).read_text()
+    kept = [Path(places[name]) for name in ("results", "notes", "table")] + [Path(places["user"]) / "README.md"]
+    before = [path.read_bytes() for path in kept]
     r = CliRunner().invoke(cli, [a.format(**places) for a in args])
     assert r.exit_code == 2, r.output
     assert message.format(**places) in r.output and "Traceback" not in r.output
     assert len([line for line in r.output.splitlines() if line.startswith("Error:")]) == 1
-    assert Path(places["results"]).read_text() == before  # nothing lost
+    assert [path.read_bytes() for path in kept] == before  # nothing lost
 
 
 # a cache folder the OS refuses: refused before anything is measured
@@ -313,3 +368,78 @@ def test_a_runs_folder_that_is_a_file_is_named(args, places, monkeypatch):
     monkeypatch.setenv("WIDE_TESSERA_RUNS", places["blocker"])
     r = CliRunner().invoke(cli, args)
     assert r.exit_code == 2 and f"runs folder {places['blocker']} ($WIDE_TESSERA_RUNS" in r.output, r.output
+
+
+@pytest.mark.parametrize(
+    "args,advice",
+    [
+        ([*GEMM, "-o", "{tmp}/r2.json"], "continue it: the same command with --resume"),
+        (GEMM, "continue it: the same command with --resume -o {tmp}/runs/"),  # the run kept: no -o was given
+        (["tune", "gemm", "conv1d", "--preset", "ci", "--quiet", "-o", "{tmp}/t.json"], "wide_tessera tune gemm conv1"),
+    ],
+    ids=["benchmark -o", "benchmark", "tune"],
+)
+def test_the_advice_after_ctrl_c_is_a_command_that_runs(args, advice, places, monkeypatch):
+    """tune said 'continue with --resume', which it lacks; benchmark without -o said so, then refused
+    --resume without -o (issue 67)."""
+    from wide_tessera.cli import measure as commands
+
+    monkeypatch.setenv("WIDE_TESSERA_RUNS", f"{places['tmp']}/runs")
+    result = wt.load_results(Path(__file__).parent / "golden" / "schema6.json")[0]
+
+    def interrupted(jobs, settings, previous, output, progress, finished):
+        raise wt.core.errors.Interrupted(result, output)
+
+    monkeypatch.setattr(commands, "measure_jobs", interrupted)
+    r = CliRunner().invoke(cli, [a.format(**places) for a in args])
+    assert r.exit_code == 130 and advice.format(**places) in r.output, r.output
+    assert "continue with --resume" not in r.output
+
+
+def _table_with(change):
+    doc = json.loads(json.dumps(DispatchTable([entry(verdicts="loop:1 fuse:4")]).to_dict()))
+    verdict = doc["entries"][0]["verdicts"][1]
+    verdict.update(speedup=2.0, speedup_ci=[1.5, 2.5])
+    change(doc["entries"][0], verdict)
+    return doc
+
+
+# A dispatch table's entries as a hand or a damaged disk leaves them: each refused where the table
+# is read, naming the entry and the value (issue 67). (entry fields, its 'fuse' verdict at N=4)
+TABLE_CASES = [
+    ("speedup_ci of one", lambda e, v: v.update(speedup_ci=[3.0]), "N=4: speedup_ci [3.0]: give [low, high]"),
+    ("speedup_ci of none", lambda e, v: v.update(speedup_ci=[]), "N=4: speedup_ci []: give [low, high]"),
+    ("a negative speedup", lambda e, v: v.update(speedup=-2.0, speedup_ci=[3.0, -5.0]), "speedup -2.0: give"),
+    ("an interval out of order", lambda e, v: v.update(speedup_ci=[3.0, 1.0]), "speedup_ci [3.0, 1.0]"),
+    ("a speedup outside its interval", lambda e, v: v.update(speedup=9.0), "speedup 9.0 is outside its interval"),
+    ("N = 10**30", lambda e, v: v.update(n=10**30), "verdicts must be for distinct N from 1 to 4096"),
+    ("threads = -1", lambda e, v: e.update(threads=-1), "entries[0] (gemm): threads=-1: give an integer in [1, 4096]"),
+    ("measured_at yesterday", lambda e, v: e.update(measured_at="yesterday"), "measured_at 'yesterday': give a time"),
+]
+
+
+@pytest.mark.parametrize("name,change,message", TABLE_CASES, ids=[c[0] for c in TABLE_CASES])
+def test_a_table_entry_that_cannot_be_trusted_is_refused_where_the_table_is_read(name, change, message, tmp_path):
+    doc = _table_with(change)
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(wt.WideTesseraError, match=re.escape(message)):
+        DispatchTable.load(path)
+    with pytest.raises(wt.WideTesseraError, match=re.escape(message)):  # an object given to fuse() is the same
+        wt.fuse([nn.Linear(32, 32) for _ in range(4)], table=DispatchTable.from_dict(doc))
+    with pytest.raises(wt.WideTesseraError, match=re.escape(message)):
+        wt.fuse([nn.Linear(32, 32) for _ in range(4)], table=path)
+
+
+def test_an_entry_naming_a_strategy_the_op_lacks_does_not_fuse():
+    """The transformers integration looked the name up and raised KeyError (issue 67)."""
+    from wide_tessera.dispatch.table import Case, decide
+
+    table = DispatchTable([entry(verdicts="fuse:4", strategy="no_such_kernel")])
+    params = {"batch": 16, "in_features": 32, "out_features": 32}
+    case = Case(**{f: getattr(table.entries[0], f) for f in ("op", "device", "device_name", "dtype", "mode")},
+                compile="none", cuda_graph=False, params=params, n=4)  # fmt: skip
+    answer = decide(table, case, ["bmm", "einsum"], {}, "cpu")
+    assert not answer.fuse and "gemm has no strategy 'no_such_kernel' (its strategies: bmm, einsum)" in answer.reason
+    fused = wt.fuse([nn.Linear(32, 32) for _ in range(4)], table=table)
+    assert not fused.decision.fused and "no strategy 'no_such_kernel'" in str(fused.decision)

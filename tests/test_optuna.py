@@ -2,6 +2,7 @@
 loop, groups that never mix shapes, pruning that frees its group mates, and bad input refused."""
 
 import json
+import warnings
 
 import pytest
 import torch
@@ -137,6 +138,12 @@ def test_a_pruned_trial_leaves_its_group_and_the_survivors_train_on_unchanged():
         (dict(strategy="vmapp"), "unknown strategy for MLP 'vmapp'"),
         (dict(study=optuna.create_study(directions=["minimize"] * 2)), "the study has 2 objectives"),
         (dict(training=Training(steps=2, batch=TRAINING.batch, loss=lambda o, y: 1.0)), "loss.*returned float"),
+        # torch's AssertionError and RuntimeError
+        (dict(device="tpu9"), "unknown device 'tpu9'"),
+        (dict(device="cuda:99"), "device 'cuda:99'"),
+        # a ValueError that did not name the seed, and a generator's overflow
+        (dict(suggest=lambda trial: {"seed": "b"}), "trial 0: seed='b': give an int"),
+        (dict(suggest=lambda trial: {"seed": 2**70}), f"seed={2**70}: give an int"),
     ],
 )
 def test_bad_input_is_one_line_before_any_training(kwargs, message):
@@ -149,7 +156,12 @@ def test_bad_input_is_one_line_before_any_training(kwargs, message):
 
 @pytest.mark.parametrize(
     "kwargs, message",
-    [(dict(steps=0), "steps=0"), (dict(optimizer="lion"), "unknown optimizer 'lion'"), (dict(clip=-1), "clip=-1")],
+    [
+        (dict(steps=0), "steps=0"),
+        (dict(optimizer="lion"), "unknown optimizer 'lion'"),
+        (dict(clip=-1), "clip=-1"),
+        (dict(batch=[torch.zeros(40, 2)] * 3), "^Training: batch is a list, not a function$"),  # (printed whole)
+    ],
 )
 def test_a_training_of_bad_settings_is_refused(kwargs, message):
     with pytest.raises(wt.WideTesseraError, match=message):
@@ -174,7 +186,7 @@ def test_a_measured_group_size_comes_from_the_table_it_wrote(tmp_path, monkeypat
     def measure_again(*args, **kwargs):
         raise AssertionError("the second study measured what the table already said")
 
-    monkeypatch.setattr("wide_tessera.integrations.optuna.benchmark_custom", measure_again)
+    monkeypatch.setattr("wide_tessera.integrations.optuna.sizing.benchmark_custom", measure_again)
     again = optimize(study(), suggest, build, training, n_trials=4, table=table, progress=False)
     (why_again,) = again.sizes.values()
     # the same verdicts from the same table; only the free memory the cap reads may differ
@@ -197,6 +209,31 @@ def test_a_measured_group_size_comes_from_the_table_it_wrote(tmp_path, monkeypat
         assert all((g.strategy == "vmap") == (size > 1) for g in summary.groups), verdicts
 
 
+@pytest.mark.parametrize(
+    "verdict, named, runs",
+    [("fuse", "vmap", "vmap"), ("disturbed", "surgery", "surgery"), ("same", "vmap", "vmap"), ("failed", None, None)],
+)
+def test_the_group_size_asked_for_is_the_size_trained_with_the_strategy_the_table_names_at_it(
+    verdict, named, runs, tmp_path, monkeypatch
+):
+    """group_size=4 alone ran the loop where the verdict at 4 was 'disturbed': now groups of 4 run
+    the strategy the table names at N=4, whatever its verdict; where it names none (no strategy
+    was correct), one line says so before any training and the groups of 4 run as a loop."""
+    from wide_tessera.dispatch.fuse import DispatchWarning
+    from wide_tessera.integrations.optuna import sizing
+
+    monkeypatch.setattr(sizing, "_verdicts", lambda member, ns, table: {n: (False, verdict, named) for n in ns})
+    training = Training(steps=3, batch=TRAINING.batch, loss=F.mse_loss, report_every=3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        summary = optimize(study(), suggest, build, training, n_trials=8, group_size=4, table=tmp_path / "t.json",
+                           progress=False)  # fmt: skip
+    assert [len(g.trials) for g in summary.groups] == [4, 4]
+    assert [g.strategy for g in summary.groups] == [runs, runs]
+    said = [str(w.message) for w in caught if issubclass(w.category, DispatchWarning)]
+    assert len(said) == (runs is None) and all("group_size=4" in s and verdict in s for s in said)
+
+
 def test_a_study_with_dropout_gives_the_same_values_run_after_run():
     """A trial's dropout masks come from its seed, not from whatever drew random numbers before the
     study: a seeded sampler's study, sequential or fused, is reproducible."""
@@ -213,6 +250,26 @@ def test_a_study_with_dropout_gives_the_same_values_run_after_run():
         optimize(fused, suggest, dropped, training, n_trials=4, group_size=2, strategy="vmap", progress=False)
         runs.append([[t.value for t in s.trials] for s in (sequential, fused)])
     assert runs[0] == runs[1]
+
+
+def test_trials_that_differ_only_in_a_dropout_rate_share_groups_and_train_as_the_loop_trains_them():
+    """A rate is a hyperparameter, not a shape: a float drawn per trial made every trial a group of
+    its own (8 trials, 103 s against 17 s sequential). Each trial's rate is its own in the group:
+    tests/test_rates.py checks it against the separate models."""
+
+    def rated(trial):
+        return {**suggest(trial), "dropout": trial.suggest_float("dropout", 0.0, 0.5)}
+
+    def dropped(params):
+        return nn.Sequential(nn.Linear(D, 16), nn.LeakyReLU(params["dropout"] / 5), nn.Dropout(params["dropout"]),
+                             nn.Linear(16, 1))  # fmt: skip
+
+    training = Training(steps=6, batch=TRAINING.batch, loss=F.mse_loss, report_every=3)
+    fused = study()
+    summary = optimize(fused, rated, dropped, training, n_trials=6, group_size=3, strategy="vmap", progress=False)
+    assert [len(g.trials) for g in summary.groups] == [3, 3] and summary.shape_params == []
+    assert {g.strategy for g in summary.groups} == {"vmap"}
+    assert all(t.state == optuna.trial.TrialState.COMPLETE for t in fused.trials)
 
 
 def test_a_trial_draws_the_same_random_batches_alone_and_in_a_group():

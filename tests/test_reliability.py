@@ -182,7 +182,7 @@ def test_ctrl_c_saves_an_incomplete_result_that_resume_completes(tmp_path):
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
-    assert "continue with --resume" in err and "Traceback" not in err
+    assert "continue it: the same command with --resume" in err and "Traceback" not in err
     (partial,) = load_results(out)
     assert not partial.complete and 1 <= len(partial.points) < 6
     measured = {p.n: p.timings for p in partial.points}

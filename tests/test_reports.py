@@ -232,6 +232,17 @@ def test_noise_between_measurements_widens_the_interval():
     assert noisy.noise == pytest.approx(math.sqrt(sum(x * x for x in logs) / 4)) and noisy.noise_pairs == 2 * 4 * 3
 
 
+@pytest.mark.parametrize(
+    "setting,value,line", [("energy", True, "energy: False -> True"), ("precise", True, "precise: False -> True")]
+)
+def test_compare_names_every_setting_resume_would_refuse(setting, value, line):
+    """compare and --resume ask one list (results.alike) what says how a run was measured: compare
+    once missed --energy and --precise, and held such runs against each other as alike."""
+    new = synthetic()
+    new.settings = dataclasses.replace(new.settings, **{setting: value})
+    assert f"synthetic: {line}" in compare([synthetic()], [new]).differences
+
+
 def test_compare_notes_a_different_device_and_a_broken_strategy(tmp_path):
     new = synthetic(device_name="Other CPU")
     p = new.points[-1]
@@ -248,14 +259,14 @@ def test_compare_notes_a_different_device_and_a_broken_strategy(tmp_path):
         confirmation=None,
     )
     comparison = compare([synthetic()], [new])
-    assert "synthetic: device: Synthetic CPU -> Other CPU" in comparison.differences
+    assert "synthetic: device name: Synthetic CPU -> Other CPU" in comparison.differences
     [broken] = [c for c in comparison.changes if c.verdict == "broken"]
     assert broken.callable == "b" and broken.n == 8 and "boom" in broken.note
     assert any("boom" in line for line in comparison.regressions(50))
     wt.save_results([synthetic()], tmp_path / "b.json")
     wt.save_results([new], tmp_path / "n.json")
     out = invoke("compare", tmp_path / "b.json", tmp_path / "n.json", "--format", "markdown")
-    assert out.exit_code == 0 and "the runs differ: synthetic: device: Synthetic CPU -> Other CPU" in out.output
+    assert out.exit_code == 0 and "the runs differ: synthetic: device name: Synthetic CPU -> Other CPU" in out.output
     assert out.output.startswith("**COMPARE:") and "| synthetic | 8 |" in out.output
 
 
@@ -473,3 +484,29 @@ def test_a_run_against_the_previous_one_names_the_crossovers_that_moved_beyond_t
     assert "0 of 1 crossovers agree" in moved
     assert "synthetic size=64 dtype=float32: then fuse from N=2, now fuse from N=4" in moved
     assert against_previous([base], [synthetic(slow_a=1.4, device_name="Other CPU")], "@-2") is None
+
+
+@pytest.mark.parametrize("in_the_way", ["a folder", "a picture of the user's"])
+def test_plot_never_replaces_what_is_not_its_own_picture(in_the_way, tmp_path):
+    """A folder where a picture goes was IsADirectoryError; a picture of the user's was replaced (issue 67)."""
+    path = tmp_path / "r.json"
+    synthetic().save(path)
+    assert invoke("plot", path, "-o", tmp_path / "plots").exit_code == 0
+    assert invoke("plot", path, "-o", tmp_path / "plots").exit_code == 0  # its own pictures it replaces
+    picture = sorted((tmp_path / "plots").glob("*.svg"))[0]
+    picture.unlink()
+    if in_the_way == "a folder":
+        picture.mkdir()
+    else:
+        picture.write_text("<svg>my drawing</svg>")
+    r = CliRunner().invoke(cli, ["plot", str(path), "-o", str(tmp_path / "plots")])
+    said = "is a directory, not a wide_tessera plot" if in_the_way == "a folder" else "holds text"
+    assert r.exit_code == 2 and said in r.output and "Traceback" not in r.output, r.output
+    assert in_the_way == "a folder" or picture.read_text() == "<svg>my drawing</svg>"
+
+
+def test_the_markdown_views_escape_html_as_the_html_view_does():
+    """A result named <script>alert(1)</script> went through the notebook's Markdown view raw (issue 67)."""
+    result = dataclasses.replace(synthetic(), op="<script>alert(1)</script>")
+    for view in (result._repr_markdown_(), result._repr_html_()):
+        assert "<script>" not in view and "&lt;script&gt;alert(1)&lt;/script&gt;" in view

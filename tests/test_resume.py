@@ -103,7 +103,15 @@ def test_a_file_measured_with_other_settings_is_refused(tmp_path, args, message)
     assert out.read_text() == before  # refused before anything was measured or written
 
 
-@pytest.mark.parametrize("field,value", [("device_name", "Another CPU"), ("torch_version", "1.0.0")])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("device_name", "Another CPU"),
+        ("torch_version", "1.0.0"),
+        ("triton_version", "0.1"),
+        ("python_version", "3.9.1"),
+    ],
+)
 def test_a_file_from_another_machine_or_torch_is_refused(gemm_file, field, value):
     doc = json.loads(gemm_file.read_text())
     doc["results"][0]["environment"][field] = value

@@ -157,8 +157,7 @@ def test_a_ctrl_c_during_a_confirmation_saves_and_names_every_job_measured_so_fa
     saved = {r.op: r for r in load_results(out)}
     assert set(saved) == {"gemm", "layernorm"} and not any(r.complete for r in saved.values())
     assert str(stop.value) == (
-        f"saved {len(saved['gemm'].points)} point(s) of gemm, {len(saved['layernorm'].points)} of layernorm to {out}; "
-        "continue with --resume"
+        f"saved {len(saved['gemm'].points)} point(s) of gemm, {len(saved['layernorm'].points)} of layernorm to {out}"
     )
 
 

@@ -20,6 +20,7 @@ from wide_tessera.dispatch import first_call
 from wide_tessera.dispatch.table import DispatchTable
 from wide_tessera.ops.registry import REGISTRY
 from wide_tessera.results.decisions import Call
+from wide_tessera.train import OPTIMIZERS
 from wide_tessera.widen import surgery
 from wide_tessera.widen.custom import model_identity
 
@@ -416,7 +417,7 @@ def test_unfuse_into_loads_the_trained_weights_into_the_given_modules():
 
 def test_a_forced_strategy_is_checked_and_never_falls_back():
     with pytest.raises(wt.WideTesseraError, match="unknown strategy for gemm 'bmmm'; did you mean 'bmm'"):
-        wt.fuse([nn.Linear(2, 2)] * 2, strategy="bmmm")
+        wt.fuse([nn.Linear(2, 2) for _ in range(2)], strategy="bmmm")
     with pytest.raises(wt.WideTesseraError, match="strategy 'triton' cannot run here"):
         wt.fuse([nn.Linear(2, 2) for _ in range(2)], strategy="triton")
     assert "forced: strategy='einsum'" in str(wt.fuse([nn.Linear(2, 2) for _ in range(2)], strategy="einsum").decision)
@@ -755,7 +756,10 @@ def test_the_train_mode_checks_each_strategy_against_n_separate_trainings(mutati
     baseline trains with torch's own)."""
     if MODE_MUTATIONS[mutation] is not None:
         name, replacement = MODE_MUTATIONS[mutation]
-        monkeypatch.setattr(wto, name, replacement)
+        if name == "AdamW":  # the train step's pairing of torch's AdamW and ours
+            monkeypatch.setitem(OPTIMIZERS, "adamw", (torch.optim.AdamW, replacement))
+        else:
+            monkeypatch.setattr(wto, name, replacement)
     result = wt.benchmark_custom(
         MLP, (B, D), [3], mode="train", verbose=False, confirm="none", controls=False,
         timing=wt.TimingConfig(budget_s=0.02, min_samples=3),

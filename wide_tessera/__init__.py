@@ -30,14 +30,27 @@ _EXPORTS = {
     "StageTimeouts": ".measurement.stages",
     "TimingConfig": ".measurement.timing",
     "TimingStats": ".core.stats",
+    "RunSettings": ".measurement.settings",
+    # The exception family (core.errors): catch WideTesseraError for anything the user can act on.
     "WideTesseraError": ".core.errors",
+    "MissingDependency": ".core.errors",
+    "ContractError": ".core.errors",
+    "NotApplicable": ".core.errors",
+    "DamagedFile": ".core.errors",
+    "MeasurementFault": ".core.errors",
+    "Interrupted": ".core.errors",
     "WideOp": ".ops",
 }
+
+# Subpackages a user reaches as attributes (`wt.optim.AdamW`), loaded on first use like the names.
+_SUBPACKAGES = ("optim",)
 
 __all__ = list(_EXPORTS)
 
 
 def __getattr__(name: str) -> Any:
+    if name in _SUBPACKAGES:
+        return import_module(f".{name}", __name__)  # the import sets it on the package
     if name not in _EXPORTS:
         raise AttributeError(f"module 'wide_tessera' has no attribute {name!r}")
     import_module(".api", __name__)  # registers the built-in ops, whatever is asked for first
@@ -47,4 +60,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> List[str]:
-    return sorted([*globals(), *_EXPORTS])
+    return sorted([*globals(), *_EXPORTS, *_SUBPACKAGES])

@@ -9,7 +9,7 @@ from typing import Optional
 
 import click
 
-from ..collectives.cases import COLLECTIVES, sizes
+from ..collectives.cases import COLLECTIVES, KIND, sizes
 from ..collectives.torchrun import run_collectives
 from ..core.errors import WideTesseraError
 from ..core.files import results_target
@@ -68,7 +68,7 @@ def collectives(
         config = TimingConfig(budget_s=budget)
         device = rank_device(resolve_device(device))
         if output:
-            results_target(output)
+            results_target(output, KIND)
         if rank is None or "WORLD_SIZE" not in os.environ:
             raise WideTesseraError(
                 "collectives runs under torchrun, one process per rank: "

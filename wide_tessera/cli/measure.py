@@ -15,7 +15,7 @@ import torch
 
 from ..api import build_custom_job, build_job
 from ..core.errors import Interrupted, MissingDependency, WideTesseraError
-from ..core.files import make_folder, results_lock, results_target
+from ..core.files import RESULTS, held_by, make_folder, results_lock, results_target
 from ..core.job import BenchmarkJob, SweepParams
 from ..core.runs import new_run_path, prepare_runs_dir, saved_runs
 from ..dispatch.table import (
@@ -300,7 +300,7 @@ def tune(names: Tuple[str, ...], preset: str, table: Optional[str], results: Opt
         dump_ir=None,
         strict=False,
         save_dispatch=table,
-        overwrite=True,  # --results rewrites its file: the table is what tune keeps
+        overwrite=results is not None,  # --results rewrites its results: the table is what tune keeps
         output_option="--results",
         command="tune",
         **given,
@@ -316,17 +316,23 @@ tune.help += """
 
 
 def _check_output(path: Optional[str], resume: bool, overwrite: bool, option: str = "-o") -> None:
+    """The results file a run writes: a file of results only is continued (--resume) or replaced
+    (--overwrite); anything else is refused, naming what it holds (files.results_target)."""
     if path is None:
         if resume:
             raise WideTesseraError("--resume needs -o FILE: the results file to continue")
+        if overwrite:
+            raise WideTesseraError("--overwrite replaces the results -o FILE holds: give -o FILE, or leave it out")
         return
+    if resume and overwrite:
+        raise WideTesseraError(f"--resume continues {path} and --overwrite replaces it: give one of them")
     try:
-        results_target(path)
+        results_target(path, RESULTS)
     except WideTesseraError as e:
         raise WideTesseraError(f"{option} {e}") from None
     if resume and not Path(path).exists() and not leftover_shards(path):
         raise WideTesseraError(f"--resume: {path} does not exist; run without --resume to start it")
-    if not resume and not overwrite and Path(path).exists() and Path(path).stat().st_size > 0:
+    if not resume and not overwrite and held_by(path) == RESULTS:
         raise WideTesseraError(
             f"{option} {path}: holds results already; --resume continues it, --overwrite replaces it, "
             "or give another file"
@@ -419,6 +425,11 @@ def _measure(
                 check_directory(dump_ir, "--dump-ir")
             auto = threads == "auto"
             settings = settings_from(preset, threads=None if auto else threads, **given)
+            if settings.search is not None and n_values is not None:
+                raise WideTesseraError(
+                    f"--search {':'.join(map(str, settings.search))} chooses the N values itself: give --search or "
+                    f"--n-values {n_values}, not both"
+                )
             if settings.trace:
                 check_directory(settings.trace, "--trace")
             if settings.roofline:  # the measured peaks are cached there once the first job starts
@@ -447,6 +458,7 @@ def _measure(
                 check_table_target(save_dispatch, output)
             previous = previous_results(output, settings, shard is not None) if resume else {}
         kept_as = _run_file(command, jobs, preset) if writer and not no_save else None
+        given_output = output
         run_file = kept_as
         if output is None and kept_as is not None:  # the run file (a name no other run takes) is the results file
             output, kept_as = kept_as, None
@@ -495,9 +507,8 @@ def _measure(
             except Interrupted as stop:
                 ops = ", ".join(in_table) or "no op had finished"
                 table = f"; in the dispatch table {save_dispatch}: {ops}" if save_dispatch else ""
-                click.echo(
-                    f"\ninterrupted: {stop}{table}" if stop.output else f"\ninterrupted ({stop}){table}", err=True
-                )
+                said = f"\ninterrupted: {stop}{table}" if stop.output else f"\ninterrupted ({stop}){table}"
+                click.echo(said + _how_to_continue(command, stop.output, given_output, jobs, in_table), err=True)
                 raise SystemExit(130) from None
         if len(results) > 1:
             click.echo(closing_table(results))
@@ -515,6 +526,21 @@ def _measure(
             shard.broadcast(code)
         if code:
             raise SystemExit(code)
+
+
+def _how_to_continue(
+    command: str, saved: Optional[str], given: Optional[str], jobs: Sequence[BenchmarkJob], done: Sequence[str]
+) -> str:
+    """The command that continues an interrupted run, as it can be run: tune has no --resume (the
+    ops not in its table are tuned again), and --resume needs -o, which a run kept in the runs
+    folder only was not given."""
+    if command == "tune":
+        rest = [job.op for job in jobs if job.op not in done]
+        return f"; to measure the rest: wide_tessera tune {' '.join(rest)} (with the same options)" if rest else ""
+    if saved is None:
+        return ""
+    added = "--resume" if given is not None else f"--resume -o {saved}"
+    return f"; continue it: the same command with {added}"
 
 
 def _report(

@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 import click
 
 from ..core.errors import WideTesseraError, one_line, unknown
-from ..core.user_input import check_number
+from ..core.user_input import MAX_THREADS, check_number
 from ..measurement.controls import COMPILE_MODES
 from ..measurement.modes import MODES
 from ..measurement.settings import (
@@ -219,13 +219,21 @@ def parse_size(text: str, option: str = "--memory-budget") -> int:
     return int(float(match.group(1)) * _SIZE_UNITS[unit])
 
 
+# The largest size of one axis of an input: torch's sizes are int64, and a size past it was torch's
+# own overflow, C++ frames and all, without the value.
+_MAX_SIZE = 2**31 - 1
+
+
 def parse_shape(text: str) -> Tuple[int, ...]:
+    expected = f"expected positive ints up to {_MAX_SIZE} separated by commas, e.g. 32,256"
     try:
-        return tuple(int(d) for d in text.split(","))
+        shape = tuple(int(d) for d in text.split(","))
     except ValueError:
-        raise WideTesseraError(
-            f"--input-shape {text!r}: expected positive ints separated by commas, e.g. 32,256"
-        ) from None
+        raise WideTesseraError(f"--input-shape {text!r}: {expected}") from None
+    bad = next((d for d in shape if not 0 < d <= _MAX_SIZE), None)
+    if bad is not None:
+        raise WideTesseraError(f"--input-shape {text!r}: size {bad}: {expected}")
+    return shape
 
 
 def parse_kwarg(text: str, option: str = "--kwarg") -> Tuple[str, Any]:
@@ -237,6 +245,11 @@ def parse_kwarg(text: str, option: str = "--kwarg") -> Tuple[str, Any]:
         return key.strip(), ast.literal_eval(value)
     except (ValueError, SyntaxError):
         return key.strip(), value
+    except (MemoryError, RecursionError):  # Python's parser gives up on a literal nested thousands deep
+        shown = value if len(value) <= 40 else value[:37] + "..."
+        raise WideTesseraError(
+            f"{option} {key.strip()}={shown}: nested too deeply to read as a Python literal; give a flatter value"
+        ) from None
 
 
 def parse_kwargs(texts: Sequence[str], option: str = "--kwarg") -> Dict[str, Any]:
@@ -276,9 +289,12 @@ def load_object(spec: str, option: str, what: str) -> Any:
     import_ops([module])
     obj = sys.modules[module]
     for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise WideTesseraError(f"{option} {spec!r}: {module} has no {attr!r} ({what})")
-        obj = getattr(obj, part)
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise WideTesseraError(f"{option} {spec!r}: {module} has no {attr!r} ({what})") from None
+        except Exception as e:  # noqa: BLE001  the module's own __getattr__ failed: its error, in one line
+            raise WideTesseraError(f"{option} {spec!r}: reading {part!r} of it raised {one_line(e)}") from None
     return obj
 
 
@@ -364,7 +380,7 @@ def settings_from(
         raise WideTesseraError(f"--cuda-graph needs a CUDA device; the run is on {resolved}")
     try:
         if threads is not None:
-            check_number("threads", threads, 1, 4096, integer=True, low_ok=True)
+            check_number("threads", threads, 1, MAX_THREADS, integer=True, low_ok=True)
         return RunSettings(
             preset=preset,
             device=resolved,

@@ -31,6 +31,7 @@ from ..results.manifest import Manifest
 
 __all__ = [
     "COLLECTIVES",
+    "KIND",
     "PLACEMENTS",
     "CollectiveResult",
     "CollectivesRun",
@@ -46,6 +47,7 @@ __all__ = [
 ]
 
 FORMAT = "wide_tessera collectives"
+KIND = f"a {FORMAT}"  # what its files hold, in the words of files.results_target
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 
@@ -137,7 +139,7 @@ def load_collectives(path: Union[str, Path]) -> CollectivesRun:
 
 
 def save_collectives(run: CollectivesRun, path: Union[str, Path]) -> None:
-    write_json(path, run.to_dict())
+    write_json(path, run.to_dict(), KIND)
 
 
 def is_collectives_file(path: Union[str, Path]) -> bool:

@@ -29,7 +29,7 @@ def capture_environment(device: str) -> Environment:
     return Environment(
         device=device,
         device_name=_device_name(device),
-        torch_version=torch.__version__,
+        torch_version=str(torch.__version__),  # a TorchVersion saves as a str and loads as one
         triton_version=triton_version(),
         python_version=platform.python_version(),
         threads=torch.get_num_threads(),

@@ -73,7 +73,7 @@ class Interrupted(KeyboardInterrupt):
     ):
         counts = [f"{len(result.points)} point(s) of {result.op}", *(f"{len(r.points)} of {r.op}" for r in others)]
         done = ", ".join(counts)
-        saved = f"saved {done} to {output}; continue with --resume" if output else f"{done} measured, not saved"
+        saved = f"saved {done} to {output}" if output else f"{done} measured, not saved"
         super().__init__(saved)
         self.result, self.output = result, output
 

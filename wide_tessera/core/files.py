@@ -1,7 +1,9 @@
-"""Results files on disk: where a write goes, an atomic replace that keeps the mode, one writer at a time."""
+"""Files of ours on disk: where a write goes and what it may replace, an atomic replace that keeps
+the mode, one writer at a time."""
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import tempfile
@@ -15,7 +17,11 @@ from filelock import FileLock, Timeout
 from .errors import WideTesseraError
 
 __all__ = [
+    "RESULTS",
+    "REPORT",
+    "PLOT",
     "results_target",
+    "held_by",
     "not_a_regular_file",
     "write_atomic",
     "make_folder",
@@ -44,18 +50,69 @@ def not_a_regular_file(path: Path) -> Optional[str]:
     return next((kind for is_kind, kind in _KINDS if is_kind(mode)), "not a regular file")
 
 
-def results_target(path: Union[str, Path]) -> Path:
-    """The file a write to `path` replaces: a symlink's target (so the link keeps working), checked.
+# What a file of ours holds, in the words a refusal uses; a JSON document marked by its "format"
+# (a dispatch table, a collectives run) holds 'a <format>'. Each is told by what the file starts
+# with: results.schema writes '{"schema_version": ...', a report page starts with its title and a
+# plot carries its title in its metadata (reports.plots).
+RESULTS = "results"
+REPORT = "a wide_tessera report"
+PLOT = "a wide_tessera plot"
+_HEAD = 4096  # the bytes read to tell a file's kind; JSON that does not say in them is parsed whole
 
-    Refuses anything that exists and is not a regular file: writing there would replace a
-    device node or a FIFO with a JSON file (`-o /dev/full` once did exactly that).
+
+def held_by(path: Union[str, Path]) -> Optional[str]:
+    """What the file at `path` holds, in words: RESULTS, REPORT, PLOT, 'a wide_tessera dispatch
+    table', 'JSON of another program', 'text' or 'binary data'; None where nothing is there to lose
+    (no file, or an empty one)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(_HEAD)
+    except OSError:
+        return None
+    if not head.strip():
+        return None
+    if head.startswith(b'{"schema_version"'):
+        return RESULTS
+    if head.startswith(b"# wide_tessera report"):
+        return REPORT
+    if b"wide_tessera plot" in head:
+        return PLOT
+    if head.lstrip().startswith(b"{"):
+        try:
+            document = json.loads(Path(path).read_bytes())
+        except (ValueError, RecursionError, OSError):
+            document = None
+        if isinstance(document, dict) and "schema_version" in document and "results" in document:
+            return RESULTS
+        if isinstance(document, dict) and str(document.get("format", "")).startswith("wide_tessera "):
+            return f"a {document['format']}"
+        if document is not None:
+            return "JSON of another program"
+    try:
+        head.decode()
+    except UnicodeDecodeError:
+        return "binary data"
+    return "text"
+
+
+def results_target(path: Union[str, Path], holds: Optional[str]) -> Path:
+    """The file a write of `holds` (RESULTS, REPORT, PLOT, 'a <format>') to `path` replaces: a
+    symlink's target (so the link keeps working), checked. The one rule for every file we write:
+
+    * anything that exists and is not a regular file is refused: writing there would replace a
+      device node or a FIFO with a JSON file (`-o /dev/full` once did exactly that);
+    * a file is replaced only where it holds what the write holds: `-o notes.txt --overwrite`
+      once replaced the user's notes with results, and a dispatch table given as `-o` its
+      measured verdicts. holds=None: a cache kept in a folder of ours, at a name the user does
+      not give (the roofline's peaks), replaced whatever it holds.
     """
     if not str(path):
         raise WideTesseraError("'': give a file name")
     target = Path(path).resolve()
     kind = not_a_regular_file(target)
     if kind is not None:
-        raise WideTesseraError(f"{path}: is {kind}, not a results file; give a regular file path")
+        wanted = "a results file" if holds == RESULTS else holds or "a file"
+        raise WideTesseraError(f"{path}: is {kind}, not {wanted}; give a regular file path")
     if len(target.name.encode()) > _name_max(target.parent):
         raise WideTesseraError(
             f"{path}: the file name is longer than the {_name_max(target.parent)} bytes this file system takes"
@@ -64,6 +121,9 @@ def results_target(path: Union[str, Path]) -> Path:
         raise WideTesseraError(f"{path}: folder {str(target.parent)!r} does not exist")
     if not os.access(target.parent, os.W_OK):
         raise WideTesseraError(f"{path}: folder {str(target.parent)!r} is not writable")
+    there = held_by(target) if holds is not None else None
+    if there is not None and there != holds:
+        raise WideTesseraError(f"{path}: holds {there}, not {holds}: it is never replaced; give another file")
     return target
 
 
@@ -103,14 +163,15 @@ def _new_file_mode(target: Path) -> int:
         return 0o666 & ~mask
 
 
-def write_atomic(path: Union[str, Path], text: str) -> None:
-    """Write `text` to a temporary file beside the target and rename it over the target.
+def write_atomic(path: Union[str, Path], text: str, holds: Optional[str]) -> None:
+    """Write `text`, which holds `holds` (see results_target: what it may replace), to a temporary
+    file beside the target and rename it over the target.
 
     A run killed mid-write leaves the previous complete file, never a truncated one; a write the
     OS refuses (a full disk, a read-only file system) is one WideTesseraError saying so, and the
     previous file, where there was one, is intact.
     """
-    target = results_target(path)
+    target = results_target(path, holds)
     existed = target.exists()
     try:
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")

@@ -17,7 +17,7 @@ import typing
 import warnings
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Dict, Type, TypeVar, Union, cast
+from typing import Any, Callable, Dict, Optional, Type, TypeVar, Union, cast
 
 from .errors import DamagedFile, WideTesseraError
 from .files import not_a_regular_file, write_atomic
@@ -138,9 +138,10 @@ def json_text(path: Union[str, Path], document: Any) -> str:
         ) from None
 
 
-def write_json(path: Union[str, Path], document: Any) -> None:
-    """Write `document` as JSON (replaced atomically, see files.write_atomic; see json_text)."""
-    write_atomic(path, json_text(path, document) + "\n")
+def write_json(path: Union[str, Path], document: Any, holds: Optional[str]) -> None:
+    """Write `document`, which holds `holds` (what it may replace: files.results_target), as JSON
+    (replaced atomically, see files.write_atomic; see json_text)."""
+    write_atomic(path, json_text(path, document) + "\n", holds)
 
 
 def load_document(

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import List, Sequence
 
 from .errors import WideTesseraError
-from .files import make_folder, results_target
+from .files import RESULTS, make_folder, results_target
 
 __all__ = ["RUNS_ENV", "runs_dir", "prepare_runs_dir", "new_run_path", "saved_runs", "resolve_run"]
 
@@ -54,7 +54,7 @@ def new_run_path(command: str, ops: Sequence[str], preset: str, run_id: str) -> 
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     what = _slug("-".join(ops)) if len(ops) <= 3 else f"{_slug('-'.join(ops[:2]))}-and-{len(ops) - 2}-more"
     name = f"{stamp}_{_slug(command)}_{what}_{_slug(preset)}_{run_id[:6]}{_SUFFIX}"
-    return results_target(runs_dir() / name)
+    return results_target(runs_dir() / name, RESULTS)
 
 
 def saved_runs() -> List[Path]:

@@ -10,10 +10,12 @@ from typing import Any, Optional, Sequence, Type, TypeVar, Union
 
 from .errors import WideTesseraError
 
-__all__ = ["MAX_SEED", "check_number", "check_seed", "check_bool", "check_instance", "check_shape"]
+__all__ = ["MAX_SEED", "MAX_THREADS", "check_number", "check_seed", "check_bool", "check_instance", "check_shape"]
 
 # The seed also seeds numpy's generator for the bootstrap, which takes 0 .. 2**32-1.
 MAX_SEED = 2**32 - 1
+# The most torch threads a run takes, or a dispatch table entry says it measured with.
+MAX_THREADS = 4096
 
 T = TypeVar("T")
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Type
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Set, Tuple, Type
 
 from torch import nn
 
@@ -22,8 +22,10 @@ from ..core.errors import WideTesseraError
 from ..core.job import params_text
 from ..core.layout import Slot, loop_slots, model_state_dicts, prefixed, slots_of
 from ..ops.base import WideOp, wide_module
+from ..ops.registry import outside_strategies
 from ..widen.custom import CUSTOM_STRATEGIES, custom_wide
 from ..widen.layers import LayerChoice
+from .reached import Reached
 from .table import Case, Match
 
 __all__ = ["Fused", "FusedInput", "LoopedModules", "DispatchDecision", "Trials", "op_trials", "custom_trials", "build"]
@@ -33,16 +35,25 @@ Make = Callable[[List[nn.Module], str], nn.Module]
 
 
 class Trials(NamedTuple):
-    """A module kind's strategies, how one is built from N modules, and what each needs to run."""
+    """A module kind's strategies, how one is built from N modules, and what each needs to run;
+    `outside`: the strategies added to it from outside (register_strategy), which a table measured
+    by `tune` may name and `make` builds, but a first call does not try."""
 
     strategies: Sequence[str]
     make: Make
     needs: Dict[str, Needs]
+    outside: Sequence[str] = ()
+
+    def known(self) -> List[str]:
+        """Every strategy a table entry may name for this kind of module."""
+        return [*self.strategies, *self.outside]
 
 
 def op_trials(cls: Type[WideOp]) -> Trials:
     """A registered op's strategies, built by its own from_modules (outside strategies included)."""
-    return Trials(cls.BENCHMARK_STRATEGIES, partial(wide_module, cls), cls.strategy_needs())
+    return Trials(
+        cls.BENCHMARK_STRATEGIES, partial(wide_module, cls), cls.strategy_needs(), list(outside_strategies(cls))
+    )
 
 
 def custom_trials(randomness: str, choice: Optional[LayerChoice] = None) -> Trials:
@@ -110,6 +121,11 @@ class LoopedModules(nn.Module):
         return one_each(inputs, len(self.models))
 
     def unpack(self, output: Tuple[Any, ...]) -> List[Any]:
+        if not isinstance(output, tuple) or len(output) != len(self.models):  # a tensor's rows are not N outputs
+            raise WideTesseraError(
+                f"unpack takes what forward gives: a tuple of {len(self.models)} outputs, one per module; got "
+                f"{_described(output)}"
+            )
         return list(output)
 
     def forward(self, inputs: Tuple[Any, ...]) -> Tuple[Any, ...]:
@@ -156,6 +172,7 @@ class Fused(nn.Module):
     def __init__(self, modules: Sequence[nn.Module], runs: nn.Module, decision: DispatchDecision):
         super().__init__()
         self.runs, self.decision, self.n = runs, decision, len(modules)
+        self._reached = Reached(self.n)
         # the modules given, kept as templates of unfuse() (a tuple: not submodules; the loop's own are in runs)
         self._given: Tuple[nn.Module, ...] = tuple(modules)
 
@@ -177,7 +194,8 @@ class Fused(nn.Module):
             raise WideTesseraError(
                 f"call it with what its pack gives, fused(fused.pack(inputs)) of {self.n} inputs; got {got}"
             )
-        return self._forward(packed.value)
+        output = self._forward(packed.value)
+        return output if self._runs_the_loop() else self._reached.watch(output)
 
     def unpack(self, output: Any) -> List[Any]:
         """The N models' outputs of what this module's forward returned."""
@@ -187,7 +205,21 @@ class Fused(nn.Module):
                 f"unpack: give what this module's forward returned; this value holds {len(outputs)} outputs, not "
                 f"{self.n}"
             )
-        return outputs
+        return outputs if self._runs_the_loop() else self._reached.each(output, outputs)
+
+    def _runs_the_loop(self) -> bool:
+        """The N modules run one by one: a model left out of the loss has no gradient of its own."""
+        return isinstance(self.runs, LoopedModules)
+
+    def models_reached(self) -> Optional[Set[int]]:
+        """The models whose outputs a backward reached since the gradients were set to None (None:
+        not known, every model counts by its gradient): what wide_tessera.optim steps."""
+        return None if self._runs_the_loop() else self._reached.models
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        super().zero_grad(set_to_none=set_to_none)
+        if set_to_none:
+            self._reached.clear()
 
     # what `runs` does with the N inputs: a subclass that packs otherwise (FirstCall) says so here
     def _pack(self, inputs: List[Any]) -> Any:

@@ -245,7 +245,7 @@ class FirstCall(Fused):
         best = call.strategy
         speedup = None if best is None else paired_ratio(samples[BASELINE], samples[best])[0]
         verdicts = [NVerdict(self._case.n, call.kind, best, speedup)]
-        versions: Dict[str, Optional[str]] = {"torch": torch.__version__}
+        versions: Dict[str, Optional[str]] = {"torch": str(torch.__version__)}
         return measured_entry(self._case, verdicts, now(), versions, torch.get_num_threads(), FIRST_CALL)
 
 

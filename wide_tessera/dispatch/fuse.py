@@ -31,6 +31,7 @@ from ..ops.registry import REGISTRY, get_op
 from ..widen.custom import model_identity
 from ..widen.functional import RANDOMNESS
 from ..widen.layers import LayerChoice
+from ..widen.rates import rates_differ_alone, with_own_rates
 from .build import DispatchDecision, Fused, Trials, build, custom_trials, op_trials
 from .first_call import FirstCall
 from .table import TABLE_ENV, Case, DispatchTable, Match, decide, default_table_path, match
@@ -74,6 +75,8 @@ def fuse(
     with `state_dicts()` or `unfuse()`. A wide module holds a copy of the modules' parameters, as
     `from_modules` makes it: the modules given are left as they were (the loop runs them).
     `strategy`: run this one (one of the op's strategies, or 'loop'), whatever the table says.
+    Models that differ only in a rate (an nn.Dropout's p, an nn.LeakyReLU's slope) fuse, each
+    model with its own (widen.rates).
 
     table: a path or a DispatchTable; default $WIDE_TESSERA_DISPATCH, else the per-user cache
     file `wide_tessera tune` writes. op: the registered op (name or class) when the module
@@ -103,7 +106,7 @@ def fuse(
         _warn_once(case, f"{unmeasurable}: running the modules as a loop")
         answer = Match(False, None, (), None, None, f"{unmeasurable}: not fused")
     else:
-        answer = decide(loaded, case, trials.needs, _device(modules[0]))
+        answer = decide(loaded, case, trials.known(), trials.needs, _device(modules[0]))
         if not answer.entries and measure == "first-call" and mode == "inference":
             return FirstCall(modules, trials, case, _table_file(table), time_bound_s, source)
         if not answer.entries:
@@ -124,7 +127,7 @@ def decide_at(
     trials = _trials(cls, "error")
     case = _case([module] * n, cls, mode, "none", False, None, {})
     loaded, _ = _load_table(table, "first-call")
-    return decide(loaded, case, trials.needs, _device(module)), case
+    return decide(loaded, case, trials.known(), trials.needs, _device(module)), case
 
 
 def _trials(cls: Optional[Type[WideOp]], randomness: str, choice: Optional[LayerChoice] = None) -> Trials:
@@ -156,6 +159,12 @@ def _forced(modules: List[nn.Module], trials: Trials, case: Case, strategy: str)
     if strategy not in valid:
         raise unknown(f"strategy for {case.op}", strategy, valid)
     if strategy != LOOP:
+        mixed = _mixed_modes(modules)
+        if mixed is not None:  # torch.func's stack_module_state raised its own error
+            raise WideTesseraError(
+                f"fuse: strategy {strategy!r} runs all models in one mode, and {mixed}: put them in one "
+                "(m.train() or m.eval()), or use strategy='loop'"
+            )
         why = unmet_need(trials.needs.get(strategy), _device(modules[0]), getattr(torch, case.dtype), case.params)
         if why is not None:
             raise WideTesseraError(f"fuse: strategy {strategy!r} cannot run here: {why}")
@@ -216,8 +225,9 @@ def _case(
 
 def _check_modules(modules: Any) -> List[nn.Module]:
     """The modules, if they can run as N copies at all: one class, one configuration (every
-    parameter and buffer of the same name, shape, dtype and device). Anything else is the
-    loop's or the table's business, never an error."""
+    parameter and buffer of the same name, shape, dtype and device, every setting but a rate,
+    which each model keeps: widen.rates). Anything else is the loop's or the table's business,
+    never an error."""
     if not isinstance(modules, (list, tuple, nn.ModuleList)) or len(modules) == 0:
         raise WideTesseraError(f"fuse needs a non-empty list of modules, got {type(modules).__name__}")
     for i, m in enumerate(modules):
@@ -229,8 +239,17 @@ def _check_modules(modules: Any) -> List[nn.Module]:
                 "of one class"
             )
     checked = list(modules)
+    seen: Dict[int, int] = {}
+    for i, m in enumerate(checked):
+        if id(m) in seen:  # one set of weights: trained as two models, unfuse(into=) kept only the last
+            raise WideTesseraError(
+                f"fuse: module {i} is module {seen[id(m)]}, one object given twice: give N separate modules "
+                "(copy.deepcopy(module) for each copy)"
+            )
+        seen[id(m)] = i
     different = layout_difference(checked)
-    if different is not None:
+    if different is not None and not rates_differ_alone(checked):
+        different = layout_difference(with_own_rates(checked))  # what differs besides a rate
         raise WideTesseraError(f"fuse: {different}; all must have one configuration")
     return checked
 
@@ -240,8 +259,14 @@ def _unmeasurable(modules: Sequence[nn.Module], dtype: str) -> Optional[str]:
     measure, or modules in train and eval modes at once (no wide module can be both)."""
     if dtype not in DTYPES:
         return f"the modules' dtype {dtype} is not one wide_tessera measures ({', '.join(DTYPES)})"
-    if len({m.training for m in modules}) > 1:
-        return "some of the modules are in train mode and some in eval mode"
+    return _mixed_modes(modules)
+
+
+def _mixed_modes(modules: Sequence[nn.Module]) -> Optional[str]:
+    """Why no wide module can run these modules: some in train mode, some in eval (it has one mode)."""
+    evaluating = [i for i, m in enumerate(modules) if not m.training]
+    if 0 < len(evaluating) < len(modules):
+        return f"some of the modules are in train mode and some in eval mode (eval: modules {evaluating})"
     return None
 
 

@@ -12,6 +12,7 @@ trust issue's UNSTABLE points).
 
 from __future__ import annotations
 
+import datetime
 import json
 import math
 import os
@@ -25,8 +26,9 @@ from dataclasses_json import dataclass_json
 from ..core.capabilities import Needs, unmet_need
 from ..core.errors import WideTesseraError
 from ..core.files import cache_dir, results_lock, results_target
-from ..core.job import params_text
+from ..core.job import MAX_N, params_text
 from ..core.jsonio import load_document, write_json
+from ..core.user_input import MAX_THREADS, check_number
 from ..reports.answer import n_or_never
 from ..results.analysis import group_crossover, parameter_groups
 from ..results.manifest import now
@@ -34,6 +36,7 @@ from ..results.schema import MARGINAL, NO_DIFFERENCE, OPEN, BenchmarkResult, Poi
 
 __all__ = [
     "NVerdict",
+    "KIND",
     "DispatchEntry",
     "DispatchTable",
     "Case",
@@ -53,6 +56,7 @@ __all__ = [
 ]
 
 FORMAT = "wide_tessera dispatch table"
+KIND = f"a {FORMAT}"  # what a table file holds, in the words of files.results_target
 VERSION = 1
 TABLE_ENV = "WIDE_TESSERA_DISPATCH"
 # The preset of an entry that fuse(measure='first-call') measured on the modules' first call.
@@ -138,6 +142,12 @@ class DispatchTable:
     format: str = FORMAT
     version: int = VERSION
 
+    def __post_init__(self) -> None:
+        """Every table is checked where it is made: read from a file, given to fuse() or
+        register() as an object, or merged; what the check refuses is never trusted."""
+        _check_entries_are(self.entries, "DispatchTable")
+        _check_entries(self)
+
     @classmethod
     def load(cls, path: Union[str, Path]) -> "DispatchTable":
         """Read a table; a missing, damaged or foreign file is one WideTesseraError naming it."""
@@ -150,13 +160,12 @@ class DispatchTable:
             VERSION,
             f"dispatch table {path}",
             "a wide_tessera dispatch table",
-            _check_entries,
         )
 
     def save(self, path: Union[str, Path]) -> None:
         _check_entries_are(self.entries, "DispatchTable.save")
         _check_entries(self)  # what load would refuse is never written
-        write_json(path, self.to_dict())  # type: ignore[attr-defined]  # dataclass_json adds it
+        write_json(path, self.to_dict(), KIND)  # type: ignore[attr-defined]  # dataclass_json adds it
 
     def merged(self, entries: Sequence[DispatchEntry]) -> "DispatchTable":
         """This table with `entries` added; of two measurements of one entry the newer is kept."""
@@ -182,16 +191,43 @@ def _check_entries(table: DispatchTable) -> None:
 
 
 def _check_entry(entry: DispatchEntry, where: str) -> None:
+    """What must hold of an entry for its verdicts to be trusted: a table edited by hand or damaged
+    gave fuse() an IndexError (an interval of one element), a speedup of -2 in [3, -5] "won ...
+    confirmed", and took N = 10**30, threads = -1 and measured_at "yesterday"."""
+    where = f"{where} ({entry.op})"
     ns = [v.n for v in entry.verdicts]
-    if not ns or any(n <= 0 for n in ns) or ns != sorted(set(ns)):
-        raise WideTesseraError(f"{where}: verdicts must be for distinct positive N in increasing order, got N={ns}")
+    if not ns or any(n <= 0 for n in ns) or ns != sorted(set(ns)) or ns[-1] > MAX_N:
+        raise WideTesseraError(
+            f"{where}: verdicts must be for distinct N from 1 to {MAX_N} in increasing order, got N={ns}"
+        )
     for v in entry.verdicts:
         if v.verdict not in N_VERDICTS:
             raise WideTesseraError(f"{where}: N={v.n}: verdict {v.verdict!r} (valid: {', '.join(N_VERDICTS)})")
         if v.verdict == "fuse" and not v.strategy:
             raise WideTesseraError(f"{where}: N={v.n}: a 'fuse' verdict names no strategy")
+        _check_speedup(v, f"{where}: N={v.n}")
     if entry.crossover_n != _crossover(entry.verdicts):
         raise WideTesseraError(f"{where}: crossover_n {entry.crossover_n} does not follow from its verdicts")
+    check_number(f"{where}: threads", entry.threads, 1, MAX_THREADS, integer=True, low_ok=True)
+    try:
+        datetime.datetime.fromisoformat(entry.measured_at)
+    except (TypeError, ValueError):
+        raise WideTesseraError(
+            f"{where}: measured_at {entry.measured_at!r}: give a time in ISO 8601, e.g. 2026-11-28T16:05:00+00:00"
+        ) from None
+
+
+def _check_speedup(v: NVerdict, where: str) -> None:
+    """A speedup is a positive ratio, and its interval [low, high] holds it."""
+    if v.speedup is not None and not v.speedup > 0:
+        raise WideTesseraError(f"{where}: speedup {v.speedup!r}: give a positive ratio")
+    ci = v.speedup_ci
+    if ci is None:
+        return
+    if len(ci) != 2 or not 0 <= ci[0] <= ci[1]:
+        raise WideTesseraError(f"{where}: speedup_ci {ci!r}: give [low, high], 0 <= low <= high")
+    if v.speedup is not None and not ci[0] * (1 - 1e-9) <= v.speedup <= ci[1] * (1 + 1e-9):
+        raise WideTesseraError(f"{where}: speedup {v.speedup!r} is outside its interval {ci!r}")
 
 
 def _crossover(verdicts: Sequence[NVerdict]) -> Optional[int]:
@@ -207,7 +243,7 @@ def check_table_target(path: str, output: Optional[str]) -> None:
     """The table a run merges into: a regular file or none yet, not the results file, and, where
     it exists, a table (a damaged one is not overwritten: it may hold other measurements)."""
     try:
-        results_target(path)
+        results_target(path, KIND)
     except WideTesseraError as e:
         raise WideTesseraError(f"dispatch table {e}") from None
     if output and Path(output).resolve() == Path(path).resolve():
@@ -470,13 +506,20 @@ def match(table: DispatchTable, case: Case) -> Match:
     return Match(fuse, strategy, nearest, best, decisions[0].measured_n, reason, tuple(notes))
 
 
-def decide(table: DispatchTable, case: Case, needs: Dict[str, Needs], device: str) -> Match:
+def decide(
+    table: DispatchTable, case: Case, strategies: Sequence[str], needs: Dict[str, Needs], device: str
+) -> Match:
     """The decision for `case` on `device` (pure: the table and the case in, the answer out):
-    `match`'s, then what this process can run. A strategy measured where its needs were met
-    (triton installed then, say) that cannot run here now does not fuse; on a CPU a note names
-    the thread counts measured where they differ from this process's (entries are not matched
-    on them, but threads move crossovers)."""
+    `match`'s, then what this process can run. A strategy the op does not have (`strategies`:
+    a table edited by hand, or measured with a strategy since removed) does not fuse; nor does
+    one measured where its needs were met (triton installed then, say) that cannot run here now.
+    On a CPU a note names the thread counts measured where they differ from this process's
+    (entries are not matched on them, but threads move crossovers)."""
     answer = match(table, case)
+    if answer.fuse and answer.strategy not in strategies:
+        known = ", ".join(strategies)
+        reason = f"{answer.reason}; but {case.op} has no strategy {answer.strategy!r} (its strategies: {known})"
+        answer = replace(answer, fuse=False, strategy=None, reason=reason)
     if answer.fuse and answer.strategy is not None:
         dtype = getattr(torch, case.dtype)
         unmet = unmet_need(needs.get(answer.strategy), device, dtype, {**case.params, "dtype": case.dtype})

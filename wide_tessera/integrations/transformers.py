@@ -95,7 +95,8 @@ class ExpertsDispatch:
 
     def _decide(self, key: Key, experts: nn.Module, *call: torch.Tensor) -> Callable[..., torch.Tensor]:
         case = _case(experts, *call)
-        answer = decide(self.table, case, WideHFExperts.strategy_needs(), str(call[0].device))
+        trials = op_trials(WideHFExperts)
+        answer = decide(self.table, case, trials.strategies, trials.needs, str(call[0].device))
         if answer.entries:
             name, why = _measured_choice(answer)
         elif self.measure == "first-call":
@@ -110,6 +111,11 @@ class ExpertsDispatch:
         """Measure the separate calls against every strategy on this call's routed rows, checked
         against them, and write the entry (dispatch.first_call); the answer is also kept in the
         in-memory table, for the other layers of this shape."""
+        if call[0].device.type == "meta":  # routing reads the token ids: torch's NotImplementedError for nonzero
+            raise WideTesseraError(
+                f"the {NAME} experts implementation measures its first call, and these experts are on the meta "
+                "device: load their weights first (from_pretrained, or to_empty and load_state_dict)"
+            )
         experts_n = split_experts(experts, case.params["model_type"])
         first = FirstCall(experts_n, op_trials(WideHFExperts), case, self.path, self.time_bound_s, self.path)
         first(first.pack(route(*call, case.n)))
@@ -174,6 +180,10 @@ def implementation(name: str) -> Callable[..., torch.Tensor]:
         return lambda experts, *call: type(experts).forward.__wrapped__(experts, *call)
     from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
 
+    if name not in ALL_EXPERTS_FUNCTIONS:  # a table written by another version: KeyError said only the name
+        raise unknown(
+            "experts implementation in the dispatch table", name, [*OWN_STRATEGIES, "eager", *ALL_EXPERTS_FUNCTIONS]
+        )
     return ALL_EXPERTS_FUNCTIONS[name]
 
 

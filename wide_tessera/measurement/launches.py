@@ -48,10 +48,11 @@ def launches_and_peak(fn: Callable[[], object], device: str) -> Tuple[float, int
     return _top_level_aten(events), peak_bytes(events)
 
 
-def _top_level_aten(events: Sequence[Any]) -> int:
+def _top_level_aten(events: Sequence[Any]) -> float:
     """ATen operators not running inside another one on their thread: an operator starts
     inside another when it starts before that one ends (outer ones first where two start
-    at once)."""
+    at once). A float, as CUDA's counts per call are: a result holds launches as floats, and
+    an int saved as 18 would load as 18.0, no longer the result that was saved."""
     count, running = 0, {}  # thread -> end times of the ATen operators open at this point
     for e in sorted(
         (e for e in events if e.name().startswith("aten::")), key=lambda e: (e.start_ns(), -e.duration_ns())
@@ -61,4 +62,4 @@ def _top_level_aten(events: Sequence[Any]) -> int:
             open_ends.pop()
         count += not open_ends
         open_ends.append(e.start_ns() + e.duration_ns())
-    return count
+    return float(count)

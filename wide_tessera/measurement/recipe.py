@@ -19,8 +19,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 from torch import nn
 
-from .. import optim
 from ..core.layout import model_state_dicts
+from ..train import separate_step, wide_step
 
 __all__ = ["Recipe", "TRAIN_STEPS", "MAX_NORM"]
 
@@ -58,41 +58,15 @@ class Recipe:
         return dict(lr=self.lr[i], betas=self.betas[i], weight_decay=self.weight_decay[i])
 
     def stepper(self, modules: List[nn.Module], wide: bool, implementation: Optional[str]) -> Callable[[], None]:
-        """What follows a backward on a side: clip each model, step, zero the gradients, advance the
-        schedules. `modules`: the N models (wide False), or one wide module of them; implementation:
-        None, N torch optimizers in torch's default implementation, or 'foreach' / 'fused', one
-        torch optimizer of N parameter groups in it."""
-        optimizers: List[torch.optim.Optimizer]
+        """What follows a backward on a side (train.Step: clip each model, step, zero the gradients,
+        advance the schedules). `modules`: the N models (wide False), or one wide module of them;
+        implementation: None, N torch optimizers in torch's default implementation, or 'foreach' /
+        'fused', one torch optimizer of N parameter groups in it."""
+        settings = [self._settings(i) for i in range(self.n)]
         if wide:
             (module,) = modules
-            ours = optim.AdamW(module, lr=list(self.lr), betas=list(self.betas), weight_decay=list(self.weight_decay))
-            optimizers = [ours]
-            schedules: List[Any] = [optim.CosineAnnealingLR(ours, T_max=TRAIN_STEPS)]
-
-            def clip() -> None:
-                optim.clip_grad_norm_(module, MAX_NORM)
-
-        else:
-            if implementation is None:
-                optimizers = [torch.optim.AdamW(m.parameters(), **self._settings(i)) for i, m in enumerate(modules)]
-            else:
-                groups = [{"params": list(m.parameters()), **self._settings(i)} for i, m in enumerate(modules)]
-                optimizers = [torch.optim.AdamW(groups, **{implementation: True})]
-            schedules = [torch.optim.lr_scheduler.CosineAnnealingLR(o, T_max=TRAIN_STEPS) for o in optimizers]
-
-            def clip() -> None:
-                for m in modules:
-                    torch.nn.utils.clip_grad_norm_(m.parameters(), MAX_NORM)
-
-        def step() -> None:
-            clip()
-            for o in optimizers:
-                o.step()
-                o.zero_grad(set_to_none=True)
-            for s in schedules:
-                s.step()
-
-        return step
+            return wide_step(module, "adamw", settings, MAX_NORM, TRAIN_STEPS)
+        return separate_step(modules, "adamw", settings, MAX_NORM, TRAIN_STEPS, implementation)
 
     def states(self, modules: List[nn.Module], wide: bool) -> List[Dict[str, torch.Tensor]]:
         """The N models' parameters and persistent buffers (a tied weight under its first name)."""

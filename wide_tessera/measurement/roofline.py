@@ -116,7 +116,7 @@ def load_or_calibrate(device: str) -> Peaks:
     peaks = calibrate(device)
     cached[key] = asdict(peaks)
     make_folder(path.parent, "cache folder")
-    write_json(path, cached)
+    write_json(path, cached, None)  # a cache in a folder of ours, under a name of ours
     return peaks
 
 

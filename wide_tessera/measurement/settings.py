@@ -237,6 +237,11 @@ class RunSettings:
         check_bool("precise", self.precise)
         if self.controls_at not in CONTROLS_AT:
             raise unknown("controls_at", self.controls_at, CONTROLS_AT)
+        if self.controls_at == "every" and not self.controls:
+            raise WideTesseraError(
+                "controls_at='every': this run times no controls (controls=False); time them (--controls) or leave "
+                "--controls-at out"
+            )
         if self.search is not None:
             check_search(self.search)
         if self.trace is not None and (not isinstance(self.trace, str) or not self.trace):

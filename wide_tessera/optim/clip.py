@@ -23,14 +23,14 @@ __all__ = ["clip_grad_norm_"]
 
 @torch.no_grad()
 def clip_grad_norm_(
-    module: nn.Module, max_norm: Any, norm_type: float = 2.0, error_if_nonfinite: bool = False
+    module: nn.Module, max_norm: Any, norm_type: Any = 2.0, error_if_nonfinite: bool = False
 ) -> torch.Tensor:
     """Clip each model's gradients to its own total norm `max_norm` (one number, or one per model),
     as torch's clip_grad_norm_ over that model's parameters does, and return the N models' total
     norms before clipping, a tensor of N. `module` is what fuse() returned (or a wide module)."""
     n = models_in(module)
-    limits = torch.tensor(per_model("max_norm", max_norm, n, number(0.0)), dtype=torch.float64)
-    norm = number(0.0, float("inf"))("norm_type", norm_type) if norm_type != float("inf") else norm_type
+    limits = torch.tensor(per_model("max_norm", max_norm, n, number(0.0, infinite=True)), dtype=torch.float64)
+    norm = number(0.0, infinite=True)("norm_type", _read(norm_type))
     grads: List[torch.Tensor] = []
     layouts: List[Layout] = []
     params = dict(module.named_parameters())
@@ -58,3 +58,11 @@ def clip_grad_norm_(
         g.mul_(layout.spread(coef.to(g.dtype), g))
     clipped: torch.Tensor = total
     return clipped
+
+
+def _read(norm_type: Any) -> Any:
+    """`norm_type` as torch reads it, through float(): the string 'inf' is infinity."""
+    try:
+        return float(norm_type) if isinstance(norm_type, str) else norm_type
+    except ValueError:
+        return norm_type

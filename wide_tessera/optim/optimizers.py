@@ -32,6 +32,7 @@ optimizer rebinds to it at its next step, its state carried over.
 from __future__ import annotations
 
 import inspect
+import math
 from typing import Any, Callable, ClassVar, Dict, Iterable, List, Optional, Sequence, Set, Tuple, Type, Union
 
 import torch
@@ -41,7 +42,7 @@ from torch.optim.adamw import adamw as torch_adamw
 
 from ..core.errors import WideTesseraError, unknown
 from ..core.layout import Layout, slots_of
-from .per_model import models_in, number, parameter_names, per_model
+from .per_model import models_in, models_reached, number, parameter_names, per_model, per_model_pairs
 
 __all__ = ["SGD", "Adam", "AdamW", "IMPLEMENTATIONS"]
 
@@ -59,13 +60,6 @@ def _flag(name: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise WideTesseraError(f"{name}={value!r}: give True or False")
     return value
-
-
-def _betas(name: str, value: Any) -> Tuple[float, float]:
-    if not (isinstance(value, (tuple, list)) and len(value) == 2):
-        raise WideTesseraError(f"{name}={value!r}: give a pair (beta1, beta2), each in [0, 1)")
-    beta = number(0.0, 1.0, open_high=True)
-    return beta(f"{name}[0]", value[0]), beta(f"{name}[1]", value[1])
 
 
 class _Wide:
@@ -97,8 +91,9 @@ class _PerModel(torch.optim.Optimizer):
                 f"wide_tessera.optim.{type(self).__name__}: {other}={settings[other]!r} is not one of its settings "
                 f"({', '.join(self.SETTINGS)}; implementation: one of {', '.join(map(str, IMPLEMENTATIONS))})"
             )
-        values = {
-            k: per_model(k, settings[k], self.n, check, pairs=k in self.PAIRS) for k, check in self.SETTINGS.items()
+        values: Dict[str, List[Any]] = {
+            k: (per_model_pairs if k in self.PAIRS else per_model)(k, settings[k], self.n, check)
+            for k, check in self.SETTINGS.items()
         }
         groups = [{"params": [], **{k: values[k][i] for k in self.SETTINGS}} for i in range(self.n)]
         for i, group in enumerate(groups):
@@ -165,26 +160,27 @@ class _PerModel(torch.optim.Optimizer):
                 loss = closure()
         self._bind()
         if self._inner is not None:
+            reached = models_reached(self.module)
             for i, theirs in enumerate(self._inner.param_groups):
                 theirs.update(self._torch_settings(i))
-                theirs["params"] = [] if i in self.frozen else [p for _, p in self._own[i]]
+                own = [p for _, p in self._own[i] if i not in self._sat_out(p, Layout.own(i), reached)]
+                theirs["params"] = [] if i in self.frozen else own
             self._inner.step()
         if self._wide:
             self._step_wide()
         return loss
 
-    def _active(self) -> torch.Tensor:
-        """1 for each model stepped, 0 for a frozen one: what a step adds to the models' step counts."""
-        return torch.tensor([0.0 if i in self.frozen else 1.0 for i in range(self.n)], dtype=torch.float64)
+    def _active(self, skipped: Set[int]) -> torch.Tensor:
+        """1 for each model stepped, 0 for one skipped: what a step adds to the models' step counts."""
+        return torch.tensor([0.0 if i in skipped else 1.0 for i in range(self.n)], dtype=torch.float64)
 
     def _step_wide(self) -> None:
-        active = self._active()
         settings = self._settings_per_model()
         numbers: Dict[Tuple[float, ...], Dict[str, Any]] = {}  # per step counts: the numbers of this step
-        for w in self._stepped():
+        for w, skipped in self._stepped():
             p, state = w.tensor, self.state[w.tensor]
-            kept = self._frozen_parts(p, w.layout, state)
-            state["step"] += active
+            kept = self._kept_parts(p, w.layout, state, skipped)
+            state["step"] += self._active(skipped)
             steps = tuple(state["step"].tolist())
             if steps not in numbers:
                 numbers[steps] = self._numbers(settings, state["step"])
@@ -192,8 +188,10 @@ class _PerModel(torch.optim.Optimizer):
             for tensor, i, value in kept:
                 w.layout.parts(tensor, self.n)[i].copy_(value)  # type: ignore[union-attr]
 
-    def _stepped(self) -> List[_Wide]:
-        """The wide tensors this step updates (those with a gradient), their state made where new."""
+    def _stepped(self) -> List[Tuple[_Wide, Set[int]]]:
+        """The wide tensors this step updates (those with a gradient), their state made where new,
+        each with the models whose parts it leaves as they are (frozen, or sat out)."""
+        reached = models_reached(self.module)
         wides = []
         for w in self._wide:
             grad = w.tensor.grad
@@ -203,21 +201,29 @@ class _PerModel(torch.optim.Optimizer):
                 raise WideTesseraError(f"{w.name}: sparse gradients are not supported")
             if not self.state[w.tensor]:
                 self._init_state(self.state[w.tensor], w.tensor)
-            wides.append(w)
+            wides.append((w, self.frozen | self._sat_out(w.tensor, w.layout, reached)))
         return wides
 
-    def _frozen_parts(
-        self, p: torch.Tensor, layout: Layout, state: Dict[str, Any]
+    def _sat_out(self, p: torch.Tensor, layout: Layout, reached: Optional[Set[int]]) -> Set[int]:
+        """The models whose part of `p`'s gradient torch would hold as None: none of their outputs
+        reached the loss (`reached`, what the module recorded; None: not known), and nothing else
+        gave the part a gradient (a penalty on the parameters themselves does, and torch steps it
+        then). A model in the loss is stepped whatever its gradient, zeros included, as torch steps it."""
+        if reached is None or p.grad is None or len(reached) == self.n:
+            return set()
+        sizes = layout.norms(p.grad, self.n, math.inf).tolist()  # (NaN: a gradient)
+        return {i for i in range(self.n) if i not in reached and sizes[i] == 0}
+
+    def _kept_parts(
+        self, p: torch.Tensor, layout: Layout, state: Dict[str, Any], skipped: Set[int]
     ) -> List[Tuple[torch.Tensor, int, torch.Tensor]]:
-        """The frozen models' parts of `p` and its moments, copied before an update that steps all N
-        at once, to be put back after it (a pruned trial may have NaN gradients: masking its update
-        arithmetically would spread them)."""
+        """The skipped models' parts of `p` and its moments, copied before an update that steps all
+        N at once, to be put back after it (a pruned trial may have NaN gradients: masking its
+        update arithmetically would spread them)."""
         kept: List[Tuple[torch.Tensor, int, torch.Tensor]] = []
-        if not self.frozen:
-            return kept
-        for t in [p, *(state[k] for k in self.MOMENTS if state.get(k) is not None)]:
+        for t in [p, *(state[k] for k in self.MOMENTS if state.get(k) is not None)] if skipped else []:
             parts = layout.parts(t, self.n)
-            kept += [(t, i, parts[i].clone()) for i in self.frozen]  # type: ignore[union-attr]
+            kept += [(t, i, parts[i].clone()) for i in skipped]  # type: ignore[union-attr]
         return kept
 
     def _settings_per_model(self) -> Dict[str, torch.Tensor]:
@@ -289,6 +295,8 @@ class _PerModel(torch.optim.Optimizer):
         self.frozen -= set(self._indices(models))
 
     def _indices(self, models: Union[int, Iterable[int]]) -> List[int]:
+        if not isinstance(models, (int, list, tuple, set, frozenset, range)):
+            raise WideTesseraError(f"models={models!r}: give a model index from 0 to {self.n - 1}, or a list of them")
         indices: List[Any] = [models] if isinstance(models, int) else list(models)
         for i in indices:
             if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < self.n:
@@ -339,9 +347,8 @@ class _PerModel(torch.optim.Optimizer):
 
     def load_state_dicts(self, states: List[Dict[str, Any]]) -> None:
         """Take N models' optimizer states (state_dicts' format, torch's): settings and moments."""
-        if not isinstance(states, (list, tuple)) or len(states) != self.n:
-            raise WideTesseraError(f"load_state_dicts: give {self.n} optimizer states, one per model")
         names = self._names()
+        self._check_states(states, names)
         for i, state in enumerate(states):
             group = state["param_groups"][0]
             self.param_groups[i].update({k: group[k] for k in group if k != "params"})
@@ -360,6 +367,39 @@ class _PerModel(torch.optim.Optimizer):
             for i, one in enumerate(per_model):
                 if one:
                     self._load_part(i, state, one, w.layout)
+
+    def _check_states(self, states: Any, names: List[str]) -> None:
+        """Refuse, before anything is loaded, states this optimizer cannot take: another optimizer's
+        (Adam took SGD's and stepped on), or a moment of another shape than its parameter (taken,
+        then step() failed on a size mismatch)."""
+        if not isinstance(states, (list, tuple)) or len(states) != self.n:
+            raise WideTesseraError(f"load_state_dicts: give {self.n} optimizer states, one per model")
+        mine, kept = type(self).__name__, {"step", *self.MOMENTS}
+        for i, state in enumerate(states):
+            groups = state.get("param_groups") if isinstance(state, dict) else None
+            if not (isinstance(groups, list) and groups and isinstance(state.get("state"), dict)):
+                raise WideTesseraError(f"load_state_dicts: state {i} is not an optimizer's state_dict")
+            missing = [k for k in self.SETTINGS if k not in groups[0]]
+            if missing:
+                raise WideTesseraError(f"load_state_dicts: state {i} has no {', '.join(missing)}: it is not {mine}'s")
+            shapes = {w.name: w.layout.parts(w.tensor, self.n)[i].shape for w in self._wide}  # type: ignore[union-attr]
+            shapes.update((name, p.shape) for name, p in self._own[i])
+            for j, one in state["state"].items():
+                other = sorted(k for k in one if k not in kept)
+                if other:
+                    raise WideTesseraError(
+                        f"load_state_dicts: state {i} holds {', '.join(other)}, which {mine} does not keep "
+                        f"({', '.join(sorted(kept))}): it is another optimizer's"
+                    )
+                if not (isinstance(j, int) and 0 <= j < len(names)):
+                    raise WideTesseraError(f"load_state_dicts: state {i} holds parameter {j!r} of {len(names)}")
+                for k in self.MOMENTS:
+                    value = one.get(k)
+                    if value is not None and tuple(value.shape) != tuple(shapes[names[j]]):
+                        raise WideTesseraError(
+                            f"load_state_dicts: state {i}'s {k} of {names[j]} has shape {list(value.shape)}, the "
+                            f"parameter {list(shapes[names[j]])}"
+                        )
 
     def _load_part(self, i: int, state: Dict[str, Any], one: Dict[str, Any], layout: Layout) -> None:
         state["step"][i] = float(one.get("step", 1))
@@ -520,10 +560,16 @@ class SGD(_PerModel):
 
 class Adam(_PerModel):
     """torch.optim.Adam for each of the N models: lr, betas, eps and weight_decay (added to the
-    gradient), each one value or one per model (betas: one pair, or N pairs)."""
+    gradient), each one value or one per model (betas: one pair, each coefficient one value or N,
+    or N pairs)."""
 
     TORCH: ClassVar[Type[torch.optim.Optimizer]] = torch.optim.Adam
-    SETTINGS = {"lr": number(0.0), "betas": _betas, "eps": number(0.0), "weight_decay": number(0.0)}
+    SETTINGS = {
+        "lr": number(0.0),
+        "betas": number(0.0, 1.0, open_high=True),  # each coefficient's, the pair per_model_pairs's
+        "eps": number(0.0),
+        "weight_decay": number(0.0),
+    }
     PAIRS = ("betas",)
     MOMENTS = ("exp_avg", "exp_avg_sq")
     DECOUPLED = False
@@ -592,16 +638,18 @@ class Adam(_PerModel):
                 alike.setdefault(repr([group[k] for k in self.SETTINGS]), []).append(i)
         # each model's parts of every wide tensor (the tensor, its gradient, its moments) and its step count
         parts: List[_Parts] = [[] for _ in range(self.n)]
-        active = self._active()
-        for w in self._stepped():
+        for w, skipped in self._stepped():
             state = self.state[w.tensor]
             counts = state["step"].tolist()
-            state["step"] += active  # torch's kernel counts its own copy of the count, below
+            state["step"] += self._active(skipped)  # torch's kernel counts its own copy of the count, below
             tensors = (w.tensor, w.tensor.grad, state["exp_avg"], state["exp_avg_sq"])
             for i, four in enumerate(zip(*(w.layout.parts(t, self.n) for t in tensors))):  # type: ignore[arg-type]
-                parts[i].append((four, counts[i]))
+                if i not in skipped:
+                    parts[i].append((four, counts[i]))
         for models in alike.values():
-            self._step_by_torch([one for i in models for one in parts[i]], self.param_groups[models[0]])
+            stepped = [one for i in models for one in parts[i]]
+            if stepped:
+                self._step_by_torch(stepped, self.param_groups[models[0]])
 
     def _step_by_torch(self, parts: _Parts, group: Dict[str, Any]) -> None:
         """Models of equal settings (`group`) stepped by torch's own Adam in the implementation asked

@@ -46,6 +46,7 @@ import numpy as np
 
 from ..core.job import group_key, params_text, point_key
 from ..core.roles import BASELINE
+from ..results import alike
 from ..results.analysis import MIN_EFFECT, verdict
 from ..results.schema import BenchmarkResult, GroupResult, PointResult
 from .answer import crossover_text, crossovers_agree, n_or_never
@@ -257,29 +258,8 @@ def _change(op: str, base: PointResult, new: PointResult, name: str, noise: floa
 
 
 def differences(base: BenchmarkResult, new: BenchmarkResult) -> List[str]:
-    """What differs between how two results were measured: device, software, settings, environment, code."""
-    pairs = [
-        ("device", base.environment.device_name, new.environment.device_name),
-        ("device kind", base.environment.device, new.environment.device),
-        ("torch", base.environment.torch_version, new.environment.torch_version),
-        ("triton", base.environment.triton_version, new.environment.triton_version),
-        ("python", base.environment.python_version, new.environment.python_version),
-        ("threads", base.environment.threads, new.environment.threads),
-        ("timer", base.timer, new.timer),
-        ("timing settings", base.timing, new.timing),
-        ("torch.compile", base.compile, new.compile),
-        ("mode", base.mode, new.mode),
-        ("preset", base.preset, new.preset),
-        ("seed", base.seed, new.seed),
-    ]
-    if base.runs and new.runs:
-        b, n = base.runs[-1], new.runs[-1]
-        pairs += [
-            ("host", b.host, n.host),
-            ("environment variables", b.env, n.env),
-            ("git commit", b.git.commit[:12] if b.git else None, n.git.commit[:12] if n.git else None),
-        ]
-    return [f"{base.op}: {what}: {x} -> {y}" for what, x, y in pairs if x != y]
+    """What differs between how two results were measured (results.alike), a line each."""
+    return [f"{base.op}: {what}: {x} -> {y}" for what, x, y in alike.differences(base, new)]
 
 
 def compare(base: Sequence[BenchmarkResult], new: Sequence[BenchmarkResult]) -> Comparison:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 from typing import TYPE_CHECKING, List, Sequence
 
 from ..core.job import params_text
@@ -15,18 +16,21 @@ from .text import controls_run, first_line, measured_points, no_speedup
 if TYPE_CHECKING:
     from ..results.schema import BenchmarkResult, PointResult
 
-__all__ = ["table", "result_markdown", "details_markdown", "headline"]
+__all__ = ["escape", "table", "result_markdown", "details_markdown", "headline"]
 
 
-def _escape(cell: object) -> str:
-    return str(cell).replace("|", "\\|").replace("\n", " ")
+def escape(cell: object) -> str:
+    """A value as Markdown text: on one line, its `|` not a column and its HTML not markup (a
+    result named `<script>...` ran as a script in the notebook's Markdown view, as the HTML view
+    escapes it)."""
+    return html.escape(str(cell), quote=False).replace("|", "\\|").replace("\n", " ")
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[object]], right: Sequence[bool] = ()) -> str:
     """A Markdown table; columns flagged in `right` (numbers) are right-aligned."""
     align = ["---:" if i < len(right) and right[i] else "---" for i in range(len(header))]
     lines = [header, align, *rows]
-    return "\n".join("| " + " | ".join(_escape(c) for c in line) + " |" for line in lines)
+    return "\n".join("| " + " | ".join(escape(c) for c in line) + " |" for line in lines)
 
 
 def _speedup_cell(point: "PointResult", strategy: str) -> str:
@@ -70,11 +74,14 @@ def result_markdown(result: "BenchmarkResult", level: int = 3) -> str:
     right = [True, *(False for _ in axes), True, *(False for _ in shown), False]
     run = f", run `{result.run_id}`" if result.run_id else ""
     parts = [
-        f"{'#' * level} {result.op} (preset {result.preset})",
-        f"**{_escape(first_line(result))}**",
-        f"{env.device}: {env.device_name}, {env.threads} threads, torch {env.torch_version}, timer {result.timer}"
-        + ("" if result.compile == "none" else f", torch.compile {result.compile}")
-        + f", mode {result.mode}, {result.duration_s:.1f} s{run}",
+        f"{'#' * level} {escape(result.op)} (preset {escape(result.preset)})",
+        f"**{escape(first_line(result))}**",
+        escape(
+            f"{env.device}: {env.device_name}, {env.threads} threads, torch {env.torch_version}, timer {result.timer}"
+            + ("" if result.compile == "none" else f", torch.compile {result.compile}")
+            + f", mode {result.mode}, {result.duration_s:.1f} s"
+        )
+        + run,
         table(header, rows, right),
         " ".join(interval_legend(result)).replace("speedup [", "Speedup over the N separate calls [")
         + f" **Bold**: the whole interval above {1 + MIN_EFFECT:.2f}; n.s.: no significant difference."
@@ -104,7 +111,7 @@ def result_markdown(result: "BenchmarkResult", level: int = 3) -> str:
     advice = advice_table(result)
     if advice is not None:
         title, header, rows = advice
-        parts += [_escape(title), table(header, rows)]
+        parts += [escape(title), table(header, rows)]
     return "\n\n".join(p for p in parts if p) + "\n"
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, List, Sequence
 
 from ..core.errors import WideTesseraError
-from ..core.files import make_folder, write_atomic
+from ..core.files import REPORT, make_folder, results_target, write_atomic
 from ..results.manifest import now
 from . import markdown
 
@@ -72,6 +72,8 @@ def write_report(results: Sequence["BenchmarkResult"], directory: Path, sources:
         raise WideTesseraError("report: no results to report")
     directory = Path(directory)
     make_folder(directory, "report folder")
+    page = directory / "README.md"
+    results_target(page, REPORT)  # before any plot is drawn: a README of the user's is kept, and nothing is added
     try:
         from .plots import plot_result
 
@@ -94,7 +96,7 @@ def write_report(results: Sequence["BenchmarkResult"], directory: Path, sources:
         "from which it wins in every group that ever wins; best speedup: the largest significant, confirmed one.",
     ]
     for r in results:
-        parts.append(f"## {r.op}")
+        parts.append(f"## {markdown.escape(r.op)}")
         parts.append(markdown.result_markdown(r, level=3).split("\n", 2)[2])  # its own heading is the section's
         for png in (p for p in plots.get(id(r), []) if p.suffix == ".png"):
             rel = png.relative_to(directory).as_posix()
@@ -104,6 +106,5 @@ def write_report(results: Sequence["BenchmarkResult"], directory: Path, sources:
             + markdown.details_markdown(r)
             + "\n\n</details>"
         )
-    page = directory / "README.md"
-    write_atomic(page, "\n\n".join(parts) + "\n")
+    write_atomic(page, "\n\n".join(parts) + "\n", REPORT)
     return page

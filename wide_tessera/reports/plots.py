@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Sequence
 
 from ..core.errors import WideTesseraError
-from ..core.files import make_folder
+from ..core.files import PLOT, make_folder, results_target
 from ..core.job import params_text
 from ..core.roles import BASELINE, CONTROLS
 from ..core.stats import MIN_EFFECT
@@ -152,10 +152,14 @@ def _draw_group(result: "BenchmarkResult", group: "GroupResult", points: Sequenc
 
 
 def save_figure(fig, directory: Path, stem: str, formats: Sequence[str]) -> List[Path]:
+    """`fig` as DIRECTORY/STEM.FMT for each format; every path is checked before any is written
+    (files.results_target: a folder in the way, or a picture not ours, is refused)."""
     make_folder(directory, "plots folder")
     paths = [directory / f"{_slug(stem)}.{fmt}" for fmt in formats]
     for path in paths:
-        fig.savefig(path, dpi=110)
+        results_target(path, PLOT)
+    for path in paths:
+        fig.savefig(path, dpi=110, metadata={"Title": f"{PLOT[2:]}: {stem}"})  # how results_target knows it as ours
     return paths
 
 

@@ -155,7 +155,7 @@ def _versions() -> Dict[str, Optional[str]]:
         ours = None
     return {
         "python": platform.python_version(),
-        "torch": torch.__version__,
+        "torch": str(torch.__version__),
         "triton": triton_version(),
         "numpy": np.__version__,
         "wide_tessera": ours,

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 from ..core.correctness import Check
 from ..core.environment import Environment
 from ..core.errors import WideTesseraError
-from ..core.files import write_atomic
+from ..core.files import RESULTS, write_atomic
 from ..core.job import Work
 from ..core.jsonio import json_text
 from ..core.roles import BASELINE
@@ -442,7 +442,7 @@ class ResultsFile:
         self.points = {id(p): (p, self.point(p)) for r in results for p in r.points}
         self.encoded = {id(r): (r, self.text(r)) for r in results}
         body = ",\n".join(self.encoded[id(r)][1] for r in results)
-        write_atomic(self.path, f'{{"schema_version": {SCHEMA_VERSION}, "results": [\n{body}\n]}}\n')
+        write_atomic(self.path, f'{{"schema_version": {SCHEMA_VERSION}, "results": [\n{body}\n]}}\n', RESULTS)
 
     def text(self, result: BenchmarkResult) -> str:
         known = self.encoded.get(id(result))

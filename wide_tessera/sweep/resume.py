@@ -7,33 +7,22 @@ one label, so a file measured differently is refused instead.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 from ..core.environment import Environment
 from ..core.errors import WideTesseraError
 from ..core.job import SweepParams, group_key, point_key, point_keys
 from ..measurement.settings import RunSettings
+from ..results.alike import measured_with
 from ..results.schema import BenchmarkResult, PointResult
 
 __all__ = ["check_resumable", "point_order", "points_left"]
 
 
-def _measured_with(settings: RunSettings, env: Environment) -> List[Tuple[str, Any]]:
-    """Everything that changes what a measurement means or holds, by name: the settings that say
-    so of themselves (RunSettings' `resume`), then the machine's."""
-    return [
-        *settings.resumable_as(),
-        ("device", env.device),
-        ("threads", env.threads),
-        ("device name", env.device_name),
-        ("torch", env.torch_version),
-    ]
-
-
 def check_resumable(previous: BenchmarkResult, path: str, settings: RunSettings, env: Environment) -> None:
     """Raise WideTesseraError naming the first setting of `previous` that differs from this run's."""
-    now = _measured_with(settings, env)
-    for (name, old), (_, new) in zip(_measured_with(previous.settings, previous.environment), now):
+    now = measured_with(settings, env)
+    for (name, old), (_, new) in zip(measured_with(previous.settings, previous.environment), now):
         if old != new:
             raise WideTesseraError(
                 f"--resume: {path} has {previous.op} measured with {RunSettings.describe(name, old, new)}; "

@@ -14,9 +14,11 @@ from torch import nn
 from ..core import trees
 from ..core.errors import NotApplicable, WideTesseraError, one_line, unknown
 from ..core.job import BenchmarkJob, SweepParams
+from ..ops.base import layout_difference
 from .functional import RANDOMNESS, WideFunctional
 from .layers import LayerChoice
 from .moe import WideSparseMoe, is_sparse_moe, loops_over_experts
+from .rates import rates_differ_alone, with_own_rates
 from .surgery import WideSurgery
 
 __all__ = [
@@ -120,7 +122,10 @@ def custom_job(
 def custom_wide(
     modules: Sequence[nn.Module], strategy: str, randomness: str = "error", choice: Optional[LayerChoice] = None
 ) -> nn.Module:
-    """The wide module of a custom job's strategy (`choice`: surgery's, which layers run as N calls)."""
+    """The wide module of a custom job's strategy (`choice`: surgery's, which layers run as N calls),
+    of copies that read each model's rates from buffers where the models differ only in rates."""
+    if layout_difference(modules) is not None and rates_differ_alone(modules):
+        modules = with_own_rates(modules)
     if strategy == "surgery":  # a sparse MoE block is swapped whole: N·E experts in one block
         if is_sparse_moe(modules[0]):
             return WideSparseMoe(modules, randomness)

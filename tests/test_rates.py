@@ -1,0 +1,96 @@
+"""Per-model rates (widen.rates): models that differ only in a dropout's p or a LeakyReLU's slope
+fuse, each model computing with its own, as each separate model does."""
+
+import pytest
+import torch
+from torch import nn
+
+import wide_tessera as wt
+from wide_tessera.core.errors import WideTesseraError
+from wide_tessera.widen.rates import with_own_rates
+
+RATES = [(0.0, 0.0), (0.2, 0.01), (0.5, 0.1), (0.9, 0.3)]  # (dropout p, LeakyReLU slope) per model
+
+
+def models(rates=RATES):
+    made = []
+    for p, slope in rates:
+        torch.manual_seed(1)  # one set of weights: only the rates differ
+        made.append(nn.Sequential(nn.Linear(8, 16), nn.Dropout(p), nn.LeakyReLU(slope), nn.Linear(16, 4)))
+    return made
+
+
+def inputs():
+    return [torch.randn(5, 8, generator=torch.Generator().manual_seed(i)) for i in range(len(RATES))]
+
+
+@pytest.mark.parametrize("strategy", ["vmap", "surgery"])
+def test_models_differing_in_rates_fuse_and_each_computes_with_its_own(strategy):
+    """Under randomness 'same' (the draws the project checks dropout with: the wide call and each
+    separate call from one generator state), model i's output is the separate model's, its own
+    rate's form (the N-th model's p=0.9 drops 90%, the first's p=0 nothing)."""
+    given = models()
+    fused = wt.fuse(given, strategy=strategy, randomness="same")
+    torch.manual_seed(3)
+    got = fused.unpack(fused(fused.pack(inputs())))
+    for i, (model, x) in enumerate(zip(with_own_rates(given), inputs())):
+        torch.manual_seed(3)
+        torch.testing.assert_close(got[i], model(x), msg=f"model {i}")
+    back = fused.unfuse()
+    assert [(type(m[1]), m[1].p, m[2].negative_slope) for m in back] == [(nn.Dropout, p, s) for p, s in RATES]
+    assert [type(m[1]) for m in given] == [nn.Dropout] * len(RATES)  # the models given are left as they were
+
+
+def test_the_loop_runs_each_models_own_dropout():
+    given = models()
+    fused = wt.fuse(given, strategy="loop")
+    torch.manual_seed(3)
+    got = fused.unpack(fused(fused.pack(inputs())))
+    torch.manual_seed(3)
+    want = [m(x) for m, x in zip(given, inputs())]
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
+
+
+@pytest.mark.parametrize("p", [0.0, 0.3, 0.9, 1.0])
+def test_a_rate_held_as_a_buffer_drops_as_nn_dropout_drops(p):
+    """In law: the share of elements kept, their scale, and nothing in eval mode."""
+    (model,) = with_own_rates([nn.Sequential(nn.Dropout(p))])
+    x = torch.ones(200_000)
+    out = model(x)
+    kept = out != 0
+    assert kept.float().mean().item() == pytest.approx(1 - p, abs=0.01)
+    if p < 1:
+        assert torch.allclose(out[kept], torch.full_like(out[kept], 1 / (1 - p)))
+    assert torch.equal(model.eval()(x), x)
+
+
+@pytest.mark.parametrize("strategy", ["vmap", "surgery"])
+def test_models_differing_in_rates_train_as_the_separate_models(strategy):
+    """Five AdamW steps with dropout active, each step's draws from one seed on both sides."""
+    given = models()
+    separate = with_own_rates(given)
+    fused = wt.fuse(given, strategy=strategy, randomness="same")
+    opt = wt.optim.AdamW(fused, lr=1e-2)
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in separate]
+    for step in range(5):
+        xs = [x + step for x in inputs()]
+        torch.manual_seed(step)
+        sum(o.square().mean() for o in fused.unpack(fused(fused.pack(xs)))).backward()
+        opt.step()
+        opt.zero_grad()
+        for m, o, x in zip(separate, opts, xs):
+            torch.manual_seed(step)
+            m(x).square().mean().backward()
+            o.step()
+            o.zero_grad()
+    for i, (trained, want) in enumerate(zip(fused.state_dicts(), separate)):
+        for name, t in want.state_dict().items():
+            torch.testing.assert_close(trained[name], t, atol=1e-5, rtol=1e-4, msg=f"model {i} {name}")
+
+
+def test_models_that_differ_in_more_than_a_rate_are_still_refused():
+    a, b = models()[:2]
+    b[0].eps_like_setting = 3  # a plain setting that is no rate
+    with pytest.raises(WideTesseraError, match="eps_like_setting"):
+        wt.fuse([a, b], strategy="vmap", randomness="same")

@@ -1,0 +1,144 @@
+"""The ask-and-tell scheduler: trials asked one at a time, grouped by shape, each group trained
+when it is full."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+
+import torch
+from torch import nn
+
+from ...core import trees
+from ...core.errors import MissingDependency, WideTesseraError
+from ...dispatch.table import default_table_path
+from ...measurement.settings import resolve_device
+from ...ops.base import layout_of
+from ...widen.rates import rate_settings
+from .group import Plan, train_group
+from .host import optuna
+from .sizing import size_groups, step_seconds
+from .summary import GroupRecord, StudySummary, label, shape_params
+from .training import Training
+from .trial import Draws, Member, build_model, forked, seeded, suggested, trial_seed
+
+
+def optimize(
+    study: Any,
+    suggest: Callable[[Any], Dict[str, Any]],
+    build: Callable[[Dict[str, Any]], nn.Module],
+    training: Training,
+    n_trials: int,
+    group_size: Optional[int] = None,
+    table: Union[None, str, Path] = None,
+    strategy: Optional[str] = None,
+    device: str = "cpu",
+    progress: bool = True,
+) -> StudySummary:
+    """Run `n_trials` trials of `study`, each group of trials whose models share a shape trained
+    as one fused model (see the module's docstring). suggest(trial) -> the trial's parameters
+    (Optuna's define-by-run: trial.suggest_float(...)); build(params) -> its model; training: how
+    it trains. group_size: trials per group (None: the largest N the dispatch `table` says fuses
+    a training step, measured here where it says nothing, capped by memory). strategy: the fused
+    strategy every group runs (fuse(strategy=...)); None: with group_size K, the strategy the
+    table names at N=K whatever its verdict (measured here where it names none; where none trains
+    K models correctly, a DispatchWarning says so and the groups run as a loop); without, fuse()'s
+    choice at the group's N."""
+    if optuna is None:
+        raise MissingDependency("wide_tessera.integrations.optuna needs optuna: pip install optuna")
+    if not isinstance(study, optuna.Study):
+        raise WideTesseraError(f"study={study!r}: give an optuna.Study (optuna.create_study(...))")
+    if isinstance(n_trials, bool) or not isinstance(n_trials, int) or n_trials < 1:
+        raise WideTesseraError(f"n_trials={n_trials!r}: give a positive int")
+    if group_size is not None and (isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1):
+        raise WideTesseraError(f"group_size={group_size!r}: give a positive int, or None to size groups by measurement")
+    if not isinstance(training, Training):
+        raise WideTesseraError(f"training={training!r}: give a wide_tessera.integrations.optuna.Training")
+    device = resolve_device(device)
+    if len(study.directions) != 1:
+        raise WideTesseraError(
+            f"the study has {len(study.directions)} objectives: optimize trains each trial to one loss; give a "
+            "single-objective study"
+        )
+    table_path = Path(table) if table is not None else default_table_path()
+    start = time.perf_counter()
+    pending: Dict[str, List[Member]] = {}
+    sizes: Dict[str, Tuple[int, str, Optional[str]]] = {}  # per shape: the group size, why, the strategy
+    shapes: Dict[str, List[Dict[str, Any]]] = {}
+    groups: List[GroupRecord] = []
+    estimate: Optional[float] = None
+    asked, sizing, pruned_by_suggest = 0, 0.0, 0
+    # every draw the study makes (sizing, timing, training) on a fork: the caller's generator stays as it was
+    with forked(device):
+        numbers: List[int] = []  # the trials this call asked
+        try:
+            while asked < n_trials or pending:
+                ready = next((k for k, ms in pending.items() if len(ms) >= sizes[k][0]), None)
+                if ready is None and asked < n_trials:
+                    trial = study.ask()
+                    asked += 1
+                    numbers.append(trial.number)
+                    try:
+                        params = suggested(suggest, trial)
+                    except optuna.TrialPruned:  # as study.optimize does: this trial is over, the study goes on
+                        study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+                        pruned_by_suggest += 1
+                        continue
+                    seed = trial_seed(trial, params)
+                    member = Member(
+                        trial, params, build_model(build, trial, params, device).to(device), Draws(seed, device)
+                    )
+                    key = _shape_key(member.model, member.draws.batch(training, params, 0, keep=False)[0])
+                    if key not in sizes:
+                        began = time.perf_counter()
+                        sizes[key] = size_groups(
+                            build, member, training, group_size, strategy, table_path, n_trials, device
+                        )
+                        sizing += time.perf_counter() - began
+                    if estimate is None:
+                        estimate = step_seconds(member, training, device) * training.steps * n_trials
+                    pending.setdefault(key, []).append(member)
+                    shapes.setdefault(key, []).append(params)
+                    continue
+                key = ready if ready is not None else next(iter(pending))
+                members, rest = pending[key][: sizes[key][0]], pending[key][sizes[key][0] :]
+                if rest:
+                    pending[key] = rest
+                else:
+                    del pending[key]
+                plan = Plan(training, table_path, sizes[key][2], device)
+                clock = (start, estimate or 0.0) if progress else None
+                with seeded(device, members[0].draws.training_seed):  # the group's dropout masks
+                    groups.append(train_group(study, members, plan, clock, len(groups), key))
+        except BaseException:  # as study.optimize does: a trial that raised, or was interrupted, FAILED
+            for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+                if t.number in numbers:
+                    study.tell(t.number, state=optuna.trial.TrialState.FAIL)
+            raise
+    told_apart = shape_params(shapes)
+    labels = {key: label(key, params[0], told_apart) for key, params in shapes.items()}
+    for g in groups:
+        g.shape = labels[g.shape]
+    return StudySummary(
+        {labels[key]: why for key, (_, why, _) in sizes.items()},
+        groups,
+        time.perf_counter() - start,
+        estimate or 0.0,
+        told_apart,
+        sizing,
+        pruned_by_suggest,
+    )
+
+
+def _shape_key(model: nn.Module, x: Any) -> str:
+    """What N models must share to train as one: their class, what every fused strategy needs
+    alike (ops.base.layout_of: each tensor's shape, dtype and device, each plain setting but a
+    rate, which fuse() runs per model: widen.rates), and their inputs' shapes and dtypes, which
+    pack stacks: a batch size suggested per trial changes no model, and its trials, grouped
+    together, failed the whole study at their first step."""
+    leaves, _ = trees.flat(x)
+    inputs = [(tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor) else repr(t) for t in leaves]
+    rates = set(rate_settings(model))
+    layout = sorted((k, v) for k, v in layout_of(model).items() if k not in rates)
+    return repr((type(model).__qualname__, layout, inputs))
