@@ -94,6 +94,7 @@ CLI_CASES = [
     ([*ATTN, "--set", "d_model=30"], "d_model=30 is not divisible by heads=4"),
     ([*ATTN, "--set", "heads=4,5"], "d_model=64 is not divisible by heads=5"),
     ([*ATTN, "--set", "causal=maybe"], "causal: 'maybe' is not True or False"),
+    (["benchmark", "lora", "--preset", "ci", "--set", "split=skewed"], "split='skewed': give one of uniform, ragged"),
     (["benchmark", "conv1d", "--preset", "ci", "--set", "kernel_size=0"], "kernel_size: 0 is not a positive integer"),
     ([*GEMM, "--device", "cpu:1"], "unknown device 'cpu:1'"),
     ([*GEMM, "--device", "gpu"], "unknown device 'gpu'"),

@@ -12,6 +12,7 @@ from wide_tessera.kernels import (
     flash_attention,
     grouped_linear,
     ragged_linear,
+    segmented_lora,
     triton_unavailable_reason,
 )
 
@@ -109,6 +110,18 @@ def test_the_tma_kernel_reads_a_slice_by_its_shape_not_its_stride():
     assert rel_error(grouped_linear(x, w, tma=True), ref) < TOL[torch.float32]
 
 
+def lora_call(y=None, x=None, a=None, b=None, scaling=None, sizes=None):
+    """segmented_lora on 2 adapters of rank 4 over 6 rows of 8 -> 5, with the one argument given changed."""
+    return segmented_lora(
+        torch.randn(6, 5) if y is None else y,
+        torch.randn(6, 8) if x is None else x,
+        torch.randn(2, 4, 8) if a is None else a,
+        torch.randn(2, 5, 4) if b is None else b,
+        torch.ones(2) if scaling is None else scaling,
+        torch.tensor([2, 4]) if sizes is None else sizes,
+    )
+
+
 @pytest.mark.parametrize(
     "call,match",
     [
@@ -137,6 +150,11 @@ def test_the_tma_kernel_reads_a_slice_by_its_shape_not_its_stride():
         ),
         (lambda: ragged_linear(torch.randn(6, 4), torch.randn(2, 5, 4), torch.tensor([6])), "2 counts"),
         (lambda: ragged_linear(torch.randn(6, 4), torch.randn(2, 5, 4), torch.tensor([3.0, 3.0])), "int32 or int64"),
+        (lambda: lora_call(b=torch.randn(3, 5, 4)), r"lora_b must be \[2, out, 4\], got \(3, 5, 4\)"),
+        (lambda: lora_call(y=torch.randn(6, 4)), r"y must be \[6, 5\], got \(6, 4\)"),
+        (lambda: lora_call(scaling=torch.ones(3)), "scaling must hold 2 numbers"),
+        (lambda: lora_call(sizes=torch.tensor([6])), "2 counts"),
+        (lambda: lora_call(x=torch.randn(6, 8).double()), "must share a dtype"),
         (lambda: flash_attention(*(torch.randn(1, 1, 8, 24) for _ in range(3))), "D=24 is not supported; valid: 16"),
         (
             lambda: flash_attention(torch.randn(1, 1, 8, 16), torch.randn(1, 1, 9, 16), torch.randn(1, 1, 8, 16)),
@@ -190,6 +208,7 @@ def test_unavailable_reasons(monkeypatch):
         lambda: grouped_linear(torch.randn(2, 4, 8), torch.randn(2, 3, 8)),
         lambda: ragged_linear(torch.randn(4, 8), torch.randn(2, 3, 8), torch.tensor([1, 3])),
         lambda: flash_attention(*(torch.randn(1, 1, 4, 16) for _ in range(3))),
+        lora_call,
     ],
 )
 def test_a_kernel_that_cannot_run_here_says_why_before_launching(monkeypatch, call):

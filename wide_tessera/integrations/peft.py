@@ -13,6 +13,8 @@ scaling and dropout its own), over a copy of the model that shares every frozen 
     sum(loss(logits[i], labels[i]) for i in range(N)).backward(); optimizer.step()
     fused.unfuse(into=peft_model)                            # then peft_model.save_pretrained(...)
 
+Train on the sum of each adapter's own loss, from its `logits[i]`: a loss the model computes from
+`labels=` is the mean over all N batches' tokens, which gives each adapter 1/N of its gradient.
 Adapters of different ranks, target modules or kinds are refused in one line: fuse each group
 of alike adapters on its own.
 """

@@ -256,9 +256,10 @@ def _same_base(a: nn.Linear, b: nn.Linear) -> bool:
     training mode's per-strategy copies of the models); the wide module holds module 0's."""
     if a is b:
         return True
-    tensors = [(p, q) for p, q in zip(a.parameters(), b.parameters())]
-    frozen = not any(p.requires_grad or q.requires_grad for p, q in tensors)
-    return frozen and len(tensors) == len(list(a.parameters())) and all(torch.equal(p, q) for p, q in tensors)
+    ours, theirs = list(a.parameters()), list(b.parameters())
+    if len(ours) != len(theirs) or any(p.requires_grad for p in ours + theirs):
+        return False
+    return all(torch.equal(p, q) for p, q in zip(ours, theirs))
 
 
 def _peft_model(wide: WideLoRA) -> nn.Module:
