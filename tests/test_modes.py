@@ -74,7 +74,8 @@ def test_every_op_trains_as_its_n_models_do(name, fast_timing):
 
 @pytest.mark.parametrize("mode", modes.MODES)
 def test_each_mode_is_timed_checked_and_recorded(mode, fast_timing):
-    r = benchmark("gemm", preset="ci", device="cpu", n_values=[1, 4], mode=mode, verbose=False, timing=fast_timing)
+    # N=2: the train mode's N pairs of betas read two ways for two models, and were refused
+    r = benchmark("gemm", preset="ci", device="cpu", n_values=[2, 4], mode=mode, verbose=False, timing=fast_timing)
     assert r.mode == mode and r.all_correct
     assert {row["mode"] for row in r.to_rows()} == {mode}
     assert all({"baseline", "bmm", "einsum"} <= set(p.timings) for p in r.points)

@@ -76,7 +76,14 @@ def wide_step(
     with the N models' `settings` (one dict each), each model clipped to `clip` by its own norm,
     its learning rate on a cosine to 0 over `cosine_steps` (None: constant)."""
     cls = OPTIMIZERS[optimizer][1]
-    opt = cls(module, **_per_model_kwargs(cls, settings))
+    kwargs = _per_model_kwargs(cls, settings)
+    # N pairs (Adam's betas) read two ways for two models, and the optimizer refuses them
+    # (optim.per_model_pairs): each model's pair goes on its own parameter group instead.
+    pairs = {k: kwargs.pop(k) for k in cls.PAIRS if k in kwargs}
+    opt = cls(module, **kwargs)
+    for k, values in pairs.items():
+        for group, value in zip(opt.param_groups, values):
+            group[k] = tuple(value)
 
     def clip_each() -> None:
         if clip is not None:
