@@ -159,3 +159,41 @@ def test_what_was_taken_wrongly_or_raised_a_traceback_is_one_line(case):
     assert "\n" not in message
     for token in tokens:
         assert token in message, (token, message)
+
+
+# HFTA's optimizers and settings ours lacked: each model's part stepped bit for bit as torch's
+# optimizer with that model's settings steps the model, given the same gradients
+BIT_FOR_BIT = {
+    "Adam amsgrad per model": (
+        lambda f: wto.Adam(f, lr=[0.1, 0.01, 0.05], amsgrad=[True, False, True], weight_decay=0.1),
+        lambda ps, i: torch.optim.Adam(ps, lr=[0.1, 0.01, 0.05][i], amsgrad=i != 1, weight_decay=0.1),
+    ),
+    "AdamW amsgrad foreach": (
+        lambda f: wto.AdamW(f, lr=[0.1, 0.01, 0.05], amsgrad=True, implementation="foreach"),
+        lambda ps, i: torch.optim.AdamW(ps, lr=[0.1, 0.01, 0.05][i], amsgrad=True, foreach=True),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", BIT_FOR_BIT)
+def test_hftas_optimizers_step_each_model_bit_for_bit_as_torch(case):
+    ours_of, theirs_of = BIT_FOR_BIT[case]
+    f = fused()
+    separate = linears()
+    ours = ours_of(f)
+    theirs = [theirs_of(m.parameters(), i) for i, m in enumerate(separate)]
+    torch.manual_seed(1)
+    for _ in range(5):
+        for name in ("weight", "bias"):
+            grads = [torch.randn_like(getattr(m, name)) for m in separate]
+            getattr(f.runs, name).grad = torch.stack(grads)
+            for m, g in zip(separate, grads):
+                getattr(m, name).grad = g.clone()
+        ours.step()
+        for o in theirs:
+            o.step()
+    for i, m in enumerate(separate):
+        assert torch.equal(f.runs.weight[i], m.weight) and torch.equal(f.runs.bias[i], m.bias), i
+    for i, (state, o) in enumerate(zip(ours.state_dicts(), theirs)):  # torch's state, amsgrad's maximum where on
+        want = o.state_dict()["state"]
+        assert {j: sorted(s) for j, s in state["state"].items()} == {j: sorted(s) for j, s in want.items()}, i

@@ -559,9 +559,9 @@ class SGD(_PerModel):
 
 
 class Adam(_PerModel):
-    """torch.optim.Adam for each of the N models: lr, betas, eps and weight_decay (added to the
-    gradient), each one value or one per model (betas: one pair, each coefficient one value or N,
-    or N pairs)."""
+    """torch.optim.Adam for each of the N models: lr, betas, eps, weight_decay (added to the
+    gradient) and amsgrad, each one value or one per model (betas: one pair, each coefficient one
+    value or N, or N pairs)."""
 
     TORCH: ClassVar[Type[torch.optim.Optimizer]] = torch.optim.Adam
     SETTINGS = {
@@ -569,9 +569,10 @@ class Adam(_PerModel):
         "betas": number(0.0, 1.0, open_high=True),  # each coefficient's, the pair per_model_pairs's
         "eps": number(0.0),
         "weight_decay": number(0.0),
+        "amsgrad": _flag,
     }
     PAIRS = ("betas",)
-    MOMENTS = ("exp_avg", "exp_avg_sq")
+    MOMENTS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
     DECOUPLED = False
     TORCH_STEP: ClassVar[Callable[..., None]] = staticmethod(torch_adam)
 
@@ -582,10 +583,25 @@ class Adam(_PerModel):
         betas: Any = (0.9, 0.999),
         eps: Any = 1e-8,
         weight_decay: Any = 0.0,
+        amsgrad: Any = False,
         implementation: Optional[str] = None,
         **others: Any,
     ):
-        super().__init__(module, implementation, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, **others)
+        super().__init__(
+            module, implementation, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, **others
+        )
+
+    def _init_state(self, state: Dict[str, Any], p: torch.Tensor) -> None:
+        """torch's Adam keeps the largest second moment only where amsgrad is on."""
+        super()._init_state(state, p)
+        if not any(g["amsgrad"] for g in self.param_groups):
+            state["max_exp_avg_sq"] = None
+
+    def _torch_state(self, i: int, state: Dict[str, Any], parts: Dict[str, Any]) -> Dict[str, Any]:
+        own = super()._torch_state(i, state, parts)
+        if not self.param_groups[i]["amsgrad"]:
+            own.pop("max_exp_avg_sq", None)
+        return own
 
     def _numbers(self, s: Dict[str, torch.Tensor], steps: torch.Tensor) -> Dict[str, Any]:
         steps = steps.clamp(min=1.0)  # a frozen model's 0 steps would divide by zero; its part is restored
@@ -599,6 +615,7 @@ class Adam(_PerModel):
             "bias2_sqrt": _Numbers(bias2.sqrt()),
             "eps": _Numbers(s["eps"]),
             "step_size": _Numbers(s["lr"] / bias1),
+            "amsgrad": _Numbers(s["amsgrad"]) if s["amsgrad"].any() else None,
         }
 
     def _update(
@@ -619,6 +636,11 @@ class Adam(_PerModel):
             v.mul_(rest[0]).addcmul_(g, g, value=rest[1])
         else:  # addcmul's order, value * grad * grad
             v.mul_(rest[0]).addcmul_(g * rest[1], g)
+        amsgrad = c["amsgrad"].over(layout, p) if c["amsgrad"] is not None else 0.0
+        if not isinstance(amsgrad, float) or amsgrad:  # torch: torch.maximum(max_exp_avg_sq, exp_avg_sq, out=...)
+            top = state["max_exp_avg_sq"]
+            torch.maximum(top, v, out=top)
+            v = top if isinstance(amsgrad, float) else torch.where(amsgrad > 0, top, v)  # the denominator's
         denom = (v.sqrt() / c["bias2_sqrt"].over(layout, p)).add_(c["eps"].over(layout, p))
         step_size = c["step_size"].over(layout, p)
         if isinstance(step_size, float):  # torch: param.addcdiv_(exp_avg, denom, value=-step_size)
@@ -642,8 +664,8 @@ class Adam(_PerModel):
             state = self.state[w.tensor]
             counts = state["step"].tolist()
             state["step"] += self._active(skipped)  # torch's kernel counts its own copy of the count, below
-            tensors = (w.tensor, w.tensor.grad, state["exp_avg"], state["exp_avg_sq"])
-            for i, four in enumerate(zip(*(w.layout.parts(t, self.n) for t in tensors))):  # type: ignore[arg-type]
+            tensors = [w.tensor, w.tensor.grad, *(state[k] for k in self.MOMENTS if state[k] is not None)]
+            for i, four in enumerate(zip(*(w.layout.parts(t, self.n) for t in tensors))):
                 if i not in skipped:
                     parts[i].append((four, counts[i]))
         for models in alike.values():
@@ -657,7 +679,7 @@ class Adam(_PerModel):
         kernel. The fused kernel reads a non-contiguous view as if it were contiguous (a joined
         part along an inner axis came out wrong): such a part is stepped as a contiguous copy."""
         fused = self.implementation == "fused"
-        lists: List[List[torch.Tensor]] = [[], [], [], []]
+        lists: List[List[torch.Tensor]] = [[], [], [], [], []]
         steps: List[torch.Tensor] = []
         back: List[Tuple[torch.Tensor, torch.Tensor]] = []
         for four, count in parts:
@@ -670,8 +692,10 @@ class Adam(_PerModel):
             device = lists[0][-1].device if fused else torch.device("cpu")  # where torch's Adam keeps its count
             steps.append(torch.tensor(count, dtype=torch.float32, device=device))
         beta1, beta2 = group["betas"]
+        amsgrad = group["amsgrad"]
         self.TORCH_STEP(
-            *lists, [], steps, foreach=not fused, fused=fused, amsgrad=False, beta1=beta1, beta2=beta2,
+            *lists[:4], lists[4] if amsgrad else [], steps, foreach=not fused, fused=fused, amsgrad=amsgrad,
+            beta1=beta1, beta2=beta2,
             lr=group["lr"], weight_decay=group["weight_decay"], eps=group["eps"], maximize=False,
         )  # fmt: skip
         for part, stepped in back:
@@ -693,7 +717,8 @@ class AdamW(Adam):
         betas: Any = (0.9, 0.999),
         eps: Any = 1e-8,
         weight_decay: Any = 1e-2,
+        amsgrad: Any = False,
         implementation: Optional[str] = None,
         **others: Any,
     ):
-        super().__init__(module, lr, betas, eps, weight_decay, implementation, **others)
+        super().__init__(module, lr, betas, eps, weight_decay, amsgrad, implementation, **others)
