@@ -74,6 +74,14 @@ KINDS = {
         lambda ps: torch.optim.Adam(ps, lr=0.01, weight_decay=0.1, foreach=True),
         lambda f: wto.Adam(f, lr=0.01, weight_decay=0.1, implementation="foreach"),
     ),
+    "Adam amsgrad": (
+        lambda ps: torch.optim.Adam(ps, lr=0.01, amsgrad=True),
+        lambda f: wto.Adam(f, lr=0.01, amsgrad=True),
+    ),
+    "Adadelta": (
+        lambda ps: torch.optim.Adadelta(ps, lr=0.5, weight_decay=0.1),
+        lambda f: wto.Adadelta(f, lr=0.5, weight_decay=0.1),
+    ),
     "AdamW": (
         lambda ps: torch.optim.AdamW(ps, lr=0.01, weight_decay=0.1),
         lambda f: wto.AdamW(f, lr=0.01, weight_decay=0.1),

@@ -168,6 +168,13 @@ BIT_FOR_BIT = {
         lambda f: wto.Adam(f, lr=[0.1, 0.01, 0.05], amsgrad=[True, False, True], weight_decay=0.1),
         lambda ps, i: torch.optim.Adam(ps, lr=[0.1, 0.01, 0.05][i], amsgrad=i != 1, weight_decay=0.1),
     ),
+    "Adadelta per model": (
+        lambda f: wto.Adadelta(f, lr=[1.0, 0.5, 0.1], rho=[0.9, 0.5, 0.99], eps=[1e-6, 1e-3, 1e-6], weight_decay=0.1),
+        lambda ps, i: torch.optim.Adadelta(
+            ps, lr=[1.0, 0.5, 0.1][i], rho=[0.9, 0.5, 0.99][i], eps=[1e-6, 1e-3, 1e-6][i], weight_decay=0.1
+        ),
+    ),
+    "Adadelta shared": (lambda f: wto.Adadelta(f, lr=0.5), lambda ps, i: torch.optim.Adadelta(ps, lr=0.5)),
     "AdamW amsgrad foreach": (
         lambda f: wto.AdamW(f, lr=[0.1, 0.01, 0.05], amsgrad=True, implementation="foreach"),
         lambda ps, i: torch.optim.AdamW(ps, lr=[0.1, 0.01, 0.05][i], amsgrad=True, foreach=True),
