@@ -204,3 +204,33 @@ def test_hftas_optimizers_step_each_model_bit_for_bit_as_torch(case):
     for i, (state, o) in enumerate(zip(ours.state_dicts(), theirs)):  # torch's state, amsgrad's maximum where on
         want = o.state_dict()["state"]
         assert {j: sorted(s) for j, s in state["state"].items()} == {j: sorted(s) for j, s in want.items()}, i
+
+
+def _torch_step_lr(i, lr, last_epoch):
+    opt = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=lr)
+    opt.param_groups[0]["initial_lr"] = 0.5
+    return torch.optim.lr_scheduler.StepLR(opt, [2, 3, 1][i], [0.5, 0.1, 0.9][i], last_epoch=last_epoch)
+
+
+@pytest.mark.filterwarnings("ignore:The epoch parameter", "ignore:Detected call")  # torch's, as for its StepLR
+def test_step_lr_keeps_an_epoch_per_model_as_n_torch_step_lrs_do():
+    """HFTA resumes each model's schedule at its own epoch and steps them to epochs of their own:
+    a TypeError of ours (an int was expected)."""
+    opt = wto.SGD(fused(), lr=[0.5, 0.25, 0.125])
+    for group in opt.param_groups:
+        group["initial_lr"] = 0.5
+    lasts = [4, -1, 7]
+    ours = wto.StepLR(opt, [2, 3, 1], [0.5, 0.1, 0.9], last_epoch=lasts)
+    theirs = [_torch_step_lr(i, lr, last) for i, (lr, last) in enumerate(zip([0.5, 0.25, 0.125], lasts))]
+    for step in range(6):
+        epochs = [[10, 3, 5], None, 2][step % 3]
+        ours.step(epochs) if epochs is not None else ours.step()
+        for i, t in enumerate(theirs):
+            t.step(epochs[i] if isinstance(epochs, list) else epochs) if epochs is not None else t.step()
+        assert ours.epochs() == [t.last_epoch for t in theirs]
+        assert [g["lr"] for g in opt.param_groups] == pytest.approx([t.get_last_lr()[0] for t in theirs], rel=1e-12)
+
+
+def test_step_lr_resuming_without_initial_lr_is_one_line():
+    with pytest.raises(wt.WideTesseraError, match=r"model 0's schedule resumes at epoch 3.*'initial_lr'"):
+        wto.StepLR(wto.SGD(fused()), 2, last_epoch=[3, -1, -1])
