@@ -53,6 +53,7 @@ STRATEGIES = {
     "surgery": (MLP, {"strategy": "surgery"}),
     "bmm": (lambda: nn.Linear(D, 1), {"strategy": "bmm"}),
     "surgery, fc2 as N calls": (MLP, {"table": _partial_table}),
+    "surgery, fc2 named unfused": (MLP, {"strategy": "surgery", "unfused": ["fc2"]}),
 }
 
 # kind -> (torch's optimizer of one model, ours over the fused module); settings that move a

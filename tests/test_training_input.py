@@ -234,3 +234,37 @@ def test_step_lr_keeps_an_epoch_per_model_as_n_torch_step_lrs_do():
 def test_step_lr_resuming_without_initial_lr_is_one_line():
     with pytest.raises(wt.WideTesseraError, match=r"model 0's schedule resumes at epoch 3.*'initial_lr'"):
         wto.StepLR(wto.SGD(fused()), 2, last_epoch=[3, -1, -1])
+
+
+def _sequential(n=N):
+    torch.manual_seed(0)
+    return [nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)) for _ in range(n)]
+
+
+def test_unfused_layers_run_as_n_calls_inside_a_model_fused_by_surgery():
+    """HFTA's partial fusion, public: before, only a dispatch table that says a layer's op loses."""
+    f = wt.fuse(_sequential(), strategy="surgery", unfused=["2"])
+    assert list(f.runs.unfused) == ["2"] and f.runs.swapped == ["0"]
+    assert "layer 2 runs as 3 calls: named in unfused=" in str(f.decision)
+    x = [torch.randn(5, 4) for _ in range(N)]
+    for got, model, xi in zip(f.unpack(f(f.pack(x))), _sequential(), x):
+        torch.testing.assert_close(got, model(xi))
+
+
+@pytest.mark.parametrize(
+    "make,tokens",
+    [
+        (
+            lambda: wt.fuse(_sequential(), strategy="surgery", unfused=["9"]),
+            ["unknown layer in unfused= '9'", "0, 1, 2"],
+        ),
+        (lambda: wt.fuse(_sequential(), strategy="surgery", unfused=["1"]), ["1 is no layer surgery swaps", "0, 2"]),
+        (lambda: wt.fuse(_sequential(), unfused="2"), ["unfused='2'", "a list of layer names"]),
+        (lambda: wt.fuse(linears(), unfused=["weight"]), ["inside a model fused by surgery", "gemm"]),
+    ],
+)
+def test_unfused_names_only_layers_surgery_swaps(make, tokens):
+    with pytest.raises(wt.WideTesseraError) as e:
+        make()
+    for token in tokens:
+        assert token in str(e.value), (token, str(e.value))
