@@ -348,7 +348,7 @@ CALL_CASES = [
     ("pack of 2 inputs", lambda f, tmp: f.pack(XS[:2]), "pack: give a list of 4 inputs, one per model; got 2"),
     ("pack of a tensor", lambda f, tmp: f.pack(torch.stack(XS)), "got a Tensor of shape \\[4, 16, 4\\]"),
     ("unpack of a foreign tensor", lambda f, tmp: f.unpack(torch.randn(7, 16, 4)),
-     "holds 7 outputs, not 4|shape \\[7, 16, 4\\] does not hold 4 models"),
+     "holds 7 outputs, not 4|shape \\[7, 16, 4\\] does not hold 4 models|a tuple of 4 outputs"),
 ]  # fmt: skip
 
 

@@ -53,6 +53,7 @@ STRATEGIES = {
     "surgery": (MLP, {"strategy": "surgery"}),
     "bmm": (lambda: nn.Linear(D, 1), {"strategy": "bmm"}),
     "surgery, fc2 as N calls": (MLP, {"table": _partial_table}),
+    "surgery, fc2 named unfused": (MLP, {"strategy": "surgery", "unfused": ["fc2"]}),
 }
 
 # kind -> (torch's optimizer of one model, ours over the fused module); settings that move a
@@ -73,6 +74,14 @@ KINDS = {
     "Adam foreach": (
         lambda ps: torch.optim.Adam(ps, lr=0.01, weight_decay=0.1, foreach=True),
         lambda f: wto.Adam(f, lr=0.01, weight_decay=0.1, implementation="foreach"),
+    ),
+    "Adam amsgrad": (
+        lambda ps: torch.optim.Adam(ps, lr=0.01, amsgrad=True),
+        lambda f: wto.Adam(f, lr=0.01, amsgrad=True),
+    ),
+    "Adadelta": (
+        lambda ps: torch.optim.Adadelta(ps, lr=0.5, weight_decay=0.1),
+        lambda f: wto.Adadelta(f, lr=0.5, weight_decay=0.1),
     ),
     "AdamW": (
         lambda ps: torch.optim.AdamW(ps, lr=0.01, weight_decay=0.1),

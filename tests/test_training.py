@@ -161,13 +161,13 @@ def test_schedules_that_cycle_the_momentum_train_as_n_separate_trainings(kind):
 @pytest.mark.parametrize(
     "make,said",
     [
-        (lambda f: wto.Adam(f, amsgrad=True), r"Adam: amsgrad=True is not one of its settings \(lr, betas, eps"),
+        (lambda f: wto.Adam(f, capturable=True), r"Adam: capturable=True is not one of its settings \(lr, betas, eps"),
         (lambda f: wto.AdamW(f, maximize=True), "AdamW: maximize=True is not one of its settings"),
         (lambda f: wto.SGD(f, foreach=True), "SGD: foreach=True is not one of its settings.*foreach"),
     ],
 )
 def test_torchs_settings_our_optimizers_do_not_have_are_refused_in_one_line(make, said):
-    """amsgrad, maximize, foreach: a bare TypeError of Python's said nothing of what is there (found by a review)."""
+    """capturable, maximize, foreach: a bare TypeError of Python's said nothing of what is there (found by a review)."""
     with pytest.raises(wt.WideTesseraError, match=said):
         make(wt.fuse(mlps(), strategy="vmap"))
 

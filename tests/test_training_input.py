@@ -159,3 +159,112 @@ def test_what_was_taken_wrongly_or_raised_a_traceback_is_one_line(case):
     assert "\n" not in message
     for token in tokens:
         assert token in message, (token, message)
+
+
+# HFTA's optimizers and settings ours lacked: each model's part stepped bit for bit as torch's
+# optimizer with that model's settings steps the model, given the same gradients
+BIT_FOR_BIT = {
+    "Adam amsgrad per model": (
+        lambda f: wto.Adam(f, lr=[0.1, 0.01, 0.05], amsgrad=[True, False, True], weight_decay=0.1),
+        lambda ps, i: torch.optim.Adam(ps, lr=[0.1, 0.01, 0.05][i], amsgrad=i != 1, weight_decay=0.1),
+    ),
+    "Adadelta per model": (
+        lambda f: wto.Adadelta(f, lr=[1.0, 0.5, 0.1], rho=[0.9, 0.5, 0.99], eps=[1e-6, 1e-3, 1e-6], weight_decay=0.1),
+        lambda ps, i: torch.optim.Adadelta(
+            ps, lr=[1.0, 0.5, 0.1][i], rho=[0.9, 0.5, 0.99][i], eps=[1e-6, 1e-3, 1e-6][i], weight_decay=0.1
+        ),
+    ),
+    "Adadelta shared": (lambda f: wto.Adadelta(f, lr=0.5), lambda ps, i: torch.optim.Adadelta(ps, lr=0.5)),
+    "AdamW amsgrad foreach": (
+        lambda f: wto.AdamW(f, lr=[0.1, 0.01, 0.05], amsgrad=True, implementation="foreach"),
+        lambda ps, i: torch.optim.AdamW(ps, lr=[0.1, 0.01, 0.05][i], amsgrad=True, foreach=True),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", BIT_FOR_BIT)
+def test_hftas_optimizers_step_each_model_bit_for_bit_as_torch(case):
+    ours_of, theirs_of = BIT_FOR_BIT[case]
+    f = fused()
+    separate = linears()
+    ours = ours_of(f)
+    theirs = [theirs_of(m.parameters(), i) for i, m in enumerate(separate)]
+    torch.manual_seed(1)
+    for _ in range(5):
+        for name in ("weight", "bias"):
+            grads = [torch.randn_like(getattr(m, name)) for m in separate]
+            getattr(f.runs, name).grad = torch.stack(grads)
+            for m, g in zip(separate, grads):
+                getattr(m, name).grad = g.clone()
+        ours.step()
+        for o in theirs:
+            o.step()
+    for i, m in enumerate(separate):
+        assert torch.equal(f.runs.weight[i], m.weight) and torch.equal(f.runs.bias[i], m.bias), i
+    for i, (state, o) in enumerate(zip(ours.state_dicts(), theirs)):  # torch's state, amsgrad's maximum where on
+        want = o.state_dict()["state"]
+        assert {j: sorted(s) for j, s in state["state"].items()} == {j: sorted(s) for j, s in want.items()}, i
+
+
+def _torch_step_lr(i, lr, last_epoch):
+    opt = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=lr)
+    opt.param_groups[0]["initial_lr"] = 0.5
+    return torch.optim.lr_scheduler.StepLR(opt, [2, 3, 1][i], [0.5, 0.1, 0.9][i], last_epoch=last_epoch)
+
+
+@pytest.mark.filterwarnings("ignore:The epoch parameter", "ignore:Detected call")  # torch's, as for its StepLR
+def test_step_lr_keeps_an_epoch_per_model_as_n_torch_step_lrs_do():
+    """HFTA resumes each model's schedule at its own epoch and steps them to epochs of their own:
+    a TypeError of ours (an int was expected)."""
+    opt = wto.SGD(fused(), lr=[0.5, 0.25, 0.125])
+    for group in opt.param_groups:
+        group["initial_lr"] = 0.5
+    lasts = [4, -1, 7]
+    ours = wto.StepLR(opt, [2, 3, 1], [0.5, 0.1, 0.9], last_epoch=lasts)
+    theirs = [_torch_step_lr(i, lr, last) for i, (lr, last) in enumerate(zip([0.5, 0.25, 0.125], lasts))]
+    for step in range(6):
+        epochs = [[10, 3, 5], None, 2][step % 3]
+        ours.step(epochs) if epochs is not None else ours.step()
+        for i, t in enumerate(theirs):
+            t.step(epochs[i] if isinstance(epochs, list) else epochs) if epochs is not None else t.step()
+        assert ours.epochs() == [t.last_epoch for t in theirs]
+        assert [g["lr"] for g in opt.param_groups] == pytest.approx([t.get_last_lr()[0] for t in theirs], rel=1e-12)
+
+
+def test_step_lr_resuming_without_initial_lr_is_one_line():
+    with pytest.raises(wt.WideTesseraError, match=r"model 0's schedule resumes at epoch 3.*'initial_lr'"):
+        wto.StepLR(wto.SGD(fused()), 2, last_epoch=[3, -1, -1])
+
+
+def _sequential(n=N):
+    torch.manual_seed(0)
+    return [nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)) for _ in range(n)]
+
+
+def test_unfused_layers_run_as_n_calls_inside_a_model_fused_by_surgery():
+    """HFTA's partial fusion, public: before, only a dispatch table that says a layer's op loses."""
+    f = wt.fuse(_sequential(), strategy="surgery", unfused=["2"])
+    assert list(f.runs.unfused) == ["2"] and f.runs.swapped == ["0"]
+    assert "layer 2 runs as 3 calls: named in unfused=" in str(f.decision)
+    x = [torch.randn(5, 4) for _ in range(N)]
+    for got, model, xi in zip(f.unpack(f(f.pack(x))), _sequential(), x):
+        torch.testing.assert_close(got, model(xi))
+
+
+@pytest.mark.parametrize(
+    "make,tokens",
+    [
+        (
+            lambda: wt.fuse(_sequential(), strategy="surgery", unfused=["9"]),
+            ["unknown layer in unfused= '9'", "0, 1, 2"],
+        ),
+        (lambda: wt.fuse(_sequential(), strategy="surgery", unfused=["1"]), ["1 is no layer surgery swaps", "0, 2"]),
+        (lambda: wt.fuse(_sequential(), unfused="2"), ["unfused='2'", "a list of layer names"]),
+        (lambda: wt.fuse(linears(), unfused=["weight"]), ["inside a model fused by surgery", "gemm"]),
+    ],
+)
+def test_unfused_names_only_layers_surgery_swaps(make, tokens):
+    with pytest.raises(wt.WideTesseraError) as e:
+        make()
+    for token in tokens:
+        assert token in str(e.value), (token, str(e.value))

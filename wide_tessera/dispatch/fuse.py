@@ -63,6 +63,7 @@ def fuse(
     time_bound_s: float = 0.5,
     dtype: Optional[str] = None,
     strategy: Optional[str] = None,
+    unfused: Sequence[str] = (),
     **hints: Any,
 ) -> Fused:
     """N modules of one kind as one module, a `Fused`: it runs the wide module of the strategy
@@ -77,6 +78,8 @@ def fuse(
     `strategy`: run this one (one of the op's strategies, or 'loop'), whatever the table says.
     Models that differ only in a rate (an nn.Dropout's p, an nn.LeakyReLU's slope) fuse, each
     model with its own (widen.rates).
+    `unfused`: layers (as `named_modules()` names them) that run as N calls inside a model fused
+    by surgery, whatever the table says of their op (HFTA's partial fusion).
 
     table: a path or a DispatchTable; default $WIDE_TESSERA_DISPATCH, else the per-user cache
     file `wide_tessera tune` writes. op: the registered op (name or class) when the module
@@ -96,11 +99,12 @@ def fuse(
     _check_options(mode, compile, randomness, cuda_graph, measure, time_bound_s)
     cls = _op_class(modules, op)
     case = _case(modules, cls, mode, compile, cuda_graph, dtype, hints)
+    named = _named_layers(modules, cls, unfused)
     if strategy is not None:  # whatever the table says: it is not read, for the layers either
-        return _forced(modules, _trials(cls, randomness), case, strategy)
+        return _all_unfused(_forced(modules, _trials(cls, randomness, named), case, strategy), unfused)
     loaded, source = _load_table(table, measure)
-    choice = partial(_layer_loses, loaded, mode, compile, cuda_graph)
-    trials = _trials(cls, randomness, choice)
+    measured = partial(_layer_loses, loaded, mode, compile, cuda_graph)
+    trials = _trials(cls, randomness, measured if named is None else _either(named, measured))
     unmeasurable = _unmeasurable(modules, case.dtype)
     if unmeasurable is not None:  # nothing measured can say: the loop, with one warning
         _warn_once(case, f"{unmeasurable}: running the modules as a loop")
@@ -114,6 +118,42 @@ def fuse(
     built = build(DispatchDecision(case, answer, source), modules, trials.make)
     if answer.fuse and not built.decision.fused:
         _warn_once(case, f"{built.decision.match.reason}: running the modules as a loop")
+    return _all_unfused(built, unfused)
+
+
+def _named_layers(modules: Sequence[nn.Module], cls: Optional[Type[WideOp]], unfused: Any) -> Optional[LayerChoice]:
+    """Surgery's choice of the layers `unfused` names: N calls, whatever their op measured."""
+    if isinstance(unfused, str) or not isinstance(unfused, (list, tuple, set, frozenset)):
+        raise WideTesseraError(f"fuse: unfused={unfused!r}: give a list of layer names, as named_modules() gives them")
+    if not unfused:
+        return None
+    if cls is not None:
+        raise WideTesseraError(
+            f"fuse: unfused= names layers inside a model fused by surgery; these are {cls.NAME} layers"
+        )
+    layers = [name for name, _ in modules[0].named_modules() if name]
+    for name in unfused:
+        if name not in layers:
+            raise unknown("layer in unfused=", name, layers)
+    chosen = {id(m.get_submodule(name)) for m in modules for name in unfused}
+    return lambda op, subs: "named in unfused=" if id(subs[0]) in chosen else None
+
+
+def _either(first: LayerChoice, then: LayerChoice) -> LayerChoice:
+    return lambda op, subs: first(op, subs) or then(op, subs)
+
+
+def _all_unfused(built: Fused, unfused: Sequence[str]) -> Fused:
+    """`built`, where surgery runs every layer `unfused` names as N calls; a layer no op's wide
+    module would stand for (an activation, one run under vmap) cannot be, and is refused."""
+    kept: Dict[str, str] = getattr(built.runs, "unfused", {})
+    swapped: List[str] = getattr(built.runs, "swapped", [])
+    other = [name for name in unfused if name not in kept]
+    if built.decision.strategy == "surgery" and other:
+        raise WideTesseraError(
+            f"fuse: unfused={list(unfused)!r}: {', '.join(other)} is no layer surgery swaps for an op's wide module "
+            f"(those are: {', '.join(swapped + list(kept)) or 'none'}), so it cannot run as N calls"
+        )
     return built
 
 

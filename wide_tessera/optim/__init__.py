@@ -13,7 +13,17 @@ learning-rate schedules over what `wide_tessera.fuse()` returned, whichever stra
 """
 
 from .clip import clip_grad_norm_
-from .optimizers import IMPLEMENTATIONS, SGD, Adam, AdamW
+from .optimizers import IMPLEMENTATIONS, SGD, Adadelta, Adam, AdamW
 from .schedules import CosineAnnealingLR, LinearLR, StepLR
 
-__all__ = ["SGD", "Adam", "AdamW", "IMPLEMENTATIONS", "clip_grad_norm_", "StepLR", "CosineAnnealingLR", "LinearLR"]
+__all__ = [
+    "SGD",
+    "Adam",
+    "AdamW",
+    "Adadelta",
+    "IMPLEMENTATIONS",
+    "clip_grad_norm_",
+    "StepLR",
+    "CosineAnnealingLR",
+    "LinearLR",
+]

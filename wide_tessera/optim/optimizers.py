@@ -44,7 +44,7 @@ from ..core.errors import WideTesseraError, unknown
 from ..core.layout import Layout, slots_of
 from .per_model import models_in, models_reached, number, parameter_names, per_model, per_model_pairs
 
-__all__ = ["SGD", "Adam", "AdamW", "IMPLEMENTATIONS"]
+__all__ = ["SGD", "Adam", "AdamW", "Adadelta", "IMPLEMENTATIONS"]
 
 # How the N models' own tensors (a loop's) are stepped: torch's default for the device, or one of
 # torch's multi-tensor implementations (so are Adam's and AdamW's wide tensors; SGD's are always
@@ -469,6 +469,19 @@ class _Numbers:
             mine.addcdiv_(a, b, value=-value)  # type: ignore[union-attr, arg-type]
 
 
+def _mul_addcmul(
+    t: torch.Tensor, a: torch.Tensor, b: torch.Tensor, keep: _Numbers, rest: _Numbers, layout: Layout
+) -> None:
+    """t = t * keep + rest * a * b, as torch's `t.mul_(keep).addcmul_(a, b, value=rest)` computes it
+    (a running average of squares: Adam's, Adadelta's); where `rest` differs per model, in
+    addcmul's order, rest * a * b."""
+    value = rest.over(layout, t)
+    if isinstance(value, float):
+        t.mul_(keep.over(layout, t)).addcmul_(a, b, value=value)
+    else:
+        t.mul_(keep.over(layout, t)).addcmul_(a * value, b)
+
+
 # Elements of one model's part from which an update runs model by model rather than over the wide
 # tensor with a per-model factor: the factor's temporary costs a pass over memory, N calls cost
 # their overhead. One core: a per-model addcdiv_ took 0.27 ms against 0.40 ms at [8, 256, 256],
@@ -559,9 +572,9 @@ class SGD(_PerModel):
 
 
 class Adam(_PerModel):
-    """torch.optim.Adam for each of the N models: lr, betas, eps and weight_decay (added to the
-    gradient), each one value or one per model (betas: one pair, each coefficient one value or N,
-    or N pairs)."""
+    """torch.optim.Adam for each of the N models: lr, betas, eps, weight_decay (added to the
+    gradient) and amsgrad, each one value or one per model (betas: one pair, each coefficient one
+    value or N, or N pairs)."""
 
     TORCH: ClassVar[Type[torch.optim.Optimizer]] = torch.optim.Adam
     SETTINGS = {
@@ -569,9 +582,10 @@ class Adam(_PerModel):
         "betas": number(0.0, 1.0, open_high=True),  # each coefficient's, the pair per_model_pairs's
         "eps": number(0.0),
         "weight_decay": number(0.0),
+        "amsgrad": _flag,
     }
     PAIRS = ("betas",)
-    MOMENTS = ("exp_avg", "exp_avg_sq")
+    MOMENTS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
     DECOUPLED = False
     TORCH_STEP: ClassVar[Callable[..., None]] = staticmethod(torch_adam)
 
@@ -582,10 +596,25 @@ class Adam(_PerModel):
         betas: Any = (0.9, 0.999),
         eps: Any = 1e-8,
         weight_decay: Any = 0.0,
+        amsgrad: Any = False,
         implementation: Optional[str] = None,
         **others: Any,
     ):
-        super().__init__(module, implementation, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, **others)
+        super().__init__(
+            module, implementation, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, **others
+        )
+
+    def _init_state(self, state: Dict[str, Any], p: torch.Tensor) -> None:
+        """torch's Adam keeps the largest second moment only where amsgrad is on."""
+        super()._init_state(state, p)
+        if not any(g["amsgrad"] for g in self.param_groups):
+            state["max_exp_avg_sq"] = None
+
+    def _torch_state(self, i: int, state: Dict[str, Any], parts: Dict[str, Any]) -> Dict[str, Any]:
+        own = super()._torch_state(i, state, parts)
+        if not self.param_groups[i]["amsgrad"]:
+            own.pop("max_exp_avg_sq", None)
+        return own
 
     def _numbers(self, s: Dict[str, torch.Tensor], steps: torch.Tensor) -> Dict[str, Any]:
         steps = steps.clamp(min=1.0)  # a frozen model's 0 steps would divide by zero; its part is restored
@@ -599,6 +628,7 @@ class Adam(_PerModel):
             "bias2_sqrt": _Numbers(bias2.sqrt()),
             "eps": _Numbers(s["eps"]),
             "step_size": _Numbers(s["lr"] / bias1),
+            "amsgrad": _Numbers(s["amsgrad"]) if s["amsgrad"].any() else None,
         }
 
     def _update(
@@ -614,11 +644,12 @@ class Adam(_PerModel):
             else:  # torch: grad.add(param, alpha=weight_decay)
                 g = c["decay"].add_to(g.clone(), p, layout)
         m.lerp_(g, c["beta1"].over(layout, p))  # torch: exp_avg.lerp_(grad, 1 - beta1)
-        rest = c["beta2"].over(layout, p), c["beta2_rest"].over(layout, p)
-        if isinstance(rest[1], float):  # torch: exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-            v.mul_(rest[0]).addcmul_(g, g, value=rest[1])
-        else:  # addcmul's order, value * grad * grad
-            v.mul_(rest[0]).addcmul_(g * rest[1], g)
+        _mul_addcmul(v, g, g, c["beta2"], c["beta2_rest"], layout)  # torch: exp_avg_sq's, by beta2
+        amsgrad = c["amsgrad"].over(layout, p) if c["amsgrad"] is not None else 0.0
+        if not isinstance(amsgrad, float) or amsgrad:  # torch: torch.maximum(max_exp_avg_sq, exp_avg_sq, out=...)
+            top = state["max_exp_avg_sq"]
+            torch.maximum(top, v, out=top)
+            v = top if isinstance(amsgrad, float) else torch.where(amsgrad > 0, top, v)  # the denominator's
         denom = (v.sqrt() / c["bias2_sqrt"].over(layout, p)).add_(c["eps"].over(layout, p))
         step_size = c["step_size"].over(layout, p)
         if isinstance(step_size, float):  # torch: param.addcdiv_(exp_avg, denom, value=-step_size)
@@ -642,8 +673,8 @@ class Adam(_PerModel):
             state = self.state[w.tensor]
             counts = state["step"].tolist()
             state["step"] += self._active(skipped)  # torch's kernel counts its own copy of the count, below
-            tensors = (w.tensor, w.tensor.grad, state["exp_avg"], state["exp_avg_sq"])
-            for i, four in enumerate(zip(*(w.layout.parts(t, self.n) for t in tensors))):  # type: ignore[arg-type]
+            tensors = [w.tensor, w.tensor.grad, *(state[k] for k in self.MOMENTS if state[k] is not None)]
+            for i, four in enumerate(zip(*(w.layout.parts(t, self.n) for t in tensors))):
                 if i not in skipped:
                     parts[i].append((four, counts[i]))
         for models in alike.values():
@@ -657,7 +688,7 @@ class Adam(_PerModel):
         kernel. The fused kernel reads a non-contiguous view as if it were contiguous (a joined
         part along an inner axis came out wrong): such a part is stepped as a contiguous copy."""
         fused = self.implementation == "fused"
-        lists: List[List[torch.Tensor]] = [[], [], [], []]
+        lists: List[List[torch.Tensor]] = [[], [], [], [], []]
         steps: List[torch.Tensor] = []
         back: List[Tuple[torch.Tensor, torch.Tensor]] = []
         for four, count in parts:
@@ -670,8 +701,10 @@ class Adam(_PerModel):
             device = lists[0][-1].device if fused else torch.device("cpu")  # where torch's Adam keeps its count
             steps.append(torch.tensor(count, dtype=torch.float32, device=device))
         beta1, beta2 = group["betas"]
+        amsgrad = group["amsgrad"]
         self.TORCH_STEP(
-            *lists, [], steps, foreach=not fused, fused=fused, amsgrad=False, beta1=beta1, beta2=beta2,
+            *lists[:4], lists[4] if amsgrad else [], steps, foreach=not fused, fused=fused, amsgrad=amsgrad,
+            beta1=beta1, beta2=beta2,
             lr=group["lr"], weight_decay=group["weight_decay"], eps=group["eps"], maximize=False,
         )  # fmt: skip
         for part, stepped in back:
@@ -693,7 +726,52 @@ class AdamW(Adam):
         betas: Any = (0.9, 0.999),
         eps: Any = 1e-8,
         weight_decay: Any = 1e-2,
+        amsgrad: Any = False,
         implementation: Optional[str] = None,
         **others: Any,
     ):
-        super().__init__(module, lr, betas, eps, weight_decay, implementation, **others)
+        super().__init__(module, lr, betas, eps, weight_decay, amsgrad, implementation, **others)
+
+
+class Adadelta(_PerModel):
+    """torch.optim.Adadelta for each of the N models: lr, rho, eps and weight_decay, each one value
+    or one per model (HFTA's third fused optimizer)."""
+
+    TORCH: ClassVar[Type[torch.optim.Optimizer]] = torch.optim.Adadelta
+    SETTINGS = {"lr": number(0.0), "rho": number(0.0, 1.0), "eps": number(0.0), "weight_decay": number(0.0)}
+    MOMENTS = ("square_avg", "acc_delta")
+
+    def __init__(
+        self,
+        module: nn.Module,
+        lr: Any = 1.0,
+        rho: Any = 0.9,
+        eps: Any = 1e-6,
+        weight_decay: Any = 0.0,
+        implementation: Optional[str] = None,
+        **others: Any,
+    ):
+        super().__init__(module, implementation, lr=lr, rho=rho, eps=eps, weight_decay=weight_decay, **others)
+
+    def _numbers(self, s: Dict[str, torch.Tensor], steps: torch.Tensor) -> Dict[str, Any]:
+        return {
+            "decay": _Numbers(s["weight_decay"]) if s["weight_decay"].any() else None,
+            "rho": _Numbers(s["rho"]),
+            "rho_rest": _Numbers(1 - s["rho"]),
+            "eps": _Numbers(s["eps"]),
+            "lr": _Numbers(s["lr"]),
+        }
+
+    def _update(
+        self, p: torch.Tensor, g: torch.Tensor, state: Dict[str, Any], layout: Layout, c: Dict[str, Any]
+    ) -> None:
+        """torch's single-tensor Adadelta, line by line, with each model's numbers over its part."""
+        if c["decay"] is not None:  # torch: grad.add(param, alpha=weight_decay)
+            g = c["decay"].add_to(g.clone(), p, layout)
+        square, accumulated = state["square_avg"], state["acc_delta"]
+        _mul_addcmul(square, g, g, c["rho"], c["rho_rest"], layout)  # torch: square_avg's, by rho
+        eps = c["eps"].over(layout, p)
+        std = square.add(eps).sqrt_()
+        delta = accumulated.add(eps).sqrt_().div_(std).mul_(g)
+        _mul_addcmul(accumulated, delta, delta, c["rho"], c["rho_rest"], layout)  # torch: acc_delta's
+        c["lr"].add_to(p, delta, layout, sign=-1.0)  # torch: param.add_(delta, alpha=-lr)

@@ -14,6 +14,7 @@ where torch's is 0.0325; parameters 0.20 apart after 8 SGD steps, found by a rev
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any, List
 
 import torch
@@ -28,6 +29,12 @@ def _count(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise WideTesseraError(f"{name}={value!r}: give a positive int")
     return value
+
+
+def _epoch(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < -1:
+        raise WideTesseraError(f"{name}={value!r}: give an int from -1 (not started) up")
+    return int(value)
 
 
 Scheduler = torch.optim.lr_scheduler.LRScheduler
@@ -45,20 +52,45 @@ def _lrs(scheduler: Scheduler) -> List[float]:
 
 
 class StepLR(Scheduler):
-    """torch's StepLR per model: lr times gamma every step_size steps."""
+    """torch's StepLR per model: lr times gamma every step_size steps. Each model may be at its own
+    epoch (HFTA's per-model last_epoch, and `step(epoch=...)` with one epoch or N): `epochs()`
+    says where each is; `last_epoch` is model 0's."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, step_size: Any, gamma: Any = 0.1, last_epoch: int = -1):
+    def __init__(self, optimizer: torch.optim.Optimizer, step_size: Any, gamma: Any = 0.1, last_epoch: Any = -1):
         n = len(optimizer.param_groups)
         self.step_sizes = per_model("step_size", step_size, n, _count)
         self.gammas = per_model("gamma", gamma, n, number(0.0))
-        super().__init__(optimizer, last_epoch)
+        lasts = per_model("last_epoch", last_epoch, n, _epoch)
+        for i, (group, last) in enumerate(zip(optimizer.param_groups, lasts)):
+            if last == -1:  # what torch's scheduler sets where it starts
+                group.setdefault("initial_lr", group["lr"])
+            elif "initial_lr" not in group:  # torch's KeyError
+                raise WideTesseraError(
+                    f"last_epoch={last_epoch!r}: model {i}'s schedule resumes at epoch {last}, and its param group has "
+                    "no 'initial_lr' (the schedule it resumes sets it; or give last_epoch=-1 to start it)"
+                )
+        self.offsets = [last - lasts[0] for last in lasts]  # each model's epoch ahead of model 0's
+        super().__init__(optimizer, lasts[0])
+
+    def epochs(self) -> List[int]:
+        """Each model's epoch."""
+        return [self.last_epoch + offset for offset in self.offsets]
+
+    def step(self, epoch: Any = None) -> None:
+        """One step for every model; `epoch` (torch's deprecated closed form): one epoch for all, or N."""
+        if epoch is not None:
+            epochs = per_model("epoch", epoch, len(self.offsets), _epoch)
+            self.offsets = [e - epochs[0] for e in epochs]
+            epoch = epochs[0]
+        super().step(epoch)
 
     def get_lr(self) -> List[Any]:
-        e = self.last_epoch
-        return [lr * g if e and e % s == 0 else lr for lr, s, g in zip(_lrs(self), self.step_sizes, self.gammas)]
+        lrs = zip(_lrs(self), self.epochs(), self.step_sizes, self.gammas)
+        return [lr * g if e and e % s == 0 else lr for lr, e, s, g in lrs]
 
     def _get_closed_form_lr(self) -> List[Any]:
-        return [b * g ** (self.last_epoch // s) for b, s, g in zip(self.base_lrs, self.step_sizes, self.gammas)]
+        bases = zip(self.base_lrs, self.epochs(), self.step_sizes, self.gammas)
+        return [b * g ** (e // s) for b, e, s, g in bases]
 
 
 class CosineAnnealingLR(Scheduler):
