@@ -34,6 +34,13 @@ def places(tmp_path):
     bad_module = tmp_path / "exits.py"
     bad_module.write_text("import sys\nsys.exit(3)\n")
     (tmp_path / "lazy.py").write_text("def __getattr__(name):\n    raise RuntimeError('boom')\n")
+    (tmp_path / "factories.py").write_text(
+        "import sys, itertools, torch\n"
+        "def quits():\n    sys.exit(0)\n"
+        "rows = itertools.count(2)\n"
+        "def grows():\n    return torch.randn(next(rows), 16)\n"
+        "class Quits(torch.nn.Module):\n    def __init__(self):\n        sys.exit(0)\n"
+    )
     notes = tmp_path / "notes.txt"
     notes.write_text("my notes\n")
     table = tmp_path / "table.json"
@@ -128,6 +135,12 @@ CLI_CASES = [
         "--input-shape '99999999999999999999,16': size 99999999999999999999: expected positive ints up to 2147483647",
     ),
     (["custom", "tests.helpers:Expert", "--input-shape", "0,16", "--n-values", "2"], "size 0: expected positive ints"),
+    # a factory of the user's that exits, or whose input changes shape: found before measuring (issue 67)
+    (["custom", "tests.helpers:Expert", "--kwarg", "d=16", "--input-factory", "factories:quits", "--n-values", "2"],
+     "input_factory() failed: SystemExit: 0"),
+    (["custom", "factories:Quits", "--input-shape", "2,16", "--n-values", "2"], "SystemExit: 0"),
+    (["custom", "tests.helpers:Expert", "--kwarg", "d=16", "--input-factory", "factories:grows", "--n-values", "2"],
+     "input_factory() returned Tensor [2, 16] float32, then Tensor [3, 16] float32: give inputs of one shape"),
     # collectives: checked before any process group, outside torchrun too
     (["collectives", "--ops", "bogus"], "unknown collective 'bogus'"),
     (["collectives", "--min-bytes", "1GiB", "--max-bytes", "1KiB"], "--min-bytes 1GiB is larger than --max-bytes 1KiB"),

@@ -196,6 +196,27 @@ def factory_name(model_class: Callable[..., nn.Module]) -> str:
     return getattr(target, "__name__", type(target).__name__)
 
 
+def _one_input(make_input: Callable[[], Any]) -> Any:
+    """One input from the user's factory, checked; its failure, sys.exit() included (it ended the
+    run with exit status 0 and no output), is one line."""
+    try:
+        x = make_input()
+    except (Exception, SystemExit) as e:  # noqa: BLE001  the user's factory's own error, in one line
+        raise WideTesseraError(f"input_factory() failed: {one_line(e)}") from None
+    if not isinstance(x, (torch.Tensor, tuple, dict)) or not trees.tensors(x):
+        raise WideTesseraError(
+            f"input_factory() returned {type(x).__name__}; give a Tensor, a tuple of positional arguments or a dict "
+            "of keyword arguments, holding tensors"
+        )
+    return x
+
+
+def _form(x: Any) -> str:
+    """An input's kind, and each tensor's shape and dtype: 'Tensor [2, 16] float32'."""
+    shapes = [f"{list(t.shape)} {str(t.dtype).replace('torch.', '')}" for t in trees.tensors(x)]
+    return f"{type(x).__name__} {', '.join(shapes)}"
+
+
 def _check_fits(
     model_class: Callable[..., nn.Module],
     make_input: Callable[[], Any],
@@ -214,7 +235,7 @@ def _check_fits(
             torch.manual_seed(seed)
             try:
                 builds.append(model_class(**model_kwargs))
-            except Exception as e:  # noqa: BLE001  the user's class's own error, in one line
+            except (Exception, SystemExit) as e:  # noqa: BLE001  the user's class's own error, in one line
                 raise WideTesseraError(f"cannot build {name}(**{model_kwargs!r}): {one_line(e)}") from None
         if not isinstance(builds[-1], nn.Module):
             raise WideTesseraError(
@@ -223,14 +244,12 @@ def _check_fits(
             )
     model = builds[0].train(train)
     name = type(model).__name__
-    try:
-        x = make_input()
-    except Exception as e:  # noqa: BLE001  the user's factory's own error, in one line
-        raise WideTesseraError(f"input_factory() failed: {one_line(e)}") from None
-    if not isinstance(x, (torch.Tensor, tuple, dict)) or not trees.tensors(x):
+    x = _one_input(make_input)
+    again = _one_input(make_input)
+    if _form(again) != _form(x):  # the N models' inputs are stacked: every point would fail on it
         raise WideTesseraError(
-            f"input_factory() returned {type(x).__name__}; give a Tensor, a tuple of positional arguments or a dict "
-            "of keyword arguments, holding tensors"
+            f"input_factory() returned {_form(x)}, then {_form(again)}: give inputs of one shape and dtype at every "
+            "call"
         )
     outputs = []
     before = {k: t.clone() for k, t in model.state_dict().items()}
