@@ -86,8 +86,8 @@ def custom_job(
     if not isinstance(train, bool):
         raise WideTesseraError(f"train={train!r}: give True or False")
     if input_factory is not None:
-        if input_shape is not None or input_dtype is not None:
-            raise WideTesseraError("give input_shape (and input_dtype) or input_factory, not both")
+        if input_shape is not None or input_dtype is not None or int_high is not None:
+            raise WideTesseraError("give input_shape (with input_dtype, int_high) or input_factory, not both")
         if not callable(input_factory):
             raise WideTesseraError(f"input_factory={input_factory!r} is not callable; give a function of no arguments")
         make_input = input_factory
@@ -168,6 +168,11 @@ def _input_specs(input_shape: Any, input_dtype: Any, int_high: Optional[int]) ->
                 f"(e.g. an embedding's num_embeddings); got {int_high!r}"
             )
         specs.append((tuple(shape), dtype))
+    if int_high is not None and all(dtype in (None, torch.bool) for _, dtype in specs):  # it was dropped unsaid
+        raise WideTesseraError(
+            f"int_high={int_high!r} (--int-high) bounds integer inputs, and no input is one: give input_dtype "
+            "(--input-dtype) int64 to the inputs it bounds, or leave it out"
+        )
     return specs
 
 
