@@ -132,9 +132,10 @@ CLI_CASES = [
      "RuntimeError: boom"),
     (
         ["custom", "tests.helpers:Expert", "--input-shape", "99999999999999999999,16", "--n-values", "2"],
-        "--input-shape '99999999999999999999,16': size 99999999999999999999: expected positive ints up to 2147483647",
+        "input_shape must be a non-empty tuple of positive ints up to 2147483647 (several inputs: a list of them), "
+        "got (99999999999999999999, 16)",
     ),
-    (["custom", "tests.helpers:Expert", "--input-shape", "0,16", "--n-values", "2"], "size 0: expected positive ints"),
+    (["custom", "tests.helpers:Expert", "--input-shape", "0,16", "--n-values", "2"], "got (0, 16)"),
     # a factory of the user's that exits, or whose input changes shape: found before measuring (issue 67)
     (["custom", "tests.helpers:Expert", "--kwarg", "d=16", "--input-factory", "factories:quits", "--n-values", "2"],
      "input_factory() failed: SystemExit: 0"),

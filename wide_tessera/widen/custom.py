@@ -139,6 +139,11 @@ def custom_wide(
 InputSpec = Tuple[Tuple[int, ...], Optional[torch.dtype]]
 
 
+# The largest size of an input's axis: a size past int64 was torch's own overflow, C++ frames and
+# all, without the value (--input-shape 99999999999999999999,16).
+MAX_SIZE = 2**31 - 1
+
+
 def _input_specs(input_shape: Any, input_dtype: Any, int_high: Optional[int]) -> List[InputSpec]:
     """Each input's shape and dtype, checked: one clear error before any model is built."""
     several = (
@@ -147,10 +152,11 @@ def _input_specs(input_shape: Any, input_dtype: Any, int_high: Optional[int]) ->
     shapes = list(input_shape) if several else [input_shape]
     for shape in shapes:
         ok = isinstance(shape, (tuple, list, torch.Size)) and len(shape) > 0
-        if not ok or any(isinstance(d, bool) or not isinstance(d, int) or d <= 0 for d in shape):
+        if not ok or any(isinstance(d, bool) or not isinstance(d, int) or not 0 < d <= MAX_SIZE for d in shape):
             what = "each input_shape" if several else "input_shape"
             raise WideTesseraError(
-                f"{what} must be a non-empty tuple of positive ints (several inputs: a list of them), got {shape!r}"
+                f"{what} must be a non-empty tuple of positive ints up to {MAX_SIZE} (several inputs: a list of "
+                f"them), got {shape!r}"
             )
     names = input_dtype if isinstance(input_dtype, (list, tuple)) else [input_dtype] * len(shapes)
     if len(names) != len(shapes):
