@@ -529,3 +529,14 @@ def test_a_plain_output_compared_with_a_tensor_is_wrong_not_an_error(out):
 
     check = check_outputs([out], [3], 1e-5)
     assert not check.correct and "where the separate call gave 3" in check.error
+
+
+def test_a_kept_run_continued_by_resume_is_not_its_own_previous_run(tmp_path, monkeypatch):
+    """The advice after Ctrl-C without -o is --resume -o RUNFILE; the run so continued was then
+    compared with itself, 'AGAINST THE PREVIOUS RUN (RUNFILE...)' (issue 67)."""
+    monkeypatch.setenv("WIDE_TESSERA_RUNS", str(tmp_path / "runs"))
+    run = ["benchmark", "gemm", "--preset", "ci", "--device", "cpu", "--budget", "0.005", "--quiet"]
+    assert CliRunner().invoke(cli, [*run, "--n-values", "1"]).exit_code == 0
+    (kept,) = (tmp_path / "runs").glob("*.json")
+    r = CliRunner().invoke(cli, [*run, "--n-values", "1,2", "--resume", "-o", str(kept)])
+    assert r.exit_code == 0 and f"AGAINST THE PREVIOUS RUN ({kept.name}" not in r.output, r.output
