@@ -6,6 +6,7 @@ import os
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
@@ -33,6 +34,13 @@ def places(tmp_path):
     bad_module = tmp_path / "exits.py"
     bad_module.write_text("import sys\nsys.exit(3)\n")
     (tmp_path / "lazy.py").write_text("def __getattr__(name):\n    raise RuntimeError('boom')\n")
+    (tmp_path / "factories.py").write_text(
+        "import sys, itertools, torch\n"
+        "def quits():\n    sys.exit(0)\n"
+        "rows = itertools.count(2)\n"
+        "def grows():\n    return torch.randn(next(rows), 16)\n"
+        "class Quits(torch.nn.Module):\n    def __init__(self):\n        sys.exit(0)\n"
+    )
     notes = tmp_path / "notes.txt"
     notes.write_text("my notes\n")
     table = tmp_path / "table.json"
@@ -124,9 +132,16 @@ CLI_CASES = [
      "RuntimeError: boom"),
     (
         ["custom", "tests.helpers:Expert", "--input-shape", "99999999999999999999,16", "--n-values", "2"],
-        "--input-shape '99999999999999999999,16': size 99999999999999999999: expected positive ints up to 2147483647",
+        "input_shape must be a non-empty tuple of positive ints up to 2147483647 (several inputs: a list of them), "
+        "got (99999999999999999999, 16)",
     ),
-    (["custom", "tests.helpers:Expert", "--input-shape", "0,16", "--n-values", "2"], "size 0: expected positive ints"),
+    (["custom", "tests.helpers:Expert", "--input-shape", "0,16", "--n-values", "2"], "got (0, 16)"),
+    # a factory of the user's that exits, or whose input changes shape: found before measuring (issue 67)
+    (["custom", "tests.helpers:Expert", "--kwarg", "d=16", "--input-factory", "factories:quits", "--n-values", "2"],
+     "input_factory() failed: SystemExit: 0"),
+    (["custom", "factories:Quits", "--input-shape", "2,16", "--n-values", "2"], "SystemExit: 0"),
+    (["custom", "tests.helpers:Expert", "--kwarg", "d=16", "--input-factory", "factories:grows", "--n-values", "2"],
+     "input_factory() returned Tensor [2, 16] float32, then Tensor [3, 16] float32: give inputs of one shape"),
     # collectives: checked before any process group, outside torchrun too
     (["collectives", "--ops", "bogus"], "unknown collective 'bogus'"),
     (["collectives", "--min-bytes", "1GiB", "--max-bytes", "1KiB"], "--min-bytes 1GiB is larger than --max-bytes 1KiB"),
@@ -443,3 +458,85 @@ def test_an_entry_naming_a_strategy_the_op_lacks_does_not_fuse():
     assert not answer.fuse and "gemm has no strategy 'no_such_kernel' (its strategies: bmm, einsum)" in answer.reason
     fused = wt.fuse([nn.Linear(32, 32) for _ in range(4)], table=table)
     assert not fused.decision.fused and "no strategy 'no_such_kernel'" in str(fused.decision)
+
+
+class _CountsRows(nn.Module):  # returns an int beside its tensor
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.lin(x), 3
+
+
+class _Once(nn.Module):  # raises on its second call: N separate first calls succeed
+    def __init__(self):
+        super().__init__()
+        self.lin, self.calls = nn.Linear(4, 4), 0
+
+    def forward(self, x):
+        self.calls += 1
+        if self.calls > 1:
+            raise RuntimeError("called twice")
+        return self.lin(x)
+
+
+def _nan_linear():
+    lin = nn.Linear(4, 4)
+    with torch.no_grad():
+        lin.weight[0, 0] = float("nan")
+    return lin
+
+
+# Modules whose first call through fuse(measure='first-call') was not the separate calls' (issue 67):
+# (what, one module, words the decision must hold, words it must not)
+FIRST_CALL_CASES = [
+    ("a forward returning an int", _CountsRows, "", "Boolean value of Tensor"),
+    ("a module raising on its second call", _Once,
+     "a repeated call of the separate modules raised RuntimeError: called twice", "no strategy"),
+    ("NaN weights", _nan_linear, "unjudgeable: the separate call of model 0 gave NaN or Inf", "no strategy ran"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name,make,said,unsaid", FIRST_CALL_CASES, ids=[c[0] for c in FIRST_CALL_CASES])
+def test_the_first_call_is_the_separate_calls(name, make, said, unsaid, tmp_path):
+    torch.manual_seed(0)
+    modules = [make() for _ in range(4)]
+    separate = [make() for _ in range(4)]
+    for mine, theirs in zip(separate, modules):
+        mine.load_state_dict(theirs.state_dict())
+    fused = wt.fuse(modules, table=tmp_path / "t.json", measure="first-call", time_bound_s=0.05)
+    out = fused.unpack(fused(fused.pack(XS)))
+    want = [m(x) for m, x in zip(separate, XS)]
+    for got, expected in zip(out, want):
+        for g, e in zip(*(t if isinstance(t, tuple) else (t,) for t in (got, expected))):
+            assert g == e if not isinstance(e, torch.Tensor) else torch.allclose(g, e, equal_nan=True)
+    reason = str(fused.decision)
+    assert said in reason and unsaid not in reason, reason
+
+
+def test_measure_first_call_in_train_step_mode_is_one_line():
+    """It was ignored without a word (issue 67)."""
+    with pytest.raises(wt.WideTesseraError, match="measure='first-call' with mode='train_step': a first call"):
+        wt.fuse([nn.Linear(4, 4) for _ in range(2)], measure="first-call", mode="train_step")
+
+
+@pytest.mark.parametrize("out", [torch.tensor([3, 3]), torch.tensor([3.0, 3.0]), np.array([3, 3])], ids=str)
+def test_a_plain_output_compared_with_a_tensor_is_wrong_not_an_error(out):
+    """A wide module that gave a Tensor where the separate call gave an int made the check raise
+    "Boolean value of Tensor with more than one value is ambiguous" (issue 67)."""
+    from wide_tessera.core.correctness import check_outputs
+
+    check = check_outputs([out], [3], 1e-5)
+    assert not check.correct and "where the separate call gave 3" in check.error
+
+
+def test_a_kept_run_continued_by_resume_is_not_its_own_previous_run(tmp_path, monkeypatch):
+    """The advice after Ctrl-C without -o is --resume -o RUNFILE; the run so continued was then
+    compared with itself, 'AGAINST THE PREVIOUS RUN (RUNFILE...)' (issue 67)."""
+    monkeypatch.setenv("WIDE_TESSERA_RUNS", str(tmp_path / "runs"))
+    run = ["benchmark", "gemm", "--preset", "ci", "--device", "cpu", "--budget", "0.005", "--quiet"]
+    assert CliRunner().invoke(cli, [*run, "--n-values", "1"]).exit_code == 0
+    (kept,) = (tmp_path / "runs").glob("*.json")
+    r = CliRunner().invoke(cli, [*run, "--n-values", "1,2", "--resume", "-o", str(kept)])
+    assert r.exit_code == 0 and f"AGAINST THE PREVIOUS RUN ({kept.name}" not in r.output, r.output

@@ -266,6 +266,9 @@ def test_a_random_module_refuses_compile_and_needs_a_randomness_mode():
         (dict(input_shape=(2, 5), input_factory=lambda: torch.zeros(2)), "not both"),
         (dict(input_shape=None, input_factory=lambda: [torch.zeros(2)]), "returned list; give a Tensor, a tuple"),
         (dict(input_shape=(2, 5), randomness="sometimes"), "unknown randomness 'sometimes'"),
+        # a bound no input takes was dropped without a word (issue 67)
+        (dict(input_shape=(2, 5), int_high=50), "int_high=50 .--int-high. bounds integer inputs, and no input is one"),
+        (dict(input_shape=None, input_factory=lambda: torch.zeros(2), int_high=50), "or input_factory, not both"),
     ],
 )
 def test_bad_custom_inputs_are_one_clear_error(kwargs, message):

@@ -339,10 +339,12 @@ def _check_output(path: Optional[str], resume: bool, overwrite: bool, option: st
         )
 
 
-def _against_previous_run(results: List[BenchmarkResult], run_file: str) -> Optional[str]:
+def _against_previous_run(results: List[BenchmarkResult], own: Sequence[Optional[str]]) -> Optional[str]:
     """How this run's crossovers fare in the latest kept run before it that measured some of its
-    ops alike (reports.compare.against_previous); None where none of the last few did."""
-    earlier_runs = [p for p in saved_runs() if p.resolve() != Path(run_file).resolve()]
+    ops alike (reports.compare.against_previous); None where none of the last few did. `own`: the
+    files this run wrote (its kept run, and its -o, a kept run's own file when --resume continued it)."""
+    mine = {Path(path).resolve() for path in own if path is not None}
+    earlier_runs = [p for p in saved_runs() if p.resolve() not in mine]
     for path in reversed(earlier_runs[-_RUNS_LOOKED_BACK:]):
         try:
             earlier = load_results(path)
@@ -513,7 +515,7 @@ def _measure(
         if len(results) > 1:
             click.echo(closing_table(results))
         if run_file is not None:
-            note = _against_previous_run(results, run_file)
+            note = _against_previous_run(results, [run_file, given_output])
             if note is not None:
                 click.echo(note)
         if kept_as is not None:  # -o FILE was written; the runs folder keeps the run too

@@ -151,7 +151,7 @@ def check_outputs(
 def _leaf_error(out: Any, ref: Any, forbidden: Sequence[torch.Tensor]) -> Optional[str]:
     """What is wrong with one leaf of an output, after the words 'output i', or None."""
     if not isinstance(ref, torch.Tensor):  # a plain value the module returns (a count, None): equal or wrong
-        return None if out == ref else f" holds {out!r} where the separate call gave {ref!r}"
+        return None if _equal(out, ref) else f" holds {out!r:.80} where the separate call gave {ref!r:.80}"
     if not isinstance(out, torch.Tensor):
         return f" is a {type(out).__name__}, not a Tensor"
     if out.shape != ref.shape:
@@ -163,6 +163,18 @@ def _leaf_error(out: Any, ref: Any, forbidden: Sequence[torch.Tensor]) -> Option
     if out.is_floating_point() and not torch.isfinite(out).all():
         return " contains NaN or Inf"
     return None
+
+
+def _equal(out: Any, ref: Any) -> bool:
+    """Whether a plain value equals the separate call's. A Tensor where the separate call gave an
+    int is not (vmap returns one: `out == ref` was a Tensor, whose truth raised "Boolean value
+    of Tensor with more than one value is ambiguous"), nor is a value whose == raises."""
+    if isinstance(out, torch.Tensor):
+        return False
+    try:
+        return bool(out == ref)
+    except Exception:  # noqa: BLE001  a value whose == gives no truth (an array) is not the same value
+        return False
 
 
 def _structure(tree: Any) -> str:

@@ -6,6 +6,13 @@ calls (one that differs is never chosen), stops as soon as the decision is settl
 (results.decisions) or the time bound is spent, keeps the winner for every later call, and
 writes the entry to the table file, marked as measured on first use (preset 'first call'),
 so that the next process fuses from it without measuring.
+
+The measurement leaves the modules as they were, so the call it decided then runs as the N
+separate first calls run. Modules that cannot be called again (one that raised on its second
+call made the fused module's first call raise, where N separate first calls succeeded) keep the
+loop, and the decision says why: the call is then the separate calls' own. (The call's output
+is not taken from the separate calls with the measurement after it: a training step's backward
+then ran through the loop, not through the wide module chosen for the steps after it.)
 """
 
 from __future__ import annotations
@@ -15,20 +22,21 @@ import warnings
 from contextlib import contextmanager
 from dataclasses import replace
 from functools import partial
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, TypeVar
 
 import torch
 from torch import nn
 
 from ..core import trees
 from ..core.capabilities import unmet_need
-from ..core.correctness import check_outputs, tolerance
+from ..core.correctness import check_outputs, nonfinite_reference, tolerance
+from ..core.errors import one_line
 from ..core.job import DTYPES
 from ..core.roles import BASELINE
 from ..core.stats import paired_ratio
 from ..measurement.modes import preserved
 from ..measurement.settings import RunSettings
-from ..measurement.timing import TimedFunctionError, TimingConfig, measure_paired
+from ..measurement.timing import TimedFunctionError, TimingConfig, measure_paired, once_s
 from ..results.decisions import Call, decide, level_of, stop_rule
 from ..results.manifest import now
 from ..widen.functional import HostGenerators
@@ -37,6 +45,8 @@ from .handover import replaced
 from .table import FIRST_CALL, Case, DispatchEntry, Match, NVerdict, measured_entry, merge_entries
 
 __all__ = ["FirstCall"]
+
+T = TypeVar("T")
 
 # Until the first call has measured, what the decision says.
 _UNDECIDED = "no measured entry: the first call measures the loop against the strategies and decides"
@@ -78,7 +88,10 @@ class FirstCall(Fused):
         if not self._decided and _on_meta(inputs, self._given):
             return tuple(self._loop(list(inputs)))  # nothing on the meta device can be timed: decide on a real call
         if not self._decided:
-            self._decide(list(inputs))
+            try:
+                self._decide(list(inputs))
+            except _NotRepeatable as e:  # the modules are as they were: this call is their first
+                self._run_the_loop(f"not measured on its first call: {e}; runs the loop")
         wide: Any = self.runs  # a wide module: pack, call, unpack (nn.Module's typing cannot say so)
         if self.strategy is None:
             return tuple(wide(inputs))
@@ -87,16 +100,19 @@ class FirstCall(Fused):
     def _loop(self, inputs: List[Any]) -> List[Any]:
         return trees.call_each(self._given, inputs)
 
-    def _one_call_s(self, x: Any) -> float:
+    def _repeat(self, call: Callable[[], T]) -> T:
+        """A call of the user's modules made again to measure them; what it raises is _NotRepeatable."""
+        try:
+            return call()
+        except Exception as e:  # noqa: BLE001  the modules' own error: they cannot be measured
+            raise _NotRepeatable(e) from None
+
+    def _one_call_s(self, x: Any, device: str) -> float:
         """The seconds a warm call of the first model takes (the fastest of three after one; its
         state as it was before)."""
         with preserved(self._given[:1]):
             copies = [trees.clone(x) for _ in range(4)]
-            times = []
-            for copy in copies:
-                started = time.perf_counter()
-                trees.call(self._given[0], copy)
-                times.append(time.perf_counter() - started)
+            times = [self._repeat(partial(once_s, partial(trees.call, self._given[0], c), device)) for c in copies]
         return min(times[1:])
 
     def _reference(self, inputs: List[Any], undo: Callable[[], None], until: float) -> Tuple[List[Any], float]:
@@ -107,13 +123,13 @@ class FirstCall(Fused):
         under `preserved` too: the one chosen then runs from those (a wide module built after the
         separate calls, and checked as it was, held BatchNorm's statistics of three batches after
         the first call's one)."""
-        started = time.perf_counter()
-        reference = self._loop([trees.clone(x) for x in inputs])
-        loop_s = time.perf_counter() - started
+        device = str(inputs_device(inputs))
+        copies = [trees.clone(x) for x in inputs]
+        reference: List[Any] = []
+        loop_s = self._repeat(partial(once_s, lambda: reference.extend(self._loop(copies)), device))
         if time.perf_counter() < until:
-            started = time.perf_counter()
-            self._loop([trees.clone(x) for x in inputs])
-            loop_s = time.perf_counter() - started
+            copies = [trees.clone(x) for x in inputs]
+            loop_s = self._repeat(partial(once_s, partial(self._loop, copies), device))
         undo()
         return reference, loop_s
 
@@ -158,7 +174,7 @@ class FirstCall(Fused):
         with torch.no_grad(), torch.random.fork_rng(_cuda_devices(device)), _python_rng_kept():
             # N times one model's call, before the state of all N is taken: 10,000 Linears spent
             # 0.28 s, over five times a 0.05 s bound, on a call of the loop that could not be timed
-            guess_s = self.n * self._one_call_s(inputs[0])
+            guess_s = self.n * self._one_call_s(inputs[0], device)
             if not self._fits(started, guess_s):
                 self._keep_the_loop(started, guess_s)
                 return
@@ -166,6 +182,10 @@ class FirstCall(Fused):
             # left it at inf, and the call's own run then started from that; found by a review)
             with preserved(self._given, trees.tensors(inputs)) as undo:
                 reference, loop_s = self._reference(inputs, undo, started + 2 * self._bound)
+                unjudgeable = nonfinite_reference(reference)
+                if unjudgeable is not None:  # NaN weights: every strategy's NaN would match, or none would
+                    self._run_the_loop(f"not measured on its first call: {unjudgeable}; runs the loop")
+                    return
                 if not self._fits(started, loop_s):
                     self._keep_the_loop(started, loop_s)
                     return
@@ -222,20 +242,21 @@ class FirstCall(Fused):
                 return measure_paired(timed, device, settings.timing, stop=stop).stats
             except TimedFunctionError as e:
                 if e.name == BASELINE:
-                    if hasattr(e.error, "add_note"):  # Python 3.11 and later
-                        e.error.add_note("raised by a repeated call of the separate modules: the first call times them")
-                    raise e.error from None
+                    raise _NotRepeatable(e.error) from None
                 del timed[e.name], candidates[e.name]
 
     def _keep_the_loop(self, started: float, loop_s: float) -> None:
         """Decide for the loop without measuring: timing would take the first call past twice its
         time bound (10,000 Linears took 26.8 s against a bound of 0.5 s, building and checking
         every strategy, then timing a loop of 94 ms a call). Nothing is written to the table."""
-        reason = (
+        self._run_the_loop(
             f"not measured on its first call: timing would take about {self._needed_s(loop_s):.2f} s after "
             f"{time.perf_counter() - started:.2f} s spent, past twice the time bound of {self._bound:g} s; runs the "
             "loop (a larger time_bound_s, or `wide_tessera tune` ahead of time, measures it)"
         )
+
+    def _run_the_loop(self, reason: str) -> None:
+        """Decide for the loop, unmeasured, for `reason`; nothing is written to the table."""
         self.decision = replace(self.decision, match=Match(False, None, (), None, None, reason))
         self._decided = True
 
@@ -247,6 +268,13 @@ class FirstCall(Fused):
         verdicts = [NVerdict(self._case.n, call.kind, best, speedup)]
         versions: Dict[str, Optional[str]] = {"torch": str(torch.__version__)}
         return measured_entry(self._case, verdicts, now(), versions, torch.get_num_threads(), FIRST_CALL)
+
+
+class _NotRepeatable(Exception):
+    """The separate modules raised on a call the measurement made again: they cannot be measured."""
+
+    def __init__(self, error: Exception):
+        super().__init__(f"a repeated call of the separate modules raised {one_line(error)}")
 
 
 def _timing(share_s: float) -> TimingConfig:

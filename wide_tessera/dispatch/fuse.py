@@ -111,7 +111,7 @@ def fuse(
         answer = Match(False, None, (), None, None, f"{unmeasurable}: not fused")
     else:
         answer = decide(loaded, case, trials.known(), trials.needs, _device(modules[0]))
-        if not answer.entries and measure == "first-call" and mode == "inference":
+        if not answer.entries and measure == "first-call":
             return FirstCall(modules, trials, case, _table_file(table), time_bound_s, source)
         if not answer.entries:
             _warn_untuned(case, source)
@@ -224,6 +224,11 @@ def _check_options(
     check_bool("cuda_graph", cuda_graph)
     if measure not in MEASURES:
         raise unknown("measure", measure, MEASURES)
+    if measure == "first-call" and mode != "inference":  # it was ignored without a word
+        raise WideTesseraError(
+            f"measure='first-call' with mode={mode!r}: a first call measures a forward, not a training step; give "
+            f"measure='table' (`wide_tessera tune --mode {mode}` measures it ahead of time)"
+        )
     check_number("time_bound_s", time_bound_s, 0, 3600, what="a number of seconds")
 
 

@@ -34,6 +34,7 @@ __all__ = [
     "PairedTimings",
     "measure",
     "measure_paired",
+    "once_s",
     "StopRule",
     "Look",
     "timer_name",
@@ -104,6 +105,19 @@ class TimingConfig:
         check_number("target_rel_ci", self.target_rel_ci, 0, 1, high_ok=False, what="a fraction")
         check_number("min_sample_s", self.min_sample_s, 0, 1, low_ok=True, what="a number of seconds")
         check_bool("cuda_graph", self.cuda_graph)
+
+
+def once_s(call: Callable[[], object], device: str) -> float:
+    """Seconds one call of `call` takes on `device`, to its end: on a GPU the device is synchronized
+    before and after, or the call would be timed to its launch (a first call's one-call estimate
+    once judged its time bound so). For a compiled callable's first call, its compilation."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+    started = time.perf_counter()
+    call()
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - started
 
 
 def measure(fn: Fn, device: str = "cpu", config: Optional[TimingConfig] = None) -> TimingStats:

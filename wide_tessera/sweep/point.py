@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import gc
-import time
 import warnings
 from dataclasses import dataclass, replace
 from functools import partial
@@ -43,7 +42,7 @@ from ..measurement.modes import TRAINING_MODES, Side
 from ..measurement.recipe import Recipe
 from ..measurement.settings import RunSettings
 from ..measurement.stages import StageObserver, StageTimeout, stage_limit
-from ..measurement.timing import NotCapturable, PairedTimings, TimedFunctionError, measure_paired
+from ..measurement.timing import NotCapturable, PairedTimings, TimedFunctionError, measure_paired, once_s
 from ..measurement.traces import trace_name, write_traces
 from ..results import analysis
 from ..results.decisions import level_of, stop_rule
@@ -252,7 +251,7 @@ class _PointMeasurement:
                 # The first call (handles, workspaces: cuBLAS's 33 MiB on an H100) is not steady state.
                 with modes.preserved(modules):
                     loop = partial(trees.call_each, modules, _clones(draws[0]))
-                    self.first_call_s[BASELINE] = _first_call_s(loop, self.device)
+                    self.first_call_s[BASELINE] = once_s(loop, self.device)
                 for i, inputs in enumerate(draws):
                     given = _clones(inputs)
                     with modes.preserved(modules):
@@ -383,7 +382,7 @@ class _PointMeasurement:
             with self.stage("check", name), warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 with modes.preserved(side.modules):
-                    self.first_call_s[name] = _first_call_s(self.timed_of(side), self.device)
+                    self.first_call_s[name] = once_s(self.timed_of(side), self.device)
                 checked_side = candidate.check_side or side
                 draw_checks = [
                     self.check_draw(checked_side, candidate.join, i, _clones(x)) for i, x in enumerate(self.draws)
@@ -511,17 +510,6 @@ def _graphed_side(loop: Callable, capture_inputs: Sequence[torch.Tensor]) -> Sid
         return graphed[0].inputs
 
     return Side(lambda _: graphed[0].replay(), load, list, [])
-
-
-def _first_call_s(call: Callable[[], object], device: str) -> float:
-    """Seconds the first call took: for a compiled callable, its compilation."""
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
-    started = time.perf_counter()
-    call()
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter() - started
 
 
 def _measure_until_healthy(

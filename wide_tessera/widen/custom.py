@@ -88,8 +88,8 @@ def custom_job(
     if not isinstance(train, bool):
         raise WideTesseraError(f"train={train!r}: give True or False")
     if input_factory is not None:
-        if input_shape is not None or input_dtype is not None:
-            raise WideTesseraError("give input_shape (and input_dtype) or input_factory, not both")
+        if input_shape is not None or input_dtype is not None or int_high is not None:
+            raise WideTesseraError("give input_shape (with input_dtype, int_high) or input_factory, not both")
         if not callable(input_factory):
             raise WideTesseraError(f"input_factory={input_factory!r} is not callable; give a function of no arguments")
         make_input = input_factory
@@ -144,6 +144,11 @@ def custom_wide(
 InputSpec = Tuple[Tuple[int, ...], Optional[torch.dtype]]
 
 
+# The largest size of an input's axis: a size past int64 was torch's own overflow, C++ frames and
+# all, without the value (--input-shape 99999999999999999999,16).
+MAX_SIZE = 2**31 - 1
+
+
 def _input_specs(input_shape: Any, input_dtype: Any, int_high: Optional[int]) -> List[InputSpec]:
     """Each input's shape and dtype, checked: one clear error before any model is built."""
     several = (
@@ -152,10 +157,11 @@ def _input_specs(input_shape: Any, input_dtype: Any, int_high: Optional[int]) ->
     shapes = list(input_shape) if several else [input_shape]
     for shape in shapes:
         ok = isinstance(shape, (tuple, list, torch.Size)) and len(shape) > 0
-        if not ok or any(isinstance(d, bool) or not isinstance(d, int) or d <= 0 for d in shape):
+        if not ok or any(isinstance(d, bool) or not isinstance(d, int) or not 0 < d <= MAX_SIZE for d in shape):
             what = "each input_shape" if several else "input_shape"
             raise WideTesseraError(
-                f"{what} must be a non-empty tuple of positive ints (several inputs: a list of them), got {shape!r}"
+                f"{what} must be a non-empty tuple of positive ints up to {MAX_SIZE} (several inputs: a list of "
+                f"them), got {shape!r}"
             )
     names = input_dtype if isinstance(input_dtype, (list, tuple)) else [input_dtype] * len(shapes)
     if len(names) != len(shapes):
@@ -173,6 +179,11 @@ def _input_specs(input_shape: Any, input_dtype: Any, int_high: Optional[int]) ->
                 f"(e.g. an embedding's num_embeddings); got {int_high!r}"
             )
         specs.append((tuple(shape), dtype))
+    if int_high is not None and all(dtype in (None, torch.bool) for _, dtype in specs):  # it was dropped unsaid
+        raise WideTesseraError(
+            f"int_high={int_high!r} (--int-high) bounds integer inputs, and no input is one: give input_dtype "
+            "(--input-dtype) int64 to the inputs it bounds, or leave it out"
+        )
     return specs
 
 
@@ -201,6 +212,27 @@ def factory_name(model_class: Callable[..., nn.Module]) -> str:
     return getattr(target, "__name__", type(target).__name__)
 
 
+def _one_input(make_input: Callable[[], Any]) -> Any:
+    """One input from the user's factory, checked; its failure, sys.exit() included (it ended the
+    run with exit status 0 and no output), is one line."""
+    try:
+        x = make_input()
+    except (Exception, SystemExit) as e:  # noqa: BLE001  the user's factory's own error, in one line
+        raise WideTesseraError(f"input_factory() failed: {one_line(e)}") from None
+    if not isinstance(x, (torch.Tensor, tuple, dict)) or not trees.tensors(x):
+        raise WideTesseraError(
+            f"input_factory() returned {type(x).__name__}; give a Tensor, a tuple of positional arguments or a dict "
+            "of keyword arguments, holding tensors"
+        )
+    return x
+
+
+def _form(x: Any) -> str:
+    """An input's kind, and each tensor's shape and dtype: 'Tensor [2, 16] float32'."""
+    shapes = [f"{list(t.shape)} {str(t.dtype).replace('torch.', '')}" for t in trees.tensors(x)]
+    return f"{type(x).__name__} {', '.join(shapes)}"
+
+
 def _check_fits(
     model_class: Callable[..., nn.Module],
     make_input: Callable[[], Any],
@@ -219,7 +251,7 @@ def _check_fits(
             torch.manual_seed(seed)
             try:
                 builds.append(model_class(**model_kwargs))
-            except Exception as e:  # noqa: BLE001  the user's class's own error, in one line
+            except (Exception, SystemExit) as e:  # noqa: BLE001  the user's class's own error, in one line
                 raise WideTesseraError(f"cannot build {name}(**{model_kwargs!r}): {one_line(e)}") from None
         if not isinstance(builds[-1], nn.Module):
             raise WideTesseraError(
@@ -228,14 +260,12 @@ def _check_fits(
             )
     model = builds[0].train(train)
     name = type(model).__name__
-    try:
-        x = make_input()
-    except Exception as e:  # noqa: BLE001  the user's factory's own error, in one line
-        raise WideTesseraError(f"input_factory() failed: {one_line(e)}") from None
-    if not isinstance(x, (torch.Tensor, tuple, dict)) or not trees.tensors(x):
+    x = _one_input(make_input)
+    again = _one_input(make_input)
+    if _form(again) != _form(x):  # the N models' inputs are stacked: every point would fail on it
         raise WideTesseraError(
-            f"input_factory() returned {type(x).__name__}; give a Tensor, a tuple of positional arguments or a dict "
-            "of keyword arguments, holding tensors"
+            f"input_factory() returned {_form(x)}, then {_form(again)}: give inputs of one shape and dtype at every "
+            "call"
         )
     outputs = []
     before = {k: t.clone() for k, t in model.state_dict().items()}
