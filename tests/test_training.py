@@ -439,7 +439,10 @@ def test_every_ops_wide_module_gives_the_n_models_back(op, strategy):
     params = next(iter(cls.BENCHMARK_SWEEPS["ci"].param_grid()))
     torch.manual_seed(0)
     models = [cls.bench_model(**params) for _ in range(3)]
-    wide = cls.from_modules(models, strategy)
+    try:
+        wide = cls.from_modules(models, strategy)
+    except NotApplicable:  # an inference-only strategy (lora's peft): the models in eval
+        wide = cls.from_modules([m.eval() for m in models], strategy)
     assert set(slots_of(wide)) == set(wide.state_dict())
     for state, m in zip(model_state_dicts(wide, 3, models), models):
         assert list(state) == list(m.state_dict())

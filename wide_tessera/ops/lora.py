@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 from functools import lru_cache
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -132,7 +132,10 @@ class WideLoRA(WideOp, nn.Module):
         # None: as many tokens for every adapter, whatever comes (a model's stacked batches)
         self.sizes: Optional[List[int]] = None
         self.register_buffer("group_sizes", torch.zeros(n, dtype=torch.int32, device=weight.device), persistent=False)
-        self.peft: Optional[nn.Module] = None
+        # PEFT's model of the same tensors (the 'peft' strategy), held outside the module tree: its
+        # adapters are copies, which state_dict, .to() and the models given back must not see; it is
+        # built again whenever the adapters it copied have changed (`_peft`).
+        self._peft_built: Tuple[Any, ...] = ()
 
     @classmethod
     def from_modules(cls, modules: Sequence[nn.Module], strategy: Optional[str] = None) -> "WideLoRA":
@@ -161,8 +164,6 @@ class WideLoRA(WideOp, nn.Module):
         if wide.strategy in ("peft", "triton") and first.training:
             why = "PEFT refuses adapter_names= in training" if wide.strategy == "peft" else "the kernel has no backward"
             raise NotApplicable(f"inference only ({why})")
-        if wide.strategy == "peft":
-            wide.peft = _peft_model(wide)
         return wide
 
     def model_slots(self) -> Dict[str, Slot]:
@@ -224,9 +225,14 @@ class WideLoRA(WideOp, nn.Module):
 
     def _peft(self, x: torch.Tensor) -> torch.Tensor:
         """PEFT's mixed batch: the N batches as N sequences, each named with its adapter."""
-        assert self.peft is not None
+        made_of = tuple((t, t._version, t.device, t.dtype) for t in (self.lora_A, self.lora_B, *self.base.parameters()))
+        if not self._peft_built or any(
+            a is not b or va != vb or da != db or ta != tb
+            for (a, va, da, ta), (b, vb, db, tb) in zip(self._peft_built[1], made_of)
+        ):
+            self._peft_built = (_peft_model(self), made_of)
         names = [f"adapter{i}" for i in range(self.n)]
-        return self.peft(x.view(self.n, -1, x.shape[-1]), adapter_names=names)
+        return self._peft_built[0](x.view(self.n, -1, x.shape[-1]), adapter_names=names)
 
     @classmethod
     def work(cls, n: int, hidden: int, rank: int, tokens: int, **params: Any) -> Work:

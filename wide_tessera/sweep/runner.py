@@ -22,7 +22,7 @@ from ..measurement.energy import energy_unavailable
 from ..measurement.health import load_remedy
 from ..measurement.memory import memory_method
 from ..measurement.roofline import Peaks, load_or_calibrate
-from ..measurement.settings import RunSettings
+from ..measurement.settings import CONTROLS_AT, RunSettings
 from ..measurement.timing import timer_name
 from ..results import analysis
 from ..results.manifest import Manifest, capture_manifest, now
@@ -147,7 +147,9 @@ class JobRun:
         # are independent measurements, as two runs of the tool would be: the same seed rebuilt
         # the same weights, inputs and allocations, and a difference that came from them (an
         # input's alignment, one draw of routing) agreed with itself in both passes.
-        self.again = dataclasses.replace(settings, controls=False, energy=False, seed=settings.seed + 1)
+        self.again = dataclasses.replace(
+            settings, controls=False, controls_at=CONTROLS_AT[0], energy=False, seed=settings.seed + 1
+        )
         self.stopped: Optional[str] = None  # why the first pass stopped early
 
     def step(self, one_pass: Callable[[], None]) -> None:
