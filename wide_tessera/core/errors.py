@@ -133,7 +133,7 @@ def vmap_limitation(error: BaseException) -> Optional[str]:
     if not isinstance(error, RuntimeError) or not _VMAP_LIMITS.match(text):
         return None
     said = f"torch's vmap cannot run it: {one_line(error)[:300]}"
-    if _BRANCH in text:  # found by a review: a tiny LlamaForCausalLM ran, until the N models' masks differed
+    if _BRANCH in text:  # a tiny LlamaForCausalLM ran, until the N models' masks differed
         said += (
             " (a branch on a value of the models' tensors, which vmap cannot take per model: transformers' SDPA "
             "attention masks branch so where the models' masks differ; the surgery strategy or the loop runs them)"

@@ -35,7 +35,7 @@ def putting_back(modules: Sequence[nn.Module]) -> Callable[[], None]:
     (a list the user also holds, a dict two modules share) holding what it holds now; one a
     module sets later is taken away. A copy per module broke both: the user's log no longer the
     module's, and a schedule shared by a parent and its child split in two, the child's stuck at
-    its first step (0.34 further off the separate models at every call; found by a review)."""
+    its first step (0.34 further off the separate models at every call)."""
     held = [(m, dict(vars(m))) for m in modules]  # every attribute, as the object it is
     plain = [{k: v for k, v in attributes.items() if is_plain_value(k, v)} for _, attributes in held]
     contents = copy.deepcopy(plain)  # one copy of all: what is shared stays shared

@@ -80,7 +80,7 @@ def _text(path: Path) -> str:
 def resolve_run(name: str) -> Path:
     """A file the user names: a path that exists, `@-K` (the K-th latest run), the start of a
     run's file name or id, or the run id of a result in it (each op of one command has its own:
-    a markdown report names it, and `show` of it found nothing; found by a review); one line,
+    a markdown report names it, and `show` of it found nothing); one line,
     naming what there is, when nothing matches."""
     if Path(name).exists():
         return Path(name)

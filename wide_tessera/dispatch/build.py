@@ -281,7 +281,7 @@ def _held_as(model: nn.Module, state: Dict[str, Any]) -> None:
     a .to(), say): each its state's, and a tensor the state lacks (a buffer not saved: rotary
     tables) on that device, and in the floating dtype of the state's where it has one. One dtype
     for all, the first tensor's, made a model with a float64 buffer float64 throughout, and it
-    failed on its float32 input (found by a review)."""
+    failed on its float32 input."""
     tensors = list(state.values())
     floating = {t.dtype for t in tensors if t.is_floating_point()}
     for name, t in [*model.named_parameters(), *model.named_buffers()]:

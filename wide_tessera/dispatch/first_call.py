@@ -179,7 +179,7 @@ class FirstCall(Fused):
                 self._keep_the_loop(started, guess_s)
                 return
             # (the loop is timed on the user's inputs: a forward that scales its input in place
-            # left it at inf, and the call's own run then started from that; found by a review)
+            # left it at inf, and the call's own run then started from that)
             with preserved(self._given, trees.tensors(inputs)) as undo:
                 reference, loop_s = self._reference(inputs, undo, started + 2 * self._bound)
                 unjudgeable = nonfinite_reference(reference)
@@ -296,7 +296,7 @@ def _on_meta(inputs: Sequence[Any], modules: Sequence[nn.Module]) -> bool:
 @contextmanager
 def _python_rng_kept() -> Iterator[None]:
     """Python's and NumPy's global generators as they were: a model drawing from them moved them on
-    at every measured call, and the user's next random.random() was another (found by a review)."""
+    at every measured call, and the user's next random.random() was another."""
     kept = HostGenerators()
     try:
         yield

@@ -77,8 +77,7 @@ def _carry_gradients(wide: torch.Tensor, layout: Layout, params: List[Optional[t
     """The gradients the N models' tensors hold (accumulated before the first call) carried onto the
     wide tensor that now holds them, and taken off the models': they stayed on tensors that no
     longer run, the wide module's backward started from zero, and an optimizer made before the
-    call stepped the stale ones (a weight ended at -0.0013 where the separate models' is -0.158;
-    found by a review)."""
+    call stepped the stale ones (a weight ended at -0.0013 where the separate models' is -0.158)."""
     grads = [p.grad if p is not None else None for p in params]
     if all(g is None for g in grads):
         return

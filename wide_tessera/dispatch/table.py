@@ -269,8 +269,7 @@ def merge_entries(path: Union[str, Path], entries: Sequence[DispatchEntry]) -> N
 
 def merge_into(path: Union[str, Path], result: BenchmarkResult) -> str:
     """Merge `result`'s entries into the table at `path`; what was merged, in one line, or why
-    nothing was: an op whose run stopped early is left out (said, not left out silently: found by
-    a review)."""
+    nothing was: an op whose run stopped early is left out (said, not left out silently)."""
     if not result.complete:
         return (
             f"dispatch table {path}: {result.op} not merged: its run stopped before every point was measured; "

@@ -2,7 +2,7 @@
 
 The interpreter checks what a kernel computes, never whether it compiles: a loop whose
 carried type changed (int64 group sizes) passed every interpreter test and failed to
-compile only on an H100 (commit 44aba56). `triton.compile` builds from the source for a
+compile only on an H100. `triton.compile` builds from the source for a
 named target with no device, and the ptxas that ships with triton reports registers and
 spills, so CI can build every autotune config for Hopper.
 

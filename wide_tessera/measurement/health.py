@@ -306,7 +306,7 @@ def _cpu_freq_ratio() -> Optional[float]:
 def usable_cpus() -> List[int]:
     """The CPUs this process may run on (taskset's), where the system says; else all of them.
     Counted over all, a run under `taskset -c 0` beside a loop on its one CPU was told the
-    machine had a core free, and took two threads (found by a review)."""
+    machine had a core free, and took two threads."""
     if hasattr(os, "sched_getaffinity"):
         return sorted(os.sched_getaffinity(0))
     return list(range(psutil.cpu_count() or 1))

@@ -299,7 +299,7 @@ def preserved(modules: Sequence[nn.Module], tensors: Sequence[torch.Tensor] = ()
     # measurement left it stepped once a timed call: outputs 644 off the separate models')
     held = [(sub, dict(sub._buffers)) for sub in subs]
     # and each plain value a module keeps (core.kept: a call counter, self.calls += 1, was left at
-    # 622 after a first call; found by a review)
+    # 622 after a first call)
     put_back = putting_back(subs)
 
     def restore() -> None:

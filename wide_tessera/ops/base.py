@@ -430,7 +430,7 @@ def layout_of(module: nn.Module) -> Dict[str, Any]:
 
 _UNCOMPARED = object()
 # a NaN setting, as it is compared: NaN equals no NaN, and N models each keeping one were refused
-# as models of different configurations (found by a review)
+# as models of different configurations
 _NOT_A_NUMBER = object()
 
 
@@ -438,7 +438,7 @@ def _setting(value: Any) -> Any:
     """A setting as it is compared: numbers, text, flags, dtypes, slices, and tuples, lists and
     dicts of them, by value; a tensor that is neither a parameter nor a buffer (model 0's is the one
     run), by its values; _UNCOMPARED for other objects: two equal ones of a class without __eq__
-    would differ by identity. (Dicts, tensors in them and slices were not compared: a review's
+    would differ by identity. (Dicts, tensors in them and slices were not compared: such
     models ran model 0's, 1.35 and 4.23 off.)"""
     if isinstance(value, torch.Tensor):
         return _TensorAttribute(value)
@@ -462,14 +462,13 @@ class _TensorLayout(NamedTuple):
     dtype: torch.dtype
     device: torch.device
     # one stacked tensor trains or not: torch's stack_module_state raised "Expected fc1.weight from
-    # each model to have the same .requires_grad" (found by a review)
+    # each model to have the same .requires_grad"
     requires_grad: bool
 
 
 class _TensorAttribute:
     """A tensor a module keeps as a plain attribute, compared by value: stacking and vmap see only
-    parameters and buffers, and ran model 0's for all N (a per-model table: 0.97 off; found by a
-    review)."""
+    parameters and buffers, and ran model 0's for all N (a per-model table: 0.97 off)."""
 
     def __init__(self, tensor: torch.Tensor):
         self.tensor = tensor
@@ -482,7 +481,7 @@ class _TensorAttribute:
             return False
         if torch.equal(a, b):
             return True
-        # NaN where the other has NaN is the same value (torch.equal says not: found by a review)
+        # NaN where the other has NaN is the same value (torch.equal says not)
         nan = a.isnan() if a.is_floating_point() else None
         if nan is None or not torch.equal(nan, b.isnan()):
             return False

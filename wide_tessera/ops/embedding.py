@@ -68,7 +68,7 @@ class WideEmbedding(WideOp, nn.Module):
                 padding_idx=m.padding_idx,
             ),
         )
-        # (scale_grad_by_freq was ignored: every model's gradient off, by up to 12.7; found by a review)
+        # (scale_grad_by_freq was ignored: every model's gradient off, by up to 12.7)
         if config.pop("max_norm") is not None or config.pop("sparse") or config.pop("scale_grad_by_freq"):
             raise WideTesseraError(
                 "WideEmbedding fuses embeddings without max_norm (it renormalizes in place), sparse gradients or "

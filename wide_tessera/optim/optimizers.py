@@ -255,7 +255,7 @@ class _PerModel(torch.optim.Optimizer):
         the same over each part: its vectorised loop and its tail round apart), and numbers held
         as float32 tensors kept intermediates in float32 where torch's Python floats round each to
         16 bits: bfloat16 parts ended an ulp or two apart in five steps, float16 ones finite where
-        torch's divided by an eps that is 0 in 16 bits (found by a review)."""
+        torch's divided by an eps that is 0 in 16 bits."""
         assert p.grad is not None
         if p.element_size() >= 4:
             self._update(p, p.grad, state, layout, c)
@@ -266,7 +266,7 @@ class _PerModel(torch.optim.Optimizer):
             if mine is None:  # the tensor is another model's alone
                 continue
             # each part as torch steps a model's own tensor, contiguous: a channels_last part's
-            # bfloat16 add_ rounded apart from a contiguous one's (found by a review)
+            # bfloat16 add_ rounded apart from a contiguous one's
             parts = {"p": mine, "g": grad, **{k: t[i] for k, t in shaped.items()}}
             work = {k: t.contiguous() for k, t in parts.items()}  # type: ignore[union-attr]
             numbers = {k: x and x.model(i) for k, x in c.items()}

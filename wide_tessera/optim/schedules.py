@@ -8,7 +8,7 @@ Each steps each model's lr as torch's scheduler of the same name steps it: from 
 stands (what ChainedScheduler, or two schedulers stepped each step, multiply), and in closed
 form only where torch is (an epoch given to step(); SequentialLR's milestones). As closed-form
 LambdaLRs they overwrote the lr: chained with a warm-up, the warm-up was lost (model 0's lr 0.1
-where torch's is 0.0325; parameters 0.20 apart after 8 SGD steps, found by a review).
+where torch's is 0.0325; parameters 0.20 apart after 8 SGD steps).
 """
 
 from __future__ import annotations

@@ -75,8 +75,8 @@ def trace_fx(model: nn.Module) -> fx.GraphModule:
         raise NotApplicable("torch.fx traces forward alone, and the model has hooks registered")
     concrete = dict.fromkeys(none_defaults(model)) or None
     # a graph of each mode: torch.fx reads `self.training` as the Python value it is, and a
-    # fused.eval() ran the train branch (dropout, a branch on self.training) for good (found by a
-    # review); a graph that differs between them is torch.export's to capture, one per mode
+    # fused.eval() ran the train branch (dropout, a branch on self.training) for good; a graph that
+    # differs between them is torch.export's to capture, one per mode
     graphs, original = [], model
     for training in (False, True):
         model = copy.deepcopy(original).train(training)
@@ -89,7 +89,7 @@ def trace_fx(model: nn.Module) -> fx.GraphModule:
     if str(graphs[0]) != str(graph):
         raise NotApplicable("torch.fx traces one mode, and the model's forward differs between train and eval")
     # `self.steps += 1` on a buffer: a proxy has no in-place add, so torch.fx traced an add and
-    # assigned its result to the buffer, and the update was never in the graph (found by a review)
+    # assigned its result to the buffer, and the update was never in the graph
     assigned = [f"{path}.{name}".lstrip(".") for path, m in model.named_modules()
                 for name, b in m._buffers.items() if b is not None and id(b) not in buffers]  # fmt: skip
     if assigned:
@@ -106,7 +106,7 @@ class _Tracer(fx.Tracer):
     # A buffer read in forward is a graph input, as a parameter is: torch.fx's default ran what is
     # computed of a buffer alone at trace time, on the traced model's, and kept the result as a
     # constant for all N (`x * self.log_scale.exp()`: models 1 and 2 off by 1.39 and 1.01), and left
-    # an update in place (`self.ema.mul_(0.5)`) out of the graph (found by a review)
+    # an update in place (`self.ema.mul_(0.5)`) out of the graph
     proxy_buffer_attributes = True
 
     def __init__(self, fused: Tuple[type, ...]):
@@ -223,7 +223,7 @@ def probe_call(model: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) 
     cannot keep and torch.export does not say: a number the forward sets (torch.export puts the
     module's attributes back), and a trained parameter read with gradients off (a teacher under
     `with torch.no_grad():`: the graph keeps no grad mode, and trained what the models keep
-    fixed, a teacher's weights got gradients of 54; found by a review); and, where torch.export
+    fixed, a teacher's weights got gradients of 54); and, where torch.export
     says it less clearly, an output it cannot give."""
     probe = copy.deepcopy(model)
     mode = _TrainedWithoutGradient({id(p): name for name, p in probe.named_parameters() if p.requires_grad})
@@ -236,7 +236,7 @@ def probe_call(model: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) 
     if mode.autocast_changed:
         raise _autocast_refused()
     # an object holding tensors that torch's pytree does not open (transformers' DynamicCache):
-    # torch.export's own words name its class only, cut short in the one line (found by a review)
+    # torch.export's own words name its class only, cut short in the one line
     closed = next((x for x in tree_flatten(out)[0] if not isinstance(x, torch.Tensor) and trees.tensors(x)), None)
     if closed is not None:
         raise NotApplicable(
@@ -325,7 +325,7 @@ def numbers_kept(model: nn.Module, what: str) -> Iterator[None]:
     before = _kept(model)
     yield
     after = _kept(model)
-    # (by value; a NaN kept unchanged is unchanged, where `!=` called it set: found by a review)
+    # (by value; a NaN kept unchanged is unchanged, where `!=` called it set)
     changed = next(
         (k for k in after if k not in before or (before[k] != after[k] and repr(before[k]) != repr(after[k]))), None
     )
@@ -358,7 +358,7 @@ def export_graph(
         pass
     program = torch.export.export(model, args, kwargs, strict=False)
     computed = _computed_sizes(program.module())
-    if computed:  # (they were copied ahead of the ops that make them: a KeyError; found by a review)
+    if computed:  # (they were copied ahead of the ops that make them: a KeyError)
         raise NotApplicable(
             f"its shapes depend on its values (a size read from what {computed[0]} gives), which vmap cannot batch"
         )

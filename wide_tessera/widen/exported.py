@@ -129,8 +129,8 @@ class ExportedSurgery(nn.Module):
         # A layer, parameter or buffer registered under two names (a layer shared by two blocks)
         # is found by named_modules and named_parameters under its first; torch.export's graph
         # may call or read it by the other, which was then neither swapped nor stacked, but held
-        # as a constant of the captured model's: every model ran with model 0's weights (found by
-        # a review). Each second name -> its first.
+        # as a constant of the captured model's: every model ran with model 0's weights. Each second
+        # name -> its first.
         self._aliases = {**tied_aliases(modules[0]), **_module_aliases(modules[0])}
         self._captures: "OrderedDict[int, Capture]" = OrderedDict()  # the latest used last
         self.train(modules[0].training)
@@ -281,7 +281,7 @@ class ExportedSurgery(nn.Module):
             elif node.target.startswith(_within(list(self._wide_names))):
                 raise NotApplicable(f"surgery: {node.target} is read outside its layer's call (a tied weight?)")
             elif isinstance(operator.attrgetter(node.target)(exported), nn.Module):  # a torch.no_grad region's
-                raise NotApplicable(  # graph: registered as a constant, torch's TypeError (found by a review)
+                raise NotApplicable(  # graph: registered as a constant, torch's TypeError
                     "surgery: torch.export captured a region of forward that switches gradients off (torch.no_grad), "
                     "which surgery does not lower"
                 )
@@ -354,7 +354,7 @@ def _copies_itself(node: fx.Node) -> bool:
     """Whether `node` copies into a buffer what an op in place on that buffer gave: the buffer
     itself. torch.export writes each buffer a forward updated back with copy_ (`self.c += y`: c.add_,
     then c.copy_(c)), which bumped the version of a tensor a product had saved, and backward raised
-    "modified by an inplace operation", where the model alone trains (found by a review)."""
+    "modified by an inplace operation", where the model alone trains."""
     if node.target is not torch.ops.aten.copy_.default or node.users:
         return False
     into, source = node.args[0], node.args[1]
@@ -386,8 +386,8 @@ def _tied_outside(layer: nn.Module, holders: Dict[int, Set[int]]) -> bool:
     """Whether `layer` holds a tensor tied to a module outside it (GPT-2's lm_head holds its
     embedding's table; a layer registered under two names is one module, not tied). torch.export's
     graph reads such a tensor by one name, so the layer's call takes it as a second input, which
-    its wide module cannot (surgery refused whole GPT-2, and a tied embedding and head; found by a
-    review). The layer runs as its ops, on the tensor held stacked once, as the rest of the graph does."""
+    its wide module cannot (surgery refused whole GPT-2, and a tied embedding and head). The
+    layer runs as its ops, on the tensor held stacked once, as the rest of the graph does."""
     inside = {id(m) for m in layer.modules()}
     return any(holders[id(t)] - inside for t in chain(layer.parameters(), layer.buffers()))
 

@@ -130,7 +130,7 @@ def under_vmap(randomness: str, pads: bool = False) -> Iterator[Optional["_Paddi
     * torch's vmap refusing what it was given said in one line (core.errors.vmap_limitation);
     * a vmap refusing a draw under randomness='error' said in one line, with what to give instead:
       fuse() or WideSurgery of models with dropout in training raised torch's 80-line traceback
-      (found by a review; benchmark_custom says it before measuring);
+      (benchmark_custom says it before measuring);
     * where the code may look embeddings up with a padding_idx (`pads`), in training, lookups that
       give the padding row no gradient in every model (_PaddingWithoutGradient, yielded: whether it
       `saw` one). Not elsewhere: a mode sees every torch call, and cost a BertLayer's training step
@@ -156,7 +156,7 @@ class _PaddingWithoutGradient(TorchFunctionMode):
 
     torch's vmap of an embedding looks the N models' indices up in their tables flattened into
     one, and its padding_idx stays one row of that: in training, every model but the first gave
-    its padding row a gradient (found by a review: a tiny LlamaForCausalLM with pad_token_id=0,
+    its padding row a gradient (a tiny LlamaForCausalLM with pad_token_id=0,
     fused by vmap, clipped by per-model norms of [1.56, 11.70, 3.49, 1.93] where torch's were
     [1.56, 2.28, 1.56, 1.67]). Looked up without padding_idx, with the padding tokens' outputs
     detached, each model's gradient is torch's: no lookup of a padding token reaches its row,
@@ -216,7 +216,7 @@ def python_draws_refused(what: str, looking: bool = True) -> Iterator[None]:
     """Refuse, in one line, models whose forward draws from Python's or NumPy's global generator:
     a captured graph keeps the draw its capture made for every later call, and vmap draws once
     for all N models, where N separate calls draw N times (a stochastic depth written with
-    random.random() ran the capture's choice at every step, silently; found by a review)."""
+    random.random() ran the capture's choice at every step, silently)."""
     before = HostGenerators() if looking else None
     yield
     if before is not None and before.moved():
@@ -290,10 +290,10 @@ class WideFunctional(StackedIO, nn.Module):
         self.n, self.randomness = len(modules), randomness
         # whether its code looks embeddings up with a padding_idx: it holds such an embedding, or,
         # where it does not (F.embedding in its own code: models 1 and 2 gave their padding rows
-        # gradients of 10.7 and 16.6; found by a review), what its first call in training saw
+        # gradients of 10.7 and 16.6), what its first call in training saw
         self.pads: Optional[bool] = True if pads_embeddings(modules[0]) else None
         self._looked: Set[bool] = set()  # the modes (training or not) of calls looked at for buffers assigned
-        # its backward raised torch's "reshape is not implemented for sparse tensors" (found by a review)
+        # its backward raised torch's "reshape is not implemented for sparse tensors"
         self.sparse = next((p for p, m in modules[0].named_modules() if getattr(m, "sparse", False) is True), None)
         params, buffers = stack_module_state(list(modules))
         self._param_names, self._buffer_names = list(params), list(buffers)
@@ -346,7 +346,7 @@ class WideFunctional(StackedIO, nn.Module):
         assigned: List[str] = []
         # A forward that assigns a buffer (self.c = self.c + x) assigns it on the skeleton, and
         # functional_call puts the given one back: the update was lost, silently (outputs 1.1 off
-        # from the second call; found by a review). Looked for, while forward's tensors are in
+        # from the second call). Looked for, while forward's tensors are in
         # place, on the first call in train and in eval: a hook on every call cost 24 us of 325.
         # Draws from Python's or NumPy's generator, too (python_draws_refused).
         first = self.training not in self._looked

@@ -217,7 +217,7 @@ def _elementwise(lo: _Lowering, node: fx.Node) -> Optional[fx.Node]:
     then pairs model i with model i, and aligns each model's trailing dimensions as for one.
     A model's own 0-dim tensor would, stacked, have a dimension and raise the dtype of what it
     meets (float32 x a 0-dim float64 is float32 for one model): then no rule (an adversarial
-    review found it: the next swapped layer refused the mixed dtypes)."""
+    the next swapped layer refused the mixed dtypes)."""
     if not isinstance(node.meta.get("val"), torch.Tensor):  # frexp is pointwise and gives two
         return None
     tensors = _tensors(node)
@@ -256,7 +256,7 @@ def _dims(*names: str, extra: int = 0) -> Rule:
 
 
 def _permute(lo: _Lowering, node: fx.Node) -> Optional[fx.Node]:
-    """A permutation of a model's dimensions, the N axis kept in front (found by a review: without it, a crash)."""
+    """A permutation of a model's dimensions, the N axis kept in front (without it, a crash)."""
     x, dims = _args(node)[0], _args(node)[1]
     moved = [_moved(d, lo.ranks[x]) for d in dims]
     return None if None in moved else lo.call(aten.permute.default, lo.value(x), [0, *moved])
@@ -264,7 +264,7 @@ def _permute(lo: _Lowering, node: fx.Node) -> Optional[fx.Node]:
 
 def _type_as(lo: _Lowering, node: fx.Node) -> Optional[fx.Node]:
     """x cast to other's dtype: x's shape, whatever other's (lifted as an operand, a model's
-    vector took a matrix's rank and the next op's dimensions went astray; found by a review)."""
+    vector took a matrix's rank and the next op's dimensions went astray)."""
     x, other = _args(node)[:2]
     return lo.call(aten.type_as.default, lo.stacked_value(x), lo.new(other))
 
@@ -365,7 +365,7 @@ def _norm(has_bias: bool) -> Rule:
             out = lo.call(torch.mul, out, lo.lifted(weight, rank))
         if bias is not None:
             out = lo.call(torch.add, out, lo.lifted(bias, rank))
-        # the norm's dtype, not the promotion of bf16 activations by fp32 weights (found by a review)
+        # the norm's dtype, not the promotion of bf16 activations by fp32 weights
         return lo.call(torch.Tensor.to, out, node.meta["val"].dtype)
 
     return rule

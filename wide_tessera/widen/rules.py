@@ -139,7 +139,7 @@ class Repeated(nn.Module):
     """A per-model layer given some arguments that are the same for every model (`mask`: which
     of the call's (args, kwargs) are stacked): those repeated N times, by keyword too (a causal
     mask made in forward and given as attn_mask= was mapped over its own first axis as if it were
-    N models' masks: torch's error, or, where that axis was N, each model another's; found by a review)."""
+    N models' masks: torch's error, or, where that axis was N, each model another's)."""
 
     def __init__(self, layer: nn.Module, mask: Any, n: int):
         super().__init__()
@@ -151,7 +151,7 @@ class Repeated(nn.Module):
 
     def _repeated(self, x: Any, stacked: Any) -> Any:
         """`x` with each tensor `stacked` says is shared repeated, within a tuple too (an LSTM's
-        (h0, c0) made in forward: torch's error; found by a review)."""
+        (h0, c0) made in forward: torch's error)."""
         if isinstance(stacked, (tuple, list)) and isinstance(x, (tuple, list)):
             return type(x)(self._repeated(a, st) for a, st in zip(x, stacked))
         return x if stacked is not False or not isinstance(x, torch.Tensor) else x.expand(self.n, *x.shape)
@@ -262,7 +262,7 @@ class Segment(nn.Module):
         self.fn, self.stacked, self.plain, self.n, self.randomness = fn, stacked, plain, n, randomness
         self.once, self.why_vmapped = once, why_vmapped
         # each model draws its own from a value they all share (dropout of a shared input):
-        # computed once, it drew one mask for all (found by a review)
+        # computed once, it drew one mask for all
         self.draws_each = randomness == "different" and any(draws(node) for node in fn.graph.nodes)
         self.pads = any(node.target in EMBEDDINGS for node in fn.graph.nodes)
 

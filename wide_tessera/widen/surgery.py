@@ -262,7 +262,7 @@ class WideSurgery(StackedIO, nn.Module):
 
 class _InPlaceUnlessShared(nn.Module):
     """An activation in place (nn.ReLU(inplace=True)), out of place on an input all models share,
-    passed once: torch refused the write into it (found by a review). In place elsewhere, as the
+    passed once: torch refused the write into it. In place elsewhere, as the
     models run it: a skip saved just before it is activated too (out of place everywhere, the
     skip stayed as it was, 1.71 off; found by the next review)."""
 
