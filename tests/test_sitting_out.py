@@ -198,3 +198,34 @@ def test_gradients_accumulated_over_two_backwards_count_every_model_either_reach
     assert fused.models_reached() is None
     fused(x).sum().backward()  # the wide output as a whole, never unpacked: every model
     assert fused.models_reached() == set(range(N))
+
+
+@pytest.mark.parametrize("kind", ["SGD", "AdamW"])
+@pytest.mark.parametrize("strategy", ["vmap", "bmm", "surgery"])
+def test_a_model_reached_through_the_whole_output_is_stepped_beside_the_parts(strategy, kind):
+    """A loss of some models' unpacked outputs plus a term of the wide output as a whole reaches
+    every model, as N separate models each in that term: the parts' hooks alone counted only the
+    models whose parts were used, and skipped the others' steps (a silent fault of its own)."""
+    make, how = STRATEGIES[strategy]
+    torch_opt, our_opt = KINDS[kind]
+    torch.manual_seed(0)
+    models = [make() for _ in range(N)]
+    xs = [torch.randn(STEPS, B, D) for _ in range(N)]
+    fused = wt.fuse(copy.deepcopy(models), **how)
+    opt = our_opt(fused)
+    separate = copy.deepcopy(models)
+    theirs = [torch_opt(m.parameters()) for m in separate]
+    for t in range(STEPS):
+        wide = fused(fused.pack([x[t] for x in xs]))
+        outs = fused.unpack(wide)
+        loss = sum(_term("out", out) for i, out in enumerate(outs) if i not in SAT_OUT[t])
+        (loss + 0.01 * wide.pow(2).sum()).backward()
+        assert fused.models_reached() == set(range(N))
+        opt.step()
+        opt.zero_grad()
+        for i, (m, o) in enumerate(zip(separate, theirs)):
+            out = m(xs[i][t])
+            (0.01 * out.pow(2).sum() + (0 if i in SAT_OUT[t] else _term("out", out))).backward()
+            o.step()
+            o.zero_grad()
+    assert _farthest(fused, separate) < 1e-6

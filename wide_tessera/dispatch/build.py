@@ -195,7 +195,7 @@ class Fused(nn.Module):
                 f"call it with what its pack gives, fused(fused.pack(inputs)) of {self.n} inputs; got {got}"
             )
         output = self._forward(packed.value)
-        return output if self._runs_the_loop() else self._reached.watch(output)
+        return output if self._runs_the_loop() else self._reached.watch(output, self._unpack)
 
     def unpack(self, output: Any) -> List[Any]:
         """The N models' outputs of what this module's forward returned."""
