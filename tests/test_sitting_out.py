@@ -229,3 +229,29 @@ def test_a_model_reached_through_the_whole_output_is_stepped_beside_the_parts(st
             o.step()
             o.zero_grad()
     assert _farthest(fused, separate) < 1e-6
+
+
+@pytest.mark.parametrize("cleared", ["a parent's zero_grad", "p.grad = None", "torch.autograd.grad"])
+def test_gradients_set_to_none_elsewhere_start_the_record_again(cleared):
+    """The record was cleared by the fused module's own zero_grad() alone: gradients set to None
+    by a parent module, by hand, or never filled (torch.autograd.grad through the outputs, as an
+    adversarial step takes them) left earlier steps' models marked, and a model that then sat
+    out was stepped (0.399 off its separate training)."""
+    torch.manual_seed(0)
+    fused = wt.fuse([MLP() for _ in range(N)], strategy="vmap")
+    parent = nn.ModuleList([fused])
+    x = fused.pack([torch.randn(B, D) for _ in range(N)])
+    sum(out.sum() for out in fused.unpack(fused(x))).backward()  # every model
+    if cleared == "a parent's zero_grad":
+        parent.zero_grad()
+    elif cleared == "p.grad = None":
+        for p in fused.parameters():
+            p.grad = None
+    else:
+        parent.zero_grad()
+        x_in = torch.randn(N, B, D, requires_grad=True)
+        outs = fused.unpack(fused(fused.pack(list(x_in.unbind()))))
+        torch.autograd.grad(sum(out.sum() for out in outs), x_in)
+    outs = fused.unpack(fused(x))
+    outs[1].sum().backward()  # model 1 alone
+    assert fused.models_reached() == {1}

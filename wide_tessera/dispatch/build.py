@@ -194,6 +194,10 @@ class Fused(nn.Module):
             raise WideTesseraError(
                 f"call it with what its pack gives, fused(fused.pack(inputs)) of {self.n} inputs; got {got}"
             )
+        if not self._runs_the_loop() and all(p.grad is None for p in self.parameters()):
+            # every gradient None, however it was set so (a parent's zero_grad(), p.grad = None, or
+            # torch.autograd.grad since, which fills no .grad): no backward has reached a model
+            self._reached.clear()
         output = self._forward(packed.value)
         return output if self._runs_the_loop() else self._reached.watch(output, self._unpack)
 
