@@ -130,6 +130,27 @@ def test_adapters_that_cannot_run_as_one_are_refused_in_one_line(build, match):
         fuse_adapters(build())
 
 
+def with_lora_bias(model):
+    model.add_adapter("biased", peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"], lora_bias=True))
+    return model
+
+
+@pytest.mark.parametrize(
+    "build, names, match",
+    [
+        # lora_B's own bias was dropped without a word: logits 0.19 and 0.37 off PEFT's
+        (lambda: with_lora_bias(with_adapters(tiny_llama())), None, "adapter 'biased' has lora_bias=True"),
+        # one adapter twice: unfuse() wrote both copies into it, the last one winning
+        (lambda: with_adapters(tiny_llama()), [NAMES[0], NAMES[0]], f"adapter '{NAMES[0]}' is named twice"),
+    ],
+)
+def test_what_the_wide_layer_would_not_compute_is_refused_in_one_line(build, names, match):
+    from wide_tessera.integrations.peft import fuse_adapters
+
+    with pytest.raises(WideTesseraError, match=match):
+        fuse_adapters(build(), names)
+
+
 @pytest.mark.parametrize("given, match", [(torch.nn.Linear(2, 2), "give a peft PeftModel"), ("x", "PeftModel")])
 def test_what_is_not_a_peft_model_is_refused(given, match):
     from wide_tessera.integrations.peft import fuse_adapters

@@ -94,3 +94,29 @@ def test_models_that_differ_in_more_than_a_rate_are_still_refused():
     b[0].eps_like_setting = 3  # a plain setting that is no rate
     with pytest.raises(WideTesseraError, match="eps_like_setting"):
         wt.fuse([a, b], strategy="vmap", randomness="same")
+
+
+@pytest.mark.parametrize("strategy", ["vmap", "surgery"])
+def test_a_leaky_relu_at_exactly_zero_takes_its_slopes_gradient_as_torch_does(strategy):
+    """x >= 0 took x's gradient at 0, where torch takes the slope's: a zero bias on zero-padded
+    rows stepped 0.97 off the separate models."""
+    import copy
+
+    import wide_tessera.optim as wto
+
+    made = []
+    for slope in (0.01, 0.3, 0.5):
+        torch.manual_seed(1)
+        layer = nn.Linear(8, 4)
+        nn.init.zeros_(layer.bias)
+        made.append(nn.Sequential(layer, nn.LeakyReLU(slope), nn.Linear(4, 1)))
+    xs = [torch.zeros(3, 8) for _ in made]  # every pre-activation exactly 0
+    fused = wt.fuse([copy.deepcopy(m) for m in made], strategy=strategy)
+    sum(out.sum() for out in fused.unpack(fused(fused.pack(xs)))).backward()
+    wto.SGD(fused, lr=1.0).step()
+    for m, x in zip(made, xs):
+        m(x).sum().backward()
+        torch.optim.SGD(m.parameters(), lr=1.0).step()
+    for ours, theirs in zip(fused.unfuse(), made):
+        for a, b in zip(ours.parameters(), theirs.parameters()):
+            torch.testing.assert_close(a, b)

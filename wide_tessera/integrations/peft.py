@@ -132,6 +132,9 @@ def _check_configs(configs: Dict[str, Any], names: List[str]) -> None:
     """One line for adapters that cannot run as one: unknown, not LoRA, or unlike the first."""
     if not names:
         raise WideTesseraError("fuse_adapters: give at least one adapter name")
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise WideTesseraError(f"adapter {twice[0]!r} is named twice: give each adapter once")
     unknown = [n for n in names if n not in configs]
     if unknown:
         raise WideTesseraError(f"adapter {unknown[0]!r} is not the model's; it has {', '.join(configs)}")
@@ -154,9 +157,15 @@ def _check_configs(configs: Dict[str, Any], names: List[str]) -> None:
                 raise WideTesseraError(f"adapter {name!r} has {key}={value!r}: only {key}={plain!r} fuses")
 
 
-# What a plain LoRA adapter has, which the wide layer computes: no DoRA, no trained biases or
-# whole modules besides the adapters, weights in nn.Linear's layout.
-_PLAIN_LORA: Dict[str, Any] = {"use_dora": False, "bias": "none", "modules_to_save": None, "fan_in_fan_out": False}
+# What a plain LoRA adapter has, which the wide layer computes: no DoRA, no trained biases (the
+# base's or lora_B's own) or whole modules besides the adapters, weights in nn.Linear's layout.
+_PLAIN_LORA: Dict[str, Any] = {
+    "use_dora": False,
+    "bias": "none",
+    "lora_bias": False,
+    "modules_to_save": None,
+    "fan_in_fan_out": False,
+}
 
 
 def _plain(value: Any) -> Any:

@@ -52,8 +52,9 @@ class RateDropout(nn.Module):
 
 
 class RateLeakyReLU(nn.Module):
-    """nn.LeakyReLU whose negative slope is the buffer `slope`: x where x >= 0, else x * slope
-    (torch's own product, so the same bits)."""
+    """nn.LeakyReLU whose negative slope is the buffer `slope`: x where x > 0, else x * slope
+    (torch's own product, so the same bits; at exactly 0 the gradient is the slope's, as torch's:
+    with `>=` a zero bias on zero-padded rows stepped 0.97 off the separate models)."""
 
     slope: torch.Tensor
 
@@ -63,7 +64,7 @@ class RateLeakyReLU(nn.Module):
         self.register_buffer("slope", torch.tensor(float(negative_slope)), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = torch.where(x >= 0, x, x * self.slope.to(x.dtype))
+        out = torch.where(x > 0, x, x * self.slope.to(x.dtype))
         return x.copy_(out) if self.inplace else out
 
 
