@@ -120,3 +120,45 @@ def test_a_leaky_relu_at_exactly_zero_takes_its_slopes_gradient_as_torch_does(st
     for ours, theirs in zip(fused.unfuse(), made):
         for a, b in zip(ours.parameters(), theirs.parameters()):
             torch.testing.assert_close(a, b)
+
+
+def _kept_as(kind, slope):
+    import dataclasses
+    import functools
+    import types
+
+    import torch.nn.functional as F
+
+    if kind == "dataclass":
+        return dataclasses.make_dataclass("Config", [("slope", float)])(slope)
+    if kind == "SimpleNamespace":
+        return types.SimpleNamespace(slope=slope)
+    if kind == "partial":
+        return functools.partial(F.leaky_relu, negative_slope=slope)
+    return lambda x: F.leaky_relu(x, slope)
+
+
+class _Keeps(nn.Module):
+    def __init__(self, kind, slope):
+        super().__init__()
+        self.kind, self.kept, self.fc = kind, _kept_as(kind, slope), nn.Linear(8, 8)
+
+    def forward(self, x):
+        import torch.nn.functional as F
+
+        y = self.fc(x)
+        return F.leaky_relu(y, self.kept.slope) if self.kind in ("dataclass", "SimpleNamespace") else self.kept(y)
+
+
+@pytest.mark.parametrize("kind", ["dataclass", "SimpleNamespace", "partial", "closure"])
+@pytest.mark.parametrize("strategy", ["vmap", "surgery"])
+def test_a_setting_kept_in_a_config_object_is_compared(kind, strategy):
+    """Models whose slope lay in a config object, a partial or a closure fused, and every model ran
+    model 0's slope (0.69 and 5.2 off): such settings are compared, and alike models still fuse."""
+    with pytest.raises(WideTesseraError, match="module 1's 'kept"):
+        wt.fuse([_Keeps(kind, s) for s in (0.01, 0.5, 3.0)], strategy=strategy)
+    alike = [_Keeps(kind, 0.2) for _ in range(3)]
+    fused = wt.fuse(alike, strategy=strategy)
+    xs = [torch.randn(4, 8) for _ in alike]
+    for out, m, x in zip(fused.unpack(fused(fused.pack(xs))), alike, xs):
+        torch.testing.assert_close(out, m(x))

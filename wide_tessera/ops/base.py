@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import types
 from functools import partial, wraps
 from typing import Any, Callable, ClassVar, Dict, List, NamedTuple, Optional, Sequence, Tuple, Type, Union
 
@@ -420,9 +422,7 @@ def layout_of(module: nn.Module) -> Dict[str, Any]:
         for key, value in vars(sub).items():
             if key.startswith("_") or key == "training":
                 continue
-            setting = _setting(value)
-            if setting is not _UNCOMPARED:
-                layout[f"{path}.{key}" if path else key] = setting
+            layout.update(_settings_of(f"{path}.{key}" if path else key, value))
         # hooks run model 0's: a hook on model 1 alone was dropped by vmap and surgery (4.4 off)
         layout[f"hooks on {path or 'the model'}"] = len(sub._forward_hooks) + len(sub._forward_pre_hooks)
     return layout
@@ -432,6 +432,37 @@ _UNCOMPARED = object()
 # a NaN setting, as it is compared: NaN equals no NaN, and N models each keeping one were refused
 # as models of different configurations
 _NOT_A_NUMBER = object()
+
+
+def _settings_of(name: str, value: Any, depth: int = 0) -> Dict[str, Any]:
+    """The settings `value` holds, by name: itself where it is one (_setting); a config object's
+    fields one by one (a dataclass, as transformers' configs and nanoGPT's are, a SimpleNamespace:
+    models differing in `self.config.slope` fused, and all ran model 0's, 0.69 and 5.2 off); a
+    functools.partial's function, arguments and keywords; a function's code and the values it
+    closes over (a lambda kept per model: 0.87 and 6.0 off)."""
+    if depth < 3 and (
+        (dataclasses.is_dataclass(value) and not isinstance(value, type)) or isinstance(value, types.SimpleNamespace)
+    ):
+        fields: Dict[str, Any] = {}
+        for key, field_value in vars(value).items():
+            if not key.startswith("_"):
+                fields.update(_settings_of(f"{name}.{key}", field_value, depth + 1))
+        return fields
+    if isinstance(value, partial):
+        return {
+            f"{name}.func": value.func,  # the same function object in every model built by one code
+            **_settings_of(f"{name}.args", value.args, depth + 1),
+            **_settings_of(f"{name}.keywords", value.keywords, depth + 1),
+        }
+    if isinstance(value, types.FunctionType) and depth < 3:  # a lambda made in __init__: the values it closes over
+        kept: Dict[str, Any] = {f"{name}.code": value.__code__}
+        cells = zip(value.__code__.co_freevars, value.__closure__ or ())
+        for var, cell in cells:  # each on its own: a module it closes over is no setting
+            if cell.cell_contents is not value:
+                kept.update(_settings_of(f"{name}.{var}", cell.cell_contents, depth + 1))
+        return {**kept, **_settings_of(f"{name}.defaults", value.__defaults__ or (), depth + 1)}
+    setting = _setting(value)
+    return {} if setting is _UNCOMPARED else {name: setting}
 
 
 def _setting(value: Any) -> Any:
