@@ -64,6 +64,21 @@ def test_an_existing_file_keeps_its_mode(tmp_path, results, umask_022):
     assert mode(path) == 0o640 and load_results(path) == results
 
 
+def test_a_ctrl_c_just_after_the_rename_is_the_interrupt_and_the_file_is_whole(tmp_path, results, monkeypatch):
+    replace = os.replace
+
+    def replace_then_interrupt(src, dst):
+        replace(src, dst)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "replace", replace_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        save_results(results, tmp_path / "r.json")
+    monkeypatch.undo()
+    assert load_results(tmp_path / "r.json")[0].op == results[0].op
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
+
+
 def test_a_symlink_is_written_through_to_its_target(tmp_path, results):
     target, link = tmp_path / "data" / "r.json", tmp_path / "link.json"
     target.parent.mkdir()

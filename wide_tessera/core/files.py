@@ -183,7 +183,9 @@ def write_atomic(path: Union[str, Path], text: str, holds: Optional[str]) -> Non
             f.write(text)
         os.replace(tmp, target)
     except BaseException as e:
-        os.unlink(tmp)
+        # A Ctrl-C can land after the rename, inside this block: tmp is gone then, and the
+        # interrupt, not a missing temporary file, is what the caller must see.
+        Path(tmp).unlink(missing_ok=True)
         if isinstance(e, OSError):
             raise _refused(path, e, existed) from None
         raise
