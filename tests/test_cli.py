@@ -216,36 +216,48 @@ def test_python_dash_m_works():
     assert r.stderr.strip().splitlines() == [r.stderr.strip()]  # one line: click's usage lines said nothing more
 
 
-@pytest.mark.parametrize("other,threads,said,cpus", [
-    (1.9, None, "busy machine: other processes use 1.9 of 2 cores, and this run's 2 threads need 2 free", 2),
-    (1.9, "auto", "--threads auto: other processes use 1.9 of 2 cores: measuring with 1 thread(s); no core is free", 2),
-    (1.0, "auto", "--threads auto: other processes use 1.0 of 2 cores: measuring with 1 thread(s)", 2),
-    (0.0, "auto", "--threads auto: other processes use 0.0 of 2 cores: measuring with 2 thread(s)", 2),
-    (0.0, None, None, 2),
+@pytest.mark.parametrize("other,threads,said,cpus,used", [
+    # torch's two threads on a machine too busy for them: one, timed by its CPU clock
+    (1.9, None, "busy machine: other processes use 1.9 of 2 cores, too busy for torch's 2: measuring with 1 thread(s), "
+                "timed by its CPU clock", 2, 1),
+    # threads the user asked for are kept, and what would measure is said
+    (1.9, "2", "busy machine: other processes use 1.9 of 2 cores, and this run's 2 threads need 2 free", 2, 2),
+    (1.9, "auto", "--threads auto: other processes use 1.9 of 2 cores: measuring with 1 thread(s), timed by its CPU "
+                  "clock", 2, 1),
+    (1.0, "auto", "--threads auto: other processes use 1.0 of 2 cores: measuring with 1 thread(s), timed by its CPU "
+                  "clock", 2, 1),
+    (0.0, "auto", "--threads auto: other processes use 0.0 of 2 cores: measuring with 2 thread(s)", 2, 2),
+    (0.0, None, None, 2, 2),
+    (1.0, None, "busy machine: other processes use 1.0 of 2 cores, too busy for torch's 2: measuring with 1", 2, 1),
     # under taskset -c 0: one CPU to run on, and a loop on it
-    (1.0, "auto", "--threads auto: other processes use 1.0 of 1 cores: measuring with 1 thread(s); no core is free", 1),
+    (1.0, "auto", "--threads auto: other processes use 1.0 of 1 cores: measuring with 1 thread(s), timed", 1, 1),
 ])  # fmt: skip
-def test_a_busy_machine_is_named_before_measuring_and_auto_takes_its_free_cores(monkeypatch, other, threads, said,
-                                                                                 cpus):
+def test_a_busy_machine_is_named_before_measuring_and_auto_takes_its_free_cores(monkeypatch, tmp_path, other,
+                                                                                 threads, said, cpus, used):
     """A busy machine cost 15 minutes of DISTURBED points, the remedy printed at the end; the probe
     says it before the first point and between ops (here: gemm, then layernorm), once. The cores
-    are those the run may use: under taskset -c 0 beside a loop there, one was said free (found by a review)."""
+    are those the run may use: under taskset -c 0 beside a loop there, one was said free. The
+    caller's threads are its own again after the run."""
     from wide_tessera.cli import measure
 
     monkeypatch.setattr(measure, "probe_load", lambda since: other)
     monkeypatch.setattr("wide_tessera.measurement.health.os.sched_getaffinity", lambda pid: set(range(cpus)))
     before = torch.get_num_threads()
     torch.set_num_threads(2)
+    out = tmp_path / "r.json"
     try:
         extra = ["--threads", threads] if threads else []
-        r = invoke("benchmark", "gemm", "layernorm", "--preset", "ci", "--n-values", "1", "--no-save", *extra)
+        r = invoke("benchmark", "gemm", "layernorm", "--preset", "ci", "--n-values", "1", "--no-save", "-o", str(out),
+                   *extra)  # fmt: skip
+        after = torch.get_num_threads()
     finally:
-        used = torch.get_num_threads()
         torch.set_num_threads(before)
     assert r.exit_code in (0, 3), r.output
     lines = [line for line in r.output.splitlines() if "other processes use" in line]
     assert len(lines) == (1 if said else 0) and all(line.startswith(said) for line in lines), r.output
-    assert used == (1 if threads == "auto" and other >= 1 else 2)
+    results = load_results(out)
+    assert [x.environment.threads for x in results] == [used, used] and after == 2
+    assert {x.timer for x in results} == {"cpu_thread_time" if used == 1 else "cpu_perf_counter"}
 
 
 def test_the_load_between_ops_is_read_over_the_op_just_ended_without_a_wait_of_its_own(monkeypatch):

@@ -120,7 +120,7 @@ def test_an_op_whose_first_points_are_all_disturbed_stops_and_says_why(fast_timi
     assert len(r.points) == 2 and all(p.disturbed and p.confirmation is None for p in r.points)
     assert not r.complete and not r.reliable
     assert r.unreliable_reasons[0].startswith("stopped after its first 2 points, all disturbed")
-    assert "measures cleanly" in r.unreliable_reasons[0] and "INCOMPLETE, UNRELIABLE: stopped" in r.brief()
+    assert "--threads" in r.unreliable_reasons[0] and "INCOMPLETE, UNRELIABLE: stopped" in r.brief()  # the remedy
     assert "INCOMPLETE (its answer above says why)" in closing_table([r])
     short = run(WideLinear.benchmark_job("ci", n_values=[1, 2, 4]), timing=fast_timing, verbose=False)
     assert len(short.points) == 3 and short.complete  # too little left to be worth stopping

@@ -108,7 +108,7 @@ def test_a_quiet_function_stops_as_soon_as_its_median_is_known(monkeypatch):
     sometimes did not converge within its budget, and the stopping rule is what is tested."""
     rng = random.Random(0)
     # 5% spread: the median's CI narrows to 5% after about 25 samples
-    monkeypatch.setattr(timing, "_loop_s", lambda fn, calls: calls * rng.lognormvariate(math.log(1e-3), 0.05))
+    monkeypatch.setattr(timing, "_loop_s", lambda fn, calls, clock: calls * rng.lognormvariate(math.log(1e-3), 0.05))
     # no warm-up: it would draw for as long as 50 ms of wall time lasts, so the draws would depend on the machine
     config = TimingConfig(warmup_s=0.0, budget_s=5.0, target_rel_ci=0.05, max_samples=1000)
     stats = measure(lambda: None, device="cpu", config=config)
@@ -231,3 +231,56 @@ def test_a_function_that_runs_but_cannot_be_captured_is_not_capturable(monkeypat
     monkeypatch.setattr(torch.cuda, "graph", faulted)
     with pytest.raises(RuntimeError, match="illegal memory access"):  # the device's fault, never "skipped"
         capture_graph(lambda: 1)
+
+
+@pytest.fixture
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_one_torch_thread_is_timed_by_its_cpu_clock_unless_wall_is_asked(one_thread):
+    spin = lambda: torch.ones(256, 256) @ torch.ones(256, 256)  # noqa: E731
+    timed = measure_paired({"a": spin, "b": spin})
+    assert {s.timer for s in timed.stats.values()} == {"cpu_thread_time"} == {timing.timer_name("cpu", TimingConfig())}
+    assert timed.health.blocked is not None and timed.health.blocked < 0.02 and timed.health.cleaned
+    wall = measure_paired({"a": spin}, config=TimingConfig(clock="wall"))
+    assert wall.stats["a"].timer == "cpu_perf_counter" and wall.health.blocked is None
+    torch.set_num_threads(2)
+    assert timing.timer_name("cpu", TimingConfig()) == "cpu_perf_counter"  # the other threads' work is not on its clock
+
+
+def test_a_function_the_cpu_clock_cannot_see_is_named_not_timed(one_thread):
+    """A sleep is time the thread is blocked: its CPU clock stands still, so a measurement that
+    took it for the function's time would call a sleeping strategy free."""
+    timed = measure_paired({"sleeps": lambda: time.sleep(0.002)}, config=TimingConfig(budget_s=0.1))
+    health = timed.health
+    assert health.blocked > 0.5 and not health.cleaned
+    assert "CPU clock" in health.problems[0] and "--clock wall" in health.problems[0]
+    assert measure(lambda: time.sleep(0.002), config=TimingConfig(clock="wall", budget_s=0.1)).median_ms >= 2.0
+
+
+@pytest.mark.parametrize("wall,cpu,wait,blocked", [
+    (10.0, 6.0, 4.0, 0.0),  # preempted 40% of the round: the wait is not blocked time
+    (10.0, 6.0, 0.0, 0.4),  # quiet, and 4 of 10 seconds neither running nor waiting
+    (10.0, 10.0, 0.0, 0.0),
+])  # fmt: skip
+def test_a_round_is_blocked_by_what_is_neither_cpu_time_nor_run_queue_wait(monkeypatch, wall, cpu, wait, blocked):
+    from wide_tessera.measurement import health
+
+    tid = str(health.threading.get_native_id())
+    clocks = {"perf": iter([100.0, 100.0 + wall]), "cpu": iter([5.0, 5.0 + cpu]), "wait": iter([1.0, 1.0 + wait])}
+    monkeypatch.setattr(health.time, "perf_counter", lambda: next(clocks["perf"]))
+    monkeypatch.setattr(health.time, "thread_time", lambda: next(clocks["cpu"]))
+    monkeypatch.setattr(health, "_run_queue_waits_s", lambda: {tid: next(clocks["wait"])})
+    monitor = health.HealthMonitor("cpu", cpu_clock=True)
+    monitor.round_started()
+    assert monitor.round_disturbed() is False  # waiting for a CPU does not disturb the CPU clock
+    assert monitor._blocked == [pytest.approx(blocked)]
+
+
+def test_an_unknown_clock_is_refused_naming_the_choices():
+    with pytest.raises(wide_tessera.WideTesseraError, match="clock='cpu'.*auto, wall"):
+        TimingConfig(clock="cpu")

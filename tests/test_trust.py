@@ -309,8 +309,9 @@ def test_cli_strict_exits_3_on_an_unreliable_result_and_show_lists_every_warning
 
     monkeypatch.setattr(health, "MAX_LOST_FRACTION", -1.0)  # every round counts as disturbed: no clean decision
     path = tmp_path / "r.json"
+    # wall time: on a busy machine the run would take one thread, timed by its CPU clock, which waits do not disturb
     args = ["benchmark", "gemm", "--preset", "ci", "--device", "cpu", "--n-values", "1,2", "--budget", "0.01"]
-    result = CliRunner().invoke(cli, [*args, "--confirm", "none", "-o", str(path), "--strict"])
+    result = CliRunner().invoke(cli, [*args, "--clock", "wall", "--confirm", "none", "-o", str(path), "--strict"])
     assert result.exit_code == 3, result.output
     assert "--strict: 1 unreliable result" in result.output and "UNRELIABLE" in result.output
     shown = CliRunner().invoke(cli, ["show", str(path), "--warnings"])

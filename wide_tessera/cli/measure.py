@@ -31,7 +31,7 @@ from ..measurement.health import HealthMonitor, free_cores, load_remedy, probe_l
 from ..measurement.modes import TRAINING_MODES
 from ..measurement.roofline import cache_path
 from ..measurement.settings import RunSettings
-from ..measurement.timing import TimingConfig
+from ..measurement.timing import TimingConfig, cpu_clock
 from ..ops.registry import get_op, import_ops, op_names
 from ..reports.brief import closing_table
 from ..reports.compare import against_previous
@@ -366,15 +366,25 @@ def _run_file(command: str, jobs: Sequence[BenchmarkJob], preset: str) -> Option
         return None
 
 
-class _LoadWatch:
-    """What other processes leave this CPU run, probed before it measures and between ops: with
-    --threads auto the run takes the cores free when it starts; a busy machine is named, once,
-    with the --threads that would measure cleanly. The threads stay as the run began: every
-    op's confirmation comes after all first passes, and a count changed between ops measured
-    an op's passes with different threads (and recorded only the last)."""
+_CPU_CLOCK = "timed by its CPU clock, which their load does not stretch"
 
-    def __init__(self, auto: bool):
-        self.auto, self.warned = auto, False
+
+class _LoadWatch:
+    """What other processes leave this CPU run, probed before it measures and between ops.
+
+    With --threads auto the run takes the cores free when it starts; with no --threads, torch's
+    choice, unless the machine is too busy for it: then it takes the free cores too, and where
+    none is free, one thread, which the timer times by its CPU clock (timing.cpu_clock). Beside
+    two busy loops on the 2-core machine, torch's two threads had 16 of 18 ops of the quick
+    preset stopped after two DISTURBED points, every round waiting for a time slice. A
+    --threads K the user gave is kept, and a machine too busy for it is named once, with what
+    would measure it. The threads stay as the run began: every op's confirmation comes after
+    all first passes, and a count changed between ops measured an op's passes with different
+    threads (and recorded only the last)."""
+
+    def __init__(self, threads: Union[None, int, str], timing: TimingConfig):
+        self.adapt, self.asked, self.warned = threads is None or threads == "auto", threads == "auto", False
+        self.timing = timing
         self.since: Optional[HealthMonitor] = None  # started at the last check: the load over the op since
 
     def check(self) -> Optional[str]:
@@ -382,14 +392,21 @@ class _LoadWatch:
         self.since = HealthMonitor("cpu")
         free, cores = free_cores(other), len(usable_cpus())
         seen = f"other processes use {other:.1f} of {cores} cores"
-        if self.auto:
-            self.auto, self.warned = False, not free  # no core free: said here, once
+        if self.adapt:  # the first check
+            self.adapt = False
+            if not self.asked and threads <= free:
+                return None
+            self.warned = True
             torch.set_num_threads(max(1, free))
-            busy = "" if free else f"; {load_remedy(other)}"
-            return f"--threads auto: {seen}: measuring with {max(1, free)} thread(s){busy}"
+            cpu = cpu_clock("cpu", self.timing)
+            clock = f", {_CPU_CLOCK}" if cpu else ""
+            said = f"--threads auto: {seen}" if self.asked else f"busy machine: {seen}, too busy for torch's {threads}"
+            return f"{said}: measuring with {max(1, free)} thread(s){clock}"
         if threads <= free or self.warned:
             return None
         self.warned = True
+        if cpu_clock("cpu", self.timing):
+            return f"busy machine: {seen}: this run's one thread is {_CPU_CLOCK}"
         return (
             f"busy machine: {seen}, and this run's {threads} threads need {threads} free: its points will wait "
             f"for time slices and read DISTURBED; {load_remedy(other)}"
@@ -436,6 +453,7 @@ def _measure(
                 check_directory(settings.trace, "--trace")
             if settings.roofline:  # the measured peaks are cached there once the first job starts
                 make_folder(cache_path().parent, "roofline cache folder")
+            held.callback(torch.set_num_threads, torch.get_num_threads())  # an in-process caller keeps its own
             shard = Shard.from_environment()
             if shard is not None:  # under torchrun: this rank's device, threads and share of the points
                 shard.join(settings.device)
@@ -444,15 +462,16 @@ def _measure(
                 torch.set_num_threads(rank_threads() if auto or threads is None else int(threads))
             elif threads is not None and not auto:
                 torch.set_num_threads(int(threads))
-            # before --resume compares the threads of what it keeps, which auto sets here
-            load = _LoadWatch(auto) if shard is None and settings.device == "cpu" else None
-            said = load.check() if load is not None else None
-            if said:
-                click.echo(said, err=True)
             jobs = make_jobs(settings, texts)
             for job in jobs:
                 check_runnable(job, settings)
             _check_trace_n(jobs, settings)
+            # after the input is checked (a bad value is the one line said), before --resume
+            # compares the threads of what it keeps, which the load may set here
+            load = _LoadWatch(threads, settings.timing) if shard is None and settings.device == "cpu" else None
+            said = load.check() if load is not None else None
+            if said:
+                click.echo(said, err=True)
             writer = shard is None or shard.rank == 0  # rank 0 writes the results file and the table
             if output and writer:
                 held.enter_context(results_lock(output))  # until the last save: one writer per file

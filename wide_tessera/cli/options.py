@@ -32,7 +32,7 @@ from ..measurement.settings import (
     resolve_device,
 )
 from ..measurement.stages import StageTimeouts
-from ..measurement.timing import TimingConfig
+from ..measurement.timing import CLOCKS, TimingConfig
 from ..ops.registry import import_ops
 
 __all__ = [
@@ -125,6 +125,14 @@ SAMPLING = options(
         f"{PRESET_RUNS['quick'].budget_s}, ci: {PRESET_RUNS['ci'].budget_s}]",
     ),
     click.option("--cuda-graph", is_flag=True, help="CUDA only: time CUDA-graph replays, without launch overhead."),
+    click.option(
+        "--clock",
+        type=click.Choice(CLOCKS),
+        default="auto",
+        show_default=True,
+        help="CPU only: auto times one torch thread by its CPU clock, which other processes' load does not "
+        "stretch, and more threads by wall time; wall: always wall time.",
+    ),
     _option("isolate", "--isolate", is_flag=True),
     click.option(
         "--timeout-multiplier", type=float, default=1.0, show_default=True, help="Scale every stage's time limit."
@@ -362,6 +370,7 @@ def settings_from(
     budget: Optional[float],
     cuda_graph: bool,
     timeout_multiplier: float,
+    clock: str = "auto",
     memory_budget: Optional[str],
     search: Optional[str] = None,
     trace_n: Optional[str] = None,
@@ -384,6 +393,7 @@ def settings_from(
                 target_rel_ci=target_ci,
                 budget_s=default_timing(preset).budget_s if budget is None else budget,
                 cuda_graph=cuda_graph,
+                clock=clock,
             ),
             timeouts=StageTimeouts(multiplier=timeout_multiplier),
             memory_budget=None if memory_budget is None else parse_size(memory_budget),

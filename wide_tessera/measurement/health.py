@@ -23,6 +23,13 @@ for every kernel thread. The loss is the most delayed thread's wait, since torch
 threads meet at the end of each parallel region, and the threshold is the 5% the
 decisions' margin is made of; scripts/disturbance.py measures the false alarms
 on an idle machine and the detections beside busy ones.
+
+Timed by the measuring thread's CPU clock (timing.cpu_clock: one torch thread), a round is not
+disturbed by waiting on the run queue: that clock does not run meanwhile. What it cannot see is
+time the thread spent blocked, neither running nor runnable (a sleep, I/O, work handed to
+another thread), so the monitor checks every round's wall time against the thread's CPU time
+plus its run-queue wait; on a quiet round that is the CPU clock against wall time itself. A
+measurement whose rounds were blocked beyond MAX_BLOCKED_FRACTION is not clean.
 """
 
 from __future__ import annotations
@@ -30,6 +37,8 @@ from __future__ import annotations
 import math
 import os
 import resource
+import statistics
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, NamedTuple, Optional
@@ -58,6 +67,9 @@ BUSY_CORES = 0.25
 MAX_DISTURBED_FRACTION = 0.5
 # A CPU round is disturbed when its most delayed thread waited this fraction of it on the run queue.
 MAX_LOST_FRACTION = 0.05
+# Timed by the CPU clock, a measurement whose median round was blocked (neither running nor
+# waiting for a CPU) for more than this fraction is not clean: the clock missed that much of it.
+MAX_BLOCKED_FRACTION = 0.02
 _SCHEDSTAT = "/proc/self/task"
 # NVML clock-event reasons that mean the GPU slowed itself down (nvml.h values):
 # HW slowdown, SW thermal, HW thermal, HW power brake. Idle and the SW power cap are not.
@@ -97,6 +109,9 @@ class Health:
     # the highest such average seen, not a peak.
     gpu_max_power_w: Optional[float] = None
     problems: List[str] = field(default_factory=list)
+    # Timed by the CPU clock: the median round's fraction that the measuring thread spent blocked
+    # (wall time less its CPU time and its run-queue wait); None under wall time or without schedstat.
+    blocked: Optional[float] = None
 
     @property
     def clean(self) -> bool:
@@ -131,8 +146,12 @@ class RunHealth:
 class HealthMonitor:
     """Watches one measurement: `round_started()` / `round_disturbed()` around each round, `finish()` at the end."""
 
-    def __init__(self, device: str):
+    def __init__(self, device: str, cpu_clock: bool = False):
         self.cuda = torch.device(device).type == "cuda"
+        self.cpu_clock = cpu_clock
+        self._tid = threading.get_native_id()
+        self._thread0 = (0.0, 0.0)
+        self._blocked: List[float] = []
         self.gpu = Nvml.open(device) if self.cuda else None
         self._wall0 = time.monotonic()
         self._cpu0 = psutil.cpu_times()
@@ -150,6 +169,7 @@ class HealthMonitor:
     def round_started(self) -> None:
         self._switches = resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw
         self._waited = _run_queue_waits_s() or {}
+        self._thread0 = (time.thread_time(), self._waited.get(str(self._tid), math.nan))
         self._round_started = time.perf_counter()
 
     def round_lost(self) -> Optional[float]:
@@ -167,6 +187,9 @@ class HealthMonitor:
 
     def round_disturbed(self) -> bool:
         """Whether the round since `round_started` was disturbed; called once per round."""
+        if self.cpu_clock:
+            self._check_cpu_clock()
+            return False
         lost = self.round_lost()
         if lost is None:  # no schedstat: any preemption counts
             disturbed = resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw > self._switches
@@ -183,6 +206,15 @@ class HealthMonitor:
             # launch overhead, so it counts, and so does a slowed-down device.
             disturbed = disturbed or bool(now.slowdowns) or now.sm_clock_ratio < _MIN_CLOCK_RATIO
         return disturbed
+
+    def _check_cpu_clock(self) -> None:
+        """Record the fraction of the round the measuring thread spent blocked (see the module's doc)."""
+        wall = max(time.perf_counter() - self._round_started, 1e-9)
+        cpu = time.thread_time() - self._thread0[0]
+        waited = _run_queue_waits_s()
+        wait = (waited or {}).get(str(self._tid), math.nan) - self._thread0[1]
+        if not math.isnan(wait):  # schedstat is there (Linux)
+            self._blocked.append(max(0.0, wall - cpu - wait) / wall)
 
     def seconds(self) -> float:
         """Seconds since the monitor started."""
@@ -208,7 +240,14 @@ class HealthMonitor:
         problems = []
         seen = rounds + disturbed_rounds
         cleaned = rounds >= min_rounds and disturbed_rounds <= MAX_DISTURBED_FRACTION * seen
-        if not cleaned:
+        blocked = statistics.median(self._blocked) if self._blocked else None
+        if blocked is not None and blocked > MAX_BLOCKED_FRACTION:
+            cleaned = False
+            problems.append(
+                f"disturbed: timed by the CPU clock, but the median round spent {blocked:.0%} blocked (asleep, or "
+                "waiting on work elsewhere), which that clock does not count; --clock wall times it"
+            )
+        if not cleaned and not problems:
             # Threads that wait for each other each need a core: with one busy process beside
             # them, two threads on two cores spend samples waiting for a time slice.
             hint = (
@@ -241,6 +280,7 @@ class HealthMonitor:
             gpu_min_memory_clock_ratio=self.min_memory_clock_ratio,
             gpu_max_power_w=self.max_power,
             problems=problems,
+            blocked=None if blocked is None else round(blocked, 4),
         )
 
 
@@ -263,12 +303,12 @@ def free_cores(other: float) -> int:
 
 def load_remedy(other: float) -> str:
     """What measures cleanly beside `other` cores of load, for a message. With every core busy,
-    nothing does: beside two busy loops on the 2 cores, --threads auto's one thread still had
-    17 of 18 ops DISTURBED (issue 48)."""
+    only one thread timed by its CPU clock does (timing.cpu_clock): beside two busy loops on the
+    2 cores, one thread timed by wall time still had 17 of 18 ops DISTURBED."""
     free = free_cores(other)
     if free:
         return f"--threads {free} (or --threads auto) measures cleanly"
-    return "no core is free, so no --threads measures cleanly until that load ends (--threads 1 is disturbed least)"
+    return "no core is free: --threads 1 is timed by its CPU clock, which that load does not stretch"
 
 
 def _extreme(pick: Callable[[float, float], float], seen: Optional[float], now: Optional[float]) -> Optional[float]:

@@ -44,8 +44,9 @@ def _speedup(point: "PointResult", strategy: str) -> str:
 def headline(result: "BenchmarkResult") -> str:
     """Where the op ran, how, how long, and its answer in a few words."""
     env = result.environment
+    threads = "1 thread timed by its CPU clock" if result.timer == "cpu_thread_time" else f"{env.threads} threads"
     return (
-        f"== {result.op} (preset {result.preset}) on {env.device}: {env.device_name}, {env.threads} threads, "
+        f"== {result.op} (preset {result.preset}) on {env.device}: {env.device_name}, {threads}, "
         f"torch {env.torch_version}, {result.mode}{'' if result.compile == 'none' else ', compile ' + result.compile}, "
         f"{result.duration_s:.1f} s: {first_line(result)}"
     )

@@ -187,7 +187,7 @@ def _check_decision(d: "Decision", speedups: Collection[str], where: str) -> Non
 
 
 def _check_health(h: "Health", where: str) -> None:
-    for name in ("rounds", "disturbed_rounds", "other_load_cores", "steal", "cores", "cpu_freq_ratio"):
+    for name in ("rounds", "disturbed_rounds", "other_load_cores", "steal", "cores", "cpu_freq_ratio", "blocked"):
         _non_negative(f"{where}.{name}", getattr(h, name))
 
 

@@ -247,6 +247,10 @@ class JobRun:
 
 
 def _stopped_reason(disturbed: List[PointResult], threads: int) -> str:
+    blocked = [p.health.problems[0] for p in disturbed if p.health and p.health.blocked is not None]
+    if blocked:  # timed by the CPU clock, which no load disturbs: what it cannot see
+        why = blocked[0].removeprefix("disturbed: ")
+        return f"stopped after its first {len(disturbed)} points, all disturbed: {why}; --resume measures the rest"
     loads = [p.health.other_load_cores for p in disturbed if p.health and p.health.other_load_cores is not None]
     seen = f"other processes used up to {max(loads):.1f} cores, " if loads else ""
     return (
