@@ -49,14 +49,22 @@ def regret_words(call: Call) -> str:
     """A decision with what a wrong choice can cost, as a user acts on it: 'loop; fusing would
     gain at most 0.3% beyond the margin', 'fuse with bmm; if it falls short of the margin, by at
     most 1.0%', 'open: up to 19% at stake'; '' where nothing is at stake (a fuse above the
-    margin, a loop below it) or the call has no regret (files from before regret bounds)."""
+    margin, a loop below it) or the call has no regret (files from before regret bounds).
+    Where the other action was within ε too, it says that this one's worst case is the smaller:
+    '...; the smaller worst case (the loop's: 1.0%)'."""
     r = call.regret
     if not r:
         return ""
+    other = call.other_regret
+    if other is None:
+        against = ""
+    else:
+        action = "the loop's" if call.kind == "fuse" else "fusing's"
+        against = f"; the smaller worst case ({action}: {percent(other)})"
     if call.kind == "fuse":
-        return f"fuse with {call.strategy}; if it falls short of the margin, by at most {percent(r)}"
+        return f"fuse with {call.strategy}; if it falls short of the margin, by at most {percent(r)}{against}"
     if call.kind == "loop":
-        return f"loop; fusing would gain at most {percent(r)} beyond the margin"
+        return f"loop; fusing would gain at most {percent(r)} beyond the margin{against}"
     return f"open: up to {percent(r)} at stake"
 
 

@@ -55,7 +55,7 @@ from ..core.roles import BASELINE, CONTROLS
 from ..core.stats import MIN_EFFECT, REGRET, paired_ratio
 from ..measurement.health import RunHealth
 from ..measurement.timing import PairedTimings
-from .decisions import Call, Decision, compatible, decide, decide_capture, kind_of, same_winner
+from .decisions import Call, Decision, Kind, compatible, decide, decide_capture, kind_of, same_winner
 from .reliability import feeds_of, judge
 from .schema import (
     DISTURBED,
@@ -333,12 +333,12 @@ def _across_passes(point: PointResult, other: PointResult) -> PointResult:
     decision = point.decision
     if decision is None:
         return widened
-    kind, strategy, regret = reported_kind(widened)
+    kind, strategy, regret, against = reported_kind(widened)
     call = decision.call
     if (kind, strategy) != (call.kind, call.strategy):  # ties and rivals were the pass's, for its winner
-        call = Call(kind, strategy, capture=call.capture, regret=regret)
+        call = Call(kind, strategy, capture=call.capture, regret=regret, other_regret=against)
     else:  # the regret over both passes' intervals
-        call = dataclasses.replace(call, regret=regret)
+        call = dataclasses.replace(call, regret=regret, other_regret=against)
     flags, was = widened.flags, decision.call.strategy
     if kind != decision.kind and was is not None:
         then = other.decision.kind if other.decision else "-"
@@ -351,7 +351,7 @@ def _across_passes(point: PointResult, other: PointResult) -> PointResult:
     return dataclasses.replace(widened, decision=decided, flags=flags, winner=_winner(best, verdicts, decided))
 
 
-def reported_kind(point: PointResult) -> Tuple[str, Optional[str], Optional[float]]:
+def reported_kind(point: PointResult) -> Kind:
     """The decision on fusing (its strategy, its regret) that the intervals a point reports
     support (decisions.kind_of over its correct strategies, by the rule that decided the point):
     what its label must be."""
@@ -359,7 +359,7 @@ def reported_kind(point: PointResult) -> Tuple[str, Optional[str], Optional[floa
     ratios = {s: (point.speedups[s], cis[s][0], cis[s][1]) for s in _fusing(cis, point.correct)}
     epsilon = point.decision.epsilon if point.decision is not None else None
     if not ratios:
-        return "loop", None, None if epsilon is None else 0.0
+        return Kind("loop", None, None if epsilon is None else 0.0)
     return kind_of(ratios, epsilon)
 
 

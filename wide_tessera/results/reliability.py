@@ -91,7 +91,9 @@ def _open_why(call: Call, epsilon: Optional[float]) -> str:
 
 
 def _winners_differ(point: PointResult) -> bool:
-    """Both passes clean and fusing, with winners they did not find tied."""
+    """Both passes clean and fusing, with winners they did not find tied: in points stored before
+    such passes counted as contradicting each other (decisions.compatible; a --resume or a
+    shard merge reads them), which are not unstable."""
     c = point.confirmation
     if point.decision is None or c is None or c.decision is None or c.replaced:
         return False
