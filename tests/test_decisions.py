@@ -17,11 +17,12 @@ from wide_tessera import SweepParams, TimingStats, WideOp, register, save_result
 from wide_tessera.core.correctness import Check
 from wide_tessera.core.stats import REGRET, paired_ratio
 from wide_tessera.measurement.health import Health, HealthMonitor
+from wide_tessera.measurement.settings import RunSettings
 from wide_tessera.measurement.timing import PairedTimings, TimingConfig
 from wide_tessera.reports.answer import decision_cell, percent, regret_words
 from wide_tessera.reports.brief import closing_table
 from wide_tessera.results import analysis
-from wide_tessera.results.decisions import MARGIN, decide, decision_level, kind_of, looks
+from wide_tessera.results.decisions import MARGIN, decide, decision_level, kind_of, looks, stop_rule
 from wide_tessera.sweep.runner import bisect, run
 
 from .helpers import synthetic_result as result
@@ -573,3 +574,28 @@ def test_two_passes_that_name_different_winners_confirm_neither():
     # a third pass that sides with one of them decides
     decided = analysis.settled_by_third(first, second, two_strategies(4, 1.5, 2.0, rng))
     assert not decided.unstable and decided.decision.call.strategy == "b" and decided.fused_wins
+
+
+# A round timed NaN ms, an infinity or 0 (no positive finite time): the point is not decided
+# from it, and says so, whichever function it is; never a traceback, never a silent skip
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), 0.0])
+@pytest.mark.parametrize("where", ["baseline", "a"])
+def test_a_round_with_no_finite_time_decides_nothing_and_is_named(bad, where, tmp_path):
+    rng = np.random.default_rng(12)
+    timed = {"baseline": rounds(4.0, rng=rng), "a": rounds(2.0, rng=rng), "b": rounds(3.0, rng=rng)}
+    timed[where][3] = bad
+    samples = {f: list(v) for f, v in timed.items()}
+    stop = stop_rule(["a", "b"], [], RunSettings(preset="test", device="cpu", timing=TimingConfig(min_samples=20)))
+    look = stop(samples)
+    assert look.stop if where == "baseline" else "a" in look.drop  # sampling it on buys nothing
+    hit = point(4, timed["baseline"], {"a": timed["a"], "b": timed["b"]})
+    failure = hit.failures["point" if where == "baseline" else "a"]
+    assert failure.error_type == "UnusableTiming" and f"{bad:g} ms" in failure.message, failure
+    assert f"{where}" in failure.message and "1 of 20 rounds" in failure.message
+    if where == "baseline":
+        assert hit.decision is None and not hit.timings
+    else:
+        assert "a" not in hit.speedups and hit.decision.call.strategy == "b" and not hit.correct["a"]
+    r = result([point(1, rounds(1.0), {"a": rounds(2.0), "b": rounds(2.0)}), hit])
+    assert not r.reliable and any("unusable timing" in why for why in r.groups[0].problems), r.groups[0].problems
+    save_results([r], tmp_path / "r.json")  # a file holds finite numbers only

@@ -55,7 +55,18 @@ from ..core.roles import BASELINE, CONTROLS
 from ..core.stats import MIN_EFFECT, REGRET, paired_ratio
 from ..measurement.health import RunHealth
 from ..measurement.timing import PairedTimings
-from .decisions import Call, Decision, Kind, compatible, decide, decide_capture, kind_of, same_winner
+from .decisions import (
+    UNUSABLE,
+    Call,
+    Decision,
+    Kind,
+    compatible,
+    decide,
+    decide_capture,
+    kind_of,
+    same_winner,
+    unusable,
+)
 from .reliability import feeds_of, judge
 from .schema import (
     DISTURBED,
@@ -155,11 +166,18 @@ def measured_point(
 ) -> PointResult:
     """A point from its timings (None when the baseline could not be timed) and checks: every
     speedup the median of the paired rounds' ratios with its interval at `level`, and the
-    point's decision (results.decisions) at regret `epsilon`."""
+    point's decision (results.decisions) at regret `epsilon`. A function whose rounds hold a
+    time no decision can be drawn from (decisions.unusable) has failed, and the baseline's
+    failure is the point's."""
     failures = dict(failures or {})
     if timings is None or BASELINE not in timings.stats:
         return failed_point(n, params, failures, checks, peak_memory_bytes)
-    stats_ = timings.stats
+    bad = unusable({f: st.samples_ms for f, st in timings.stats.items()})
+    for f, times in bad.items():
+        failures["point" if f == BASELINE else f] = _unusable(f, times, len(timings.stats[f].samples_ms))
+    if BASELINE in bad:
+        return failed_point(n, params, failures, checks, peak_memory_bytes)
+    stats_ = {f: st for f, st in timings.stats.items() if f not in bad}
     base = stats_[BASELINE]
     medians = {s: st.median_ms for s, st in stats_.items()}
     ratios = {s: paired_ratio(base.samples_ms, st.samples_ms, level) for s, st in stats_.items() if s != BASELINE}
@@ -202,6 +220,16 @@ def measured_point(
         first_call_s=dict(first_call_s or {}),
         decision=decision,
     )
+
+
+def _unusable(function: str, times: List[float], rounds: int) -> Failure:
+    """The failure of a function whose rounds hold times no decision can be drawn from
+    (decisions.unusable): the point is decided without it, or (the baseline) not at all."""
+    said = ", ".join(dict.fromkeys(f"{t:g} ms" for t in times))
+    return Failure(
+        "measure", "error", UNUSABLE,
+        f"{function} timed {said} in {len(times)} of {rounds} rounds: no time, no speedup",
+    )  # fmt: skip
 
 
 def point_decision(

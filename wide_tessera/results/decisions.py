@@ -46,6 +46,7 @@ from order statistics: distribution-free, and valid at ten rounds.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
@@ -64,6 +65,8 @@ __all__ = [
     "loop_regret",
     "Call",
     "Decision",
+    "UNUSABLE",
+    "unusable",
     "looks",
     "decision_level",
     "level_of",
@@ -102,6 +105,18 @@ def loop_regret(his: Sequence[float]) -> float:
     return max(0.0, max(his) / MARGIN - 1)
 
 
+# A Failure's error_type for a function whose rounds hold no positive finite time (`unusable`).
+UNUSABLE = "UnusableTiming"
+
+
+def unusable(samples: Samples) -> Dict[str, List[float]]:
+    """Function -> the times among its samples that are no positive finite number of ms (NaN,
+    an infinity, 0 or less), for those that have any. No ratio or regret is drawn from such a
+    round: a NaN compares false with every bound, so the rule would decide past it; an infinity
+    or a 0 makes a ratio 0 and a regret divide by zero."""
+    return {f: bad for f, ms in samples.items() if (bad := [m for m in ms if not 0 < m < math.inf])}
+
+
 def looks(config: TimingConfig) -> List[int]:
     """The round counts at which the decision rule looks: min_samples, doubling, up to max_samples."""
     counts = []
@@ -136,8 +151,13 @@ def stop_rule(strategies: Sequence[str], controls: Sequence[str], settings: RunS
     def stop(samples: Dict[str, List[float]]) -> Look:
         if len(samples[BASELINE]) not in scheduled:
             return Look(False)
-        call = decide(samples, strategies, level, controls, settings.regret)
-        return Look(call.settled, frozenset(settled_parts(samples, call, strategies, controls, level)))
+        # no more rounds make a time that is not one usable: the point names it (results.analysis)
+        bad = unusable(samples)
+        if BASELINE in bad:
+            return Look(True)
+        usable = {f: ms for f, ms in samples.items() if f not in bad}
+        call = decide(usable, strategies, level, controls, settings.regret)
+        return Look(call.settled, frozenset([*settled_parts(usable, call, strategies, controls, level), *bad]))
 
     return stop
 
