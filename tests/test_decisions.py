@@ -19,7 +19,7 @@ from wide_tessera.core.stats import REGRET, paired_ratio
 from wide_tessera.measurement.health import Health, HealthMonitor
 from wide_tessera.measurement.settings import RunSettings
 from wide_tessera.measurement.timing import PairedTimings, TimingConfig
-from wide_tessera.reports.answer import decision_cell, percent, regret_words
+from wide_tessera.reports.answer import crossover_text, decision_cell, percent, regret_words
 from wide_tessera.reports.brief import closing_table
 from wide_tessera.results import analysis
 from wide_tessera.results.decisions import MARGIN, decide, decision_level, kind_of, looks, stop_rule
@@ -599,3 +599,34 @@ def test_a_round_with_no_finite_time_decides_nothing_and_is_named(bad, where, tm
     r = result([point(1, rounds(1.0), {"a": rounds(2.0), "b": rounds(2.0)}), hit])
     assert not r.reliable and any("unusable timing" in why for why in r.groups[0].problems), r.groups[0].problems
     save_results([r], tmp_path / "r.json")  # a file holds finite numbers only
+
+
+def fuses(n):
+    return point(n, rounds(4.0), {"a": rounds(2.0)})
+
+
+def loops(n):
+    return point(n, rounds(1.0), {"a": rounds(2.0)})
+
+
+# A crossover assumes the speedup does not fall as N grows; a settled loop above a fuse says it
+# does: the crossover is read above that loop (the conservative reading), and the answer says where
+@pytest.mark.parametrize(
+    "points,crossover,falls,text",
+    [
+        ([loops(4), fuses(8), loops(16), fuses(32)], 32, [16], "fuse from N=32; falls at N=16"),
+        ([fuses(8), loops(16)], None, [16], "never; falls at N=16"),
+        ([fuses(2), loops(4), loops(8), fuses(16)], 16, [4, 8], "fuse from N=16; falls at N=4,8"),
+        ([loops(4), fuses(8), fuses(16)], 8, [], "fuse from N=8"),
+    ],
+)
+def test_a_crossover_is_checked_for_a_speedup_that_falls_as_n_grows(points, crossover, falls, text):
+    r = result(points)
+    (group,) = r.groups
+    assert (group.crossover_n, group.falls_n) == (crossover, falls)
+    assert crossover_text(group).startswith(text), crossover_text(group)
+    said = [note for note in group.notes if "falls as N grows" in note]
+    assert bool(said) == bool(falls) and r.reliable, (group.notes, r.unreliable_reasons)
+    if falls:
+        below = [p.n for p in points if p.fused_wins and p.n < falls[-1]]
+        assert f"where N={','.join(map(str, below))} fuses" in said[0], said

@@ -145,13 +145,16 @@ def crossovers_agree(a: "BenchmarkResult", in_a: "GroupResult", b: "BenchmarkRes
 
 def crossover_text(group: "GroupResult") -> str:
     """'fuse from N=8; N=4 marginal', 'never', 'never; N=64 marginal', 'fuse from N=16; N=8
-    undecided', 'not known; N=32 undecided'."""
+    undecided', 'not known; N=32 undecided', 'fuse from N=32; falls at N=16' (the loop at N=16
+    above a fuse: the crossover is read above it, results.analysis.falls)."""
     if not crossover_known(group):
         text = "not known"
     else:
         text = "never" if group.crossover_n is None else f"fuse from N={group.crossover_n}"
     if group.marginal_n:
         text += f"; N={','.join(map(str, group.marginal_n))} marginal"
+    if group.falls_n:
+        text += f"; falls at N={','.join(map(str, group.falls_n))}"
     if group.undecided_n:
         text += f"; N={','.join(map(str, group.undecided_n))} undecided"
     return text

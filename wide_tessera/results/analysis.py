@@ -99,6 +99,7 @@ __all__ = [
     "verdict",
     "pick_best",
     "group_crossover",
+    "falls",
     "overall_crossover",
     "recommended_threshold",
 ]
@@ -137,6 +138,32 @@ def group_crossover(wins_by_n: Sequence[Tuple[int, bool]]) -> Optional[int]:
             break
         crossover = n
     return crossover
+
+
+def falls(group: Sequence[PointResult]) -> Tuple[List[int], List[str]]:
+    """Where a group's decisions (in N order) say that the speedup falls as N grows, which a
+    crossover assumes it does not: the Ns decided loop (settled, by a measurement that was
+    neither disturbed nor contradicted) above an N that fuses, and a note that says so. The
+    crossover is then read above the last of them (group_crossover), the conservative reading:
+    a fuse below a settled loop is not taken to mean that fusing pays from there on."""
+    fused: List[int] = []
+    at: List[int] = []
+    for p in group:
+        if p.fused_wins:
+            fused.append(p.n)
+        elif fused and _settled_loop(p):
+            at.append(p.n)
+    if not at:
+        return [], []
+    below = [n for n in fused if n < at[-1]]
+    return at, [
+        f"N={','.join(map(str, at))}: the speedup falls as N grows: the loop here, where N={','.join(map(str, below))} "
+        f"fuses; a crossover assumes it does not fall, and is read above N={at[-1]}"
+    ]
+
+
+def _settled_loop(point: PointResult) -> bool:
+    return not (point.unstable or point.disturbed) and point.decision is not None and point.decision.kind == "loop"
 
 
 def overall_crossover(crossovers: Sequence[Optional[int]]) -> Optional[int]:
@@ -523,6 +550,7 @@ def result_of(points: List[PointResult], stopped: Optional[str] = None, **run_in
             if p.decision is not None and p.decision.feeds != fed:
                 analysed[id(p)] = dataclasses.replace(p, decision=dataclasses.replace(p.decision, feeds=fed))
         problems, notes = judge(ps, feeds)
+        falls_n, fell = falls(ps)
         group_results.append(
             GroupResult(
                 params=ps[0].params,
@@ -531,8 +559,9 @@ def result_of(points: List[PointResult], stopped: Optional[str] = None, **run_in
                 problems=problems,
                 fuse_or_capture=fuse_or_capture(ps[-1]),
                 marginal_n=[p.n for p in ps if p.winner == MARGINAL],
-                notes=notes,
+                notes=[*notes, *fell],
                 undecided_n=[p.n for p, fed in zip(ps, feeds) if "crossover" in fed and _undecided(p)],
+                falls_n=falls_n,
             )
         )
     points = [analysed.get(id(p), p) for p in points]
