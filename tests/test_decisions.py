@@ -630,3 +630,26 @@ def test_a_crossover_is_checked_for_a_speedup_that_falls_as_n_grows(points, cros
     if falls:
         below = [p.n for p in points if p.fused_wins and p.n < falls[-1]]
         assert f"where N={','.join(map(str, below))} fuses" in said[0], said
+
+
+def test_the_replay_relabels_every_stored_point_by_the_regret_rule(tmp_path, monkeypatch, capsys):
+    """scripts/decisions.py --replay: points a file decided by the rule before regret bounds,
+    decided again at ε from their stored passes; a folder is searched for results files."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "scripts"))
+    import decisions as check  # scripts/decisions.py
+
+    rng = np.random.default_rng(9)
+    marginal = analysis.confirmed(slim_pass(1.04, rng, epsilon=None), slim_pass(1.045, rng, epsilon=None))
+    at_margin = point(2, [1.04, 1.10] * 10, {"a": [1.0] * 20}, epsilon=None)  # 1.04x to 1.10x
+    assert (marginal.winner, at_margin.decision.kind) == ("marginal", "open")
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    save_results([result([point(1, rounds(1.0), {"a": rounds(2.0)}, epsilon=None), at_margin, marginal])],
+                 folder / "old.json")  # fmt: skip
+    (folder / "other.json").write_text("{}")
+    monkeypatch.setattr(sys, "argv", ["decisions.py", "--replay", str(tmp_path)])
+    check.main()
+    captured = capsys.readouterr()
+    assert "marginal -> loop: 1, open -> fuse: 1" in captured.out, captured.out
+    assert "over 1 file(s): 3 points, 1 unchanged" in captured.out
+    assert "other.json" in captured.err  # not a results file: named and passed over

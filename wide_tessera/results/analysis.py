@@ -90,6 +90,9 @@ __all__ = [
     "parameter_groups",
     "failed_point",
     "confirmed",
+    "stored_passes",
+    "own_pass",
+    "recorded_pass",
     "disputed",
     "reported_kind",
     "points_to_confirm",
@@ -458,24 +461,38 @@ _THIRD_PASS_NOTE = "the first two passes disagreed"
 
 def stored_passes(point: PointResult) -> Optional[Tuple[PointResult, PointResult]]:
     """A confirmed point's two passes as a results file holds them, in the order the runner
-    measured them: its own rebuilt from its samples (measured_point, as the runner built it), the
-    other from its record; None where the point was not confirmed, or a third pass settled it.
+    measured them: its own rebuilt from its samples (`own_pass`), the other from its record
+    (`recorded_pass`); None where the point was not confirmed, or a third pass settled it.
     (`--resume` gives a point confirmed before the interruption its third pass from them.)"""
     c = point.confirmation
-    if c is None or not point.timings or point.decision is None or point.health is None:
+    if c is None or any(f.startswith(_THIRD_PASS_NOTE) for f in point.flags):
         return None
-    if any(f.startswith(_THIRD_PASS_NOTE) for f in point.flags):
+    own = own_pass(point, point.decision.epsilon if point.decision is not None else None)
+    if own is None:
+        return None
+    other = recorded_pass(own, c)
+    return (other, own) if c.replaced else (own, other)
+
+
+def own_pass(point: PointResult, epsilon: Optional[float]) -> Optional[PointResult]:
+    """The point's own measurement rebuilt from the samples a results file holds, as the runner
+    built it (measured_point), decided at regret `epsilon` (None: the rule before regret
+    bounds); None where it holds no samples or no decision."""
+    if not point.timings or point.decision is None or point.health is None:
         return None
     timings = PairedTimings(point.stats, point.health)
-    own = measured_point(point.n, point.params, timings, point.checks, point.decision.level,
-                         point.peak_memory_bytes, point.failures, point.first_call_s,
-                         point.decision.epsilon)  # fmt: skip
+    return measured_point(point.n, point.params, timings, point.checks, point.decision.level,
+                          point.peak_memory_bytes, point.failures, point.first_call_s, epsilon)  # fmt: skip
+
+
+def recorded_pass(own: PointResult, c: Confirmation) -> PointResult:
+    """The other measurement of a point whose own pass is `own`, from its record `c` (which
+    holds no samples)."""
     best = pick_best(c.speedups, c.verdicts, own.correct)
-    other = dataclasses.replace(
+    return dataclasses.replace(
         own, timings=c.timings, speedups=c.speedups, speedup_ci=c.speedup_ci, verdicts=c.verdicts,
         winner=c.winner, health=c.health, decision=c.decision, best_strategy=best, stats={}, flags=[],
     )  # fmt: skip
-    return (other, own) if c.replaced else (own, other)
 
 
 def settled_by_third(first: PointResult, second: PointResult, third: PointResult) -> PointResult:
