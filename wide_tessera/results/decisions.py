@@ -12,17 +12,17 @@ settled, instead of when every median is known to 2%:
   bottom; the loop costs max(hi)/MARGIN - 1 if the fastest strategy's truth is its top;
 * the point is **fuse** (strategy S) or **loop**, whichever worst case is smaller (a tie: the
   loop, which costs nothing to keep; where both are within ε the call says so, `other_regret`),
-  as soon as it is at most ε (RunSettings.regret, 2%): ε-best-arm identification (Even-Dar, Mannor and
-  Mansour 2002), which contains the rule of a margin alone, whose fuse (lo above the margin)
-  and loop (every hi below it) have no regret at all. Fuse also needs the winner's identity:
+  as soon as it is at most ε (RunSettings.regret, 2%): ε-best-arm identification (Even-Dar,
+  Mannor and Mansour 2002), which contains the rule of a margin alone, whose fuse (lo above
+  the margin) and loop (every hi below it) have no regret at all. Fuse also needs the winner's identity:
   every other strategy known slower than S or tied with it, not known slower but known not
   faster than S by more than the margin and its own zone, ZONE (an indifference zone, as in
   Bechhofer's selection of the best: choosing S costs at most that). Else the point is
   **open**, with the smaller worst case at stake. Given time every point settles: both
   intervals shrink until one worst case is within ε. Of the strategies whose worst case is
   within ε and below the loop's, the point fuses with the fastest. Fuse or capture follows
-  the same rule with the fastest control in the baseline's place: 'fuse', 'capture' (fusing would gain at most ε beyond
-  the margin over the captured loop) or 'open'.
+  the same rule with the fastest control in the baseline's place: 'fuse', 'capture' (fusing
+  would gain at most ε beyond the margin over the captured loop) or 'open'.
 * Files from before this rule (a Decision without `epsilon`) were decided by the margin and a
   **marginal** zone around it, MARGINAL_ZONE either side: 'marginal' (every strategy that
   might beat the margin known to lie within the zone) and, for fuse or capture, 'either'.
