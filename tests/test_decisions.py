@@ -22,7 +22,16 @@ from wide_tessera.measurement.timing import PairedTimings, TimingConfig
 from wide_tessera.reports.answer import crossover_text, decision_cell, percent, regret_words
 from wide_tessera.reports.brief import closing_table
 from wide_tessera.results import analysis
-from wide_tessera.results.decisions import MARGIN, decide, decision_level, kind_of, looks, stop_rule
+from wide_tessera.results.decisions import (
+    MARGIN,
+    Call,
+    compatible,
+    decide,
+    decision_level,
+    kind_of,
+    looks,
+    stop_rule,
+)
 from wide_tessera.sweep.runner import bisect, run
 
 from .helpers import synthetic_result as result
@@ -653,3 +662,18 @@ def test_the_replay_relabels_every_stored_point_by_the_regret_rule(tmp_path, mon
     assert "marginal -> loop: 1, open -> fuse: 1" in captured.out, captured.out
     assert "over 1 file(s): 3 points, 1 unchanged" in captured.out
     assert "other.json" in captured.err  # not a results file: named and passed over
+
+
+@pytest.mark.parametrize(
+    "first,second,agree",
+    [
+        (Call("fuse", "a"), Call("fuse", "a"), True),
+        (Call("fuse", "a"), Call("fuse", "b"), False),  # two winners: neither is confirmed
+        (Call("fuse", "a", ties=["b"]), Call("fuse", "b"), True),  # found tied
+        (Call("fuse", "a", rivals=["b"]), Call("fuse", "b"), True),  # not yet told apart: denied nothing
+        (Call("fuse", "a"), Call("loop", "a"), False),
+        (Call("fuse", "a"), Call("open", "b"), True),  # an open pass contradicts nothing
+    ],
+)
+def test_two_passes_agree_only_on_one_action_and_one_winner(first, second, agree):
+    assert compatible(first, second) == agree and compatible(second, first) == agree

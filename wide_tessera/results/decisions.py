@@ -385,7 +385,13 @@ def compatible(first: Call, second: Call) -> bool:
 
 
 def same_winner(first: Call, second: Call) -> bool:
-    """Whether two passes that both fuse name one winner (or winners they found tied)."""
+    """Whether two passes that both fuse name one winner, or winners one of them did not tell
+    apart from its own (tied with it, or a rival not yet told apart): a pass denies another's
+    winner only where it knows it slower."""
     if first.kind != "fuse" or second.kind != "fuse":
         return True
-    return first.strategy == second.strategy or second.strategy in first.ties or first.strategy in second.ties
+    return (
+        first.strategy == second.strategy
+        or second.strategy in (*first.ties, *first.rivals)
+        or first.strategy in (*second.ties, *second.rivals)
+    )
