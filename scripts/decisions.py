@@ -17,9 +17,10 @@ record holds, the two taken together as the runner takes them. It prints per fil
 labels change and which way (stored -> ε: marginal -> loop, open -> fuse, ...) and the ops
 RELIABLE before and after, then the changes over all files. A point whose passes then call for
 a third is marked 'third pass due': a file holds no third measurement to replay. A file that
-is no results file is named and passed over.
+is no results file is named and passed over. `--regret none` replays by the rule before regret
+bounds instead (a margin and a marginal zone around it), the other way round.
 
-    python scripts/decisions.py [--replay [--regret 0.02]] PATH [PATH ...]
+    python scripts/decisions.py [--replay [--regret 0.02|none]] PATH [PATH ...]
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import statistics
 import sys
 from collections import Counter
 from pathlib import Path
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 from wide_tessera import WideTesseraError, load_results
 from wide_tessera.core.job import params_text
@@ -54,7 +55,7 @@ def label(point: PointResult) -> str:
     return point.decision.kind if point.decision else point.winner
 
 
-def decided_at(other: PointResult, epsilon: float) -> PointResult:
+def decided_at(other: PointResult, epsilon: Optional[float]) -> PointResult:
     """A pass known only from its record (no samples), decided at ε from the intervals it holds
     (analysis.reported_kind); its ties and rivals kept where its winner stays, else none."""
     if other.decision is None or not other.timings:
@@ -67,7 +68,7 @@ def decided_at(other: PointResult, epsilon: float) -> PointResult:
     return dataclasses.replace(other, decision=dataclasses.replace(decision, call=call))
 
 
-def relabelled(point: PointResult, epsilon: float) -> Tuple[PointResult, bool]:
+def relabelled(point: PointResult, epsilon: Optional[float]) -> Tuple[PointResult, bool]:
     """The point as the ε rule decides its stored passes, and whether they call for a third
     that the file does not hold (a point a third pass settled holds it and its partner)."""
     own = analysis.own_pass(point, epsilon)
@@ -82,7 +83,7 @@ def relabelled(point: PointResult, epsilon: float) -> Tuple[PointResult, bool]:
     return dataclasses.replace(analysis.confirmed(*passes), flags=point.flags), due
 
 
-def replay(result: BenchmarkResult, epsilon: float) -> Tuple[BenchmarkResult, BenchmarkResult, Counter]:
+def replay(result: BenchmarkResult, epsilon: Optional[float]) -> Tuple[BenchmarkResult, BenchmarkResult, Counter]:
     """The result analysed as stored, and relabelled by the ε rule; and the count of (stored
     label, label at ε) over its points."""
     points, changes = [], Counter()
@@ -116,7 +117,7 @@ def point_count(counts: Counter) -> Tuple[int, int]:
     return sum(k for (_, b), k in counts.items() if b), sum(k for (a, b), k in counts.items() if a == b)
 
 
-def replay_table(paths: List[str], epsilon: float) -> str:
+def replay_table(paths: List[str], epsilon: Optional[float]) -> str:
     rows, total = [], Counter()
     for path in results_files(paths):
         try:
@@ -131,7 +132,8 @@ def replay_table(paths: List[str], epsilon: float) -> str:
         total += changes
         reliable = f"{sum(r.reliable for r in old)} -> {sum(r.reliable for r in new)} of {len(old)}"
         rows.append([str(path), *map(str, point_count(changes)), changed_text(changes), reliable])
-    head = ["file", "points", "unchanged", f"labels changed (stored -> at ε {epsilon:g}: count)", "ops RELIABLE"]
+    rule = "the rule before regret bounds" if epsilon is None else f"ε {epsilon:g}"
+    head = ["file", "points", "unchanged", f"labels changed (stored -> by {rule}: count)", "ops RELIABLE"]
     points, same = point_count(total)
     return "\n".join([
         format_table(head, rows),
@@ -139,11 +141,23 @@ def replay_table(paths: List[str], epsilon: float) -> str:
     ])  # fmt: skip
 
 
+def regret_value(text: str) -> Optional[float]:
+    """--regret's value: a fraction, or 'none' (the rule before regret bounds)."""
+    if text == "none":
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither a fraction (0.02) nor none") from None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("files", nargs="+")
     parser.add_argument("--replay", action="store_true", help="relabel every point by the ε-regret rule")
-    parser.add_argument("--regret", type=float, default=REGRET, help="the ε of --replay (default %(default)s)")
+    parser.add_argument(
+        "--regret", type=regret_value, default=REGRET, help="--replay's ε, or none: the rule before it (%(default)s)"
+    )
     args = parser.parse_args()
     try:
         if args.replay:

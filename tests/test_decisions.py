@@ -662,6 +662,9 @@ def test_the_replay_relabels_every_stored_point_by_the_regret_rule(tmp_path, mon
     assert "marginal -> loop: 1, open -> fuse: 1" in captured.out, captured.out
     assert "over 1 file(s): 3 points, 1 unchanged" in captured.out
     assert "other.json" in captured.err  # not a results file: named and passed over
+    monkeypatch.setattr(sys, "argv", ["decisions.py", "--replay", "--regret", "none", str(folder / "old.json")])
+    check.main()  # by the rule the file was decided by: nothing moves
+    assert "over 1 file(s): 3 points, 3 unchanged; none" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(
