@@ -17,11 +17,21 @@ from wide_tessera import SweepParams, TimingStats, WideOp, register, save_result
 from wide_tessera.core.correctness import Check
 from wide_tessera.core.stats import REGRET, paired_ratio
 from wide_tessera.measurement.health import Health, HealthMonitor
+from wide_tessera.measurement.settings import RunSettings
 from wide_tessera.measurement.timing import PairedTimings, TimingConfig
-from wide_tessera.reports.answer import percent
+from wide_tessera.reports.answer import crossover_text, decision_cell, percent, regret_words
 from wide_tessera.reports.brief import closing_table
 from wide_tessera.results import analysis
-from wide_tessera.results.decisions import MARGIN, decide, decision_level, kind_of, looks
+from wide_tessera.results.decisions import (
+    MARGIN,
+    Call,
+    compatible,
+    decide,
+    decision_level,
+    kind_of,
+    looks,
+    stop_rule,
+)
 from wide_tessera.sweep.runner import bisect, run
 
 from .helpers import synthetic_result as result
@@ -95,14 +105,14 @@ def test_a_clear_decision_stops_at_the_first_look_and_a_margin_one_settles_withi
 )
 def test_kind_of_chooses_the_smaller_worst_case_and_settles_within_epsilon(lo, hi, kind, bound, before):
     ratios = {"s": ((lo + hi) / 2, lo, hi)}
-    assert kind_of(ratios, REGRET) == (kind, "s", pytest.approx(bound))
-    assert kind_of(ratios, None) == (before, "s", None)
+    assert kind_of(ratios, REGRET)[:3] == (kind, "s", pytest.approx(bound))
+    assert kind_of(ratios, None)[:3] == (before, "s", None)
 
 
 def test_the_loops_bound_is_the_fastest_strategys_top():
     ratios = {"a": (1.0, 0.9, 1.04), "b": (1.0, 0.8, 1.2)}
-    assert kind_of(ratios, REGRET) == ("open", "a", pytest.approx(1.2 / 1.05 - 1))
-    kind, _, bound = kind_of({"a": (1.0, 0.9, 1.04), "b": (1.0, 0.8, 1.06)}, REGRET)
+    assert kind_of(ratios, REGRET)[:3] == ("open", "a", pytest.approx(1.2 / 1.05 - 1))
+    kind, _, bound, _ = kind_of({"a": (1.0, 0.9, 1.04), "b": (1.0, 0.8, 1.06)}, REGRET)
     assert kind == "loop" and bound == pytest.approx(1.06 / 1.05 - 1)
 
 
@@ -523,3 +533,150 @@ def test_an_undecided_point_below_a_clear_crossover_is_named_beside_it():
     near = point(2, base, {"a": [b / 1.05 * f for b, f in zip(base, rng.lognormal(0, 0.05, 20))]})  # open
     r = result([point(1, rounds(1.0), {"a": rounds(2.0)}), near, point(4, rounds(4.0), {"a": rounds(2.0)})])
     assert "fuse from N=4; N=2 undecided" in r.summary() and "recommended_threshold: 4" in r.summary()
+
+
+# Several strategies within ε: each (median, low, high) -> the kind, its strategy, its regret and
+# the worst case of the action not taken (where it too is within ε)
+@pytest.mark.parametrize(
+    "ratios,expected",
+    [
+        # fusing with the faster a may fall 1.4% short, the loop 1.0%: b, 0.1% short, beats both
+        (
+            {"a": (1.055, 1.035, 1.06), "b": (1.05, 1.049, 1.051)},
+            ("fuse", "b", 1.05 / 1.049 - 1, 1.06 / 1.05 - 1),
+        ),
+        # every fuse's worst case above the loop's: the loop
+        ({"a": (1.055, 1.035, 1.06), "b": (1.05, 1.03, 1.051)}, ("loop", "a", 1.06 / 1.05 - 1, 1.05 / 1.035 - 1)),
+        ({"a": (1.05, 1.05, 1.05)}, ("loop", "a", 0.0, 0.0)),  # a tie: the loop, which costs nothing to keep
+    ],
+)
+def test_of_two_actions_within_epsilon_the_smaller_worst_case_is_chosen(ratios, expected):
+    kind, strategy, bound, other = expected
+    assert kind_of(ratios, REGRET) == (kind, strategy, pytest.approx(bound), pytest.approx(other))
+
+
+def test_a_bound_chosen_over_another_within_epsilon_says_so():
+    base = [1.0] * 20
+    both = point(2, base, {"a": [1 / 1.055, 1 / 1.035, 1 / 1.06] * 6 + [1 / 1.055] * 2})
+    call = both.decision.call
+    assert call.kind == "loop" and call.other_regret == pytest.approx(1.05 / 1.035 - 1)
+    words = regret_words(call)
+    assert "fusing would gain at most 1.0%" in words and "1.4%" in words, words
+
+
+def two_strategies(n, a, b, rng, k=40):
+    base = rounds(4.0, k=k, rng=rng, spread=0.002)
+    return point(n, base, {s: [bb / r * f for bb, f in zip(base, rounds(1.0, k=k, rng=rng, spread=0.002))]
+                           for s, r in (("a", a), ("b", b))})  # fmt: skip
+
+
+def test_two_passes_that_name_different_winners_confirm_neither():
+    rng = np.random.default_rng(11)
+    first, second = two_strategies(4, 2.0, 1.5, rng), two_strategies(4, 1.5, 2.0, rng)
+    assert (first.decision.call.strategy, second.decision.call.strategy) == ("a", "b")
+    both = analysis.confirmed(first, second)
+    assert both.unstable and not both.fused_wins and analysis.disputed(first, second)
+    assert decision_cell(both) == "UNSTABLE (then b)"
+    r = result([point(1, rounds(1.0), {"a": rounds(2.0)}), both])
+    assert not r.reliable and "unstable at N=4" in r.unreliable_reasons[0]
+    assert any("fuse a then fuse b" in why for why in r.groups[0].problems), r.groups[0].problems
+    # a third pass that sides with one of them decides
+    decided = analysis.settled_by_third(first, second, two_strategies(4, 1.5, 2.0, rng))
+    assert not decided.unstable and decided.decision.call.strategy == "b" and decided.fused_wins
+
+
+# A round timed NaN ms, an infinity or 0 (no positive finite time): the point is not decided
+# from it, and says so, whichever function it is; never a traceback, never a silent skip
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), 0.0])
+@pytest.mark.parametrize("where", ["baseline", "a"])
+def test_a_round_with_no_finite_time_decides_nothing_and_is_named(bad, where, tmp_path):
+    rng = np.random.default_rng(12)
+    timed = {"baseline": rounds(4.0, rng=rng), "a": rounds(2.0, rng=rng), "b": rounds(3.0, rng=rng)}
+    timed[where][3] = bad
+    samples = {f: list(v) for f, v in timed.items()}
+    stop = stop_rule(["a", "b"], [], RunSettings(preset="test", device="cpu", timing=TimingConfig(min_samples=20)))
+    look = stop(samples)
+    assert look.stop if where == "baseline" else "a" in look.drop  # sampling it on buys nothing
+    hit = point(4, timed["baseline"], {"a": timed["a"], "b": timed["b"]})
+    failure = hit.failures["point" if where == "baseline" else "a"]
+    assert failure.error_type == "UnusableTiming" and f"{bad:g} ms" in failure.message, failure
+    assert f"{where}" in failure.message and "1 of 20 rounds" in failure.message
+    if where == "baseline":
+        assert hit.decision is None and not hit.timings
+    else:
+        assert "a" not in hit.speedups and hit.decision.call.strategy == "b" and not hit.correct["a"]
+    r = result([point(1, rounds(1.0), {"a": rounds(2.0), "b": rounds(2.0)}), hit])
+    assert not r.reliable and any("unusable timing" in why for why in r.groups[0].problems), r.groups[0].problems
+    save_results([r], tmp_path / "r.json")  # a file holds finite numbers only
+
+
+def fuses(n):
+    return point(n, rounds(4.0), {"a": rounds(2.0)})
+
+
+def loops(n):
+    return point(n, rounds(1.0), {"a": rounds(2.0)})
+
+
+# A crossover assumes the speedup does not fall as N grows; a settled loop above a fuse says it
+# does: the crossover is read above that loop (the conservative reading), and the answer says where
+@pytest.mark.parametrize(
+    "points,crossover,falls,text",
+    [
+        ([loops(4), fuses(8), loops(16), fuses(32)], 32, [16], "fuse from N=32; falls at N=16"),
+        ([fuses(8), loops(16)], None, [16], "never; falls at N=16"),
+        ([fuses(2), loops(4), loops(8), fuses(16)], 16, [4, 8], "fuse from N=16; falls at N=4,8"),
+        ([loops(4), fuses(8), fuses(16)], 8, [], "fuse from N=8"),
+    ],
+)
+def test_a_crossover_is_checked_for_a_speedup_that_falls_as_n_grows(points, crossover, falls, text):
+    r = result(points)
+    (group,) = r.groups
+    assert (group.crossover_n, group.falls_n) == (crossover, falls)
+    assert crossover_text(group).startswith(text), crossover_text(group)
+    said = [note for note in group.notes if "falls as N grows" in note]
+    assert bool(said) == bool(falls) and r.reliable, (group.notes, r.unreliable_reasons)
+    if falls:
+        below = [p.n for p in points if p.fused_wins and p.n < falls[-1]]
+        assert f"where N={','.join(map(str, below))} fuses" in said[0], said
+
+
+def test_the_replay_relabels_every_stored_point_by_the_regret_rule(tmp_path, monkeypatch, capsys):
+    """scripts/decisions.py --replay: points a file decided by the rule before regret bounds,
+    decided again at ε from their stored passes; a folder is searched for results files."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "scripts"))
+    import decisions as check  # scripts/decisions.py
+
+    rng = np.random.default_rng(9)
+    marginal = analysis.confirmed(slim_pass(1.04, rng, epsilon=None), slim_pass(1.045, rng, epsilon=None))
+    at_margin = point(2, [1.04, 1.10] * 10, {"a": [1.0] * 20}, epsilon=None)  # 1.04x to 1.10x
+    assert (marginal.winner, at_margin.decision.kind) == ("marginal", "open")
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    save_results([result([point(1, rounds(1.0), {"a": rounds(2.0)}, epsilon=None), at_margin, marginal])],
+                 folder / "old.json")  # fmt: skip
+    (folder / "other.json").write_text("{}")
+    monkeypatch.setattr(sys, "argv", ["decisions.py", "--replay", str(tmp_path)])
+    check.main()
+    captured = capsys.readouterr()
+    assert "marginal -> loop: 1, open -> fuse: 1" in captured.out, captured.out
+    assert "over 1 file(s): 3 points, 1 unchanged" in captured.out
+    assert "other.json" in captured.err  # not a results file: named and passed over
+    monkeypatch.setattr(sys, "argv", ["decisions.py", "--replay", "--regret", "none", str(folder / "old.json")])
+    check.main()  # by the rule the file was decided by: nothing moves
+    assert "over 1 file(s): 3 points, 3 unchanged; none" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "first,second,agree",
+    [
+        (Call("fuse", "a"), Call("fuse", "a"), True),
+        (Call("fuse", "a"), Call("fuse", "b"), False),  # two winners: neither is confirmed
+        (Call("fuse", "a", ties=["b"]), Call("fuse", "b"), True),  # found tied
+        (Call("fuse", "a", rivals=["b"]), Call("fuse", "b"), True),  # not yet told apart: denied nothing
+        (Call("fuse", "a"), Call("loop", "a"), False),
+        (Call("fuse", "a"), Call("open", "b"), True),  # an open pass contradicts nothing
+    ],
+)
+def test_two_passes_agree_only_on_one_action_and_one_winner(first, second, agree):
+    assert compatible(first, second) == agree and compatible(second, first) == agree

@@ -49,14 +49,22 @@ def regret_words(call: Call) -> str:
     """A decision with what a wrong choice can cost, as a user acts on it: 'loop; fusing would
     gain at most 0.3% beyond the margin', 'fuse with bmm; if it falls short of the margin, by at
     most 1.0%', 'open: up to 19% at stake'; '' where nothing is at stake (a fuse above the
-    margin, a loop below it) or the call has no regret (files from before regret bounds)."""
+    margin, a loop below it) or the call has no regret (files from before regret bounds).
+    Where the other action was within ε too, it says that this one's worst case is the smaller:
+    '...; the smaller worst case (the loop's: 1.0%)'."""
     r = call.regret
     if not r:
         return ""
+    other = call.other_regret
+    if other is None:
+        against = ""
+    else:
+        action = "the loop's" if call.kind == "fuse" else "fusing's"
+        against = f"; the smaller worst case ({action}: {percent(other)})"
     if call.kind == "fuse":
-        return f"fuse with {call.strategy}; if it falls short of the margin, by at most {percent(r)}"
+        return f"fuse with {call.strategy}; if it falls short of the margin, by at most {percent(r)}{against}"
     if call.kind == "loop":
-        return f"loop; fusing would gain at most {percent(r)} beyond the margin"
+        return f"loop; fusing would gain at most {percent(r)} beyond the margin{against}"
     return f"open: up to {percent(r)} at stake"
 
 
@@ -137,13 +145,16 @@ def crossovers_agree(a: "BenchmarkResult", in_a: "GroupResult", b: "BenchmarkRes
 
 def crossover_text(group: "GroupResult") -> str:
     """'fuse from N=8; N=4 marginal', 'never', 'never; N=64 marginal', 'fuse from N=16; N=8
-    undecided', 'not known; N=32 undecided'."""
+    undecided', 'not known; N=32 undecided', 'fuse from N=32; falls at N=16' (the loop at N=16
+    above a fuse: the crossover is read above it, results.analysis.falls)."""
     if not crossover_known(group):
         text = "not known"
     else:
         text = "never" if group.crossover_n is None else f"fuse from N={group.crossover_n}"
     if group.marginal_n:
         text += f"; N={','.join(map(str, group.marginal_n))} marginal"
+    if group.falls_n:
+        text += f"; falls at N={','.join(map(str, group.falls_n))}"
     if group.undecided_n:
         text += f"; N={','.join(map(str, group.undecided_n))} undecided"
     return text

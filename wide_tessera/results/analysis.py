@@ -55,7 +55,18 @@ from ..core.roles import BASELINE, CONTROLS
 from ..core.stats import MIN_EFFECT, REGRET, paired_ratio
 from ..measurement.health import RunHealth
 from ..measurement.timing import PairedTimings
-from .decisions import Call, Decision, compatible, decide, decide_capture, kind_of, same_winner
+from .decisions import (
+    UNUSABLE,
+    Call,
+    Decision,
+    Kind,
+    compatible,
+    decide,
+    decide_capture,
+    kind_of,
+    same_winner,
+    unusable,
+)
 from .reliability import feeds_of, judge
 from .schema import (
     DISTURBED,
@@ -79,6 +90,9 @@ __all__ = [
     "parameter_groups",
     "failed_point",
     "confirmed",
+    "stored_passes",
+    "own_pass",
+    "recorded_pass",
     "disputed",
     "reported_kind",
     "points_to_confirm",
@@ -88,6 +102,7 @@ __all__ = [
     "verdict",
     "pick_best",
     "group_crossover",
+    "falls",
     "overall_crossover",
     "recommended_threshold",
 ]
@@ -128,6 +143,32 @@ def group_crossover(wins_by_n: Sequence[Tuple[int, bool]]) -> Optional[int]:
     return crossover
 
 
+def falls(group: Sequence[PointResult]) -> Tuple[List[int], List[str]]:
+    """Where a group's decisions (in N order) say that the speedup falls as N grows, which a
+    crossover assumes it does not: the Ns decided loop (settled, by a measurement that was
+    neither disturbed nor contradicted) above an N that fuses, and a note that says so. The
+    crossover is then read above the last of them (group_crossover), the conservative reading:
+    a fuse below a settled loop is not taken to mean that fusing pays from there on."""
+    fused: List[int] = []
+    at: List[int] = []
+    for p in group:
+        if p.fused_wins:
+            fused.append(p.n)
+        elif fused and _settled_loop(p):
+            at.append(p.n)
+    if not at:
+        return [], []
+    below = [n for n in fused if n < at[-1]]
+    return at, [
+        f"N={','.join(map(str, at))}: the speedup falls as N grows: the loop here, where N={','.join(map(str, below))} "
+        f"fuses; a crossover assumes it does not fall, and is read above N={at[-1]}"
+    ]
+
+
+def _settled_loop(point: PointResult) -> bool:
+    return not (point.unstable or point.disturbed) and point.decision is not None and point.decision.kind == "loop"
+
+
 def overall_crossover(crossovers: Sequence[Optional[int]]) -> Optional[int]:
     """Median of the group crossovers, a non-crossing group counting as infinity (lower median)."""
     if not crossovers:
@@ -155,11 +196,18 @@ def measured_point(
 ) -> PointResult:
     """A point from its timings (None when the baseline could not be timed) and checks: every
     speedup the median of the paired rounds' ratios with its interval at `level`, and the
-    point's decision (results.decisions) at regret `epsilon`."""
+    point's decision (results.decisions) at regret `epsilon`. A function whose rounds hold a
+    time no decision can be drawn from (decisions.unusable) has failed, and the baseline's
+    failure is the point's."""
     failures = dict(failures or {})
     if timings is None or BASELINE not in timings.stats:
         return failed_point(n, params, failures, checks, peak_memory_bytes)
-    stats_ = timings.stats
+    bad = unusable({f: st.samples_ms for f, st in timings.stats.items()})
+    for f, times in bad.items():
+        failures["point" if f == BASELINE else f] = _unusable(f, times, len(timings.stats[f].samples_ms))
+    if BASELINE in bad:
+        return failed_point(n, params, failures, checks, peak_memory_bytes)
+    stats_ = {f: st for f, st in timings.stats.items() if f not in bad}
     base = stats_[BASELINE]
     medians = {s: st.median_ms for s, st in stats_.items()}
     ratios = {s: paired_ratio(base.samples_ms, st.samples_ms, level) for s, st in stats_.items() if s != BASELINE}
@@ -202,6 +250,16 @@ def measured_point(
         first_call_s=dict(first_call_s or {}),
         decision=decision,
     )
+
+
+def _unusable(function: str, times: List[float], rounds: int) -> Failure:
+    """The failure of a function whose rounds hold times no decision can be drawn from
+    (decisions.unusable): the point is decided without it, or (the baseline) not at all."""
+    said = ", ".join(dict.fromkeys(f"{t:g} ms" for t in times))
+    return Failure(
+        "measure", "error", UNUSABLE,
+        f"{function} timed {said} in {len(times)} of {rounds} rounds: no time, no speedup",
+    )  # fmt: skip
 
 
 def point_decision(
@@ -333,12 +391,12 @@ def _across_passes(point: PointResult, other: PointResult) -> PointResult:
     decision = point.decision
     if decision is None:
         return widened
-    kind, strategy, regret = reported_kind(widened)
+    kind, strategy, regret, against = reported_kind(widened)
     call = decision.call
     if (kind, strategy) != (call.kind, call.strategy):  # ties and rivals were the pass's, for its winner
-        call = Call(kind, strategy, capture=call.capture, regret=regret)
+        call = Call(kind, strategy, capture=call.capture, regret=regret, other_regret=against)
     else:  # the regret over both passes' intervals
-        call = dataclasses.replace(call, regret=regret)
+        call = dataclasses.replace(call, regret=regret, other_regret=against)
     flags, was = widened.flags, decision.call.strategy
     if kind != decision.kind and was is not None:
         then = other.decision.kind if other.decision else "-"
@@ -351,7 +409,7 @@ def _across_passes(point: PointResult, other: PointResult) -> PointResult:
     return dataclasses.replace(widened, decision=decided, flags=flags, winner=_winner(best, verdicts, decided))
 
 
-def reported_kind(point: PointResult) -> Tuple[str, Optional[str], Optional[float]]:
+def reported_kind(point: PointResult) -> Kind:
     """The decision on fusing (its strategy, its regret) that the intervals a point reports
     support (decisions.kind_of over its correct strategies, by the rule that decided the point):
     what its label must be."""
@@ -359,7 +417,7 @@ def reported_kind(point: PointResult) -> Tuple[str, Optional[str], Optional[floa
     ratios = {s: (point.speedups[s], cis[s][0], cis[s][1]) for s in _fusing(cis, point.correct)}
     epsilon = point.decision.epsilon if point.decision is not None else None
     if not ratios:
-        return "loop", None, None if epsilon is None else 0.0
+        return Kind("loop", None, None if epsilon is None else 0.0)
     return kind_of(ratios, epsilon)
 
 
@@ -403,24 +461,38 @@ _THIRD_PASS_NOTE = "the first two passes disagreed"
 
 def stored_passes(point: PointResult) -> Optional[Tuple[PointResult, PointResult]]:
     """A confirmed point's two passes as a results file holds them, in the order the runner
-    measured them: its own rebuilt from its samples (measured_point, as the runner built it), the
-    other from its record; None where the point was not confirmed, or a third pass settled it.
+    measured them: its own rebuilt from its samples (`own_pass`), the other from its record
+    (`recorded_pass`); None where the point was not confirmed, or a third pass settled it.
     (`--resume` gives a point confirmed before the interruption its third pass from them.)"""
     c = point.confirmation
-    if c is None or not point.timings or point.decision is None or point.health is None:
+    if c is None or any(f.startswith(_THIRD_PASS_NOTE) for f in point.flags):
         return None
-    if any(f.startswith(_THIRD_PASS_NOTE) for f in point.flags):
+    own = own_pass(point, point.decision.epsilon if point.decision is not None else None)
+    if own is None:
+        return None
+    other = recorded_pass(own, c)
+    return (other, own) if c.replaced else (own, other)
+
+
+def own_pass(point: PointResult, epsilon: Optional[float]) -> Optional[PointResult]:
+    """The point's own measurement rebuilt from the samples a results file holds, as the runner
+    built it (measured_point), decided at regret `epsilon` (None: the rule before regret
+    bounds); None where it holds no samples or no decision."""
+    if not point.timings or point.decision is None or point.health is None:
         return None
     timings = PairedTimings(point.stats, point.health)
-    own = measured_point(point.n, point.params, timings, point.checks, point.decision.level,
-                         point.peak_memory_bytes, point.failures, point.first_call_s,
-                         point.decision.epsilon)  # fmt: skip
+    return measured_point(point.n, point.params, timings, point.checks, point.decision.level,
+                          point.peak_memory_bytes, point.failures, point.first_call_s, epsilon)  # fmt: skip
+
+
+def recorded_pass(own: PointResult, c: Confirmation) -> PointResult:
+    """The other measurement of a point whose own pass is `own`, from its record `c` (which
+    holds no samples)."""
     best = pick_best(c.speedups, c.verdicts, own.correct)
-    other = dataclasses.replace(
+    return dataclasses.replace(
         own, timings=c.timings, speedups=c.speedups, speedup_ci=c.speedup_ci, verdicts=c.verdicts,
         winner=c.winner, health=c.health, decision=c.decision, best_strategy=best, stats={}, flags=[],
     )  # fmt: skip
-    return (other, own) if c.replaced else (own, other)
 
 
 def settled_by_third(first: PointResult, second: PointResult, third: PointResult) -> PointResult:
@@ -495,6 +567,7 @@ def result_of(points: List[PointResult], stopped: Optional[str] = None, **run_in
             if p.decision is not None and p.decision.feeds != fed:
                 analysed[id(p)] = dataclasses.replace(p, decision=dataclasses.replace(p.decision, feeds=fed))
         problems, notes = judge(ps, feeds)
+        falls_n, fell = falls(ps)
         group_results.append(
             GroupResult(
                 params=ps[0].params,
@@ -503,8 +576,9 @@ def result_of(points: List[PointResult], stopped: Optional[str] = None, **run_in
                 problems=problems,
                 fuse_or_capture=fuse_or_capture(ps[-1]),
                 marginal_n=[p.n for p in ps if p.winner == MARGINAL],
-                notes=notes,
+                notes=[*notes, *fell],
                 undecided_n=[p.n for p, fed in zip(ps, feeds) if "crossover" in fed and _undecided(p)],
+                falls_n=falls_n,
             )
         )
     points = [analysed.get(id(p), p) for p in points]

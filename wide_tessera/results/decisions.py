@@ -10,18 +10,19 @@ settled, instead of when every median is known to 2%:
 * each action has a worst case over the intervals (its **regret**, what a wrong choice can
   cost beyond the margin): fusing with S costs MARGIN/lo - 1 if S's truth is its interval's
   bottom; the loop costs max(hi)/MARGIN - 1 if the fastest strategy's truth is its top;
-* the point is **fuse** (strategy S) or **loop**, whichever worst case is smaller, as soon as
-  it is at most ε (RunSettings.regret, 2%): ε-best-arm identification (Even-Dar, Mannor and
-  Mansour 2002), which contains the rule of a margin alone, whose fuse (lo above the margin)
-  and loop (every hi below it) have no regret at all. Fuse also needs the winner's identity:
+* the point is **fuse** (strategy S) or **loop**, whichever worst case is smaller (a tie: the
+  loop, which costs nothing to keep; where both are within ε the call says so, `other_regret`),
+  as soon as it is at most ε (RunSettings.regret, 2%): ε-best-arm identification (Even-Dar,
+  Mannor and Mansour 2002), which contains the rule of a margin alone, whose fuse (lo above
+  the margin) and loop (every hi below it) have no regret at all. Fuse also needs the winner's identity:
   every other strategy known slower than S or tied with it, not known slower but known not
   faster than S by more than the margin and its own zone, ZONE (an indifference zone, as in
   Bechhofer's selection of the best: choosing S costs at most that). Else the point is
   **open**, with the smaller worst case at stake. Given time every point settles: both
-  intervals shrink until one worst case is within ε. A strategy whose worst case is within ε
-  fuses with the fastest such one. Fuse or capture follows the same rule with the fastest
-  control in the baseline's place: 'fuse', 'capture' (fusing would gain at most ε beyond
-  the margin over the captured loop) or 'open'.
+  intervals shrink until one worst case is within ε. Of the strategies whose worst case is
+  within ε and below the loop's, the point fuses with the fastest. Fuse or capture follows
+  the same rule with the fastest control in the baseline's place: 'fuse', 'capture' (fusing
+  would gain at most ε beyond the margin over the captured loop) or 'open'.
 * Files from before this rule (a Decision without `epsilon`) were decided by the margin and a
   **marginal** zone around it, MARGINAL_ZONE either side: 'marginal' (every strategy that
   might beat the margin known to lie within the zone) and, for fuse or capture, 'either'.
@@ -45,8 +46,9 @@ from order statistics: distribution-free, and valid at ten rounds.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from dataclasses_json import dataclass_json
 
@@ -63,12 +65,15 @@ __all__ = [
     "loop_regret",
     "Call",
     "Decision",
+    "UNUSABLE",
+    "unusable",
     "looks",
     "decision_level",
     "level_of",
     "stop_rule",
     "classify",
     "decide",
+    "Kind",
     "kind_of",
     "decide_capture",
     "compatible",
@@ -98,6 +103,18 @@ def fuse_regret(lo: float) -> float:
 def loop_regret(his: Sequence[float]) -> float:
     """What the loop costs beyond the margin if the fastest strategy's speedup is its interval's top."""
     return max(0.0, max(his) / MARGIN - 1)
+
+
+# A Failure's error_type for a function whose rounds hold no positive finite time (`unusable`).
+UNUSABLE = "UnusableTiming"
+
+
+def unusable(samples: Samples) -> Dict[str, List[float]]:
+    """Function -> the times among its samples that are no positive finite number of ms (NaN,
+    an infinity, 0 or less), for those that have any. No ratio or regret is drawn from such a
+    round: a NaN compares false with every bound, so the rule would decide past it; an infinity
+    or a 0 makes a ratio 0 and a regret divide by zero."""
+    return {f: bad for f, ms in samples.items() if (bad := [m for m in ms if not 0 < m < math.inf])}
 
 
 def looks(config: TimingConfig) -> List[int]:
@@ -134,8 +151,13 @@ def stop_rule(strategies: Sequence[str], controls: Sequence[str], settings: RunS
     def stop(samples: Dict[str, List[float]]) -> Look:
         if len(samples[BASELINE]) not in scheduled:
             return Look(False)
-        call = decide(samples, strategies, level, controls, settings.regret)
-        return Look(call.settled, frozenset(settled_parts(samples, call, strategies, controls, level)))
+        # no more rounds make a time that is not one usable: the point names it (results.analysis)
+        bad = unusable(samples)
+        if BASELINE in bad:
+            return Look(True)
+        usable = {f: ms for f, ms in samples.items() if f not in bad}
+        call = decide(usable, strategies, level, controls, settings.regret)
+        return Look(call.settled, frozenset([*settled_parts(usable, call, strategies, controls, level), *bad]))
 
     return stop
 
@@ -174,7 +196,8 @@ class Call:
     margin. rivals: strategies that may be faster
     than the winner by more than the margin (the winner's identity is open). capture: at a
     group's largest N, the best strategy against the fastest control: 'fuse', 'capture',
-    'either' or 'open' (None where no control ran).
+    'either' or 'open' (None where no control ran). other_regret: where the action not taken
+    (fuse or loop) was within ε too, its worst case: the call took the smaller (`kind_of`).
     """
 
     kind: str
@@ -183,6 +206,7 @@ class Call:
     rivals: List[str] = field(default_factory=list)
     capture: Optional[str] = None
     regret: Optional[float] = None
+    other_regret: Optional[float] = None
 
     @property
     def settled(self) -> bool:
@@ -240,7 +264,8 @@ def decide(
     if not timed:
         return Call("loop", regret=None if epsilon is None else 0.0)
     ratios = {s: paired_ratio(samples[BASELINE], samples[s], level) for s in timed}
-    kind, strategy, regret = kind_of(ratios, epsilon)
+    kind, strategy, regret, other = kind_of(ratios, epsilon)
+    assert strategy is not None  # kind_of names one of the strategies it was given
     ties: List[str] = []
     rivals: List[str] = []
     if kind == "fuse":
@@ -250,31 +275,44 @@ def decide(
         ties, rivals = _against(samples, strategy, others, level)
     # where fusing loses, capturing the loop is all there is to weigh
     capture = decide_capture(samples, strategy, controls, level, epsilon) if controls and kind != "loop" else None
-    return Call(kind, strategy, ties, rivals, capture, regret)
+    return Call(kind, strategy, ties, rivals, capture, regret, other)
 
 
-def kind_of(
-    ratios: Mapping[str, Tuple[float, float, float]], epsilon: Optional[float]
-) -> Tuple[str, str, Optional[float]]:
+class Kind(NamedTuple):
+    """`kind_of`'s answer: the kind, its strategy, its regret (None by the rule before regret
+    bounds), and `other`: where the action not taken was within ε too, its worst case, larger
+    than the chosen one's or equal to it (a tie goes to the loop)."""
+
+    kind: str
+    strategy: Optional[str]
+    regret: Optional[float]
+    other: Optional[float] = None
+
+
+def kind_of(ratios: Mapping[str, Tuple[float, float, float]], epsilon: Optional[float]) -> Kind:
     """The decision on fusing that speedups (strategy -> (median, low, high); at least one)
-    support at regret `epsilon`, with its strategy and its regret: 'fuse' with the fastest
-    whose fusing regret is within ε, where that is no more than the loop's; 'loop' (its regret
-    within ε) with the fastest; else 'open' with the fastest, the smaller regret at stake.
+    support at regret `epsilon`: of the actions whose worst case is within ε, the one whose
+    worst case is smaller, a tie going to the loop (it costs nothing to keep): 'fuse' with the
+    fastest strategy whose worst case is within ε and below the loop's, else 'loop' with the
+    fastest; else 'open' with the fastest, the smaller worst case at stake. Fusing with the
+    fastest strategy within ε whatever the loop's worst case chose, between two strategies
+    within ε and a loop within 1%, a fuse that may fall 1.4% short over one 0.1% short.
     `decide` applies it to a pass's intervals, results.analysis to a point's intervals over
     several passes: one rule, so that no label says more than the intervals it is shown with.
     epsilon None: the rule before regret bounds (`_kind_before_regret`), no regret."""
     if epsilon is None:
-        return (*_kind_before_regret(ratios), None)
+        return Kind(*_kind_before_regret(ratios), None)
     fusing = {s: fuse_regret(lo) for s, (_, lo, _) in ratios.items()}
     looping = loop_regret([hi for _, _, hi in ratios.values()])
     best = min(fusing.values())
-    if best <= epsilon and best <= looping:
-        s = max((s for s in ratios if fusing[s] <= epsilon), key=lambda s: ratios[s][0])
-        return "fuse", s, fusing[s]
+    better = [s for s in ratios if fusing[s] <= epsilon and fusing[s] < looping]
+    if better:
+        s = max(better, key=lambda s: ratios[s][0])
+        return Kind("fuse", s, fusing[s], looping if looping <= epsilon else None)
     fastest = max(ratios, key=lambda s: ratios[s][0])
     if looping <= epsilon:
-        return "loop", fastest, looping
-    return "open", fastest, min(best, looping)
+        return Kind("loop", fastest, looping, best if best <= epsilon else None)
+    return Kind("open", fastest, min(best, looping))
 
 
 def _kind_before_regret(ratios: Mapping[str, Tuple[float, float, float]]) -> Tuple[str, str]:
@@ -338,15 +376,22 @@ def _median(values: Sequence[float]) -> float:
 
 
 def compatible(first: Call, second: Call) -> bool:
-    """Whether two passes agree on fusing at a point: a win against a loop is a flip; a marginal
-    or open pass contradicts nothing, though over both passes the point may be undecided
-    (results.analysis.disputed). Which strategy wins is `same_winner`'s question."""
+    """Whether two passes agree at a point: a win against a loop is a flip, and so are two wins
+    that name different winners (`same_winner`): confirming the first would say what the second
+    denies. A marginal or open pass contradicts nothing, though over both passes the point may
+    be undecided (results.analysis.disputed)."""
     kinds = {first.kind, second.kind}
-    return bool(kinds & {"open", "marginal"}) or len(kinds) == 1
+    return bool(kinds & {"open", "marginal"}) or (len(kinds) == 1 and same_winner(first, second))
 
 
 def same_winner(first: Call, second: Call) -> bool:
-    """Whether two passes that both fuse name one winner (or winners they found tied)."""
+    """Whether two passes that both fuse name one winner, or winners one of them did not tell
+    apart from its own (tied with it, or a rival not yet told apart): a pass denies another's
+    winner only where it knows it slower."""
     if first.kind != "fuse" or second.kind != "fuse":
         return True
-    return first.strategy == second.strategy or second.strategy in first.ties or first.strategy in second.ties
+    return (
+        first.strategy == second.strategy
+        or second.strategy in (*first.ties, *first.rivals)
+        or first.strategy in (*second.ties, *second.rivals)
+    )

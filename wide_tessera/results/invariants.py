@@ -235,6 +235,7 @@ def _check_group(g: "GroupResult", where: str) -> None:
         _positive_int(f"{where}.n_values[{i}]", n)
     _need(g.crossover_n is None or g.crossover_n in g.n_values, f"{where}.crossover_n", "is not one of its N values")
     _need(set(g.marginal_n) <= set(g.n_values), f"{where}.marginal_n", "are not all of its N values")
+    _need(set(g.falls_n) <= set(g.n_values), f"{where}.falls_n", "are not all of its N values")
     f = g.fuse_or_capture
     if f is not None:
         _need(f.n in g.n_values, f"{where}.fuse_or_capture.n", "is not one of its N values")

@@ -10,6 +10,8 @@ UNRELIABLE, only when a point it rests on
 * was disturbed and never measured clean (a clean measurement outranks a disturbed one of
   the same point, analysis.confirmed);
 * was measured twice and the two contradict each other (unstable);
+* timed a round in no positive finite time (NaN, an infinity: decisions.unusable), so that
+  the point was decided without that function, or (the baseline) not at all;
 * is still open when the budget is spent: neither fusing nor the loop known to cost at most
   ε beyond the margin (its winner's identity or fuse-or-capture included), or over its
   passes (one settled, and over both builds' intervals together neither is within ε: a
@@ -26,7 +28,7 @@ from __future__ import annotations
 
 from typing import List, Optional, Sequence, Tuple
 
-from .decisions import Call, same_winner
+from .decisions import UNUSABLE, Call, same_winner
 from .schema import PointResult
 
 __all__ = ["feeds_of", "judge"]
@@ -60,6 +62,8 @@ def judge(group: Sequence[PointResult], feeds: Sequence[List[str]]) -> Tuple[Lis
             then = f"; in the confirmation {again[0]}" if again else ""
             (problems if fed else notes).append(f"{where}: disturbed: {why}{then} (never measured clean)")
         notes += [f"{where}: {why}" for h in health for why in h.problems if not why.startswith("disturbed")]
+        unusable = [f.message for f in p.failures.values() if f.error_type == UNUSABLE]
+        (problems if fed else notes).extend(f"{where}: unusable timing: {why}" for why in unusable)
         if p.unstable:
             problems.append(f"{where}: unstable: the passes contradict each other ({_calls(p)})")
         decision = p.decision
@@ -91,7 +95,9 @@ def _open_why(call: Call, epsilon: Optional[float]) -> str:
 
 
 def _winners_differ(point: PointResult) -> bool:
-    """Both passes clean and fusing, with winners they did not find tied."""
+    """Both passes clean and fusing, with winners they did not find tied: in points stored before
+    such passes counted as contradicting each other (decisions.compatible; a --resume or a
+    shard merge reads them), which are not unstable."""
     c = point.confirmation
     if point.decision is None or c is None or c.decision is None or c.replaced:
         return False

@@ -246,7 +246,9 @@ class GroupResult:
     strategy against the best control at the largest N, where both ran. undecided_n: the Ns
     the crossover rests on whose decision is not known (disturbed and never measured clean,
     unstable, or open: at the budget, or over passes that disagree); with the largest N among
-    them, "never" is not known.
+    them, "never" is not known. falls_n: the Ns where the loop was decided above an N that
+    fuses: the speedup falls as N grows there, which a crossover assumes it does not; the
+    crossover is read above the last of them (results.analysis.falls).
     """
 
     params: Dict[str, Any]
@@ -257,6 +259,7 @@ class GroupResult:
     marginal_n: List[int] = field(default_factory=list)
     notes: List[str] = field(default_factory=list)
     undecided_n: List[int] = field(default_factory=list)
+    falls_n: List[int] = field(default_factory=list)
 
 
 @dataclass_json
