@@ -47,6 +47,7 @@ from ..measurement.traces import trace_name, write_traces
 from ..results import analysis
 from ..results.decisions import level_of, stop_rule
 from ..results.schema import Failure, PointResult
+from ..train.memory import bytes_per_model
 
 __all__ = ["iter_points", "INPUT_DRAWS"]
 
@@ -572,23 +573,11 @@ def _release_memory(device: str) -> None:
 def _over_budget(
     job: BenchmarkJob, n: int, params: Dict[str, Any], dtype: torch.dtype, settings: RunSettings
 ) -> Optional[Failure]:
-    """A 'skipped' failure if the point's estimated footprint exceeds the memory budget.
-
-    The estimate, from one model and one input on the CPU: N times (weights twice, for
-    the models and the wide copy; input twice, separate and packed; output twice,
-    reference and wide). The training modes add, on both sides, the weights' gradients and
-    momentum, and the input's and output's gradients.
-    """
+    """A 'skipped' failure if the point's estimated footprint (N times train.bytes_per_model, from
+    one model and one input on the CPU) exceeds the memory budget."""
     if settings.memory_budget is None:
         return None
-    model = job.model_factory(**params).to(dtype=dtype)
-    x = trees.cast(job.input_factory(1, **params)[0], "cpu", dtype)
-    with torch.no_grad():
-        y = trees.call(model.train(job.train), x)
-    weights = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
-    training = settings.mode in TRAINING_MODES
-    io = sum(t.numel() * t.element_size() for t in trees.tensors([x, y]))
-    estimate = n * ((6 if training else 2) * weights + (4 if training else 2) * io)
+    estimate = n * _bytes_per_model(job, params, dtype, settings.mode)
     if estimate <= settings.memory_budget:
         return None
     return Failure(
@@ -598,3 +587,14 @@ def _over_budget(
         f"estimated footprint {estimate / 2**20:.1f} MiB exceeds the memory budget "
         f"{settings.memory_budget / 2**20:.1f} MiB",
     )
+
+
+def _bytes_per_model(job: BenchmarkJob, params: Dict[str, Any], dtype: torch.dtype, mode: str) -> int:
+    """train.bytes_per_model of the job's model: the train mode steps AdamW (measurement.recipe),
+    the other training modes SGD with momentum (measurement.modes.OPTIMIZER)."""
+    model = job.model_factory(**params).to(dtype=dtype)
+    x = trees.cast(job.input_factory(1, **params)[0], "cpu", dtype)
+    with torch.no_grad():
+        y = trees.call(model.train(job.train), x)
+    optimizer = ("adamw" if mode == "train" else "sgd") if mode in TRAINING_MODES else None
+    return bytes_per_model(model, x, y, optimizer)
