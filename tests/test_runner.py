@@ -177,3 +177,11 @@ def test_a_run_saved_after_every_point_encodes_each_point_once_it_is_analysed(fa
     # each point when measured, and again only where a later point changed what it feeds: not
     # every point measured so far at every write (1 + 2 + ... + 6)
     assert len(encoded) < 6 * 7 // 2, encoded
+
+
+def test_a_run_leaves_the_callers_random_generator_as_it_was(fast_timing):
+    job = WideLinear.benchmark_job("ci", n_values=[2], in_features=[8], out_features=[8], batch=[4])
+    torch.manual_seed(5)
+    before = torch.get_rng_state()
+    run(job, timing=fast_timing, verbose=False, memory_budget=2**30)
+    assert torch.equal(torch.get_rng_state(), before)

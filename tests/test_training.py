@@ -1135,3 +1135,42 @@ def test_surgery_gives_back_the_tensors_a_forward_never_reads():
     for state, back, m in zip(fused.state_dicts(), fused.unfuse(), models):
         assert state.keys() == back.state_dict().keys() == m.state_dict().keys()
         assert all(torch.equal(state[k], v) and torch.equal(back.state_dict()[k], v) for k, v in m.state_dict().items())
+
+
+class TiedWithBuffer(nn.Module):
+    """Two layers sharing a weight, and a buffer: what a count by state_dict counts twice, or misses."""
+
+    def __init__(self):
+        super().__init__()
+        self.first, self.second = nn.Linear(8, 8), nn.Linear(8, 8)
+        self.second.weight = self.first.weight
+        self.register_buffer("scale", torch.ones(8))
+
+    def forward(self, x):
+        return self.second(self.first(x)) * self.scale
+
+
+def test_a_point_and_an_optuna_group_estimate_one_models_memory_alike():
+    from types import SimpleNamespace
+
+    from wide_tessera.integrations.optuna import sizing
+    from wide_tessera.integrations.optuna.training import Training
+    from wide_tessera.integrations.optuna.trial import Draws, Member
+    from wide_tessera.sweep import point
+
+    model, x = TiedWithBuffer(), torch.randn(4, 8)
+    weights = (64 + 8 + 8 + 8) * 4  # the tied weight once, two biases, the buffer
+    io = (32 + 32) * 4  # the input and the output
+    expected = 2 * ((2 + 2) * weights + 2 * io)  # two sides: weights, gradients, AdamW's two moments
+    job = SimpleNamespace(model_factory=lambda: model, input_factory=lambda n: [x], train=True)
+    member = Member(None, {}, model, Draws(0, "cpu"))
+    training = Training(steps=1, batch=lambda params, step: (x, x), loss=F.mse_loss, optimizer="adamw")
+    assert point._bytes_per_model(job, {}, torch.float32, "train") == expected
+    assert sizing._bytes_per_model(member, training) == expected
+    assert point._bytes_per_model(job, {}, torch.float32, "inference") == 2 * (weights + io)
+
+
+def test_every_optimizer_has_its_state_counted_in_the_memory_estimate():
+    from wide_tessera.train.memory import STATE_PER_WEIGHT
+
+    assert set(STATE_PER_WEIGHT) == set(OPTIMIZERS)

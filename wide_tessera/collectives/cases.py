@@ -291,7 +291,20 @@ def run_case(
 
 def _measure(call: Callable[[], None], device: str, config: TimingConfig) -> TimingStats:
     """Samples until the median's CI is within the target or the budget is spent, the decision
-    made from values every rank holds alike."""
+    made from values every rank holds alike.
+
+    Not measurement.timing's timer, which has no place for what a collective needs: every rank
+    must call the collective the same number of times, or the ranks that call once more wait
+    forever. The timer decides alone on each rank how many calls a sample loops (calibrated on
+    that rank's clock), which rounds to throw away and retake (that rank's health monitor) and
+    when to stop (that rank's elapsed time); here the loop's length, each sample (the slowest
+    rank's, _timed) and the time spent are agreed over all ranks before anything is decided, and
+    no round is retaken. A sample starts on every rank together (a barrier), which the timer's
+    sampler, timing only the function, cannot put outside the timed loop. And a collective
+    waits on the other ranks: the timer's CPU clock (one torch thread) does not count a wait,
+    and its monitor names a function that waits as blocked, so a collective is timed by wall
+    time alone. What it shares with the timer: the stopping test (median_ci_rel_width against
+    target_rel_ci, min_samples, max_samples, budget_s) and TimingConfig."""
     for _ in range(3):  # warm-up: connections, buffers
         call()
     one = _timed(call, 1, device)

@@ -486,6 +486,13 @@ def _mul_addcmul(
 # tensor with a per-model factor: the factor's temporary costs a pass over memory, N calls cost
 # their overhead. One core: a per-model addcdiv_ took 0.27 ms against 0.40 ms at [8, 256, 256],
 # 0.35 against 0.40 at [32, 128, 128], 0.15 against 0.07 at [32, 64, 64].
+# A fact of this machine, and of N, that no machine fact read at run time gives yet:
+# scripts/large_part.py (one thread, 2-core EPYC with 1 MiB of L2 a core, at a load of 6) put the
+# crossing between 65536 and 262144 elements a part at N=2, near 32768 at N=8, between 16384 and
+# 32768 at N=32; the wide tensor's size against L2 does not give it either: at the same 2 MiB
+# wide tensor the wide form took 2.05x the per-model form's time at N=8, and 0.70x at N=32.
+# On a GPU, where N calls are N launches of several microseconds, the wide form should win far
+# beyond it; not measured there.
 _LARGE_PART = 16384
 
 

@@ -34,6 +34,7 @@ from ..core.correctness import (
 from ..core.errors import NotApplicable, one_line, vmap_limitation
 from ..core.job import DTYPES, BenchmarkJob, group_key, point_key
 from ..core.roles import BASELINE, CONTROLS
+from ..core.seeding import forked, seeded
 from ..measurement import modes
 from ..measurement.controls import OPTIMIZER_CONTROLS, GraphedLoop, compiled, control_unavailable
 from ..measurement.energy import measure_energy
@@ -47,6 +48,7 @@ from ..measurement.traces import trace_name, write_traces
 from ..results import analysis
 from ..results.decisions import level_of, stop_rule
 from ..results.schema import Failure, PointResult
+from ..train.memory import bytes_per_model
 
 __all__ = ["iter_points", "INPUT_DRAWS"]
 
@@ -102,7 +104,10 @@ def iter_points(
         # Grad mode is per thread, not per generator: a yield inside no_grad left the caller
         # without gradients while this generator waited, and for good where a Ctrl-C left it
         # unfinished (every later backward in the process failed: CI, 2026-11-27).
-        with torch.no_grad():
+        # Each point draws (its models, inputs, dropout's masks) from the run's seed, so that it
+        # does not depend on which points ran before it (the confirmation pass measures with a
+        # seed of its own); the caller's generators are as they were after the run.
+        with torch.no_grad(), seeded(settings.seed, settings.device):
             measurement = _PointMeasurement(
                 job,
                 n,
@@ -220,9 +225,6 @@ class _PointMeasurement:
                     over = Failure("setup", "skipped", "Unfit", unfit)
                 if over is not None:
                     return analysis.failed_point(self.n, params, {"point": over})
-                # Seeded per point, so a point's models and inputs do not depend on which points
-                # ran before it; the confirmation pass measures with a seed of its own.
-                torch.manual_seed(self.settings.seed)
                 train = job.train or self.training
                 self.modules = [
                     job.model_factory(**params).to(device=self.device, dtype=self.dtype).train(train)
@@ -282,7 +284,12 @@ class _PointMeasurement:
         return None
 
     def seeded(self, call: Callable[[], Any]) -> Any:
-        return _seeded(call, self.settings.seed, self.job.random)
+        """`call()`, from the generator state of the point's seed where the models draw random numbers
+        (BenchmarkJob.random): each model's call, and the wide call, draw the same numbers."""
+        if not self.job.random:
+            return call()
+        with seeded(self.settings.seed, self.device):
+            return call()
 
     def reference_calls(self, inputs: Sequence[Any], models: Optional[Sequence[torch.nn.Module]] = None) -> List[Any]:
         # Random models: every call starts from the same generator state, as the checked
@@ -491,13 +498,6 @@ def _call(call: Callable[[], Any]) -> Any:
     return call()
 
 
-def _seeded(call: Callable[[], Any], seed: int, random: bool) -> Any:
-    """`call()`, from the generator state `seed` when the models draw random numbers."""
-    if random:
-        torch.manual_seed(seed)
-    return call()
-
-
 def _graphed_side(loop: Callable, capture_inputs: Sequence[torch.Tensor]) -> Side:
     """The loop captured on its first use (in the check stage, where a failure is recorded) over
     draw 0's inputs; each draw is then copied into the static inputs."""
@@ -572,23 +572,11 @@ def _release_memory(device: str) -> None:
 def _over_budget(
     job: BenchmarkJob, n: int, params: Dict[str, Any], dtype: torch.dtype, settings: RunSettings
 ) -> Optional[Failure]:
-    """A 'skipped' failure if the point's estimated footprint exceeds the memory budget.
-
-    The estimate, from one model and one input on the CPU: N times (weights twice, for
-    the models and the wide copy; input twice, separate and packed; output twice,
-    reference and wide). The training modes add, on both sides, the weights' gradients and
-    momentum, and the input's and output's gradients.
-    """
+    """A 'skipped' failure if the point's estimated footprint (N times train.bytes_per_model, from
+    one model and one input on the CPU) exceeds the memory budget."""
     if settings.memory_budget is None:
         return None
-    model = job.model_factory(**params).to(dtype=dtype)
-    x = trees.cast(job.input_factory(1, **params)[0], "cpu", dtype)
-    with torch.no_grad():
-        y = trees.call(model.train(job.train), x)
-    weights = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
-    training = settings.mode in TRAINING_MODES
-    io = sum(t.numel() * t.element_size() for t in trees.tensors([x, y]))
-    estimate = n * ((6 if training else 2) * weights + (4 if training else 2) * io)
+    estimate = n * _bytes_per_model(job, params, dtype, settings.mode)
     if estimate <= settings.memory_budget:
         return None
     return Failure(
@@ -598,3 +586,14 @@ def _over_budget(
         f"estimated footprint {estimate / 2**20:.1f} MiB exceeds the memory budget "
         f"{settings.memory_budget / 2**20:.1f} MiB",
     )
+
+
+def _bytes_per_model(job: BenchmarkJob, params: Dict[str, Any], dtype: torch.dtype, mode: str) -> int:
+    """train.bytes_per_model of the job's model: the train mode steps AdamW (measurement.recipe),
+    the other training modes SGD with momentum (measurement.modes.OPTIMIZER)."""
+    with forked("cpu"), torch.no_grad():  # what it draws moves none of the point's draws
+        model = job.model_factory(**params).to(dtype=dtype)
+        x = trees.cast(job.input_factory(1, **params)[0], "cpu", dtype)
+        y = trees.call(model.train(job.train), x)
+    optimizer = ("adamw" if mode == "train" else "sgd") if mode in TRAINING_MODES else None
+    return bytes_per_model(model, x, y, optimizer)

@@ -10,9 +10,10 @@ import torch
 from torch import nn
 
 from ...core import trees
+from ...core.seeding import seeded
 from .host import optuna
 from .training import Training, loss_of, on_device
-from .trial import Draws, build_model, seeded, suggested, trial_seed
+from .trial import Draws, build_model, suggested, trial_seed
 
 
 def sequential_objective(
@@ -29,7 +30,7 @@ def sequential_objective(
         params = suggested(suggest, trial)
         model = build_model(build, trial, params, device).to(device)
         draws = Draws(trial_seed(trial, params), device)
-        with seeded(device, draws.training_seed):  # its dropout masks
+        with seeded(draws.training_seed, device):  # its dropout masks
             return train_alone(trial, params, model, draws, training, device)
 
     return objective

@@ -16,6 +16,7 @@ import torch
 
 from ...core import trees
 from ...dispatch.fuse import DispatchWarning, decide_at
+from ...train.memory import bytes_per_model
 from .probe import Probe
 from .training import Training, loss_of, on_device
 from .trial import Member
@@ -119,18 +120,18 @@ def _verdicts(member: Member, ns: Sequence[int], table: Path) -> Dict[int, Tuple
 
 
 def _memory_cap(member: Member, training: Training, device: str) -> Tuple[int, str]:
-    """How many models' training fits in half the device's free memory: a model's weights,
-    gradients and two optimizer moments, and its input and output three times over (forward,
-    backward, the packed copy)."""
-    x, _ = member.draws.batch(training, member.params, 0, keep=False)
-    with torch.no_grad():  # on a copy: a call in train mode moves BatchNorm's statistics
-        y = trees.call(copy.deepcopy(member.model), x)
-    weights = sum(t.numel() * t.element_size() for t in member.model.state_dict().values())
-    io = sum(t.numel() * t.element_size() for t in trees.tensors([x, y]))
-    per_model = 4 * weights + 3 * io
+    """How many models' training fits in half the device's free memory (train.bytes_per_model)."""
+    per_model = _bytes_per_model(member, training)
     free = torch.cuda.mem_get_info()[0] if torch.device(device).type == "cuda" else psutil.virtual_memory().available
     cap = max(1, int(free / 2 // max(per_model, 1)))
     return cap, f"memory for {cap} ({per_model / 2**20:.1f} MiB a model, {free / 2**30:.1f} GiB free)"
+
+
+def _bytes_per_model(member: Member, training: Training) -> int:
+    x, _ = member.draws.batch(training, member.params, 0, keep=False)
+    with torch.no_grad():  # on a copy: a call in train mode moves BatchNorm's statistics
+        y = trees.call(copy.deepcopy(member.model), x)
+    return bytes_per_model(member.model, x, y, training.optimizer)
 
 
 def step_seconds(member: Member, training: Training, device: str) -> float:

@@ -12,6 +12,7 @@ from torch import nn
 
 from ...core import trees
 from ...core.errors import MissingDependency, WideTesseraError
+from ...core.seeding import forked, seeded
 from ...core.user_input import check_number
 from ...dispatch.table import default_table_path
 from ...measurement.settings import resolve_device
@@ -23,7 +24,7 @@ from .sizing import Sizing, probed, size_groups, step_seconds
 from .summary import GroupRecord, StudySummary, label, shape_params
 from .tell import Callback, Teller, checked_contract
 from .training import Training
-from .trial import Draws, Member, build_model, forked, seeded, suggested, trial_seed
+from .trial import Draws, Member, build_model, suggested, trial_seed
 
 
 def optimize(
@@ -123,7 +124,7 @@ def optimize(
                     del pending[key]
                 plan = Plan(training, table_path, sizes[key].strategy, device, sizes[key].probe)
                 clock = (start, estimate or 0.0) if progress else None
-                with seeded(device, members[0].draws.training_seed):  # the group's dropout masks
+                with seeded(members[0].draws.training_seed, device):  # the group's dropout masks
                     groups.append(train_group(teller, members, plan, clock, len(groups), key))
                 if plan.probe is not None:  # the later groups of the shape run what it decided
                     sizes[key] = probed(sizes[key], members[0], len(members), table_path)

@@ -4,14 +4,14 @@ built under the seed, its parameters."""
 from __future__ import annotations
 
 import numbers
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterator, List, Tuple
+from typing import Any, Callable, Dict, List, Tuple
 
 import torch
 from torch import nn
 
 from ...core.errors import WideTesseraError
+from ...core.seeding import forked, seeded
 from .training import Training
 
 
@@ -21,23 +21,6 @@ def trial_seed(trial: Any, params: Dict[str, Any]) -> int:
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= int(seed) < 2**63:
         raise WideTesseraError(f"trial {trial.number}: seed={seed!r}: give an int from 0 to 2**63 - 1")
     return int(seed)
-
-
-def forked(device: str) -> Any:
-    """The block's random draws on a fork of the generators `device` draws from: the caller's are
-    left as they were."""
-    where = torch.device(device)
-    return torch.random.fork_rng(devices=[where.index or 0] if where.type == "cuda" else [])
-
-
-@contextmanager
-def seeded(device: str, seed: int) -> Iterator[None]:
-    """Random draws (a model's initial weights, dropout's masks) from `seed`, the caller's generator
-    left as it was: a trial's model, and its training, are the same whatever ran before them, so a
-    study of a seeded sampler gives the same values run after run."""
-    with forked(device):
-        torch.manual_seed(seed)
-        yield
 
 
 class Draws:
@@ -52,8 +35,7 @@ class Draws:
         self.where = torch.device(device)
         seeds = torch.randint(2**62, (2,), generator=torch.Generator().manual_seed(seed))
         data_seed, self.training_seed = seeds.tolist()
-        with forked(device):
-            torch.manual_seed(data_seed)
+        with seeded(data_seed, device):
             self._data = self._state()
 
     def _state(self) -> List[torch.Tensor]:
@@ -76,7 +58,7 @@ class Draws:
 def build_model(
     build: Callable[[Dict[str, Any]], nn.Module], trial: Any, params: Dict[str, Any], device: str
 ) -> nn.Module:
-    with seeded(device, trial_seed(trial, params)):
+    with seeded(trial_seed(trial, params), device):
         model = build(params)
     if not isinstance(model, nn.Module):
         raise WideTesseraError(f"build(params) returned {type(model).__name__}, not an nn.Module")
