@@ -11,10 +11,10 @@ import torch
 from torch import nn
 
 from ..core.errors import WideTesseraError
-from ..core.layout import STACKED, Slot, loop_slots, prefixed, slots_of
+from ..core.layout import SHARED, STACKED, Layout, Slot, held_once, loop_slots, prefixed, slots_of
 from ..ops.base import WideOp, op_fusing
 
-__all__ = ["wide_layer", "hold_stacked", "LayerChoice", "LayerLoop"]
+__all__ = ["wide_layer", "hold", "hold_stacked", "LayerChoice", "LayerLoop"]
 
 # Why N copies of a layer inside a wide model run as N calls, not as their op's wide module:
 # given the op and the N layers, a reason (the op loses there on this machine), or None to fuse
@@ -79,6 +79,16 @@ class LayerLoop(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         parts = STACKED.parts(x, len(self.layers))
         return STACKED.join([layer(part) for layer, part in zip(self.layers, parts)])
+
+
+def hold(holder: nn.Module, name: str, values: List[Any], persistent: bool = True) -> Layout:
+    """Each model's tensor attribute, held once where it is one frozen tensor of all models (the
+    models' own: core.layout.held_once), else stacked; returns how."""
+    if held_once(values):
+        holder.register_parameter(name, values[0])
+        return SHARED
+    hold_stacked(holder, name, values, persistent)
+    return STACKED
 
 
 def hold_stacked(holder: nn.Module, name: str, values: List[Any], persistent: bool = True) -> None:
