@@ -35,6 +35,14 @@ class ReadsBase(Adapted):
         return self.head(torch.relu(F.linear(x, self.base.weight, self.base.bias)))
 
 
+class Branches(Adapted):
+    """A forward that differs between train and eval: torch.fx traces one mode, so surgery
+    captures it with torch.export."""
+
+    def forward(self, x):
+        return super().forward(x * 1.0 if self.training else x)
+
+
 def frozen_base() -> nn.Linear:
     return nn.Linear(D, D).requires_grad_(False)
 
@@ -63,15 +71,20 @@ def wide_grads(fused):
     return grads
 
 
-@pytest.mark.parametrize("cls", [Adapted, ReadsBase])
+@pytest.mark.parametrize("cls", [Adapted, ReadsBase, Branches])
 @pytest.mark.parametrize("how", ["one", "equal"])
 @pytest.mark.parametrize("strategy", ["vmap", "surgery"])
 def test_a_frozen_base_is_held_once_and_trains_as_n_separate_trainings(strategy, how, cls):
     models = adapted(cls, how)
+    for m in models:
+        m.train()
     before = models[0].base.weight.clone()
     separate = [copy.deepcopy(m) for m in models]
     torch_opts = [torch.optim.AdamW(m.head.parameters(), lr=lr) for m, lr in zip(separate, LRS)]
     fused = wt.fuse(models, strategy=strategy)
+    if strategy == "surgery":
+        assert (fused.runs.captured is not None) == (cls is Branches)
+        assert fused.runs.folded == ([] if cls is ReadsBase else ["base"])
     (held,) = held_bases(fused)
     assert held.shape == (D, D) and held.data_ptr() == models[0].base.weight.data_ptr()  # the models' own
     opt = wto.AdamW(fused, lr=LRS)

@@ -98,6 +98,7 @@ class WideSurgery(StackedIO, nn.Module):
         except Exception as e:  # noqa: BLE001  whatever stops the tracer: torch.export captures the model
             self.captured = ExportedSurgery(modules, randomness, one_line(e)[:200], choice)
             self.swapped, self.looped, self.unfused = self.captured.swapped, self.captured.looped, self.captured.unfused
+            self.folded = self.captured.folded
         else:
             self._rewrite(modules, traced)
         self._classes = _classes_of(modules[0], [*self.swapped, *self.looped, *self.unfused, *self.folded])
