@@ -20,9 +20,9 @@ as 8 separate PEFT trainings (`set_adapter`, torch's AdamW). The table says:
   ran. Not tracemalloc: it sees Python's allocator only, and torch allocates tensors on the CPU
   with its own. Not a poll of the RSS (psutil): a peak between two polls is missed. 8 separate
   models, as 8 jobs over their own copy of the base hold them, are 8 times one adapter's
-  training (computed, not run);
-* a training step's time fused against the 8 separate steps, at two batch sizes, the median of
-  `--rounds` interleaved rounds, and the dispatch table's answer for the `lora` op at that
+  training (computed, not run); at two batch sizes;
+* a training step's time fused against the 8 separate steps at those two batch sizes, the
+  median of `--rounds` interleaved rounds, and the dispatch table's answer for the `lora` op at that
   number of tokens per adapter (no table entry: `wide_tessera tune lora` writes them).
 
 One thread (torch.set_num_threads(1)): on a machine others use, a second thread measures them.
@@ -37,6 +37,7 @@ import statistics
 import tempfile
 import time
 import warnings
+from functools import partial
 from typing import Callable, Dict, List, Sequence, Tuple
 
 import peft
@@ -53,8 +54,8 @@ from wide_tessera.ops.lora import LoRALinear
 N, VOCAB, HIDDEN, RANK = 8, 256, 256, 8
 NAMES = [f"task{i}" for i in range(N)]
 LRS = [2e-3 * 0.7**i for i in range(N)]
-TRAIN_SIZE = (2, 32)  # (batch, sequence) of each adapter in the trained comparison and memory
-TIMED_SIZES = [(1, 8), (2, 32)]
+TRAIN_SIZE = (2, 32)  # (batch, sequence) of each adapter in the trained comparison
+SIZES = [(1, 8), (2, 32)]  # those of the memory and the step times
 
 
 def base_model() -> transformers.LlamaForCausalLM:
@@ -178,37 +179,46 @@ def peak_bytes(train: Callable[[], None]) -> int:
     return int(peak)
 
 
-def train_one() -> None:
+def train_one(batch: int, seq: int) -> None:
     model = adapted(1)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LRS[0])
-    ids = batches(*TRAIN_SIZE)[0]
+    ids = batches(batch, seq)[0]
     for _ in range(3):
         separate_step(model, optimizer, ids)
 
 
-def train_fused() -> None:
+def train_fused(batch: int, seq: int) -> None:
     fused = fuse_adapters(adapted(N))
     optimizer = wto.AdamW(fused, lr=LRS)
-    ids = batches(*TRAIN_SIZE)
+    ids = batches(batch, seq)
     for _ in range(3):
         fused_step(fused, optimizer, ids)
 
 
-def memory_rows(fused_peak: int, one_peak: int) -> List[Tuple[str, str]]:
+def peaks() -> List[Tuple[int, int]]:
+    """(fused, one adapter's) peak memory at each size, each training forked before anything else ran."""
+    return [(peak_bytes(partial(train_fused, *size)), peak_bytes(partial(train_one, *size))) for size in SIZES]
+
+
+def memory_rows(measured: List[Tuple[int, int]]) -> List[Tuple[str, str]]:
     base = sum(p.numel() * p.element_size() for p in base_model().parameters())
     mb = 2**20
-    return [
-        ("base's parameters", f"{base / mb:.1f} MB"),
-        (f"peak memory, one adapter's training (batch {TRAIN_SIZE})", f"{one_peak / mb:.1f} MB"),
-        (f"peak memory, {N} adapters fused", f"{fused_peak / mb:.1f} MB = {fused_peak / one_peak:.2f}x one adapter's"),
-        (f"{N} separate models ({N} x one adapter's training, computed)", f"{N * one_peak / mb:.1f} MB"),
-    ]
+    rows = [("base's parameters", f"{base / mb:.1f} MB")]
+    for (batch, seq), (fused, one) in zip(SIZES, measured):
+        rows.append(
+            (
+                f"peak memory, batch {batch} x seq {seq}: fused | one adapter | {N} separate models",
+                f"{fused / mb:.1f} MB | {one / mb:.1f} MB | {N * one / mb:.1f} MB (computed): fused "
+                f"{fused / one:.2f}x one adapter's",
+            )
+        )
+    return rows
 
 
 def timed_rows(rounds: int) -> List[Tuple[str, str]]:
     model = adapted(N)
     rows = []
-    for batch, seq in TIMED_SIZES:
+    for batch, seq in SIZES:
         ids = batches(batch, seq)
         separate = [alone(model, i) for i in range(N)]
         fused = fuse_adapters(model)
@@ -257,9 +267,9 @@ def main() -> None:
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", category=FutureWarning)  # transformers' deprecations, once per adapter loaded
     started = time.perf_counter()
-    fused_peak, one_peak = peak_bytes(train_fused), peak_bytes(train_one)  # forked before anything else ran
-    rows = [(f"{N} adapters, {args.steps} AdamW steps, lr {LRS[0]:.1e} to {LRS[-1]:.1e}", "")]
-    rows += trained(args.steps) + memory_rows(fused_peak, one_peak) + timed_rows(args.rounds)
+    measured = peaks()
+    rows = [(f"{N} adapters, {args.steps} AdamW steps at batch {TRAIN_SIZE}, lr {LRS[0]:.1e} to {LRS[-1]:.1e}", "")]
+    rows += trained(args.steps) + memory_rows(measured) + timed_rows(args.rounds)
     table(rows)
     print(f"({time.perf_counter() - started:.0f} s, one thread)")
 
