@@ -17,6 +17,9 @@ A wide module says how it holds the models with `model_slots()`: for each tensor
 state_dict, the name the tensor has in one model and its Layout (a `Slot`). `slots_of` reads
 them, `load_joined` fills a wide module from N models by them, and `model_state_dicts` gives the
 N models' state_dicts back.
+
+A frozen tensor all N models hold (`held_once`: a LoRA base, a frozen backbone) is held once,
+SHARED: the wide module keeps the models' own tensor, and the N batches fold through it.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ __all__ = [
     "load_joined",
     "model_state_dicts",
     "persistent_tensors",
+    "held_once",
 ]
 
 
@@ -122,6 +126,30 @@ JOINED = Layout(joined=True)
 SHARED = Layout(shared=True)
 
 
+def held_once(values: Sequence[Any]) -> bool:
+    """Whether the N models' tensors of one name are one frozen tensor, which a wide module holds
+    once (SHARED) rather than stacking N copies: parameters that do not train (requires_grad
+    False) that are one object, or bitwise equal (a frozen base each model deep-copied: the train
+    mode's copies of the models, a factory's models built from one checkpoint). A parameter that
+    trains is each model's (N trainings step it apart), and so is a buffer: forward may update it
+    (BatchNorm's running statistics). Bit for bit, not by ==, which takes -0.0 for 0.0."""
+    first = values[0]
+    if not all(isinstance(v, nn.Parameter) and not v.requires_grad for v in values):
+        return False
+    return all(v is first or _bitwise_equal(v, first) for v in values[1:])
+
+
+def _bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if (a.shape, a.dtype, a.device) != (b.shape, b.dtype, b.device) or a.device.type == "meta":
+        return False
+    bits = _BITS.get(a.element_size())
+    return torch.equal(a.view(bits), b.view(bits)) if bits is not None else torch.equal(a, b)
+
+
+# an integer dtype of each element size: a tensor viewed as one compares bit for bit (NaN equal to itself)
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
 class Slot(NamedTuple):
     """One tensor of a wide module: its name in one model, and where the N models' parts lie."""
 
@@ -196,6 +224,11 @@ def model_state_dicts(
     states: List[Dict[str, Any]] = [{} for _ in range(n)]
     tensors = module.state_dict()
     for name, slot in slots_of(module).items():
+        if slot.layout.shared:  # one copy, every model's
+            once = tensors[name].clone()
+            for state in states:
+                state[slot.name] = once
+            continue
         for i, part in enumerate(slot.layout.parts(tensors[name], n)):
             if part is not None:
                 states[i][slot.name] = part.clone()

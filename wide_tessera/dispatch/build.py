@@ -10,6 +10,7 @@ transformers integration read the same one.
 from __future__ import annotations
 
 import copy
+import operator
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Set, Tuple, Type
@@ -163,8 +164,10 @@ class Fused(nn.Module):
     `runs` is what its forward runs: a strategy's wide module, or the N modules as a loop
     (LoopedModules). It owns the parameters that run: `parameters()`, `state_dict()`, `.to()`,
     `.train()` and `requires_grad_()` act on `runs`, so an optimizer over `fused.parameters()`
-    trains what runs, whichever strategy won. A wide module holds a copy of the modules' weights:
-    `state_dicts()` and `unfuse()` give the N models back, current weights and buffers included.
+    trains what runs, whichever strategy won. A wide module holds a copy of the modules' weights,
+    but for a frozen tensor all of them hold (core.layout.held_once), which it holds once, the
+    models' own: `state_dicts()` and `unfuse()` give the N models back, current weights and
+    buffers included, the models given back holding that one tensor.
     `pack(inputs)`, `forward(packed)` and `unpack(output)` are the runner's; `decision` says what
     decided (print it).
     """
@@ -255,7 +258,7 @@ class Fused(nn.Module):
         the device they are on now, in this module's train or eval mode; `into`: load them into
         these N modules instead (the ones given to fuse(), say), and return them."""
         if into is None:
-            targets = [copy.deepcopy(m) for m in self._given]
+            targets = [copy.deepcopy(m, self._held_once(m)) for m in self._given]
         else:
             targets = list(into) if isinstance(into, (list, tuple, nn.ModuleList)) else []
             if len(targets) != self.n or any(type(t) is not type(self._given[0]) for t in targets):
@@ -269,6 +272,15 @@ class Fused(nn.Module):
             target.train(self.training)
         self._frozen_as_runs(targets)
         return targets
+
+    def _held_once(self, model: nn.Module) -> Dict[int, Any]:
+        """A deepcopy's memo giving the copy of `model` the frozen tensors `runs` holds once, as
+        they are: N copies of a LoRA base given back would be N times its memory."""
+        return {
+            id(operator.attrgetter(slot.name)(model)): operator.attrgetter(name)(self.runs)
+            for name, slot in slots_of(self.runs).items()
+            if slot.layout.shared
+        }
 
     def _frozen_as_runs(self, models: List[nn.Module]) -> None:
         """Each model's parameter frozen (requires_grad False) where the tensor that holds it is."""

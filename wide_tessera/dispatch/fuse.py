@@ -74,7 +74,8 @@ def fuse(
     `decision` says what decided (print it). It owns what it runs: train it through its
     `parameters()` (or wide_tessera.optim, with settings per model), and read the N models back
     with `state_dicts()` or `unfuse()`. A wide module holds a copy of the modules' parameters, as
-    `from_modules` makes it: the modules given are left as they were (the loop runs them).
+    `from_modules` makes it: the modules given are left as they were (the loop runs them). A
+    frozen tensor all N hold (core.layout.held_once: a LoRA base) is held once, the models' own.
     `strategy`: run this one (one of the op's strategies, or 'loop'), whatever the table says.
     Models that differ only in a rate (an nn.Dropout's p, an nn.LeakyReLU's slope) fuse, each
     model with its own (widen.rates).

@@ -370,13 +370,16 @@ def _persistent_buffers(m: nn.Module) -> Dict[str, torch.Tensor]:
 def _carrying(
     modules: Sequence[nn.Module], params: Sequence[Dict[str, torch.Tensor]], buffers: Sequence[Dict[str, torch.Tensor]]
 ) -> List[nn.Module]:
-    """Copies of `modules` whose parameters hold `params` and whose buffers hold `buffers`."""
+    """Copies of `modules` whose parameters that train hold `params` and whose buffers hold
+    `buffers`. A frozen one keeps its value: whether the wide module holds it once depends on it
+    (core.layout.held_once), and N models' frozen tensors that differ, given their gradients
+    (zeros), were joined as one tensor where the wide module stacks them."""
     copies = []
     for m, ps, bs in zip(modules, params, buffers):
         c = copy.deepcopy(m)
         with torch.no_grad():
             for k, p in c.named_parameters():
-                if k in ps:
+                if k in ps and p.requires_grad:
                     p.copy_(ps[k])
         c.load_state_dict({**c.state_dict(), **bs})
         copies.append(c)
@@ -408,7 +411,8 @@ def compare(
         grads, buffers, stepped = reference.grads, reference.buffers, reference.stepped
     else:
         joined = join(_carrying(modules, reference.grads, reference.buffers))
-        grads, buffers = [_named_parameters(joined)], [_persistent_buffers(joined)]
+        grads = [{k: p.detach() if p.requires_grad else torch.zeros_like(p) for k, p in joined.named_parameters()}]
+        buffers = [_persistent_buffers(joined)]
         if reference.stepped is not None:
             stepped = [_named_parameters(join(_carrying(modules, reference.stepped, reference.buffers)))]
     checks = [

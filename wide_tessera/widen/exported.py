@@ -40,7 +40,7 @@ from torch import fx, nn
 from torch.utils._pytree import tree_flatten, tree_map
 
 from ..core.errors import NotApplicable, one_line
-from ..core.layout import STACKED, Slot, prefixed, slots_of
+from ..core.layout import SHARED, STACKED, Slot, prefixed, slots_of
 from ..ops.base import fusing_ops
 from .capture import (
     CHECKS,
@@ -54,10 +54,10 @@ from .capture import (
     signature,
 )
 from .functional import model_size, python_draws_refused, tied_aliases
-from .layers import LayerChoice, LayerLoop, hold_stacked, wide_layer
+from .layers import LayerChoice, LayerLoop, hold, wide_layer
 from .lowering import lower
 from .moe import WideSparseMoe, is_sparse_moe
-from .rules import Segment
+from .rules import Segment, layer_held_once
 
 __all__ = ["ExportedSurgery"]
 
@@ -69,8 +69,10 @@ class ExportedSurgery(nn.Module):
     Every layer an op fuses gets its wide module when built (`swapped`; `unfused` names the
     ones `choice` keeps as N calls, layers.LayerChoice; `looped` the ones their op refuses or
     that compute something else (ops.exact), which run in the vmapped segments), so an
-    optimiser made before the first call sees every parameter. The rest of
-    the models' parameters and buffers are held stacked."""
+    optimiser made before the first call sees every parameter. A layer every model holds as one
+    frozen layer (rules.layer_held_once: a LoRA base) is not swapped (`folded`): its tensors are
+    held once and its ops run in the segments over the N batches. The rest of the models'
+    parameters and buffers are held stacked, but a frozen tensor all hold, held once."""
 
     # What a capture costs, in seconds: the last one this process made; before any, what a tiny
     # Llama decoder layer's took on the 2-core CPU (1.3 s, torch 2.13). A first call that cannot
@@ -97,6 +99,7 @@ class ExportedSurgery(nn.Module):
         ops = fusing_ops()
         fused = tuple(ops)  # a layer of a class an op fuses: swapped, or named in looped
         self.looped: List[str] = []
+        self.folded: List[str] = []
         self.unfused: Dict[str, str] = {}  # a layer run as N calls (choice) -> why
         self.wides = nn.ModuleDict()
         self._wide_names: Dict[str, str] = {}  # a swapped or unfused layer's path -> its key in wides
@@ -110,6 +113,9 @@ class ExportedSurgery(nn.Module):
                 self.looped.append(path)
                 continue
             subs = [m.get_submodule(path) for m in modules]
+            if layer_held_once(subs):
+                self.folded.append(path)
+                continue
             wide = WideSparseMoe(subs, randomness) if moe else wide_layer(subs, ops, choice)
             if wide is None:
                 self.looped.append(path)
@@ -120,12 +126,14 @@ class ExportedSurgery(nn.Module):
             self.wides[self._wide_names[path]] = wide
         self.stacked = nn.Module()
         self._stacked_names: Dict[str, str] = {}  # parameter or buffer path -> its name in stacked
+        self._once: Set[str] = set()  # the paths of those held once (core.layout.held_once)
         saved = modules[0].state_dict()
         for path, _ in chain(modules[0].named_parameters(), modules[0].named_buffers()):
             if not path.startswith(_within(list(self._wide_names))):
                 self._stacked_names[path] = f"t{len(self._stacked_names)}"
                 values = [operator.attrgetter(path)(m) for m in modules]
-                hold_stacked(self.stacked, self._stacked_names[path], values, persistent=path in saved)
+                if hold(self.stacked, self._stacked_names[path], values, persistent=path in saved).shared:
+                    self._once.add(path)
         # A layer, parameter or buffer registered under two names (a layer shared by two blocks)
         # is found by named_modules and named_parameters under its first; torch.export's graph
         # may call or read it by the other, which was then neither swapped nor stacked, but held
@@ -151,7 +159,10 @@ class ExportedSurgery(nn.Module):
 
     def model_slots(self) -> Dict[str, Slot]:
         """The swapped layers' slots under their paths, and every other tensor the models save, stacked."""
-        slots = {f"stacked.{t}": Slot(path, STACKED) for path, t in self._stacked_names.items()}
+        slots = {
+            f"stacked.{t}": Slot(path, SHARED if path in self._once else STACKED)
+            for path, t in self._stacked_names.items()
+        }
         kept = self.stacked.state_dict(keep_vars=True)
         slots = {k: s for k, s in slots.items() if k[len("stacked.") :] in kept}
         for path, w in self._wide_names.items():
@@ -270,13 +281,16 @@ class ExportedSurgery(nn.Module):
                 graph.erase_node(node)
 
     def _hold_attributes(self, graph: fx.Graph, exported: nn.Module, constants: nn.Module) -> Set[fx.Node]:
-        """Each attribute the graph reads, pointed at its stacked tensor, or, for a constant the
-        capture made (torch.ones(3) in forward), held as it is; returns the constants' nodes."""
+        """Each attribute the graph reads, pointed at its stacked tensor (or the one held once), or,
+        for a constant the capture made (torch.ones(3) in forward), held as it is; returns the
+        nodes of the values all models share: those held once, and the constants."""
         unstacked = set()
         for node in [n for n in graph.nodes if n.op == "get_attr"]:
             if not node.users:
                 graph.erase_node(node)
             elif node.target in self._stacked_names:
+                if node.target in self._once:  # one value all models read
+                    unstacked.add(node)
                 node.target = f"s.{self._stacked_names[node.target]}"
             elif node.target.startswith(_within(list(self._wide_names))):
                 raise NotApplicable(f"surgery: {node.target} is read outside its layer's call (a tied weight?)")

@@ -12,14 +12,14 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set,
 import numpy as np
 import torch
 from torch import nn
-from torch.func import functional_call, stack_module_state, vmap
+from torch.func import functional_call, vmap
 from torch.nn import functional as F
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import register_dataclass, tree_flatten, tree_map, tree_unflatten
 
 from ..core import trees
 from ..core.errors import NotApplicable, WideTesseraError, unknown, vmap_limitation
-from ..core.layout import STACKED, Slot
+from ..core.layout import SHARED, STACKED, Slot, held_once
 from ..ops.base import WideOp, shared_config
 
 __all__ = [
@@ -273,6 +273,10 @@ def tied_aliases(module: nn.Module) -> Dict[str, str]:
     return aliases
 
 
+def _stacked(values: List[nn.Parameter]) -> nn.Parameter:
+    return nn.Parameter(STACKED.join([p.detach() for p in values]), requires_grad=values[0].requires_grad)
+
+
 _TENSOR = object()  # where tensors_only took a tensor out (an output may hold None itself)
 
 
@@ -295,14 +299,18 @@ class WideFunctional(StackedIO, nn.Module):
         self._looked: Set[bool] = set()  # the modes (training or not) of calls looked at for buffers assigned
         # its backward raised torch's "reshape is not implemented for sparse tensors"
         self.sparse = next((p for p, m in modules[0].named_modules() if getattr(m, "sparse", False) is True), None)
-        params, buffers = stack_module_state(list(modules))
+        params = {name: [m.get_parameter(name) for m in modules] for name, _ in modules[0].named_parameters()}
+        buffers = {name: STACKED.join([m.get_buffer(name) for m in modules]) for name, _ in modules[0].named_buffers()}
         self._param_names, self._buffer_names = list(params), list(buffers)
+        # a frozen tensor every model holds (a LoRA base): the models' own, held once and read
+        # once by the N models' calls (vmap's in_dims None), not stacked into N copies
+        self._once = {name for name, values in params.items() if held_once(values)}
         # a weight tied to another (GPT-2's lm_head to its embedding) under its second name: the
         # skeleton on the meta device no longer ties them, and functional_call left lm_head's
         # weight a meta tensor (logits off by 1e24)
         self._aliases = tied_aliases(modules[0])
         self.stacked_params = nn.ParameterList(
-            [nn.Parameter(p.detach(), requires_grad=p.requires_grad) for p in params.values()]
+            [values[0] if name in self._once else _stacked(values) for name, values in params.items()]
         )
         kept = modules[0].state_dict()  # a buffer the model does not save (rotary tables) is not saved here either
         for i, (name, b) in enumerate(buffers.items()):
@@ -322,7 +330,10 @@ class WideFunctional(StackedIO, nn.Module):
 
     def model_slots(self) -> Dict[str, Slot]:
         """Each stacked tensor, by the name it has in one model."""
-        params = {f"stacked_params.{i}": Slot(name, STACKED) for i, name in enumerate(self._param_names)}
+        params = {
+            f"stacked_params.{i}": Slot(name, SHARED if name in self._once else STACKED)
+            for i, name in enumerate(self._param_names)
+        }
         buffers = {f"stacked_buffer_{i}": Slot(name, STACKED) for i, name in enumerate(self._buffer_names)}
         kept = self.state_dict(keep_vars=True)
         return {k: slot for k, slot in {**params, **buffers}.items() if k in kept}
@@ -362,10 +373,12 @@ class WideFunctional(StackedIO, nn.Module):
                 return functional_call(skeleton, (params, buffers), a, k)
 
         (args, kwargs), dims = vmap_dims((args, kwargs))
+        params, buffers = self._state()
+        held = {name: None if self._aliases.get(name, name) in self._once else 0 for name in params}
         kept: List[Any] = []
         with under_vmap(self.randomness, self.pads is not False) as mode, python_draws_refused("vmap", first):
-            out = vmap(tensors_only(one, kept), in_dims=(0, 0, *dims), randomness=self.randomness)(
-                *self._state(), args, kwargs
+            out = vmap(tensors_only(one, kept), in_dims=(held, 0, *dims), randomness=self.randomness)(
+                params, buffers, args, kwargs
             )
         if assigned:
             raise NotApplicable(

@@ -1,6 +1,6 @@
 """The pieces both ways of surgery build with: a registered op's wide layer standing for N
 submodules (or, where the measurements say that op loses, the N submodules called one by one),
-and N models' tensor attribute held stacked."""
+and N models' tensor attribute held stacked, or once."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import torch
 from torch import nn
 
 from ..core.errors import WideTesseraError
-from ..core.layout import STACKED, Slot, loop_slots, prefixed, slots_of
+from ..core.layout import SHARED, STACKED, Layout, Slot, held_once, loop_slots, prefixed, slots_of
 from ..ops.base import WideOp, op_fusing
 
-__all__ = ["wide_layer", "hold_stacked", "LayerChoice", "LayerLoop"]
+__all__ = ["wide_layer", "hold", "LayerChoice", "LayerLoop"]
 
 # Why N copies of a layer inside a wide model run as N calls, not as their op's wide module:
 # given the op and the N layers, a reason (the op loses there on this machine), or None to fuse
@@ -81,9 +81,14 @@ class LayerLoop(nn.Module):
         return STACKED.join([layer(part) for layer, part in zip(self.layers, parts)])
 
 
-def hold_stacked(holder: nn.Module, name: str, values: List[Any], persistent: bool = True) -> None:
-    """Each model's tensor attribute, stacked: a parameter stays a parameter; a buffer the models
-    do not save (`persistent` False: rotary tables) is not saved here either."""
+def hold(holder: nn.Module, name: str, values: List[Any], persistent: bool = True) -> Layout:
+    """Each model's tensor attribute, held once where it is one frozen tensor of all models (the
+    models' own: core.layout.held_once), else stacked: a parameter stays a parameter; a buffer
+    the models do not save (`persistent` False: rotary tables) is not saved here either. Returns
+    how it is held."""
+    if held_once(values):
+        holder.register_parameter(name, values[0])
+        return SHARED
     if not isinstance(values[0], torch.Tensor):
         raise WideTesseraError(f"surgery: attribute of type {type(values[0]).__name__} read in forward")
     stacked = STACKED.join([v.detach() for v in values])
@@ -91,3 +96,4 @@ def hold_stacked(holder: nn.Module, name: str, values: List[Any], persistent: bo
         holder.register_parameter(name, nn.Parameter(stacked, requires_grad=values[0].requires_grad))
     else:
         holder.register_buffer(name, stacked, persistent=persistent)
+    return STACKED

@@ -7,6 +7,7 @@ torch.export) apply.
 * a shape query answers for one model, without the N axis (`ShapeQuery`); what a stacked tensor
   says of itself that each model's would say too (x.device) is not stacked (`is_model_fact`);
 * a per-model layer given some arguments shared by all models gets them repeated (`Repeated`);
+* a layer all models hold as one frozen layer runs once over the N batches (`Folded`);
 * anything else runs under vmap, call by call (`Vmapped`, `GetItem`), or, between the layers
   torch.export's graph swapped, in segments (`Segment`), run at once where lowering.py has a
   rule for each of their ops, else vmapped.
@@ -15,22 +16,24 @@ torch.export) apply.
 from __future__ import annotations
 
 import operator
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import fx, nn
 from torch.func import vmap
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_leaves, tree_map
 
 from ..core.environment import cpu_l2_bytes
-from ..core.layout import Slot, prefixed, slots_of
+from ..core.layout import SHARED, Slot, held_once, prefixed, slots_of
 from .functional import EMBEDDINGS, is_shared, model_size, tensors_only, under_vmap, vmap_dims, with_ones, with_others
 from .lowering import Lowered, draws
 
 __all__ = [
     "ELEMENTWISE_MODULES",
     "Vmapped",
+    "Folded",
+    "layer_held_once",
     "Elementwise",
     "GetItem",
     "ShapeQuery",
@@ -86,6 +89,36 @@ def _fit(dims: Any, value: Any) -> Tuple[Any, Any]:
         pairs = [_fit(d, v) for d, v in zip(dims, value)]
         return type(dims)(p[0] for p in pairs), type(dims)(p[1] for p in pairs)
     return (value, None) if dims is None else vmap_dims(value)
+
+
+class Folded(Vmapped):
+    """A layer every model holds as one frozen layer (each of its tensors `held_once`: a LoRA
+    base, a frozen backbone's), held once and called once for the N batches: an nn.Linear on
+    the stacked input as it is (it acts on the last axis, and the N axis folds into its rows:
+    one GEMM), any other under vmap with its tensors unmapped; given only values all models
+    share, once, its output theirs too."""
+
+    def __init__(self, layer: nn.Module, mask: Any, randomness: str):
+        super().__init__(layer, mask, randomness)
+        self._names = list(layer.state_dict())
+
+    def model_slots(self) -> Dict[str, Slot]:
+        return {f"fn.{k}": Slot(k, SHARED) for k in self._names}
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        stacked = tree_leaves(self.in_dims)  # (None, an argument all share, is no leaf)
+        if not stacked or (type(self.fn) is nn.Linear and self.in_dims == ((0,), {})):
+            return self.fn(*args, **kwargs)
+        return super().forward(*args, **kwargs)
+
+
+def layer_held_once(subs: Sequence[nn.Module]) -> bool:
+    """Whether `subs` (a submodule of each model) are one frozen layer: parameters, each held
+    once (core.layout.held_once), and no buffer (each model's)."""
+    names = [name for name, _ in subs[0].named_parameters()]
+    if not names or any(True for _ in subs[0].buffers()):
+        return False
+    return all(held_once([s.get_parameter(name) for s in subs]) for name in names)
 
 
 class Elementwise(Vmapped):

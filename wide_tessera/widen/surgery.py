@@ -6,6 +6,10 @@ captures it and exported.py lowers that graph) and its graph rewritten, node by 
 every value it computes from the models' inputs or parameters is stacked on a leading N axis
 (the rules each node follows are in rules.py):
 
+* a layer every model holds as one frozen layer (a LoRA base: each parameter one frozen tensor,
+  core.layout.held_once) is held once and runs once over the N batches folded (rules.Folded),
+  and so is a frozen tensor read outside a layer: N stacked copies of a LoRA base are N times
+  its memory and N reads of it;
 * a submodule whose class a registered op declares in FUSES (nn.Linear, nn.Conv1d, ...) runs as
   that op's wide module, built with its default strategy (its input is moved into the op's
   layout where that is not the stacked one, as the channels of a grouped convolution are),
@@ -34,7 +38,7 @@ from torch import fx, nn
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from ..core.errors import NotApplicable, one_line
-from ..core.layout import STACKED, Slot, prefixed, slots_of
+from ..core.layout import Slot, prefixed, slots_of
 from ..ops.base import check_alike, fusing_ops
 from .capture import none_defaults, trace_fx
 from .exported import ExportedSurgery
@@ -45,10 +49,11 @@ from .functional import (
     tied_aliases,
     unpacked,
 )
-from .layers import LayerChoice, LayerLoop, hold_stacked, wide_layer
+from .layers import LayerChoice, LayerLoop, hold, wide_layer
 from .rules import (
     ELEMENTWISE_MODULES,
     Elementwise,
+    Folded,
     GetItem,
     Repeated,
     ShapeQuery,
@@ -57,6 +62,7 @@ from .rules import (
     is_elementwise,
     is_model_fact,
     is_shape_query,
+    layer_held_once,
     leaf_flags,
     method_call,
 )
@@ -71,7 +77,8 @@ class WideSurgery(StackedIO, nn.Module):
     a tree of them) with N leading. `randomness` is vmap's, for the parts that run under vmap;
     `choice` says which layers an op fuses run as N calls instead (layers.LayerChoice).
     `swapped` names the layers that became an op's wide module, `unfused` those `choice` kept as
-    N calls (with its reason), `looped` those run under vmap; in a torch.export capture,
+    N calls (with its reason), `looped` those run under vmap, `folded` those held once and run
+    once over the N batches; in a torch.export capture,
     `captured.vmapped` names the stretches between them that run under vmap, and why.
     The rewritten graph is compiled to Python by torch.fx: walking it node by node in Python
     cost 146 us per call of the 2-layer MLP at N=4, half the call.
@@ -84,15 +91,17 @@ class WideSurgery(StackedIO, nn.Module):
         self.captured: Optional[ExportedSurgery] = None
         self.swapped: List[str] = []
         self.looped: List[str] = []
+        self.folded: List[str] = []
         self.unfused: Dict[str, str] = {}
         try:
             traced = trace_fx(modules[0])
         except Exception as e:  # noqa: BLE001  whatever stops the tracer: torch.export captures the model
             self.captured = ExportedSurgery(modules, randomness, one_line(e)[:200], choice)
             self.swapped, self.looped, self.unfused = self.captured.swapped, self.captured.looped, self.captured.unfused
+            self.folded = self.captured.folded
         else:
             self._rewrite(modules, traced)
-        self._classes = _classes_of(modules[0], [*self.swapped, *self.looped, *self.unfused])
+        self._classes = _classes_of(modules[0], [*self.swapped, *self.looped, *self.unfused, *self.folded])
         self.train(modules[0].training)
 
     def _rewrite(self, modules: Sequence[nn.Module], traced: fx.GraphModule) -> None:
@@ -104,6 +113,7 @@ class WideSurgery(StackedIO, nn.Module):
         ops = fusing_ops()
         self._slots: Dict[str, Slot] = {}  # the holder's tensors, by their names in one model
         held: Dict[str, Tuple[str, Any]] = {}  # a model's attribute or layer -> its name in holder (and mask)
+        once: Set[str] = set()  # the attributes held once (core.layout.held_once): not stacked
         saved = modules[0].state_dict()
         for node in list(graph.nodes):
             mask = tree_map(
@@ -119,16 +129,19 @@ class WideSurgery(StackedIO, nn.Module):
             elif node.op == "get_attr":
                 where = node.target
                 if where in held:  # read twice: one stacked tensor, or training would update two copies
-                    stacked.add(node)
+                    if where not in once:
+                        stacked.add(node)
                     node.target = held[where][0]
                     continue
                 try:
-                    values = [operator.attrgetter(where)(m) for m in modules]
-                    hold_stacked(holder, name, values, persistent=where in saved)
-                    stacked.add(node)
+                    layout = hold(holder, name, [operator.attrgetter(where)(m) for m in modules], where in saved)
+                    if layout.shared:
+                        once.add(where)
+                    else:
+                        stacked.add(node)
                     held[where] = (name, None)
                     if where in saved:
-                        self._slots[name] = Slot(where, STACKED)
+                        self._slots[name] = Slot(where, layout)
                 except AttributeError:  # a tensor the tracer made a constant (torch.ones(3) in forward)
                     holder.register_buffer(name, operator.attrgetter(where)(traced), persistent=False)
                 node.target = name
@@ -146,7 +159,7 @@ class WideSurgery(StackedIO, nn.Module):
                         "layer cannot take both"
                     )
                 node.target = held[where][0]
-                if inputs_stacked or not isinstance(getattr(holder, node.target), ELEMENTWISE_MODULES):
+                if inputs_stacked or not isinstance(getattr(holder, node.target), (*ELEMENTWISE_MODULES, Folded)):
                     stacked.add(node)
             elif _is_record(node):
                 if inputs_stacked:  # made of the stacked values as they are: each field is the models' own
@@ -183,14 +196,16 @@ class WideSurgery(StackedIO, nn.Module):
         read = {aliases.get(slot.name, slot.name) for slot in self._slots.values()}
         for i, where in enumerate(w for w in saved if w not in aliases and w not in read):
             values = [operator.attrgetter(where)(m) for m in modules]
-            hold_stacked(self.graph_module, f"unread{i}", values, persistent=True)
-            self._slots[f"unread{i}"] = Slot(where, STACKED)
+            self._slots[f"unread{i}"] = Slot(where, hold(self.graph_module, f"unread{i}", values, True))
 
     def _layer(self, node: fx.Node, where: str, subs: List[nn.Module], mask: Any, ops: Dict[type, type]) -> nn.Module:
         """The wide layer standing for `subs` (submodule `where` of each model) at this call."""
         if isinstance(subs[0], ELEMENTWISE_MODULES) and not any(p.numel() for p in subs[0].parameters()):
             act = _InPlaceUnlessShared(subs[0]) if getattr(subs[0], "inplace", False) else subs[0]
             return act if alone_among_numbers(node, mask) else Elementwise(act, mask, self.randomness)
+        if layer_held_once(subs):
+            self.folded.append(where)
+            return Folded(subs[0], mask, self.randomness)
         own = all(leaf_flags(mask[0])) and not node.kwargs  # every argument the models' own, stacked
         wide = wide_layer(subs, ops, self.choice, len(node.args)) if own and node.args else None
         if isinstance(wide, LayerLoop):
@@ -208,7 +223,12 @@ class WideSurgery(StackedIO, nn.Module):
         module, as N calls or under vmap (by class), and what else runs under vmap (after a first
         call, torch.export's stretches): what a benchmark's result says beside the strategy's
         speed, so that a surgery that fused little is not read as one that fused all."""
-        layers = [("swapped", self.swapped), ("as N calls", list(self.unfused)), ("under vmap", self.looped)]
+        layers = [
+            ("swapped", self.swapped),
+            ("held once", self.folded),
+            ("as N calls", list(self.unfused)),
+            ("under vmap", self.looped),
+        ]
         parts = [f"{how} {len(paths)} layers ({self._counted(paths)})" for how, paths in layers if paths]
         if self.captured is None:
             capture = "torch.fx graph"
