@@ -1,12 +1,15 @@
 """Per-model rates: a number a layer keeps that changes no shape (a dropout's p, a LeakyReLU's
-slope), held as a buffer of each model so that N models differing only in it run as one.
+slope, a LoRA layer's scaling), held as a buffer of each model so that N models differing only
+in it run as one.
 
 A hyperparameter sweep draws a dropout rate per trial; kept as a plain setting, every rate was
 a configuration of its own (`ops.base.layout_of`), so trials differing in it never fused: 8
-trials with a float rate each ran alone, 103 s against 17 s sequential. `with_own_rates` gives
-copies of the models with each such layer swapped for one that reads its number from a buffer
-(0-dimensional, not saved: the state_dicts are the models' own), which vmap and surgery stack
-like any buffer, so model i computes with its own number, and the loop runs each copy.
+trials with a float rate each ran alone, 103 s against 17 s sequential; a LoRA sweep's alpha
+(`ops.lora.LoRALinear` keeps alpha / rank as a float) made each of 8 trials a group of one.
+`with_own_rates` gives copies of the models with each such layer swapped for one that reads its
+number from a buffer (0-dimensional, not saved: the state_dicts are the models' own), which
+vmap and surgery stack like any buffer, so model i computes with its own number, and the loop
+runs each copy.
 
 What stays a configuration, and why: a norm's eps is an argument of torch's native norm kernels
 (F.layer_norm, F.batch_norm take one float) and of the wide norm layers surgery swaps in, so a
@@ -24,6 +27,7 @@ import torch
 from torch import nn
 
 from ..ops.base import layout_of
+from ..ops.lora import LoRALinear
 
 __all__ = ["RateDropout", "RateLeakyReLU", "RATE_LAYERS", "rate_settings", "rates_differ_alone", "with_own_rates"]
 
@@ -68,11 +72,22 @@ class RateLeakyReLU(nn.Module):
         return x.copy_(out) if self.inplace else out
 
 
+def _scaling_held(layer: LoRALinear) -> LoRALinear:
+    """The LoRA layer with its scaling (alpha / rank) a buffer: its forward multiplies by it as by
+    the float (a 0-dimensional float32 tensor: the same product in float32, and no promotion of
+    a bfloat16 output)."""
+    scaling = float(layer.scaling)
+    del layer.scaling
+    layer.register_buffer("scaling", torch.tensor(scaling), persistent=False)
+    return layer
+
+
 # a layer class (exactly: a subclass may read its number otherwise), the setting that is its
-# rate, and the layer that reads it from a buffer, built from the layer
+# rate, and the layer that reads it from a buffer, built from the layer (a copy: it may be changed)
 RATE_LAYERS: Dict[Type[nn.Module], Tuple[str, Callable[[Any], nn.Module]]] = {
     nn.Dropout: ("p", lambda m: RateDropout(m.p, m.inplace)),
     nn.LeakyReLU: ("negative_slope", lambda m: RateLeakyReLU(m.negative_slope, m.inplace)),
+    LoRALinear: ("scaling", _scaling_held),
 }
 
 
@@ -99,8 +114,15 @@ def rates_differ_alone(modules: Sequence[nn.Module]) -> bool:
 
 def with_own_rates(modules: Sequence[nn.Module]) -> List[nn.Module]:
     """Copies of `modules`, every rate layer swapped for its buffer form: models that differed only
-    in their rates are then one configuration, each model's rate in its buffer."""
-    return [_swapped(copy.deepcopy(m)).to(_device(m)) for m in modules]
+    in their rates are then one configuration, each model's rate in its buffer. Each copy shares
+    its model's frozen parameters (a LoRA base): fuse() holds a base all N models hold once, the
+    models' own, and N deep copies of it cost N times its memory before that."""
+    return [_swapped(copy.deepcopy(m, _frozen(m))).to(_device(m)) for m in modules]
+
+
+def _frozen(module: nn.Module) -> Dict[int, Any]:
+    """A deepcopy memo that keeps the module's frozen parameters as they are, not copied."""
+    return {id(p): p for p in module.parameters() if not p.requires_grad}
 
 
 def _device(module: nn.Module) -> torch.device:
@@ -110,8 +132,8 @@ def _device(module: nn.Module) -> torch.device:
 
 
 def _swapped(module: nn.Module) -> nn.Module:
-    if type(module) in RATE_LAYERS:
-        return RATE_LAYERS[type(module)][1](module).train(module.training)
+    if type(module) in RATE_LAYERS:  # then its children: a LoRA layer's dropout is a rate too
+        module = RATE_LAYERS[type(module)][1](module).train(module.training)
     for name, child in list(module.named_children()):
         setattr(module, name, _swapped(child))
     return module
