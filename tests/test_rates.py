@@ -7,6 +7,7 @@ from torch import nn
 
 import wide_tessera as wt
 from wide_tessera.core.errors import WideTesseraError
+from wide_tessera.ops.lora import LoRALinear
 from wide_tessera.widen.rates import with_own_rates
 
 RATES = [(0.0, 0.0), (0.2, 0.01), (0.5, 0.1), (0.9, 0.3)]  # (dropout p, LeakyReLU slope) per model
@@ -87,6 +88,22 @@ def test_models_differing_in_rates_train_as_the_separate_models(strategy):
     for i, (trained, want) in enumerate(zip(fused.state_dicts(), separate)):
         for name, t in want.state_dict().items():
             torch.testing.assert_close(trained[name], t, atol=1e-5, rtol=1e-4, msg=f"model {i} {name}")
+
+
+@pytest.mark.parametrize("strategy", ["vmap", "surgery"])
+def test_lora_layers_differing_in_alpha_fuse_each_with_its_own_scaling_over_one_base(strategy):
+    """A LoRA layer's scaling (alpha / rank) is a rate: kept as a float, every alpha was a
+    configuration of its own. The base all the layers hold stays one tensor, the given one."""
+    base = nn.Linear(8, 8).requires_grad_(False)
+    torch.manual_seed(1)
+    given = [LoRALinear(base, 2, alpha, p) for alpha, p in [(1.0, 0.0), (4.0, 0.1), (9.0, 0.2)]]
+    fused = wt.fuse(given, strategy=strategy, randomness="same")
+    xs = inputs()[: len(given)]
+    for out, m, x in zip(fused.unpack(fused.eval()(fused.pack(xs))), given, xs):
+        torch.testing.assert_close(out, m.eval()(x))
+    back = fused.unfuse()
+    assert [(type(m), m.scaling) for m in back] == [(LoRALinear, alpha / 2) for alpha in (1.0, 4.0, 9.0)]
+    assert {m.base.weight.data_ptr() for m in back} == {base.weight.data_ptr()}
 
 
 def test_models_that_differ_in_more_than_a_rate_are_still_refused():
