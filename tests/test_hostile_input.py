@@ -508,9 +508,11 @@ def test_the_first_call_is_the_separate_calls(name, make, said, unsaid, tmp_path
     fused = wt.fuse(modules, table=tmp_path / "t.json", measure="first-call", time_bound_s=0.05)
     out = fused.unpack(fused(fused.pack(XS)))
     want = [m(x) for m, x in zip(separate, XS)]
+    # within a fused result's rounding: which strategy the first call's timing picks varies with
+    # the machine's load, and a batched matmul rounds a near-zero element otherwise than N small ones
     for got, expected in zip(out, want):
         for g, e in zip(*(t if isinstance(t, tuple) else (t,) for t in (got, expected))):
-            assert g == e if not isinstance(e, torch.Tensor) else torch.allclose(g, e, equal_nan=True)
+            assert g == e if not isinstance(e, torch.Tensor) else torch.allclose(g, e, atol=1e-5, equal_nan=True)
     reason = str(fused.decision)
     assert said in reason and unsaid not in reason, reason
 
