@@ -270,11 +270,11 @@ def test_a_function_the_cpu_clock_cannot_see_is_named_not_timed(one_thread):
 def test_a_round_is_blocked_by_what_is_neither_cpu_time_nor_run_queue_wait(monkeypatch, wall, cpu, wait, blocked):
     from wide_tessera.measurement import health
 
-    tid = str(health.threading.get_native_id())
+    tid = health.threading.get_native_id()
     clocks = {"perf": iter([100.0, 100.0 + wall]), "cpu": iter([5.0, 5.0 + cpu]), "wait": iter([1.0, 1.0 + wait])}
     monkeypatch.setattr(health.time, "perf_counter", lambda: next(clocks["perf"]))
     monkeypatch.setattr(health.time, "thread_time", lambda: next(clocks["cpu"]))
-    monkeypatch.setattr(health, "_run_queue_waits_s", lambda: {tid: next(clocks["wait"])})
+    monkeypatch.setattr(health, "_thread_wait_s", lambda t: next(clocks["wait"]) if t == tid else float("nan"))
     monitor = health.HealthMonitor("cpu", cpu_clock=True)
     monitor.round_started()
     assert monitor.round_disturbed() is False  # waiting for a CPU does not disturb the CPU clock

@@ -167,9 +167,11 @@ class HealthMonitor:
         self.max_power: Optional[float] = None
 
     def round_started(self) -> None:
-        self._switches = resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw
-        self._waited = _run_queue_waits_s() or {}
-        self._thread0 = (time.thread_time(), self._waited.get(str(self._tid), math.nan))
+        if self.cpu_clock:  # only the measuring thread's wait is read: one file, not every thread's
+            self._thread0 = (time.thread_time(), _thread_wait_s(self._tid))
+        else:
+            self._switches = resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw
+            self._waited = _run_queue_waits_s() or {}
         self._round_started = time.perf_counter()
 
     def round_lost(self) -> Optional[float]:
@@ -211,8 +213,7 @@ class HealthMonitor:
         """Record the fraction of the round the measuring thread spent blocked (see the module's doc)."""
         wall = max(time.perf_counter() - self._round_started, 1e-9)
         cpu = time.thread_time() - self._thread0[0]
-        waited = _run_queue_waits_s()
-        wait = (waited or {}).get(str(self._tid), math.nan) - self._thread0[1]
+        wait = _thread_wait_s(self._tid) - self._thread0[1]
         if not math.isnan(wait):  # schedstat is there (Linux)
             self._blocked.append(max(0.0, wall - cpu - wait) / wall)
 
@@ -325,14 +326,18 @@ def _run_queue_waits_s() -> Optional[Dict[str, float]]:
         threads = os.listdir(_SCHEDSTAT)
     except OSError:
         return None
-    waits = {}
-    for tid in threads:
-        try:
-            with open(f"{_SCHEDSTAT}/{tid}/schedstat") as f:
-                waits[tid] = int(f.read().split()[1]) / 1e9
-        except (OSError, ValueError, IndexError):  # a thread that has just ended
-            continue
-    return waits
+    waits = {tid: _thread_wait_s(tid) for tid in threads}
+    return {tid: w for tid, w in waits.items() if not math.isnan(w)}
+
+
+def _thread_wait_s(tid: object) -> float:
+    """Seconds thread `tid` of this process has waited on the run queue; NaN where schedstat is
+    not there or the thread has just ended."""
+    try:
+        with open(f"{_SCHEDSTAT}/{tid}/schedstat") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return math.nan
 
 
 def _cpu_freq_ratio() -> Optional[float]:
