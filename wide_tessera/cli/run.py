@@ -93,22 +93,31 @@ def run_measuring(
         # --dump-ir: clock every Triton compilation of the run (nothing without triton)
         clock = held.enter_context(CompileClock()) if dump_ir and triton_unavailable_reason("cuda") is None else None
         kept, results, errors, unsaved = run.measure(held, previous, saved_to, quiet)
-        if len(results) > 1:
-            click.echo(closing_table(results))
-        if run_file is not None:
-            note = _against_previous_run(results, [run_file, output])
-            if note is not None:
-                click.echo(note)
-            if output is not None:  # -o FILE was written; the runs folder keeps the run too
-                try:
-                    save_results([*kept, *results], run_file)
-                except WideTesseraError as e:
-                    click.echo(f"{e}: this run is kept in {output} only", err=True)
+        _close(kept, results, run_file, output)
         code = _report(results, kept, saved_to, unsaved, dump_ir, strict, errors, clock)
         if shard is not None:
             shard.broadcast(code)
         if code:
             raise SystemExit(code)
+
+
+def _close(
+    kept: List[BenchmarkResult], results: List[BenchmarkResult], run_file: Optional[str], output: Optional[str]
+) -> None:
+    """The closing table of a run of several ops, how it fares against the last run measured alike,
+    and the kept run's own copy where -o FILE was written."""
+    if len(results) > 1:
+        click.echo(closing_table(results))
+    if run_file is None:
+        return
+    note = _against_previous_run(results, [run_file, output])
+    if note is not None:
+        click.echo(note)
+    if output is not None:  # -o FILE was written; the runs folder keeps the run too
+        try:
+            save_results([*kept, *results], run_file)
+        except WideTesseraError as e:
+            click.echo(f"{e}: this run is kept in {output} only", err=True)
 
 
 def _settings(
