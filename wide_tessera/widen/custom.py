@@ -14,7 +14,7 @@ from torch import nn
 from ..core import trees
 from ..core.errors import NotApplicable, WideTesseraError, one_line, unknown
 from ..core.job import BenchmarkJob, SweepParams
-from ..ops.base import layout_difference
+from ..ops.alike import layout_difference
 from .functional import RANDOMNESS, WideFunctional
 from .layers import LayerChoice
 from .moe import WideSparseMoe, is_sparse_moe, loops_over_experts
