@@ -207,12 +207,6 @@ def measured_point(
     verdicts = {s: verdict(ci) for s, ci in cis.items()}
     correct = _correctness(checks, failures)
     best = pick_best(speedups, verdicts, correct)
-    flags = [
-        f"{s}: {speedups[s]:.1f}x faster is implausibly large; check that it computes what the baseline does"
-        for s in speedups  # a control is the loop itself made cheaper: 15x on a launch-bound GPU loop is its point
-        if verdicts[s] == "faster" and speedups[s] > IMPLAUSIBLE_SPEEDUP and s not in CONTROLS
-    ]
-    flags += [f"{s}: {c.fallback}" for s, c in checks.items() if c.fallback]
     decision = point_decision(
         {s: st.samples_ms for s, st in stats_.items()},
         _fusing(speedups, correct),
@@ -237,10 +231,21 @@ def measured_point(
         failures=failures,
         winner=winner_of(best, verdicts, decision) if trusted else DISTURBED,
         health=timings.health,
-        flags=flags,
+        flags=_flags(speedups, verdicts, checks),
         first_call_s=dict(first_call_s or {}),
         decision=decision,
     )
+
+
+def _flags(speedups: Dict[str, float], verdicts: Dict[str, str], checks: Dict[str, Check]) -> List[str]:
+    """What a point flags for a second look: an implausibly large significant speedup, and a
+    strategy that did not really fuse (vmap ran a per-model loop)."""
+    flags = [
+        f"{s}: {speedups[s]:.1f}x faster is implausibly large; check that it computes what the baseline does"
+        for s in speedups  # a control is the loop itself made cheaper: 15x on a launch-bound GPU loop is its point
+        if verdicts[s] == "faster" and speedups[s] > IMPLAUSIBLE_SPEEDUP and s not in CONTROLS
+    ]
+    return flags + [f"{s}: {c.fallback}" for s, c in checks.items() if c.fallback]
 
 
 def _unusable(function: str, times: List[float], rounds: int) -> Failure:
