@@ -38,7 +38,7 @@ from wide_tessera.core.job import params_text
 from wide_tessera.core.stats import REGRET
 from wide_tessera.reports.answer import decision_cell
 from wide_tessera.reports.text import format_table
-from wide_tessera.results import analysis
+from wide_tessera.results import analysis, passes
 from wide_tessera.results.decisions import ZONE, Call
 from wide_tessera.results.schema import MARGINAL, BenchmarkResult, PointResult
 
@@ -71,16 +71,16 @@ def decided_at(other: PointResult, epsilon: Optional[float]) -> PointResult:
 def relabelled(point: PointResult, epsilon: Optional[float]) -> Tuple[PointResult, bool]:
     """The point as the ε rule decides its stored passes, and whether they call for a third
     that the file does not hold (a point a third pass settled holds it and its partner)."""
-    own = analysis.own_pass(point, epsilon)
+    own = passes.own_pass(point, epsilon)
     if own is None:  # no samples or no decision: nothing to decide again
         return point, False
     c = point.confirmation
     if c is None:
         return dataclasses.replace(own, flags=point.flags), False
-    other = decided_at(analysis.recorded_pass(own, c), epsilon)
-    passes = (other, own) if c.replaced else (own, other)
-    due = analysis.stored_passes(point) is not None and analysis.disputed(*passes)
-    return dataclasses.replace(analysis.confirmed(*passes), flags=point.flags), due
+    other = decided_at(passes.recorded_pass(own, c), epsilon)
+    both = (other, own) if c.replaced else (own, other)
+    due = passes.stored_passes(point) is not None and passes.disputed(*both)
+    return dataclasses.replace(passes.confirmed(*both), flags=point.flags), due
 
 
 def replay(result: BenchmarkResult, epsilon: Optional[float]) -> Tuple[BenchmarkResult, BenchmarkResult, Counter]:

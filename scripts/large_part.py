@@ -35,7 +35,7 @@ def _updates(n: int, part: int, device: str) -> Dict[str, Callable[[], None]]:
     def wide() -> None:  # optimizers.Adam._update below the threshold
         p.addcdiv_(torch.mul(m, steps), denom, value=-1.0)
 
-    def per_model() -> None:  # _Numbers.addcdiv_to, at or above it
+    def per_model() -> None:  # Numbers.addcdiv_to, at or above it
         for mine, a, b, value in zip(p, m, denom, values):
             mine.addcdiv_(a, b, value=-value)
 

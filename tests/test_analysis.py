@@ -7,7 +7,7 @@ from wide_tessera.core.correctness import Check
 from wide_tessera.core.stats import paired_ratio
 from wide_tessera.measurement.health import Health
 from wide_tessera.measurement.timing import PairedTimings
-from wide_tessera.results import analysis
+from wide_tessera.results import analysis, passes
 
 from .helpers import synthetic_result as result
 
@@ -154,20 +154,20 @@ def test_confirmation_that_disagrees_makes_the_point_unstable_and_not_a_win():
     first = [point(1, params, 1.0, {"a": 1.0, "b": 2.0}), point(2, params, 2.0, {"a": 1.0, "b": 4.0})]
     assert result(first).crossover_n == 2
     # the deciding points are the crossover (N=2) and the point below it (N=1)
-    assert [p.n for p in analysis.points_to_confirm(first, "deciding")] == [1, 2]
-    assert analysis.points_to_confirm(first, "none") == []
-    flipped = analysis.confirmed(first[1], point(2, params, 2.0, {"a": 2.0, "b": 4.0}))
+    assert [p.n for p in passes.points_to_confirm(first, "deciding")] == [1, 2]
+    assert passes.points_to_confirm(first, "none") == []
+    flipped = passes.confirmed(first[1], point(2, params, 2.0, {"a": 2.0, "b": 4.0}))
     assert flipped.unstable and flipped.winner == "unstable" and flipped.best_speedup is None
     assert not flipped.fused_wins
     r = result([first[0], flipped])
     assert r.crossover_n is None and r.recommended_threshold is None and r.best_speedup is None
     assert not r.reliable and "unstable" in r.unreliable_reasons[0]
     assert r.summary().startswith("UNRELIABLE") and "UNSTABLE" in r.summary()
-    agreed = analysis.confirmed(first[1], point(2, params, 2.0, {"a": 1.05, "b": 4.0}))
+    agreed = passes.confirmed(first[1], point(2, params, 2.0, {"a": 1.05, "b": 4.0}))
     assert not agreed.unstable and agreed.fused_wins and agreed.confirmation.agrees
     assert result([first[0], agreed]).crossover_n == 2
     # a confirmed point is not confirmed again; 'all' takes every unconfirmed measured point
-    assert [p.n for p in analysis.points_to_confirm([first[0], agreed], "all")] == [1]
+    assert [p.n for p in passes.points_to_confirm([first[0], agreed], "all")] == [1]
 
 
 def test_the_confirmation_pass_measures_decisions_not_numbers():
@@ -175,10 +175,10 @@ def test_the_confirmation_pass_measures_decisions_not_numbers():
     near = point(1, params, 1.045, {"a": 1.0, "b": 2.0})  # 1.045x: near the margin, but no crossover rests on it
     loop = point(2, params, 1.0, {"a": 1.0, "b": 2.0})
     largest = point(4, params, 1.0, {"a": 1.0, "b": 2.0})  # a group that never crosses: its largest N decides
-    assert [p.n for p in analysis.points_to_confirm([near, loop, largest], "deciding")] == [4]
+    assert [p.n for p in passes.points_to_confirm([near, loop, largest], "deciding")] == [4]
     crossing = [point(n, params, ms, {"a": 1.0}) for n, ms in ((1, 1.0), (2, 1.0), (4, 2.0), (8, 2.0), (16, 3.0))]
     # the crossover (N=4) and the point below it: not the clear wins above
-    assert [p.n for p in analysis.points_to_confirm(crossing, "deciding")] == [2, 4]
+    assert [p.n for p in passes.points_to_confirm(crossing, "deciding")] == [2, 4]
 
 
 def test_a_busy_machine_is_a_note_and_a_disturbed_deciding_point_a_reason():

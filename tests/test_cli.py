@@ -238,9 +238,9 @@ def test_a_busy_machine_is_named_before_measuring_and_auto_takes_its_free_cores(
     says it before the first point and between ops (here: gemm, then layernorm), once. The cores
     are those the run may use: under taskset -c 0 beside a loop there, one was said free. The
     caller's threads are its own again after the run."""
-    from wide_tessera.cli import measure
+    from wide_tessera.cli import load_watch
 
-    monkeypatch.setattr(measure, "probe_load", lambda since: other)
+    monkeypatch.setattr(load_watch, "probe_load", lambda since: other)
     monkeypatch.setattr("wide_tessera.measurement.health.os.sched_getaffinity", lambda pid: set(range(cpus)))
     before = torch.get_num_threads()
     torch.set_num_threads(2)
@@ -275,10 +275,10 @@ def test_the_load_between_ops_is_read_over_the_op_just_ended_without_a_wait_of_i
 def test_threads_auto_keeps_the_threads_it_began_with_for_every_pass(monkeypatch, tmp_path):
     """Set again between ops, the threads changed between an op's first pass and its
     confirmation (which come after every op's first pass), and the file recorded the last."""
-    from wide_tessera.cli import measure
+    from wide_tessera.cli import load_watch
 
     loads = iter([0.0] + [1.9] * 10)  # quiet as it starts, busy from the first op on
-    monkeypatch.setattr(measure, "probe_load", lambda since: next(loads))
+    monkeypatch.setattr(load_watch, "probe_load", lambda since: next(loads))
     monkeypatch.setattr("wide_tessera.measurement.health.os.sched_getaffinity", lambda pid: {0, 1})
     before = torch.get_num_threads()
     out = tmp_path / "r.json"

@@ -21,7 +21,7 @@ from wide_tessera.measurement.settings import RunSettings
 from wide_tessera.measurement.timing import PairedTimings, TimingConfig
 from wide_tessera.reports.answer import crossover_text, decision_cell, percent, regret_words
 from wide_tessera.reports.brief import closing_table
-from wide_tessera.results import analysis
+from wide_tessera.results import analysis, passes
 from wide_tessera.results.decisions import (
     MARGIN,
     Call,
@@ -179,7 +179,7 @@ def test_a_disturbed_first_pass_and_a_clean_agreeing_confirmation_is_not_unstabl
     )
     first = point(4, rounds(4.0), {"a": rounds(2.0)}, health=disturbed)
     second = point(4, rounds(4.0), {"a": rounds(2.1)})
-    confirmed = analysis.confirmed(first, second)
+    confirmed = passes.confirmed(first, second)
     assert not confirmed.unstable and not confirmed.disturbed and confirmed.fused_wins
     assert confirmed.confirmation.replaced and confirmed.timings == second.timings  # the clean one is the point's
     r = result([point(1, rounds(1.0), {"a": rounds(2.0)}), confirmed])
@@ -188,18 +188,18 @@ def test_a_disturbed_first_pass_and_a_clean_agreeing_confirmation_is_not_unstabl
 
 def test_two_clean_passes_give_an_interval_that_spans_both_and_a_win_both_clear():
     """Each pass builds its models afresh; a point's interval spans both passes' intervals, and it
-    fuses only where the win clears the margin over that span (analysis._across_passes)."""
+    fuses only where the win clears the margin over that span (passes._across_passes)."""
     rng = np.random.default_rng(8)
     base = rounds(4.0, k=40, rng=rng, spread=0.002)
     twice = point(4, base, {"a": [4.0 / 2.0 * f for f in rounds(1.0, k=40, rng=rng, spread=0.002)]})
     base2 = rounds(4.0, k=40, rng=rng, spread=0.002)
     faster = point(4, base2, {"a": [4.0 / 1.6 * f for f in rounds(1.0, k=40, rng=rng, spread=0.002)]})
     assert twice.speedup_ci["a"][0] > faster.speedup_ci["a"][1]  # disjoint: two builds, two speedups
-    both = analysis.confirmed(twice, faster)
+    both = passes.confirmed(twice, faster)
     assert both.fused_wins and both.winner == "a" and not both.unstable
     assert both.speedup_ci["a"] == [faster.speedup_ci["a"][0], twice.speedup_ci["a"][1]]
 
-    assert not analysis.disputed(twice, faster)
+    assert not passes.disputed(twice, faster)
 
 
 def slim_pass(ratio, rng, epsilon=REGRET):
@@ -215,8 +215,8 @@ def test_a_win_and_a_loop_within_epsilon_contradict_and_get_a_third_pass():
     twice, slim = slim_pass(2.0, rng), slim_pass(1.04, rng)
     assert slim.decision.kind == "loop" and 0 <= slim.decision.call.regret <= REGRET
     assert twice.decision.kind == "fuse" and twice.decision.call.regret == 0
-    point_ = analysis.confirmed(twice, slim)
-    assert point_.unstable and not point_.fused_wins and analysis.disputed(twice, slim)
+    point_ = passes.confirmed(twice, slim)
+    assert point_.unstable and not point_.fused_wins and passes.disputed(twice, slim)
     r = result([point(1, rounds(1.0), {"a": rounds(2.0)}), point_])
     assert not r.reliable and "unstable at N=4" in r.unreliable_reasons[0]
 
@@ -228,12 +228,12 @@ def test_a_win_the_other_pass_does_not_bear_out_is_open_not_marginal_and_gets_a_
     rng = np.random.default_rng(8)
     twice, slim = slim_pass(2.0, rng, epsilon=None), slim_pass(1.04, rng, epsilon=None)
     assert slim.decision.kind == "marginal" and twice.decision.kind == "fuse"
-    point_ = analysis.confirmed(twice, slim)  # compatible passes: a marginal one contradicts nothing
+    point_ = passes.confirmed(twice, slim)  # compatible passes: a marginal one contradicts nothing
     assert not point_.fused_wins and not point_.unstable
     assert point_.winner == "open" and point_.decision.kind == "open" and point_.decision.call.strategy == "a"
     flag = point_.flags[-1]
     assert flag.startswith("open over both passes: a 2.00x [") and flag.endswith("in the other (marginal)")
-    assert analysis.disputed(twice, slim)
+    assert passes.disputed(twice, slim)
     r = result([point(1, rounds(1.0), {"a": rounds(2.0)}), point_])
     assert r.groups[0].marginal_n == [] and r.groups[0].undecided_n == [4]
     assert not r.reliable and "open at N=4" in r.unreliable_reasons[0]
@@ -242,11 +242,11 @@ def test_a_win_the_other_pass_does_not_bear_out_is_open_not_marginal_and_gets_a_
 def test_two_passes_near_the_margin_settle_within_epsilon_over_both_and_need_no_third():
     rng = np.random.default_rng(9)
     first, second = slim_pass(1.04, rng), slim_pass(1.045, rng)
-    both = analysis.confirmed(first, second)
+    both = passes.confirmed(first, second)
     lo, hi = both.speedup_ci["a"]
     call = both.decision.call
     assert call.kind == "loop" and call.regret == pytest.approx(max(0, hi / 1.05 - 1)) and call.regret <= REGRET
-    assert not analysis.disputed(first, second)
+    assert not passes.disputed(first, second)
     r = result([point(1, rounds(1.0), {"a": rounds(2.0)}), both])
     assert r.groups[0].marginal_n == [] and r.reliable, r.unreliable_reasons
 
@@ -254,10 +254,10 @@ def test_two_passes_near_the_margin_settle_within_epsilon_over_both_and_need_no_
 def test_two_passes_within_the_zone_are_marginal_by_the_rule_before_regret_bounds():
     rng = np.random.default_rng(9)
     first, second = slim_pass(1.04, rng, epsilon=None), slim_pass(1.045, rng, epsilon=None)
-    both = analysis.confirmed(first, second)
+    both = passes.confirmed(first, second)
     lo, hi = both.speedup_ci["a"]
     assert both.winner == "marginal" and 1.05 / 1.02 <= lo and hi <= 1.05 * 1.02
-    assert not analysis.disputed(first, second)
+    assert not passes.disputed(first, second)
     r = result([point(1, rounds(1.0), {"a": rounds(2.0)}), both])
     assert r.groups[0].marginal_n == [4] and r.reliable
 
@@ -268,10 +268,10 @@ def test_no_pair_of_passes_is_called_marginal_outside_the_zone(seed):
     ratios = [0.9, 1.0, 1.03, 1.04, 1.05, 1.06, 1.1, 1.3]
     for a in ratios:
         for b in ratios:
-            before = analysis.confirmed(slim_pass(a, rng, epsilon=None), slim_pass(b, rng, epsilon=None))
+            before = passes.confirmed(slim_pass(a, rng, epsilon=None), slim_pass(b, rng, epsilon=None))
             lo, hi = before.speedup_ci["a"]
             assert before.winner != "marginal" or (1.05 / 1.02 <= lo and hi <= 1.05 * 1.02), (a, b, lo, hi)
-            both = analysis.confirmed(slim_pass(a, rng), slim_pass(b, rng))
+            both = passes.confirmed(slim_pass(a, rng), slim_pass(b, rng))
             call, (lo, hi) = both.decision.call, both.speedup_ci["a"]
             bound = {"fuse": max(0, 1.05 / lo - 1), "loop": max(0, hi / 1.05 - 1)}.get(call.kind)
             assert both.unstable or bound is None or (call.regret == pytest.approx(bound) and call.regret <= REGRET)
@@ -284,10 +284,10 @@ def test_the_check_of_a_runs_file_counts_points_reported_marginal_outside_the_zo
     import decisions as check  # scripts/decisions.py
 
     rng = np.random.default_rng(8)
-    honest = analysis.confirmed(slim_pass(2.0, rng, epsilon=None), slim_pass(1.04, rng, epsilon=None))
+    honest = passes.confirmed(slim_pass(2.0, rng, epsilon=None), slim_pass(1.04, rng, epsilon=None))
     call = dataclasses.replace(honest.decision.call, kind="marginal")
     old = dataclasses.replace(honest, winner="marginal", decision=dataclasses.replace(honest.decision, call=call))
-    marginal = analysis.confirmed(slim_pass(1.04, rng, epsilon=None), slim_pass(1.045, rng, epsilon=None))
+    marginal = passes.confirmed(slim_pass(1.04, rng, epsilon=None), slim_pass(1.045, rng, epsilon=None))
     assert marginal.winner == "marginal" and not check.broken_promise(marginal)
     assert check.broken_promise(old) and not check.broken_promise(honest)
     for points, count in (([marginal], 0), ([old, marginal], 1)):
@@ -311,11 +311,11 @@ def test_passes_that_contradict_each_other_are_decided_by_a_third(third_ratio, t
     rng = np.random.default_rng(6)
     first = point(4, rounds(4.0, rng=rng), {"a": rounds(2.0, rng=rng)})
     second = point(4, rounds(4.0, rng=rng), {"a": rounds(8.0, rng=rng)})
-    assert analysis.confirmed(first, second).unstable and analysis.disputed(first, second)
+    assert passes.confirmed(first, second).unstable and passes.disputed(first, second)
     base = rounds(4.0, k=80, rng=rng, spread=0.002)
     noise = rounds(1.0, k=80, rng=rng, spread=0.002)
     third = point(4, base, {"a": [b / third_ratio * f for b, f in zip(base, noise)]})
-    decided = analysis.settled_by_third(first, second, third)
+    decided = passes.settled_by_third(first, second, third)
     assert not decided.unstable and decided.decision.kind == kind and decided.fused_wins == (kind == "fuse")
     assert decided.flags[-1] == (
         f"the first two passes disagreed (fuse then loop); a third on fresh models decided {third_kind}"
@@ -336,9 +336,9 @@ def open_pass(rng):
 def test_a_win_and_an_open_pass_get_a_third_that_decides_or_leaves_the_point_open(third_ratio, kind):
     rng = np.random.default_rng(3)
     win, undecided = slim_pass(2.0, rng), open_pass(rng)
-    assert analysis.confirmed(win, undecided).winner == "open" and analysis.disputed(win, undecided)
+    assert passes.confirmed(win, undecided).winner == "open" and passes.disputed(win, undecided)
     third = slim_pass(third_ratio, rng) if third_ratio else open_pass(rng)
-    decided = analysis.settled_by_third(win, undecided, third)
+    decided = passes.settled_by_third(win, undecided, third)
     assert decided.decision.kind == kind and not decided.unstable and decided.fused_wins == (kind == "fuse")
 
 
@@ -353,13 +353,13 @@ def test_the_runner_gives_a_win_the_confirmation_leaves_open_a_third_pass(monkey
     by_seed = {0: slim_pass(2.0, rng), 1: open_pass(rng), 2: slim_pass(2.0, rng)}
     measured = []
 
-    def passes(job, settings, skip, facts=True):
+    def fake_points(job, settings, skip, facts=True):
         for n, params in job.sweep.points():
             if point_key(n, params) not in skip:
                 measured.append(settings.seed)
                 yield dataclasses.replace(by_seed[settings.seed], n=n, params=params)
 
-    monkeypatch.setattr(runner, "_points", passes)
+    monkeypatch.setattr(runner, "_points", fake_points)
     r = run(WideLinear.benchmark_job("ci", n_values=[4]), verbose=False, seed=0, confirm="deciding")
     (p,) = r.points
     assert measured == [0, 1, 2] and p.fused_wins and r.reliable
@@ -372,9 +372,9 @@ def test_a_third_pass_that_cannot_settle_leaves_the_point_unstable():
     second = point(4, rounds(4.0, rng=rng), {"a": rounds(8.0, rng=rng)})
     disturbed = Health(20, 30, cleaned=False, problems=["disturbed: 30 of 50 rounds waited for a CPU"])
     third = point(4, rounds(4.0, rng=rng), {"a": rounds(2.0, rng=rng)}, health=disturbed)
-    left = analysis.settled_by_third(first, second, third)
+    left = passes.settled_by_third(first, second, third)
     assert left.unstable and left.flags[-1].endswith("a third on fresh models settled nothing (disturbed or open)")
-    assert analysis.stored_passes(left) is None  # a --resume does not take it a third time
+    assert passes.stored_passes(left) is None  # a --resume does not take it a third time
 
 
 def test_a_point_disturbed_in_both_passes_is_unreliable_and_says_so_once():
@@ -383,7 +383,7 @@ def test_a_point_disturbed_in_both_passes_is_unreliable_and_says_so_once():
 
     first = point(4, rounds(4.0), {"a": rounds(2.0)}, health=disturbed(30))
     second = point(4, rounds(4.0), {"a": rounds(2.0)}, health=disturbed(25))
-    both = analysis.confirmed(first, second)
+    both = passes.confirmed(first, second)
     r = result([point(1, rounds(1.0), {"a": rounds(2.0)}), both])
     (reason,) = r.groups[0].problems
     assert not r.reliable and both.disturbed
@@ -574,14 +574,14 @@ def test_two_passes_that_name_different_winners_confirm_neither():
     rng = np.random.default_rng(11)
     first, second = two_strategies(4, 2.0, 1.5, rng), two_strategies(4, 1.5, 2.0, rng)
     assert (first.decision.call.strategy, second.decision.call.strategy) == ("a", "b")
-    both = analysis.confirmed(first, second)
-    assert both.unstable and not both.fused_wins and analysis.disputed(first, second)
+    both = passes.confirmed(first, second)
+    assert both.unstable and not both.fused_wins and passes.disputed(first, second)
     assert decision_cell(both) == "UNSTABLE (then b)"
     r = result([point(1, rounds(1.0), {"a": rounds(2.0)}), both])
     assert not r.reliable and "unstable at N=4" in r.unreliable_reasons[0]
     assert any("fuse a then fuse b" in why for why in r.groups[0].problems), r.groups[0].problems
     # a third pass that sides with one of them decides
-    decided = analysis.settled_by_third(first, second, two_strategies(4, 1.5, 2.0, rng))
+    decided = passes.settled_by_third(first, second, two_strategies(4, 1.5, 2.0, rng))
     assert not decided.unstable and decided.decision.call.strategy == "b" and decided.fused_wins
 
 
@@ -648,7 +648,7 @@ def test_the_replay_relabels_every_stored_point_by_the_regret_rule(tmp_path, mon
     import decisions as check  # scripts/decisions.py
 
     rng = np.random.default_rng(9)
-    marginal = analysis.confirmed(slim_pass(1.04, rng, epsilon=None), slim_pass(1.045, rng, epsilon=None))
+    marginal = passes.confirmed(slim_pass(1.04, rng, epsilon=None), slim_pass(1.045, rng, epsilon=None))
     at_margin = point(2, [1.04, 1.10] * 10, {"a": [1.0] * 20}, epsilon=None)  # 1.04x to 1.10x
     assert (marginal.winner, at_margin.decision.kind) == ("marginal", "open")
     folder = tmp_path / "runs"

@@ -397,7 +397,7 @@ def test_a_runs_folder_that_is_a_file_is_named(args, places, monkeypatch):
 def test_the_advice_after_ctrl_c_is_a_command_that_runs(args, advice, places, monkeypatch):
     """tune said 'continue with --resume', which it lacks; benchmark without -o said so, then refused
     --resume without -o (issue 67)."""
-    from wide_tessera.cli import measure as commands
+    from wide_tessera.cli import run as commands
 
     monkeypatch.setenv("WIDE_TESSERA_RUNS", f"{places['tmp']}/runs")
     result = wt.load_results(Path(__file__).parent / "golden" / "schema6.json")[0]

@@ -27,7 +27,7 @@ from wide_tessera.ops.registry import REGISTRY
 from wide_tessera.reports import tidy
 from wide_tessera.reports.compare import against_previous, compare, render
 from wide_tessera.reports.markdown import headline, result_markdown
-from wide_tessera.results import analysis
+from wide_tessera.results import analysis, passes
 from wide_tessera.results.manifest import (
     GitState,
     Manifest,
@@ -75,7 +75,7 @@ def synthetic(
         first = _measured(n, params, times, epsilon)
         wobble = 1 + confirm_noise * (-1) ** n
         second = _measured(n, params, {s: ms * wobble for s, ms in times.items()}, epsilon)
-        points.append(analysis.confirmed(first, second))
+        points.append(passes.confirmed(first, second))
     env = Environment("cpu", device_name, "2.13.0", None, "3.11.7", 2, "Linux")
     manifest = Manifest(
         run_id="0123456789ab",

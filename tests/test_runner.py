@@ -14,7 +14,7 @@ from wide_tessera.measurement.settings import RunSettings
 from wide_tessera.ops import WideLinear
 from wide_tessera.ops.registry import REGISTRY
 from wide_tessera.reports.brief import closing_table
-from wide_tessera.results import analysis
+from wide_tessera.results import passes
 from wide_tessera.results.load import load_results
 from wide_tessera.results.schema import PointResult, ResultsFile
 from wide_tessera.sweep.progress import Progress
@@ -132,8 +132,8 @@ def test_a_resumed_run_gives_its_earlier_disputed_points_their_third_pass(fast_t
     settings = RunSettings(preset="ci", device="cpu", timing=fast_timing, confirm="all")
     job = WideLinear.benchmark_job("ci", n_values=[1, 2])
     (earlier,) = run_jobs([JobRun(job, settings)])
-    confirmed = [p.n for p in earlier.points if analysis.stored_passes(p) is not None]
-    monkeypatch.setattr(analysis, "disputed", lambda first, second: True)
+    confirmed = [p.n for p in earlier.points if passes.stored_passes(p) is not None]
+    monkeypatch.setattr(passes, "disputed", lambda first, second: True)
     capsys.readouterr()
     list(run_jobs([JobRun(job, settings, earlier, progress=Progress(0, stream=sys.stderr))]))
     thirds = [line for line in capsys.readouterr().err.splitlines() if " third pass " in line]

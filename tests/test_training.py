@@ -1156,7 +1156,7 @@ def test_a_point_and_an_optuna_group_estimate_one_models_memory_alike():
     from wide_tessera.integrations.optuna import sizing
     from wide_tessera.integrations.optuna.training import Training
     from wide_tessera.integrations.optuna.trial import Draws, Member
-    from wide_tessera.sweep import point
+    from wide_tessera.sweep import budget
 
     model, x = TiedWithBuffer(), torch.randn(4, 8)
     weights = (64 + 8 + 8 + 8) * 4  # the tied weight once, two biases, the buffer
@@ -1165,9 +1165,9 @@ def test_a_point_and_an_optuna_group_estimate_one_models_memory_alike():
     job = SimpleNamespace(model_factory=lambda: model, input_factory=lambda n: [x], train=True)
     member = Member(None, {}, model, Draws(0, "cpu"))
     training = Training(steps=1, batch=lambda params, step: (x, x), loss=F.mse_loss, optimizer="adamw")
-    assert point._bytes_per_model(job, {}, torch.float32, "train") == expected
+    assert budget.bytes_per_job_model(job, {}, torch.float32, "train") == expected
     assert sizing._bytes_per_model(member, training) == expected
-    assert point._bytes_per_model(job, {}, torch.float32, "inference") == 2 * (weights + io)
+    assert budget.bytes_per_job_model(job, {}, torch.float32, "inference") == 2 * (weights + io)
 
 
 def test_every_optimizer_has_its_state_counted_in_the_memory_estimate():

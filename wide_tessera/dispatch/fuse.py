@@ -25,7 +25,8 @@ from ..core.job import DTYPES, params_text
 from ..core.user_input import check_bool, check_number
 from ..measurement.controls import COMPILE_MODES
 from ..measurement.modes import check_mode
-from ..ops.base import WideOp, fusing_ops, layout_difference, op_fusing
+from ..ops.alike import layout_difference
+from ..ops.base import WideOp, fusing_ops, op_fusing
 from ..ops.exact import not_the_op
 from ..ops.registry import REGISTRY, get_op
 from ..widen.custom import model_identity

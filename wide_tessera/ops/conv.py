@@ -12,7 +12,8 @@ from torch import nn
 from ..core.errors import WideTesseraError
 from ..core.job import SweepParams
 from ..core.layout import load_joined
-from .base import WideChannelsOp, shared_config
+from .alike import shared_config
+from .base import WideChannelsOp
 from .registry import register
 
 __all__ = ["WideConv1d", "WideConv2d", "WideConv3d", "WideConvTranspose2d"]

@@ -11,7 +11,8 @@ from torch import nn
 from ..core.errors import WideTesseraError
 from ..core.job import SweepParams, Work
 from ..core.layout import load_joined
-from .base import WideOp, itemsize, shared_config
+from .alike import shared_config
+from .base import WideOp, itemsize
 from .registry import register
 
 __all__ = ["WideEmbedding"]

@@ -11,7 +11,8 @@ from torch import nn
 from ..core.capabilities import Needs, Probe
 from ..core.errors import WideTesseraError
 from ..core.job import SweepParams, Work
-from .base import TRITON, WideOp, itemsize, shared_config
+from .alike import shared_config
+from .base import TRITON, WideOp, itemsize
 from .gemm import WideLinear
 from .registry import register
 

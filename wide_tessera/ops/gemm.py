@@ -9,7 +9,8 @@ from torch import nn
 
 from ..core.job import SweepParams, Work
 from ..core.layout import load_joined
-from .base import TRITON, WideOp, itemsize, shared_config
+from .alike import shared_config
+from .base import TRITON, WideOp, itemsize
 from .registry import register
 
 __all__ = ["WideLinear"]

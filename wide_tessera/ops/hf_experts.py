@@ -33,7 +33,8 @@ from ..core.capabilities import Needs
 from ..core.errors import MissingDependency, WideTesseraError, one_line, unknown
 from ..core.job import BenchmarkJob, SweepParams, Work
 from ..core.layout import JOINED, Slot, load_joined, prefixed
-from .base import TRITON, WideOp, itemsize, shared_config
+from .alike import shared_config
+from .base import TRITON, WideOp, itemsize
 from .experts import padded_rows
 from .registry import register
 

@@ -9,7 +9,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..core.job import SweepParams, Work
-from .base import TRITON, WideOp, itemsize, shared_config
+from .alike import shared_config
+from .base import TRITON, WideOp, itemsize
 from .experts import Expert, expert_sizes
 from .gemm import WideLinear
 from .registry import register

@@ -14,7 +14,8 @@ from torch.func import vmap
 from ..core.errors import WideTesseraError
 from ..core.job import SweepParams, Work
 from ..core.layout import STACKED, load_joined
-from .base import WideChannelsOp, WideOp, itemsize, shared_config
+from .alike import shared_config
+from .base import WideChannelsOp, WideOp, itemsize
 from .registry import register
 
 __all__ = [

@@ -12,8 +12,9 @@ learning-rate schedules over what `wide_tessera.fuse()` returned, whichever stra
     models = fused.unfuse()                     # N modules of the original class, trained
 """
 
+from .base import IMPLEMENTATIONS
 from .clip import clip_grad_norm_
-from .optimizers import IMPLEMENTATIONS, SGD, Adadelta, Adam, AdamW
+from .optimizers import SGD, Adadelta, Adam, AdamW
 from .schedules import CosineAnnealingLR, LinearLR, StepLR
 
 __all__ = [

@@ -13,7 +13,7 @@ from torch import nn
 
 from ..core.errors import WideTesseraError
 
-__all__ = ["per_model", "per_model_pairs", "models_in", "models_reached", "parameter_names", "number"]
+__all__ = ["per_model", "per_model_pairs", "models_in", "models_reached", "parameter_names", "number", "flag"]
 
 
 def per_model(name: str, value: Any, n: int, check: Callable[[str, Any], Any]) -> List[Any]:
@@ -92,6 +92,13 @@ def number(
         raise WideTesseraError(f"{name}={value!r}: give a number {bound}{' or inf' if infinite else ''}")
 
     return check
+
+
+def flag(name: str, value: Any) -> bool:
+    """A check of a setting that is on or off (SGD's nesterov, Adam's amsgrad)."""
+    if not isinstance(value, bool):
+        raise WideTesseraError(f"{name}={value!r}: give True or False")
+    return value
 
 
 def models_in(module: nn.Module) -> int:

@@ -310,6 +310,27 @@ def render(comparison: Comparison, as_markdown: bool = False, fail_percent: Opti
     """The comparison for a terminal, or as Markdown for a pull-request comment.
 
     Changes with a verdict other than 'same' come first; the 'same' ones follow."""
+    head = _headline(comparison, fail_percent)
+    header, rows = _change_rows(comparison)
+    cross_header = ["op", "parameters", "base crossover N", "new crossover N", "moved"]
+    cross_rows = [
+        [g.op, params_text(g.params), n_or_never(g.base), n_or_never(g.new), g.moved] for g in comparison.crossovers
+    ]
+    thresholds = "thresholds: " + ", ".join(
+        f"{op} {n_or_never(b)} -> {n_or_never(n)}" for op, (b, n) in comparison.thresholds.items()
+    )
+    notes = _notes(comparison)
+    if as_markdown:
+        parts = [f"**{head}**", md_table(header, rows), md_table(cross_header, cross_rows), thresholds]
+        parts += [f"- {n}" for n in notes]
+        return "\n\n".join(parts) + "\n"
+    tables = [format_table(header, rows), format_table(cross_header, cross_rows)]
+    return "\n".join([head, *tables, thresholds, *(f"NOTE: {n}" for n in notes)]) + "\n"
+
+
+def _headline(comparison: Comparison, fail_percent: Optional[float]) -> str:
+    """The counts of each verdict, the groups whose crossover moved later, the slower changes in
+    ops whose baseline moved too, and the regression gate's answer where one is asked for."""
     counts = comparison.counts()
     head = "COMPARE: " + ", ".join(f"{counts.get(k, 0)} {k}" for k in ("slower", "faster", "same", "unknown", "broken"))
     later = [g for g in comparison.crossovers if g.moved_later]
@@ -318,15 +339,16 @@ def render(comparison: Comparison, as_markdown: bool = False, fail_percent: Opti
     in_shifted = sum(c.verdict == "slower" and c.op in shifted for c in comparison.changes)
     if in_shifted:
         head += f"; {in_shifted} of the slower in ops whose baseline moved too ({', '.join(shifted)}): see the notes"
-    if fail_percent is not None:
-        regressions = comparison.regressions(fail_percent)
-        head = (
-            (f"REGRESSION ({len(regressions)}) " if regressions else "NO REGRESSION ")
-            + f"(--fail-on-regression {fail_percent:g}%): "
-            + head
-        )
+    if fail_percent is None:
+        return head
+    regressions = comparison.regressions(fail_percent)
+    gate = f"REGRESSION ({len(regressions)}) " if regressions else "NO REGRESSION "
+    return f"{gate}(--fail-on-regression {fail_percent:g}%): {head}"
+
+
+def _change_rows(comparison: Comparison) -> Tuple[List[str], List[List[str]]]:
+    """The changes' table: broken, slower, faster, unknown, then same."""
     order = {"broken": 0, "slower": 1, "faster": 2, "unknown": 3, "same": 4}
-    changes = sorted(comparison.changes, key=lambda c: order[c.verdict])
     header = ["op", "N", "parameters", "callable", "base ms", "new ms", "change [95% CI]", "verdict", "speedup change"]
     rows = [
         [
@@ -340,22 +362,14 @@ def render(comparison: Comparison, as_markdown: bool = False, fail_percent: Opti
             c.verdict + (f" ({c.note})" if c.note and c.ratio is not None else ""),
             "" if c.speedup_change is None else f"{100 * (c.speedup_change - 1):+.1f}%",
         ]
-        for c in changes
+        for c in sorted(comparison.changes, key=lambda c: order[c.verdict])
     ]
-    cross_header = ["op", "parameters", "base crossover N", "new crossover N", "moved"]
-    cross_rows = [
-        [
-            g.op,
-            params_text(g.params),
-            n_or_never(g.base),
-            n_or_never(g.new),
-            g.moved,
-        ]
-        for g in comparison.crossovers
-    ]
-    thresholds = "thresholds: " + ", ".join(
-        f"{op} {n_or_never(b)} -> {n_or_never(n)}" for op, (b, n) in comparison.thresholds.items()
-    )
+    return header, rows
+
+
+def _notes(comparison: Comparison) -> List[str]:
+    """What a reader needs to weigh the verdicts: the margin, the noise the intervals hold, ops
+    whose baseline moved, how the runs differ and what is in one run only."""
     if comparison.noise_pairs:
         noise = (
             "intervals include the noise between two measurements: "
@@ -374,29 +388,13 @@ def render(comparison: Comparison, as_markdown: bool = False, fail_percent: Opti
         + ("" if speedup is None else f"the speedups' median change is {speedup:+.1f}%. ")
         + "A machine that ran slower or faster during one of the runs looks exactly like this, and a change "
         "that slowed everything alike (torch, the device) does too: rerun both runs to tell them apart"
-        for op, (median, moved, points, speedup) in shifted.items()
+        for op, (median, moved, points, speedup) in comparison.shifted_ops().items()
     ]
     margin = (
         f"faster or slower only where the whole interval lies beyond a {100 * MIN_EFFECT:.0f}% margin "
         f"(under {100 * (1 / (1 + MIN_EFFECT) - 1):+.1f}% or over {100 * MIN_EFFECT:+.0f}%), else same"
     )
-    notes = [margin, noise, *shifts, *(f"the runs differ: {d}" for d in comparison.differences), *comparison.unmatched]
-    if as_markdown:
-        parts = [f"**{head}**", md_table(header, rows), md_table(cross_header, cross_rows), thresholds]
-        parts += [f"- {n}" for n in notes]
-        return "\n\n".join(parts) + "\n"
-    return (
-        "\n".join(
-            [
-                head,
-                format_table(header, rows),
-                format_table(cross_header, cross_rows),
-                thresholds,
-                *(f"NOTE: {n}" for n in notes),
-            ]
-        )
-        + "\n"
-    )
+    return [margin, noise, *shifts, *(f"the runs differ: {d}" for d in comparison.differences), *comparison.unmatched]
 
 
 def _between_runs_ci(base_ms: Sequence[float], new_ms: Sequence[float], seed: int = 0) -> Tuple[float, float]:

@@ -76,6 +76,37 @@ def _draw_group(result: "BenchmarkResult", group: "GroupResult", points: Sequenc
     names = [s for s in [*result.strategies, *controls_run(result)] if any(s in p.speedups for p in points)]
     ns = [p.n for p in points]
     style = _styles(names)
+    _draw_speedups(speed, result, group, points, names, style)
+    _draw_times(time, points, names, style)
+    _draw_memory(memory, result, points, names, style)
+    _draw_tradeoff(tradeoff, points, names, style)
+    for ax in (speed, time, memory):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ns, [str(n) for n in ns])
+        ax.minorticks_off()
+        ax.set_xlabel("N (copies of the op)")
+    for ax in (speed, time, memory, tradeoff):
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    status = first_line(result).split(":")[0]
+    fig.suptitle(
+        f"{result.op}: {params_text(group.params)}\n{result.environment.device_name} ({result.environment.device}), "
+        f"preset {result.preset}, {status}",
+        fontsize=11,
+    )
+    return fig
+
+
+def _draw_speedups(
+    speed: Any,
+    result: "BenchmarkResult",
+    group: "GroupResult",
+    points: Sequence["PointResult"],
+    names: Sequence[str],
+    style: Dict[str, dict],
+) -> None:
+    """Each callable's speedup against N with its interval as a band, the significance margin
+    dotted, the crossover dash-dotted; points without a verdict hollow."""
     for s in names:
         ps = [p for p in points if s in p.speedups]
         x = [p.n for p in ps]
@@ -101,6 +132,9 @@ def _draw_group(result: "BenchmarkResult", group: "GroupResult", points: Sequenc
     )
     speed.set_ylabel("speedup (x)")
 
+
+def _draw_times(time: Any, points: Sequence["PointResult"], names: Sequence[str], style: Dict[str, dict]) -> None:
+    """Each callable's median time per call against N, with its interval."""
     for s in [BASELINE, *names]:
         ps = [p for p in points if s in p.stats]
         lows = [p.timings[s] - p.stats[s].median_ci_ms[0] for p in ps]
@@ -111,6 +145,15 @@ def _draw_group(result: "BenchmarkResult", group: "GroupResult", points: Sequenc
     time.set_title("median time per call of all N models (95% CI)", fontsize=9)
     time.set_ylabel("ms")
 
+
+def _draw_memory(
+    memory: Any,
+    result: "BenchmarkResult",
+    points: Sequence["PointResult"],
+    names: Sequence[str],
+    style: Dict[str, dict],
+) -> None:
+    """Each callable's peak memory against N."""
     for s in [BASELINE, *names]:
         ps = [p for p in points if s in p.peak_memory_bytes]
         memory.plot([p.n for p in ps], [p.peak_memory_bytes[s] / 2**20 for p in ps], label=s, **style[s])
@@ -119,6 +162,11 @@ def _draw_group(result: "BenchmarkResult", group: "GroupResult", points: Sequenc
     memory.set_title(f"peak memory above the inputs ({result.memory_method or 'measured'})", fontsize=9)
     memory.set_ylabel("MiB")
 
+
+def _draw_tradeoff(
+    tradeoff: Any, points: Sequence["PointResult"], names: Sequence[str], style: Dict[str, dict]
+) -> None:
+    """Each strategy's speedup against its memory, both relative to the N separate calls', each point labelled by N."""
     for s in names:
         ps = [p for p in points if s in p.speedups and s in p.peak_memory_bytes and BASELINE in p.peak_memory_bytes]
         x = [p.peak_memory_bytes[s] / max(p.peak_memory_bytes[BASELINE], 1) for p in ps]
@@ -133,22 +181,6 @@ def _draw_group(result: "BenchmarkResult", group: "GroupResult", points: Sequenc
     tradeoff.set_title("speed against memory, both relative to the N separate calls", fontsize=9)
     tradeoff.set_xlabel("peak memory / baseline's (x)")
     tradeoff.set_ylabel("speedup (x)")
-
-    for ax in (speed, time, memory):
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(ns, [str(n) for n in ns])
-        ax.minorticks_off()
-        ax.set_xlabel("N (copies of the op)")
-    for ax in (speed, time, memory, tradeoff):
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7)
-    status = first_line(result).split(":")[0]
-    fig.suptitle(
-        f"{result.op}: {params_text(group.params)}\n{result.environment.device_name} ({result.environment.device}), "
-        f"preset {result.preset}, {status}",
-        fontsize=11,
-    )
-    return fig
 
 
 def save_figure(fig, directory: Path, stem: str, formats: Sequence[str]) -> List[Path]:

@@ -250,9 +250,55 @@ def _crossover_lines(result: "BenchmarkResult") -> List[str]:
 
 
 def format_summary(result: "BenchmarkResult") -> str:
-    env = result.environment
-    axes: List[str] = list(result.points[0].params) if result.points else []
     shown = [*result.strategies, *controls_run(result)]
+    captures = [g for g in result.groups if g.fuse_or_capture is not None]
+    lines = [
+        first_line(result),
+        _run_line(result),
+        _points_table(result, shown),
+        *interval_legend(result),
+        "n.s.: no significant difference from baseline; loop (in a cell): the strategy ran a per-model loop"
+        + (
+            f"; controls make the loop cheaper without fusing ({legend(controls_run(result))}) and never win"
+            if len(shown) > len(result.strategies)
+            else ""
+        ),
+        *([ENERGY_LEGEND] if result.measured_energy else []),
+        *(["fuse, or just make the loop cheaper? (best strategy against the fastest control):"] if captures else []),
+        *(f"  {params_text(g.params)}: at N={g.fuse_or_capture.n}: {capture_text(g)}" for g in captures),
+        *_roofline_lines(result, shown),
+        *_crossover_lines(result),
+        *bound_lines(result),
+        *notes_digest(result),
+        *ran_digest(result),
+        *warning_digest(result),
+    ]
+    if result.skipped:
+        lines.append(f"SKIPPED ({len(result.skipped)}):")
+        lines.extend(_skipped_lines(result))
+    if result.failures:
+        lines.append(f"FAILED ({len(result.failures)}):")
+        lines.extend(f"  {f}" for f in result.failures)
+    if not result.complete:
+        lines.append(f"INCOMPLETE: the run stopped after {len(result.points)} points; --resume continues it")
+    return "\n".join([*lines, *advice_lines(result)])
+
+
+def _run_line(result: "BenchmarkResult") -> str:
+    """Where and how the run measured: device, threads, timer, torch, compile mode, mode, duration."""
+    env = result.environment
+    return (
+        f"== {result.op} (preset {result.preset}) on {env.device}: {env.device_name}, {env.threads} threads, "
+        f"timer {result.timer}, torch {env.torch_version}, "
+        + ("" if result.compile == "none" else f"torch.compile mode {result.compile} on every side, ")
+        + f"mode {result.mode}, {result.duration_s:.1f} s"
+    )
+
+
+def _points_table(result: "BenchmarkResult", shown: List[str]) -> str:
+    """One row a point: its parameters, the baseline, each strategy and control shown, the
+    decision, memory peaks, launches and, where measured, energy."""
+    axes: List[str] = list(result.points[0].params) if result.points else []
     energy = result.measured_energy
     header = [
         "N",
@@ -281,58 +327,25 @@ def format_summary(result: "BenchmarkResult") -> str:
         ]
         for p in result.points
     ]
-    roof = (
-        []
-        if result.peaks is None
-        else [
-            p
-            for p in _largest_n(result)
-            if p.work is not None and p.timings and p.params.get("dtype", "float32") in result.peaks.tflops
-        ]
+    return format_table(header, rows)
+
+
+def _roofline_lines(result: "BenchmarkResult", shown: List[str]) -> List[str]:
+    """Each measured point at a group's largest N against the machine's measured peaks; none
+    without peaks."""
+    peaks = result.peaks
+    if peaks is None:
+        return []
+    measured = [p for p in _largest_n(result) if p.work is not None and p.timings]
+    roof = [p for p in measured if p.params.get("dtype", "float32") in peaks.tflops]
+    if not roof:
+        return []
+    head = (
+        f"roofline at the largest N (peaks measured on {peaks.device_name}: "
+        + ", ".join(f"{d} {t:.3g} TFLOP/s" for d, t in peaks.tflops.items())
+        + f", copy {peaks.copy_gbps:.4g} GB/s):"
     )
-    captures = [g for g in result.groups if g.fuse_or_capture is not None]
-    lines = [
-        first_line(result),
-        f"== {result.op} (preset {result.preset}) on {env.device}: {env.device_name}, {env.threads} threads, "
-        f"timer {result.timer}, torch {env.torch_version}, "
-        + ("" if result.compile == "none" else f"torch.compile mode {result.compile} on every side, ")
-        + f"mode {result.mode}, {result.duration_s:.1f} s",
-        format_table(header, rows),
-        *interval_legend(result),
-        "n.s.: no significant difference from baseline; loop (in a cell): the strategy ran a per-model loop"
-        + (
-            f"; controls make the loop cheaper without fusing ({legend(controls_run(result))}) and never win"
-            if len(shown) > len(result.strategies)
-            else ""
-        ),
-        *([ENERGY_LEGEND] if energy else []),
-        *(["fuse, or just make the loop cheaper? (best strategy against the fastest control):"] if captures else []),
-        *(f"  {params_text(g.params)}: at N={g.fuse_or_capture.n}: {capture_text(g)}" for g in captures),
-        *(
-            [
-                f"roofline at the largest N (peaks measured on {result.peaks.device_name}: "
-                + ", ".join(f"{d} {t:.3g} TFLOP/s" for d, t in result.peaks.tflops.items())
-                + f", copy {result.peaks.copy_gbps:.4g} GB/s):"
-            ]
-            if roof
-            else []
-        ),
-        *(_roofline_line(result, p, shown) for p in roof),
-        *_crossover_lines(result),
-        *bound_lines(result),
-        *notes_digest(result),
-        *ran_digest(result),
-        *warning_digest(result),
-    ]
-    if result.skipped:
-        lines.append(f"SKIPPED ({len(result.skipped)}):")
-        lines.extend(_skipped_lines(result))
-    if result.failures:
-        lines.append(f"FAILED ({len(result.failures)}):")
-        lines.extend(f"  {f}" for f in result.failures)
-    if not result.complete:
-        lines.append(f"INCOMPLETE: the run stopped after {len(result.points)} points; --resume continues it")
-    return "\n".join([*lines, *advice_lines(result)])
+    return [head, *(_roofline_line(result, p, shown) for p in roof)]
 
 
 def advice_lines(result: "BenchmarkResult") -> List[str]:

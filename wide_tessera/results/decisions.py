@@ -379,7 +379,7 @@ def compatible(first: Call, second: Call) -> bool:
     """Whether two passes agree at a point: a win against a loop is a flip, and so are two wins
     that name different winners (`same_winner`): confirming the first would say what the second
     denies. A marginal or open pass contradicts nothing, though over both passes the point may
-    be undecided (results.analysis.disputed)."""
+    be undecided (results.passes.disputed)."""
     kinds = {first.kind, second.kind}
     return bool(kinds & {"open", "marginal"}) or (len(kinds) == 1 and same_winner(first, second))
 

@@ -102,6 +102,21 @@ def _check_point(p: "PointResult", strategies: Collection[str], where: str) -> N
     _positive_int(f"{where}.n", p.n)
     _need(p.n <= MAX_N, f"{where}.n", f"{p.n} is more than {MAX_N}, the most copies this tool builds")
     _params(f"{where}.params", p.params)
+    _check_timings(p, timed, where)
+    _check_outcomes(p, strategies, timed, where)
+    _check_answer(p, where)
+    _check_facts(p, timed, where)
+    if p.health is not None:
+        _check_health(p.health, f"{where}.health")
+    if p.confirmation is not None:
+        _check_confirmation(p.confirmation, strategies, f"{where}.confirmation")
+    if p.decision is not None:
+        _check_decision(p.decision, p.speedups, f"{where}.decision")
+
+
+def _check_timings(p: "PointResult", timed: Collection[str], where: str) -> None:
+    """The timings, speedups, their intervals and verdicts, and the samples' statistics: of one
+    set of callables, each value in its range."""
     _keys(f"{where}.timings", p.timings, timed)
     expected_timed = {BASELINE, *p.speedups} if p.timings or p.speedups else set()
     _same_keys(f"{where}.timings", p.timings, expected_timed, "baseline and the speedups'")
@@ -118,6 +133,10 @@ def _check_point(p: "PointResult", strategies: Collection[str], where: str) -> N
         _need(v in STRATEGY_VERDICTS, f"{where}.verdicts[{s!r}]", f"{v!r} is not one of {', '.join(STRATEGY_VERDICTS)}")
     for s, st in p.stats.items():
         _check_stats(st, f"{where}.stats[{s!r}]")
+
+
+def _check_outcomes(p: "PointResult", strategies: Collection[str], timed: Collection[str], where: str) -> None:
+    """What each callable's checks and runs found: correctness, checks, failures, memory peaks, energy."""
     _keys(f"{where}.correct", p.correct, strategies)
     _keys(f"{where}.checks", p.checks, strategies)
     for s, c in p.checks.items():
@@ -138,6 +157,11 @@ def _check_point(p: "PointResult", strategies: Collection[str], where: str) -> N
         )
         _positive(f"{at}.watts", e.watts)
         _positive_int(f"{at}.windows", e.windows)
+
+
+def _check_answer(p: "PointResult", where: str) -> None:
+    """The point's answer: a baseline or the reason it has none, a best strategy with a speedup,
+    a headline only from it, a winner that is not a control."""
     # The summary shows either the baseline's time or why the point has none.
     _need(POINT in p.failures or BASELINE in p.timings, where, "has neither a baseline timing nor a point failure")
     best = p.best_strategy
@@ -154,6 +178,10 @@ def _check_point(p: "PointResult", strategies: Collection[str], where: str) -> N
         f"{p.winner!r} is not a winner here",
     )
     _need(best not in CONTROLS, f"{where}.best_strategy", f"{best!r} is a control, not a strategy")
+
+
+def _check_facts(p: "PointResult", timed: Collection[str], where: str) -> None:
+    """The first calls' seconds, the launches and the work: none negative."""
     _keys(f"{where}.first_call_s", p.first_call_s, timed)
     for s, seconds in p.first_call_s.items():
         _non_negative(f"{where}.first_call_s[{s!r}]", seconds)
@@ -163,12 +191,6 @@ def _check_point(p: "PointResult", strategies: Collection[str], where: str) -> N
     if p.work is not None:
         _non_negative(f"{where}.work.flops", p.work.flops)
         _non_negative(f"{where}.work.min_bytes", p.work.min_bytes)
-    if p.health is not None:
-        _check_health(p.health, f"{where}.health")
-    if p.confirmation is not None:
-        _check_confirmation(p.confirmation, strategies, f"{where}.confirmation")
-    if p.decision is not None:
-        _check_decision(p.decision, p.speedups, f"{where}.decision")
 
 
 def _check_decision(d: "Decision", speedups: Collection[str], where: str) -> None:

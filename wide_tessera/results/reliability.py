@@ -8,14 +8,14 @@ N); the largest N feeds the other two. A decision of the group could flip, and t
 UNRELIABLE, only when a point it rests on
 
 * was disturbed and never measured clean (a clean measurement outranks a disturbed one of
-  the same point, analysis.confirmed);
+  the same point, passes.confirmed);
 * was measured twice and the two contradict each other (unstable);
 * timed a round in no positive finite time (NaN, an infinity: decisions.unusable), so that
   the point was decided without that function, or (the baseline) not at all;
 * is still open when the budget is spent: neither fusing nor the loop known to cost at most
   ε beyond the margin (its winner's identity or fuse-or-capture included), or over its
   passes (one settled, and over both builds' intervals together neither is within ε: a
-  disagreement between builds beyond ε; results.analysis.disputed, after the third pass that
+  disagreement between builds beyond ε; results.passes.disputed, after the third pass that
   buys).
 
 Everything else is recorded as a note, never a reason: a busy machine that disturbed no

@@ -9,7 +9,6 @@ points here.
 from __future__ import annotations
 
 import copy
-import gc
 import warnings
 from dataclasses import dataclass, replace
 from functools import partial
@@ -31,10 +30,10 @@ from ..core.correctness import (
     tolerance,
     vacuous_reference,
 )
-from ..core.errors import NotApplicable, one_line, vmap_limitation
+from ..core.errors import NotApplicable
 from ..core.job import DTYPES, BenchmarkJob, group_key, point_key
 from ..core.roles import BASELINE, CONTROLS
-from ..core.seeding import forked, seeded
+from ..core.seeding import seeded
 from ..measurement import modes
 from ..measurement.controls import OPTIMIZER_CONTROLS, GraphedLoop, compiled, control_unavailable
 from ..measurement.energy import measure_energy
@@ -42,33 +41,21 @@ from ..measurement.launches import launches_and_peak
 from ..measurement.modes import TRAINING_MODES, Side
 from ..measurement.recipe import Recipe
 from ..measurement.settings import RunSettings
-from ..measurement.stages import StageObserver, StageTimeout, stage_limit
-from ..measurement.timing import NotCapturable, PairedTimings, TimedFunctionError, measure_paired, once_s
+from ..measurement.stages import StageObserver, stage_limit
+from ..measurement.timing import PairedTimings, once_s
 from ..measurement.traces import trace_name, write_traces
 from ..results import analysis
-from ..results.decisions import level_of, stop_rule
+from ..results.decisions import level_of
 from ..results.schema import Failure, PointResult
-from ..train.memory import bytes_per_model
+from .budget import over_budget
+from .failures import failure_of, release_memory, unavailable
+from .sampling import TimeBank, measure_until_healthy
 
 __all__ = ["iter_points", "INPUT_DRAWS"]
 
 # Each strategy is checked on this many independent input draws: one draw can hide a
 # strategy that is right only for some inputs (KernelBench runs several trials).
 INPUT_DRAWS = 2
-
-
-@dataclass
-class TimeBank:
-    """Sampling time the settled points of a pass left unused, lent to points still open: a
-    point may sample up to five times its own budget while the bank holds the time."""
-
-    saved_s: float = 0.0
-
-    def allowance(self, budget_s: float) -> float:
-        return min(self.saved_s, 4 * budget_s)
-
-    def account(self, budget_s: float, sampled_s: float) -> None:
-        self.saved_s = max(0.0, self.saved_s + budget_s - sampled_s)
 
 
 def iter_points(
@@ -204,7 +191,7 @@ class _PointMeasurement:
                 return self.compiled_baseline_failed()
         self.checks.pop(BASELINE, None)  # the compiled loop's check: a condition of the point, not a verdict
         label = partial(trace_name, self.job.op, self.n, self.params)  # the NVTX ranges' names, on CUDA
-        timings = _measure_until_healthy(
+        timings = measure_until_healthy(
             self.timed, self.settings, self.failures, self.stage, self.on_function, self.bank, label
         )
         return self.result(timings, label)
@@ -220,7 +207,7 @@ class _PointMeasurement:
         try:
             with self.stage("setup"):
                 unfit = job.unfit_factory(self.n, **params)
-                over = _over_budget(job, self.n, params, self.dtype, self.settings)
+                over = over_budget(job, self.n, params, self.dtype, self.settings)
                 if unfit is not None:
                     over = Failure("setup", "skipped", "Unfit", unfit)
                 if over is not None:
@@ -235,7 +222,7 @@ class _PointMeasurement:
                     for _ in range(INPUT_DRAWS)
                 ]
         except Exception as e:  # noqa: BLE001  a point whose setup fails is a result, not a reason to stop the sweep
-            return analysis.failed_point(self.n, params, {"point": _failure("setup", e)})
+            return analysis.failed_point(self.n, params, {"point": failure_of("setup", e)})
         return None
 
     def reference(self) -> Optional[PointResult]:
@@ -280,7 +267,7 @@ class _PointMeasurement:
                         self.outcomes.append(outcome)
                 self.timed[BASELINE] = self.timed_of(self.loop_side())
         except Exception as e:  # noqa: BLE001  a point whose baseline fails is a result, not a reason to stop the sweep
-            return analysis.failed_point(self.n, self.params, {"point": _failure("check", e)})
+            return analysis.failed_point(self.n, self.params, {"point": failure_of("check", e)})
         return None
 
     def seeded(self, call: Callable[[], Any]) -> Any:
@@ -340,17 +327,17 @@ class _PointMeasurement:
         job, settings = self.job, self.settings
         reason = unmet_need(job.strategy_needs.get(strategy), self.device, self.dtype, self.params, self.compiling)
         if reason is not None:
-            self.failures[strategy] = _unavailable(strategy, reason)
+            self.failures[strategy] = unavailable(strategy, reason)
             return None
         try:
             with self.stage("check", strategy):
                 wide = job.wide_factory(self.modules, strategy)
                 seeded_wide = job.seeded_check_factory and job.seeded_check_factory(self.modules, strategy)
         except NotApplicable as e:
-            self.failures[strategy] = _unavailable(strategy, e)
+            self.failures[strategy] = unavailable(strategy, e)
             return None
         except Exception as e:  # noqa: BLE001  a strategy that cannot be built is a result to report
-            self.failures[strategy] = _failure("check", e)
+            self.failures[strategy] = failure_of("check", e)
             return None
         side = _wide_side(wide, compiled(wide, settings.compile) if self.compiling else wide, self.recipe)
         check_side = seeded_wide and _wide_side(seeded_wide, seeded_wide, self.recipe)
@@ -405,11 +392,11 @@ class _PointMeasurement:
             with self.stage("check", name):
                 return self.timed_of(side)
         except NotApplicable as e:  # found on its first call (surgery captures a model there)
-            self.failures[name] = _unavailable(name, e)
+            self.failures[name] = unavailable(name, e)
             return None
         except Exception as e:  # noqa: BLE001  a broken strategy is a result to report, not a reason to stop the sweep
-            self.failures[name] = _failure("check", e, name)
-            _release_memory(self.device)
+            self.failures[name] = failure_of("check", e, name)
+            release_memory(self.device)
             return None
 
     def check_draw(self, side: Side, join: Optional[Join], i: int, given: List[Any]) -> Check:
@@ -510,90 +497,3 @@ def _graphed_side(loop: Callable, capture_inputs: Sequence[torch.Tensor]) -> Sid
         return graphed[0].inputs
 
     return Side(lambda _: graphed[0].replay(), load, list, [])
-
-
-def _measure_until_healthy(
-    timed: Dict[str, Callable[[], object]],
-    settings: RunSettings,
-    failures: Dict[str, Failure],
-    stage: Any,
-    on_function: Optional[Callable[[str], None]],
-    bank: TimeBank,
-    label: Callable[[str], str],
-) -> Optional[PairedTimings]:
-    """Time the functions together, until the point's decision is settled (results.decisions)
-    or its budget, and what the bank lends it, is spent; one that fails is recorded and the
-    rest are timed again without it."""
-    while BASELINE in timed:
-        strategies = [s for s in timed if s != BASELINE and s not in CONTROLS]
-        stop = stop_rule(strategies, [c for c in timed if c in CONTROLS], settings)
-        budget_s = settings.timing.budget_s * len(timed)
-        extra_s = bank.allowance(budget_s) if stop is not None else 0.0
-        try:
-            timings = measure_paired(timed, settings.device, settings.timing, stage, on_function, stop, extra_s, label)
-            bank.account(budget_s, timings.sampled_s)
-            return timings
-        except StageTimeout as e:  # ran out between samples (the stop rule, the health check): the point's
-            failures["point"] = _failure(e.stage, e)
-            return None
-        except TimedFunctionError as e:
-            culprit = "point" if e.name == BASELINE else e.name
-            phase = e.error.stage if isinstance(e.error, StageTimeout) else "measure"
-            failures[culprit] = _failure(phase, e.error, e.name if culprit == "point" else "")
-            del timed[e.name]
-            _release_memory(settings.device)
-    return None
-
-
-def _unavailable(strategy: str, why: object) -> Failure:
-    """A strategy that cannot apply here (a need unmet, NotApplicable): skipped with the reason, before any timing."""
-    return Failure("setup", "skipped", "Unavailable", f"{strategy}: {why}")
-
-
-def _failure(stage: str, error: BaseException, name: str = "") -> Failure:
-    if isinstance(error, StageTimeout):
-        return Failure(error.stage, "timeout", "Timeout", str(error), error.elapsed_s, error.limit_s)
-    if isinstance(error, NotCapturable):  # skipped, with the reason: nothing it computed was wrong
-        return Failure(stage, "skipped", "NotCapturable", f"{name}: {error}" if name else str(error))
-    limitation = vmap_limitation(error)
-    if limitation is not None:  # torch's, not the strategy's: skipped, with torch's reason
-        return Failure(stage, "skipped", "VmapLimitation", f"{name}: {limitation}" if name else limitation)
-    return Failure(stage, "error", type(error).__name__, one_line(error).partition(": ")[2])
-
-
-def _release_memory(device: str) -> None:
-    # After an out-of-memory error the failed strategy's tensors are garbage; free them
-    # before the next strategy needs the room.
-    gc.collect()
-    if torch.device(device).type == "cuda":
-        torch.cuda.empty_cache()
-
-
-def _over_budget(
-    job: BenchmarkJob, n: int, params: Dict[str, Any], dtype: torch.dtype, settings: RunSettings
-) -> Optional[Failure]:
-    """A 'skipped' failure if the point's estimated footprint (N times train.bytes_per_model, from
-    one model and one input on the CPU) exceeds the memory budget."""
-    if settings.memory_budget is None:
-        return None
-    estimate = n * _bytes_per_model(job, params, dtype, settings.mode)
-    if estimate <= settings.memory_budget:
-        return None
-    return Failure(
-        "setup",
-        "skipped",
-        "MemoryBudget",
-        f"estimated footprint {estimate / 2**20:.1f} MiB exceeds the memory budget "
-        f"{settings.memory_budget / 2**20:.1f} MiB",
-    )
-
-
-def _bytes_per_model(job: BenchmarkJob, params: Dict[str, Any], dtype: torch.dtype, mode: str) -> int:
-    """train.bytes_per_model of the job's model: the train mode steps AdamW (measurement.recipe),
-    the other training modes SGD with momentum (measurement.modes.OPTIMIZER)."""
-    with forked("cpu"), torch.no_grad():  # what it draws moves none of the point's draws
-        model = job.model_factory(**params).to(dtype=dtype)
-        x = trees.cast(job.input_factory(1, **params)[0], "cpu", dtype)
-        y = trees.call(model.train(job.train), x)
-    optimizer = ("adamw" if mode == "train" else "sgd") if mode in TRAINING_MODES else None
-    return bytes_per_model(model, x, y, optimizer)

@@ -24,7 +24,7 @@ from ..measurement.memory import memory_method
 from ..measurement.roofline import Peaks, load_or_calibrate
 from ..measurement.settings import CONTROLS_AT, RunSettings
 from ..measurement.timing import timer_name
-from ..results import analysis
+from ..results import analysis, passes
 from ..results.manifest import Manifest, capture_manifest, now
 from ..results.schema import BenchmarkResult, PointResult
 from .isolation import check_picklable, iter_points_isolated
@@ -95,20 +95,20 @@ def run_jobs(runs: Sequence["JobRun"]) -> Iterator[BenchmarkResult]:
     channels, N=2, measured 0.95x in 2 of 6 processes and 1.10x in 4, each process agreeing
     with itself. A confirmation taken seconds after the first pass shared its state and its
     answer; taken a run later, it draws the state afresh, and where the two differ the point's
-    interval spans both (analysis.confirmed)."""
-    for passes in runs:
-        passes.step(passes.first)
-    for passes in runs:
-        if passes.stopped is None:
-            passes.step(passes.confirm)
-            passes.step(passes.third)
-        yield passes.result(complete=True)
+    interval spans both (passes.confirmed)."""
+    for job_run in runs:
+        job_run.step(job_run.first)
+    for job_run in runs:
+        if job_run.stopped is None:
+            job_run.step(job_run.confirm)
+            job_run.step(job_run.third)
+        yield job_run.result(complete=True)
 
 
 class JobRun:
     """One job's run in named passes over explicit state (`points`, by key): the first pass (the
     grid, or a bisection per group under --search), the confirmation of the deciding points, and
-    a third pass where the two disagree (analysis.disputed). Every point measured is reported at once."""
+    a third pass where the two disagree (passes.disputed). Every point measured is reported at once."""
 
     def __init__(
         self,
@@ -138,7 +138,7 @@ class JobRun:
         self.manifest = capture_manifest(settings.device, settings.seed)
         # The two passes of each confirmed point, for a third pass to settle; a --resume's earlier
         # points too (interrupted after its confirmations, a run measured no third pass).
-        stored = {key: analysis.stored_passes(p) for key, p in self.points.items()}
+        stored = {key: passes.stored_passes(p) for key, p in self.points.items()}
         self.passes: Dict[str, List[PointResult]] = {key: list(both) for key, both in stored.items() if both}
         # A control never decides a verdict, so the second pass leaves the controls out
         # (a gemm+gru quick run: 128 s with them, 119 s without), and the energy, which the
@@ -220,13 +220,13 @@ class JobRun:
         """Measure the deciding points again; a confirmation that moves a crossover makes new
         points deciding, confirmed in turn (and under --search, reopens the group's search)."""
         for _ in range(_CONFIRM_ROUNDS):
-            todo = point_keys(analysis.points_to_confirm(self.ordered(), self.settings.confirm))
+            todo = point_keys(passes.points_to_confirm(self.ordered(), self.settings.confirm))
             todo &= self.sweep  # a point of an earlier run outside this sweep cannot be rebuilt from it
             self.progress.more(len(todo))
             for i, second in enumerate(_points(self.job, self.again, skip=self.every - todo, facts=False), start=1):
                 key = point_key(second.n, second.params)
                 self.passes[key] = [self.points[key], second]
-                point = analysis.confirmed(self.points[key], second)
+                point = passes.confirmed(self.points[key], second)
                 self.measured(key, point, f"confirm {i}/{len(todo)} {_confirmation_progress(point)}")
             if not todo:
                 return
@@ -235,14 +235,14 @@ class JobRun:
 
     def third(self) -> None:
         """Passes that contradict each other, or whose clear answer the other pass leaves open,
-        get a third, which decides (analysis.disputed): an UNRELIABLE flag is the answer only
+        get a third, which decides (passes.disputed): an UNRELIABLE flag is the answer only
         where the third pass cannot settle it either."""
-        todo = {key for key, passes in self.passes.items() if analysis.disputed(*passes)} & self.sweep
+        todo = {key for key, both in self.passes.items() if passes.disputed(*both)} & self.sweep
         self.progress.more(len(todo))
         third = dataclasses.replace(self.again, seed=self.settings.seed + 2)
         for i, last in enumerate(_points(self.job, third, skip=self.every - todo, facts=False), start=1):
             key = point_key(last.n, last.params)
-            point = analysis.settled_by_third(*self.passes[key], last)
+            point = passes.settled_by_third(*self.passes[key], last)
             self.measured(key, point, f"third pass {i}/{len(todo)} {_confirmation_progress(point)}")
 
 

@@ -14,7 +14,7 @@ from torch import nn
 from ..core import trees
 from ..core.errors import NotApplicable, WideTesseraError, one_line, unknown
 from ..core.job import BenchmarkJob, SweepParams
-from ..ops.base import layout_difference
+from ..ops.alike import layout_difference
 from .functional import RANDOMNESS, WideFunctional
 from .layers import LayerChoice
 from .moe import WideSparseMoe, is_sparse_moe, loops_over_experts
@@ -73,28 +73,8 @@ def custom_job(
     The module is tried on one input first; `run_check(check)` runs that try (the API runs it in a worker process
     under `isolate`, so a module that crashes or hangs cannot take the caller with it).
     """
-    if name is not None and (not isinstance(name, str) or not name.strip()):
-        raise WideTesseraError(f"name={name!r}: give the result's name as a non-empty string")
-    if isinstance(model_class, nn.Module):  # one model, where N new ones are needed
-        raise WideTesseraError(
-            f"got an instance of `{type(model_class).__name__}`; pass the class, or a function returning a new model"
-        )
-    if not callable(model_class):
-        raise WideTesseraError(
-            f"model_class={model_class!r} is not callable; pass an nn.Module class, or a function returning a new model"
-        )
-    if randomness not in RANDOMNESS:
-        raise unknown("randomness", randomness, RANDOMNESS)
-    if not isinstance(train, bool):
-        raise WideTesseraError(f"train={train!r}: give True or False")
-    if input_factory is not None:
-        if input_shape is not None or input_dtype is not None or int_high is not None:
-            raise WideTesseraError("give input_shape (with input_dtype, int_high) or input_factory, not both")
-        if not callable(input_factory):
-            raise WideTesseraError(f"input_factory={input_factory!r} is not callable; give a function of no arguments")
-        make_input = input_factory
-    else:
-        make_input = partial(_random_input, _input_specs(input_shape, input_dtype, int_high), int_high)
+    _check_arguments(model_class, name, randomness, train)
+    make_input = _input_maker(input_shape, input_dtype, int_high, input_factory)
     extra: Dict[str, List[Any]] = {"train": [True]} if train else {}
     if randomness != "error":
         extra["randomness"] = [randomness]
@@ -117,6 +97,36 @@ def custom_job(
         train=train,
         seeded_check_factory=None if randomness == "error" else partial(custom_wide, randomness="same"),
     )
+
+
+def _check_arguments(model_class: Any, name: Optional[str], randomness: str, train: bool) -> None:
+    if name is not None and (not isinstance(name, str) or not name.strip()):
+        raise WideTesseraError(f"name={name!r}: give the result's name as a non-empty string")
+    if isinstance(model_class, nn.Module):  # one model, where N new ones are needed
+        raise WideTesseraError(
+            f"got an instance of `{type(model_class).__name__}`; pass the class, or a function returning a new model"
+        )
+    if not callable(model_class):
+        raise WideTesseraError(
+            f"model_class={model_class!r} is not callable; pass an nn.Module class, or a function returning a new model"
+        )
+    if randomness not in RANDOMNESS:
+        raise unknown("randomness", randomness, RANDOMNESS)
+    if not isinstance(train, bool):
+        raise WideTesseraError(f"train={train!r}: give True or False")
+
+
+def _input_maker(
+    input_shape: Any, input_dtype: Any, int_high: Optional[int], input_factory: Optional[Callable[[], Any]]
+) -> Callable[[], Any]:
+    """What makes one model's input: `input_factory`, or random tensors of `input_shape`."""
+    if input_factory is None:
+        return partial(_random_input, _input_specs(input_shape, input_dtype, int_high), int_high)
+    if input_shape is not None or input_dtype is not None or int_high is not None:
+        raise WideTesseraError("give input_shape (with input_dtype, int_high) or input_factory, not both")
+    if not callable(input_factory):
+        raise WideTesseraError(f"input_factory={input_factory!r} is not callable; give a function of no arguments")
+    return input_factory
 
 
 def custom_wide(
@@ -244,20 +254,7 @@ def _check_fits(
     """Build one model and call it on one input (`given` names where it came from); a clear
     error for what would fail every point. Returns a warning when two builds are identical,
     and the model's identity (model_identity)."""
-    name = factory_name(model_class)
-    builds = []
-    for seed in (1, 2):  # two generator states: models built from them differ unless a seed is fixed inside
-        with torch.random.fork_rng():
-            torch.manual_seed(seed)
-            try:
-                builds.append(model_class(**model_kwargs))
-            except (Exception, SystemExit) as e:  # noqa: BLE001  the user's class's own error, in one line
-                raise WideTesseraError(f"cannot build {name}(**{model_kwargs!r}): {one_line(e)}") from None
-        if not isinstance(builds[-1], nn.Module):
-            raise WideTesseraError(
-                f"{name}(**{model_kwargs!r}) returned {type(builds[-1]).__name__}, not an nn.Module; pass an "
-                "nn.Module class, or a function returning a new model"
-            )
+    builds = _built_twice(model_class, model_kwargs)
     model = builds[0].train(train)
     name = type(model).__name__
     x = _one_input(make_input)
@@ -267,20 +264,8 @@ def _check_fits(
             f"input_factory() returned {_form(x)}, then {_form(again)}: give inputs of one shape and dtype at every "
             "call"
         )
-    outputs = []
     before = {k: t.clone() for k, t in model.state_dict().items()}
-    for seed in (1, 2):  # two generator states: a model whose output differs between them draws random numbers
-        torch.manual_seed(seed)
-        try:
-            with torch.no_grad():
-                outputs.append(trees.call(model, trees.clone(x)))  # a model may change its input in place
-        except Exception as e:  # noqa: BLE001  the user's model's own error, in one line
-            raise WideTesseraError(f"{given} does not fit {name}: {one_line(e)}") from None
-    if not trees.tensors(outputs[0]):
-        raise WideTesseraError(
-            f"{name}.forward returns {type(outputs[0]).__name__} holding no tensor; benchmark_custom needs a Tensor, "
-            "or a tuple, list, dict or ModelOutput holding them"
-        )
+    outputs = _called_twice(model, x, given)
     # equal_nan: a model whose output is NaN gives NaN twice, which is no sign of random numbers
     same = all(_same(a, b) for a, b in zip(trees.tensors(outputs[0]), trees.tensors(outputs[1])))
     changed = [k for k, t in model.state_dict().items() if not _same(t, before[k])]
@@ -298,6 +283,45 @@ def _check_fits(
             "all)"
         )
     return _identical(*builds), model_identity(model)
+
+
+def _built_twice(model_class: Callable[..., nn.Module], model_kwargs: Dict[str, Any]) -> List[nn.Module]:
+    """Two models, built from two generator states: they differ unless a seed is fixed inside."""
+    name = factory_name(model_class)
+    builds = []
+    for seed in (1, 2):
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            try:
+                builds.append(model_class(**model_kwargs))
+            except (Exception, SystemExit) as e:  # noqa: BLE001  the user's class's own error, in one line
+                raise WideTesseraError(f"cannot build {name}(**{model_kwargs!r}): {one_line(e)}") from None
+        if not isinstance(builds[-1], nn.Module):
+            raise WideTesseraError(
+                f"{name}(**{model_kwargs!r}) returned {type(builds[-1]).__name__}, not an nn.Module; pass an "
+                "nn.Module class, or a function returning a new model"
+            )
+    return builds
+
+
+def _called_twice(model: nn.Module, x: Any, given: str) -> List[Any]:
+    """The model's outputs on `x` from two generator states: where they differ, the model draws
+    random numbers. An output must hold a tensor."""
+    name = type(model).__name__
+    outputs = []
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        try:
+            with torch.no_grad():
+                outputs.append(trees.call(model, trees.clone(x)))  # a model may change its input in place
+        except Exception as e:  # noqa: BLE001  the user's model's own error, in one line
+            raise WideTesseraError(f"{given} does not fit {name}: {one_line(e)}") from None
+    if not trees.tensors(outputs[0]):
+        raise WideTesseraError(
+            f"{name}.forward returns {type(outputs[0]).__name__} holding no tensor; benchmark_custom needs a Tensor, "
+            "or a tuple, list, dict or ModelOutput holding them"
+        )
+    return outputs
 
 
 def model_identity(model: nn.Module) -> Dict[str, str]:

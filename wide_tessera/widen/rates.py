@@ -3,7 +3,7 @@ slope, a LoRA layer's scaling), held as a buffer of each model so that N models 
 in it run as one.
 
 A hyperparameter sweep draws a dropout rate per trial; kept as a plain setting, every rate was
-a configuration of its own (`ops.base.layout_of`), so trials differing in it never fused: 8
+a configuration of its own (`ops.alike.layout_of`), so trials differing in it never fused: 8
 trials with a float rate each ran alone, 103 s against 17 s sequential; a LoRA sweep's alpha
 (`ops.lora.LoRALinear` keeps alpha / rank as a float) made each of 8 trials a group of one.
 `with_own_rates` gives copies of the models with each such layer swapped for one that reads its
@@ -26,7 +26,7 @@ from typing import Any, Callable, Dict, List, Sequence, Tuple, Type
 import torch
 from torch import nn
 
-from ..ops.base import layout_of
+from ..ops.alike import layout_of
 from ..ops.lora import LoRALinear
 
 __all__ = ["RateDropout", "RateLeakyReLU", "RATE_LAYERS", "rate_settings", "rates_differ_alone", "with_own_rates"]
@@ -92,7 +92,7 @@ RATE_LAYERS: Dict[Type[nn.Module], Tuple[str, Callable[[Any], nn.Module]]] = {
 
 
 def rate_settings(module: nn.Module) -> List[str]:
-    """The names, as `ops.base.layout_of` gives them, of the settings in `module` that are rates."""
+    """The names, as `ops.alike.layout_of` gives them, of the settings in `module` that are rates."""
     return [
         f"{path}.{RATE_LAYERS[type(m)][0]}" if path else RATE_LAYERS[type(m)][0]
         for path, m in module.named_modules()
@@ -101,7 +101,7 @@ def rate_settings(module: nn.Module) -> List[str]:
 
 
 def rates_differ_alone(modules: Sequence[nn.Module]) -> bool:
-    """Whether the modules are one configuration but for their rates (`ops.base.layout_of` of each,
+    """Whether the modules are one configuration but for their rates (`ops.alike.layout_of` of each,
     its rates left out, alike)."""
 
     def shared(module: nn.Module) -> Dict[str, Any]:
