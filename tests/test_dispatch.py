@@ -442,7 +442,7 @@ def test_fuse_never_breaks_the_model_and_only_refuses_what_cannot_run():
 def test_tune_says_an_op_it_stopped_early_is_not_in_the_table(tmp_path, monkeypatch):
     """An op whose first points were all disturbed stops there, incomplete, and its entries stay
     out of the table: tune left it out silently, and examples/moe.py then failed reading a table
-    that was never written (found by a review)."""
+    that was never written."""
     from wide_tessera.measurement.health import HealthMonitor
 
     monkeypatch.setattr(HealthMonitor, "round_disturbed", lambda self: True)

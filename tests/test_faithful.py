@@ -322,7 +322,7 @@ class KeepsOutsideItsState(nn.Linear):
 
 def test_models_whose_settings_in_a_dict_or_tensor_attributes_differ_are_refused_in_one_line():
     """Neither is stacked: model 0's were run for all (a per-model table 0.97 off, a scale in a
-    dict 1.32 off; found by a review). Alike ones are taken. A tensor frozen in one model alone
+    dict 1.32 off). Alike ones are taken. A tensor frozen in one model alone
     raised torch's error from stack_module_state."""
     table = torch.randn(4)
     for models, named in (
@@ -339,7 +339,7 @@ def test_models_whose_settings_in_a_dict_or_tensor_attributes_differ_are_refused
                 fuse(models, strategy=strategy)
     table[0] = float("nan")  # alike, NaN where the others have NaN
     alike = [KeepsOutsideItsState({"scale": 2.0}, table.clone()) for _ in range(3)]
-    for m in alike:  # (a NamedTuple was rebuilt from one list: fusing raised a TypeError; found by a review)
+    for m in alike:  # (a NamedTuple was rebuilt from one list: fusing raised a TypeError)
         m.kept = Shift(2.0, 1.0)
     wide = fuse(alike, strategy="vmap")
     x = torch.randn(2, 4)
@@ -390,7 +390,7 @@ class ReadsARecurrentOutput(nn.Module):
 )
 def test_what_torch_vmap_cannot_run_in_a_wide_module_is_refused_in_one_line(make, why):
     """WideSurgery raised torch's 30-line traceback (or, through torch.export, a KeyError of ours:
-    the size of nonzero's output was read before nonzero ran); found by a review."""
+    the size of nonzero's output was read before nonzero ran)."""
     models = [make() for _ in range(3)]
     wide = WideSurgery(models)
     with pytest.raises(NotApplicable) as caught:

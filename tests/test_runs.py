@@ -37,7 +37,7 @@ def test_a_run_without_o_is_kept_listed_shown_plotted_and_reported(tmp_path):
     assert shown.exit_code == 0 and "== gemm (preset ci)" in shown.output
     run_id = kept.stem.split("_")[-1]
     assert invoke("show", run_id).output == shown.output == invoke("show", "@-1").output
-    # the result's own run id, which a markdown report names: it found nothing (found by a review)
+    # the result's own run id, which a markdown report names: it found nothing
     assert f"run `{result.run_id}`" in invoke("show", "--format", "markdown").output
     assert invoke("show", result.run_id).output == shown.output
     plots = invoke("plot", "-o", str(tmp_path / "plots"))

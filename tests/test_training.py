@@ -138,7 +138,7 @@ def cycling(opt, i, steps):
 @pytest.mark.parametrize("kind", ["sgd", "adamw"])
 def test_schedules_that_cycle_the_momentum_train_as_n_separate_trainings(kind):
     """torch's schedulers that cycle the momentum with the learning rate (their default) take our
-    optimizers, as they take torch's: they refused them, whose defaults were empty (found by a review)."""
+    optimizers, as they take torch's: they refused them, whose defaults were empty."""
     models = mlps()
     xs, ys = data()
     want = copy.deepcopy(models)
@@ -167,7 +167,7 @@ def test_schedules_that_cycle_the_momentum_train_as_n_separate_trainings(kind):
     ],
 )
 def test_torchs_settings_our_optimizers_do_not_have_are_refused_in_one_line(make, said):
-    """capturable, maximize, foreach: a bare TypeError of Python's said nothing of what is there (found by a review)."""
+    """capturable, maximize, foreach: a bare TypeError of Python's said nothing of what is there."""
     with pytest.raises(wt.WideTesseraError, match=said):
         make(wt.fuse(mlps(), strategy="vmap"))
 
@@ -189,7 +189,7 @@ def test_per_model_schedules_chain_as_torchs_schedules_chain(first, second):
     """A warm-up chained to a decay (ChainedScheduler, or two schedulers stepped each step) gives
     each model the lr its torch schedulers give it, over cycles and past their ends: ours were
     closed forms that overwrote the lr, and a chained warm-up was lost (model 0 at 0.1 where
-    torch's is 0.0325; found by a review). Models 0 and 2 start from lr 0: torch's cosine lifts
+    torch's is 0.0325). Models 0 and 2 start from lr 0: torch's cosine lifts
     such a model to its eta_min."""
     lrs = [0.0, 0.3, 0.05]
     fused = wt.fuse([nn.Linear(2, 2) for _ in lrs], strategy="bmm")
@@ -393,7 +393,7 @@ class Scaled(nn.Module):
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_unfuse_gives_each_tensor_its_own_dtype(strategy):
     """unfuse() cast every model to the dtype of the first tensor it held: a float64 buffer made
-    the models float64 throughout, and they failed on their float32 input (found by a review)."""
+    the models float64 throughout, and they failed on their float32 input."""
     models = [Scaled() for _ in range(N)]
     back = wt.fuse(copy.deepcopy(models), strategy=strategy).unfuse()
     assert [(u.scale.dtype, u.lin.weight.dtype) for u in back] == [(torch.float64, torch.float32)] * N
@@ -559,8 +559,8 @@ class Scales(nn.Module):
 
 def test_a_first_call_leaves_the_inputs_and_pythons_generator_as_the_separate_calls_do(first_call_chooses, tmp_path):
     """The loop was timed on the user's inputs: a forward that scales its input in place left it at
-    inf, Python's generator moved on at every measured call, and a call counter was left at 622
-    (found by a review). (A fused model runs a graph: Python's side effects are not replayed.)"""
+    inf, Python's generator moved on at every measured call, and a call counter was left at 622.
+    (A fused model runs a graph: Python's side effects are not replayed.)"""
     first_call_chooses("loop")
     torch.manual_seed(0)
     models = [Scales() for _ in range(N)]
@@ -635,7 +635,7 @@ def test_a_first_call_puts_back_shared_and_held_values_as_the_objects_they_are(f
     """Each module's values were put back as a copy of its own: a schedule shared by a parent and
     its child split in two, the child's stuck at its first step (0.34 further off the separate
     models at every call), a log the user holds was no longer the module's, and a set was not put
-    back at all (1095 entries). Found by a review."""
+    back at all (1095 entries)."""
     first_call_chooses("loop")
     torch.manual_seed(0)
     logs = [[] for _ in range(N)]
@@ -663,7 +663,7 @@ class KeepsANaN(nn.Module):
 @pytest.mark.parametrize("strategy", ["surgery", "vmap"])
 def test_models_keeping_a_nan_setting_fuse(strategy):
     """NaN equals no NaN: surgery's capture called a NaN it kept as it was set by the forward, and
-    fuse() called N models each keeping one of different configurations (found by a review)."""
+    fuse() called N models each keeping one of different configurations."""
     torch.manual_seed(0)
     models = [KeepsANaN() for _ in range(N)]
     xs = [torch.randn(B, D) for _ in range(N)]
@@ -677,7 +677,7 @@ def test_gradients_accumulated_before_a_first_call_that_fuses_are_carried_onto_t
 ):
     """They stayed on the models' tensors, which no longer run: the wide module's backward started
     from zero, and an optimizer made before the call stepped the stale ones (a weight at -0.0013
-    where the separate models' is -0.158; found by a review)."""
+    where the separate models' is -0.158)."""
     first_call_chooses("bmm")
     torch.manual_seed(0)
     models = [nn.Linear(D, H) for _ in range(N)]
@@ -822,7 +822,7 @@ def test_padding_rows_get_the_gradients_n_separate_models_give_them(strategy, br
     """Every model's padding row gets no gradient from its lookups, as torch gives each model
     alone (a tied row still gets the head's). vmap's batching rule flattens the N tables into one
     and kept one padding row of it: models 1 to N-1 gave theirs a gradient (errors of 6.9 and 84
-    here; found by a review training a tiny LlamaForCausalLM with pad_token_id=0 through vmap)."""
+    here)."""
     torch.manual_seed(0)
     models = [PaddedLM(tied, branches) for _ in range(3)]
     ids = [torch.tensor([[0, 1 + k, 0], [2 + k, 0, 3]]) for k in range(3)]
@@ -836,8 +836,8 @@ def test_padding_rows_get_the_gradients_n_separate_models_give_them(strategy, br
 
 
 def test_an_embedding_that_scales_its_gradient_by_frequency_is_not_fused_as_one_that_does_not():
-    """WideEmbedding ignored scale_grad_by_freq: every model's gradient was off, by up to 12.7
-    (found by a review). Its strategies refuse it in one line; surgery leaves it to vmap, which
+    """WideEmbedding ignored scale_grad_by_freq: every model's gradient was off, by up to 12.7.
+    Its strategies refuse it in one line; surgery leaves it to vmap, which
     scales each model's gradient by its own counts."""
     torch.manual_seed(0)
     tables = [nn.Embedding(10, 4, scale_grad_by_freq=True) for _ in range(3)]
@@ -853,7 +853,7 @@ def test_an_embedding_that_scales_its_gradient_by_frequency_is_not_fused_as_one_
 
 
 def test_vmap_of_sparse_embeddings_infers_and_refuses_to_train_in_one_line():
-    """Its backward raised torch's "reshape is not implemented for sparse tensors" (found by a review)."""
+    """Its backward raised torch's "reshape is not implemented for sparse tensors"."""
     models = [nn.Sequential(nn.Embedding(10, 4, sparse=True), nn.Linear(4, 2)) for _ in range(3)]
     fused = wt.fuse(copy.deepcopy(models), strategy="vmap")
     ids = [torch.tensor([[1, 2], [3, 4]])] * 3
@@ -877,7 +877,7 @@ class LooksUp(nn.Module):
 
 def test_a_padding_row_looked_up_in_the_models_own_code_gets_no_gradient_through_vmap():
     """vmap looked for an embedding with a padding_idx among the modules alone: models 1 and 2 gave
-    their padding rows gradients of 10.7 and 16.6 (found by a review). Its first call in training
+    their padding rows gradients of 10.7 and 16.6. Its first call in training
     now looks at what the code calls; the second call keeps to what it saw."""
     torch.manual_seed(0)
     models = [LooksUp() for _ in range(3)]
@@ -901,7 +901,7 @@ def test_a_wide_tensor_is_stepped_bit_for_bit_as_torch_steps_each_model(kind, fe
     """Given the same gradients, each model's part of a wide tensor ends each step exactly where
     torch's own optimizer, with that model's settings (each its own, or model 1's for all), puts
     the model's tensor, in 16 bits too (per-model betas of a bfloat16 model raised in step; with
-    settings shared, parts ended an ulp apart: both found by reviews)."""
+    settings shared, parts ended an ulp apart)."""
     for settings in ("LRS", "DECAYS", "BETAS", "MOMENTA", "NESTEROV") if shared else ():
         monkeypatch.setitem(globals(), settings, [globals()[settings][1]] * N)  # (1: a weight decay)
     torch.manual_seed(0)
@@ -928,7 +928,7 @@ def test_a_wide_tensor_is_stepped_bit_for_bit_as_torch_steps_each_model(kind, fe
 @pytest.mark.parametrize("kind", ["sgd", "adamw"])
 def test_a_channels_last_wide_tensor_in_16_bits_is_stepped_as_torch_steps_each_models(kind):
     """Each model's part of a channels_last weight is not contiguous, and torch's bfloat16 add_
-    rounds it apart from the model's own contiguous tensor (found by a review)."""
+    rounds it apart from the model's own contiguous tensor."""
     torch.manual_seed(0)
     models = [nn.Conv2d(4, 6, 3).to(torch.bfloat16) for _ in range(N)]
     fused = wt.fuse(copy.deepcopy(models), strategy="channels_last")
@@ -1128,7 +1128,7 @@ class KeepsUnread(nn.Module):
 
 def test_surgery_gives_back_the_tensors_a_forward_never_reads():
     """torch.fx's graph module keeps only what its graph reads: unfuse() and state_dicts() of a
-    model with a tensor its forward never reads raised ContractError (found by a review)."""
+    model with a tensor its forward never reads raised ContractError."""
     torch.manual_seed(0)
     models = [KeepsUnread() for _ in range(N)]
     fused = wt.fuse(copy.deepcopy(models), strategy="surgery")

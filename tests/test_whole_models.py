@@ -124,7 +124,7 @@ def test_gpt2_in_benchmark_custom_has_a_correct_fused_strategy_in_inference_and_
 
 def test_surgery_of_an_moe_model_that_records_its_routers_logits_says_why_it_cannot():
     """Surgery swaps each sparse MoE block whole, and a model that records its routers' logits
-    (for its load-balancing loss) found none: torch.export's 'tuple index out of range' (found by a review)."""
+    (for its load-balancing loss) found none: torch.export's 'tuple index out of range'."""
     from wide_tessera.core.errors import NotApplicable
 
     config = transformers.MixtralConfig(
