@@ -57,6 +57,24 @@ def study(pruner=None):
     return optuna.create_study(sampler=sampler, pruner=pruner or optuna.pruners.NopPruner())
 
 
+def _warm_up_then_cosine(optimizer, params):
+    """A warm-up chain as one writes it for one model, its length the trial's."""
+    warm = params["warm_up"]
+    return torch.optim.lr_scheduler.SequentialLR(optimizer, [
+        torch.optim.lr_scheduler.LinearLR(optimizer, 0.1, total_iters=warm),
+        torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=STEPS - warm)], milestones=[warm])  # fmt: skip
+
+
+def _with(**drawn):
+    """suggest, and each of `drawn` (name: (low, high)) drawn per trial."""
+
+    def more(trial):
+        return {**suggest(trial), **{k: trial.suggest_float(k, *r) if isinstance(r[0], float) else
+                                     trial.suggest_int(k, *r) for k, r in drawn.items()}}  # fmt: skip
+
+    return more
+
+
 @pytest.mark.parametrize("strategy", ["vmap", "surgery"])
 def test_a_fused_study_runs_the_sequential_studys_trials_and_curves(strategy):
     sequential = study()
@@ -158,7 +176,11 @@ def test_bad_input_is_one_line_before_any_training(kwargs, message):
     "kwargs, message",
     [
         (dict(steps=0), "steps=0"),
-        (dict(optimizer="lion"), "unknown optimizer 'lion'"),
+        (dict(optimizer="lion"), "unknown optimizer 'lion'.*valid: sgd, adam, adamw, adadelta"),
+        (dict(micro_batches=0), "micro_batches=0: give a positive int"),
+        (dict(schedule="cosine"), "schedule='cosine' is not callable"),
+        (dict(cosine=True, schedule=_warm_up_then_cosine), "cosine=True and a schedule: give one"),
+        (dict(context=torch.autocast("cpu")), "context=.* is a context manager: give a function that makes one"),
         (dict(clip=-1), "clip=-1"),
         (dict(batch=[torch.zeros(40, 2)] * 3), "^Training: batch is a list, not a function$"),  # (printed whole)
     ],
@@ -449,6 +471,92 @@ def test_an_optimizer_setting_suggested_in_some_trials_only_takes_torchs_default
     optimize(fused, conditional, build, training, n_trials=6, group_size=6, strategy="vmap", progress=False)
     assert {"momentum" in t.params for t in fused.trials} == {True, False}
     assert [t.value for t in fused.trials] == pytest.approx([t.value for t in sequential.trials], rel=1e-5)
+
+
+def _rmse(out, y):  # a loss whose mean over micro-batches is not the batch's
+    return F.mse_loss(out, y).sqrt()
+
+
+# Training as people write it, each fused as the sequential loop trains it: (what is drawn per
+# trial, the settings tested, the settings they are tested beside)
+TRAINED_AS_WRITTEN = {
+    "a warm-up chain, its length per trial": (
+        _with(warm_up=(2, 8)), dict(schedule=_warm_up_then_cosine), dict(optimizer="adamw")),
+    "wide_tessera.optim's StepLR, its gamma per trial": (
+        _with(gamma=(0.3, 0.9)), dict(schedule=lambda o, p: wt.optim.StepLR(o, step_size=4, gamma=p["gamma"])), {}),
+    "a LambdaLR": (suggest, dict(schedule=lambda o, p: torch.optim.lr_scheduler.LambdaLR(
+        o, lambda step: 1 / (1 + p["lr"] * 100 * step))), dict(optimizer="sgd")),
+    "Adadelta, its rho per trial": (_with(rho=(0.5, 0.95)), dict(optimizer="adadelta"), {}),
+    "gradient accumulation over 4 micro-batches": (suggest, dict(micro_batches=4), dict(loss=_rmse, clip=0.5)),
+    "autocast to bfloat16 on the CPU": (suggest, dict(context=lambda: torch.autocast("cpu", torch.bfloat16)), {}),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(TRAINED_AS_WRITTEN))
+def test_training_as_people_write_it_fuses_as_the_sequential_loop_trains_it(case):
+    """Every wide_tessera.optim optimizer and any schedule of one model's (its settings the
+    trial's), and a step of the user's own (micro-batches, a context such as autocast): each
+    trial's curve and final weights in its group as in the sequential loop (Training took three
+    optimizers, a cosine and a fixed step)."""
+    drawn, tested, beside = TRAINED_AS_WRITTEN[case]
+    weights, rounding = {}, 1e-4
+
+    def kept(model, params):  # the value told: the final weights' sum of squares, the weights kept
+        final = torch.cat([p.detach().flatten() for p in model.parameters()])
+        weights.setdefault(repr(sorted(params.items())), []).append(final)
+        return float(final.square().sum())
+
+    def trained(**settings):
+        return Training(**{**dict(steps=12, batch=TRAINING.batch, loss=F.mse_loss, report_every=4, evaluate=kept),
+                           **beside, **settings})  # fmt: skip
+
+    without, sequential, fused = study(), study(), study()
+    without.optimize(sequential_objective(drawn, build, trained()), n_trials=4)
+    sequential.optimize(sequential_objective(drawn, build, trained(**tested)), n_trials=4)
+    optimize(fused, drawn, build, trained(**tested), n_trials=4, group_size=4, strategy="surgery", progress=False)
+    for a, b in zip(sequential.trials, fused.trials):
+        assert a.params == b.params and b.state.name == "COMPLETE"
+        assert list(b.intermediate_values.values()) == pytest.approx(list(a.intermediate_values.values()), rel=rounding)
+    for untested, alone, grouped in weights.values():
+        atol = rounding * float(alone.abs().max())
+        torch.testing.assert_close(grouped, alone, rtol=rounding, atol=atol)
+        assert (alone - untested).abs().max() > 10 * atol  # what is tested changed the training the paths agree on
+
+
+def test_a_schedule_is_carried_with_its_trial_when_its_group_is_repacked():
+    """A pruned trial leaves its group: each survivor's warm-up chain goes on where it was (a
+    scheduler's state, as torch's state_dict has it) and it ends as the sequential loop ends it."""
+    training = Training(steps=STEPS, batch=TRAINING.batch, loss=F.mse_loss, optimizer="adamw",
+                        schedule=_warm_up_then_cosine, report_every=5)  # fmt: skip
+    sequential, pruned = study(), study(_PrunesOddTrialsAtStep(9))
+    sequential.optimize(sequential_objective(_with(warm_up=(2, 12)), build, training), n_trials=4)
+    summary = optimize(pruned, _with(warm_up=(2, 12)), build, training, n_trials=4, group_size=4, strategy="surgery",
+                       progress=False)  # fmt: skip
+    assert summary.groups[0].repacked == [2] and summary.groups[0].pruned == [1, 3]
+    for a, b in zip(sequential.trials[::2], pruned.trials[::2]):
+        assert b.value == pytest.approx(a.value, rel=1e-4)
+
+
+class _PrunesOddTrialsAtStep(optuna.pruners.BasePruner):
+    def __init__(self, step):
+        self.step = step
+
+    def prune(self, study, trial):
+        return trial.number % 2 == 1 and max(trial.intermediate_values) == self.step
+
+
+def test_a_schedule_or_a_split_that_cannot_run_fails_its_trial_in_one_line():
+    plateau = Training(steps=4, batch=TRAINING.batch, loss=F.mse_loss, report_every=2,
+                       schedule=lambda o, p: torch.optim.lr_scheduler.ReduceLROnPlateau(o))  # fmt: skip
+    split = Training(steps=4, batch=TRAINING.batch, loss=F.mse_loss, report_every=2, micro_batches=B + 1)
+    for training, message in [(plateau, "returned ReduceLROnPlateau: return a learning-rate scheduler"),
+                              (split, f"micro_batches={B + 1}: the batch's tensors have \\[{B}\\] rows")]:  # fmt: skip
+        with pytest.raises(WideTesseraError, match=message):
+            study().optimize(sequential_objective(suggest, build, training), n_trials=1)
+        s = study()
+        with pytest.raises(WideTesseraError, match=message):
+            optimize(s, suggest, build, training, n_trials=2, group_size=2, strategy="vmap", progress=False)
+        assert {t.state.name for t in s.trials} == {"FAIL"}  # before any training
 
 
 def test_trials_run_one_at_a_time_train_exactly_as_the_sequential_loop_trains_them():

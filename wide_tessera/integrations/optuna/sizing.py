@@ -18,7 +18,8 @@ from ...core import trees
 from ...dispatch.fuse import DispatchWarning, decide_at
 from ...train.memory import bytes_per_model
 from .probe import Probe
-from .training import Training, loss_of, on_device
+from .sequential import step_alone
+from .training import Training, on_device
 from .trial import Member
 
 # the group sizes a measurement tries, at most
@@ -144,10 +145,7 @@ def step_seconds(member: Member, training: Training, device: str) -> float:
     times = []
     for step in range(5):
         begin = time.perf_counter()
-        x, y = member.draws.batch(training, member.params, step % training.steps, keep=False)
-        loss = loss_of(training, trees.call(model, on_device(device, x)), on_device(device, y))
-        torch.autograd.backward(loss)
-        after_backward()
-        float(loss.detach())
+        batch = member.draws.batch(training, member.params, step % training.steps, keep=False)
+        step_alone(training, model, after_backward, on_device(device, batch))
         times.append(time.perf_counter() - begin)
     return sorted(times[1:])[len(times[1:]) // 2]
