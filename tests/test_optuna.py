@@ -14,6 +14,7 @@ from wide_tessera.core.errors import WideTesseraError
 
 optuna = pytest.importorskip("optuna")
 from wide_tessera.integrations.optuna import Training, optimize, sequential_objective  # noqa: E402
+from wide_tessera.integrations.optuna.probe import STRATEGIES  # noqa: E402
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 D, B, STEPS = 8, 16, 30
@@ -190,17 +191,25 @@ def test_a_training_of_bad_settings_is_refused(kwargs, message):
         Training(**{**dict(steps=5, batch=TRAINING.batch, loss=F.mse_loss), **kwargs})
 
 
-@pytest.mark.slow
-def _clock(monkeypatch, loop_s, fused_s):
-    """The probe's clock replaced: each loop step takes `loop_s`, each fused one `fused_s`, and a
-    switch nothing."""
-    from wide_tessera.integrations.optuna import probe
+def _clock(monkeypatch, loop_s, fused_s, builds=None, measured=STRATEGIES):
+    """The probe's clock replaced: each loop step takes `loop_s`, each fused one `fused_s`, each
+    build of a group `builds[strategy]` (default: nothing); the switches to `measured` known to
+    the process, as a study before this one measured them."""
+    from wide_tessera.integrations.optuna import group, probe
 
-    ticks = iter(range(10**9))
-    monkeypatch.setattr("wide_tessera.integrations.optuna.group.now", lambda: next(ticks) * 1e-9)
+    clock = [0.0]
+    monkeypatch.setattr(group, "now", lambda: clock[0])
+    monkeypatch.setattr(probe, "SWITCHES", {(s, "MLP"): (builds or {}).get(s, 0.0) for s in measured})
     timed = probe.Probe.timed
-    monkeypatch.setattr(probe.Probe, "timed", lambda self, step, s: timed(
-        self, step, loop_s if self.side(step) == probe.BASELINE else fused_s))  # fmt: skip
+    monkeypatch.setattr(probe.Probe, "timed", lambda self, step, s, switch_s=None: timed(
+        self, step, loop_s if self.side(step) == probe.BASELINE else fused_s, switch_s))  # fmt: skip
+    build = group._Group.__init__
+
+    def built(self, members, plan):
+        clock[0] += (builds or {}).get(plan.strategy or "loop", 0.0)
+        build(self, members, plan)
+
+    monkeypatch.setattr(group._Group, "__init__", built)
 
 
 def test_a_shape_the_table_lacks_is_sized_on_its_first_groups_own_steps(tmp_path, monkeypatch):
@@ -246,6 +255,31 @@ def test_where_the_probe_finds_the_loop_faster_the_trials_go_on_one_at_a_time(tm
     assert [t.value for t in fused.trials] == pytest.approx([t.value for t in sequential.trials], rel=1e-3)
     (entry,) = json.loads(table.read_text())["entries"]
     assert [v["verdict"] for v in entry["verdicts"]] == ["loop"]
+
+
+@pytest.mark.parametrize(
+    "measured, tried, stopped",
+    [((), "vmap in turns (surgery untried", "2 round(s), 16 training steps in 0.24 s, costing 0.15 s (0.15 s "
+      "switching) of a 0.16 s share: open; stopped before a switch to the loop (~0.05 s, 0.01 s of the share left)"),
+     (STRATEGIES, "vmap, surgery in turns,", "0 round(s), 8 training steps in 0.09 s, costing 0.05 s (0.05 s "
+      "switching) of a 0.16 s share: open; stopped before a switch to surgery (~0.50 s, 0.11 s of the share left)")],
+)  # fmt: skip
+def test_sizing_stops_before_a_unit_that_would_overrun_its_share(measured, tried, stopped, tmp_path, monkeypatch):
+    """Each unit of the probe (a switch with its build, a step) is taken only where its cost, as
+    last measured, fits what is left of the share; a switch nothing measured yet only first. The
+    clock is replaced: a surgery build costs 0.5 s, a vmap or loop one 0.05 s, the share 0.16 s
+    (a vmap turn, then a surgery switch, took a conv study's 3.3 s share to 6.4 s)."""
+    from wide_tessera.integrations.optuna import study as study_module
+
+    _clock(monkeypatch, loop_s=1e-2, fused_s=1e-3, builds={"loop": 0.05, "vmap": 0.05, "surgery": 0.5},
+           measured=measured)  # fmt: skip
+    monkeypatch.setattr(study_module, "step_seconds", lambda member, training, device: 1e-3)  # 0.16 s sequential
+    training = Training(steps=40, batch=lambda p, step: (X[step % STEPS], Y[step % STEPS]), loss=F.mse_loss,
+                        optimizer="adamw", report_every=10)  # fmt: skip
+    summary = optimize(study(), suggest, build, training, n_trials=4, table=tmp_path / "t.json", progress=False,
+                       sizing_share=1.0)  # fmt: skip
+    why = summary.groups[0].why
+    assert tried in why and stopped in why
 
 
 def test_with_no_sizing_share_a_shape_the_table_lacks_trains_one_trial_at_a_time(tmp_path):

@@ -14,7 +14,7 @@ from ...core.roles import BASELINE
 from ...dispatch.build import Fused
 from ...dispatch.fuse import fuse
 from .host import optuna
-from .probe import TURN_STEPS, Probe, now
+from .probe import Probe, now
 from .sequential import Resume, train_alone
 from .summary import GroupRecord
 from .tell import Teller
@@ -103,8 +103,10 @@ def _train_fused(
 ) -> GroupRecord:
     """A group of several trials trained as one fused model (see train_group)."""
     start, training, probe = time.perf_counter(), plan.training, plan.probe
-    alone = False
+    alone, began = False, now()
     group = _Group(members, plan)
+    if probe is not None:  # the loop's build: what a switch back to it is predicted by
+        probe.switch_s.setdefault(BASELINE, now() - began)
     record = GroupRecord(
         [m.trial.number for m in members], key, group.fused.strategy, group.fused.decision.match.reason, 0.0
     )
@@ -116,15 +118,12 @@ def _train_fused(
     for step in range(training.steps):
         failed: Dict[int, Exception] = {}
         if probe is not None and not probe.done:
-            if step % TURN_STEPS == 0:
-                probe.last_turn_s, turn_began = 0.0, probe.cost_s
-            group = _turn(group, probe, probe.side(step), step)
+            group, switch_s = _turn(group, probe.side(step), step)
             began = now()
             losses = group.step(step, failed)
-            probe.timed(step, now() - began)
-            probe.last_turn_s = probe.cost_s - turn_began
-            if probe.done:
-                group = _turn(group, probe, probe.winner() or BASELINE, step + 1)
+            probe.timed(step, now() - began, switch_s)
+            if probe.done:  # the winner's build: what a group the table sized builds too, not sizing
+                group, _ = _turn(group, probe.winner() or BASELINE, step + 1)
                 record.strategy, record.why = group.fused.strategy, probe.said(len(members))
                 _label_trials(group.members, group.fused.strategy)
                 alone = probe.winner() is None
@@ -193,16 +192,15 @@ def _one_at_a_time(
             teller.tell(m.trial, value)
 
 
-def _turn(group: _Group, probe: Probe, side: str, step: int) -> _Group:
-    """The group running `side` (the loop: BASELINE) from `step` on, repacked where it ran another;
-    the switch's time counted as the probe's cost."""
+def _turn(group: _Group, side: str, step: int) -> Tuple[_Group, Optional[float]]:
+    """The group running `side` (the loop: BASELINE) from `step` on, repacked where it ran another,
+    and the switch's seconds (None: no switch)."""
     strategy = "loop" if side == BASELINE else side
     if (group.fused.strategy or "loop") == strategy:
-        return group
+        return group, None
     began = now()
     group = group.without(list(range(len(group.members))), step - 1, strategy)
-    probe.switching_s += now() - began
-    return group
+    return group, now() - began
 
 
 def _refuses_settings(teller: Teller, member: Member, plan: Plan) -> bool:

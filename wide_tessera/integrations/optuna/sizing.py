@@ -64,7 +64,8 @@ def size_groups(
             return Sizing(size, why, strategy)
         _, verdict, named = _verdicts(member, [size], table)[size]
         if verdict == "none" and budget_s > 0:
-            return Sizing(size, f"{why}, the strategy probed on its first group", "loop", Probe(budget_s), given=True)
+            probe = Probe.planned(budget_s, type(member.model).__qualname__)
+            return Sizing(size, f"{why}, the strategy probed on its first group", "loop", probe, given=True)
         if named is None:
             line = f"group_size={given}: no strategy trains N={size} of these models correctly (verdict at N={size}: "
             warnings.warn(f"{line}{verdict}; {table}): its groups run as a loop", DispatchWarning, stacklevel=3)
@@ -79,7 +80,7 @@ def size_groups(
         if budget_s <= 0:
             return Sizing(1, f"1, one trial at a time: the table decides nothing ({said}) and sizing_share=0")
         return Sizing(ns[-1], f"{ns[-1]}, probed on its first group ({said}; {table}), {memory}", "loop",
-                      Probe(budget_s))  # fmt: skip
+                      Probe.planned(budget_s, type(member.model).__qualname__))  # fmt: skip
     fusing = [n for n, (fuses, _, _) in verdicts.items() if fuses]
     if not fusing:
         return Sizing(1, f"1, one trial at a time: no measured N fuses a training step ({said}; {table})", strategy)
