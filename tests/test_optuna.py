@@ -318,6 +318,28 @@ def test_the_group_size_asked_for_is_the_size_trained_with_the_strategy_the_tabl
     assert len(said) == (runs is None) and all("group_size=4" in s and verdict in s for s in said)
 
 
+def test_a_group_size_the_table_knows_nothing_of_is_fused_with_the_strategy_its_probe_names(tmp_path, monkeypatch):
+    """group_size=4 alone, an empty table: the first group's probe names the strategy, and both
+    groups of 4 run it fused even where the loop was faster (its trials went on one at a time);
+    with sizing_share=0 nothing measures, and one line says so before any training."""
+    from wide_tessera.dispatch.fuse import DispatchWarning
+
+    _clock(monkeypatch, loop_s=1e-3, fused_s=1e-2)
+    training = Training(steps=40, batch=lambda p, step: (X[step % STEPS], Y[step % STEPS]), loss=F.mse_loss,
+                        optimizer="adamw", report_every=10)  # fmt: skip
+    sequential, fused = study(), study()
+    sequential.optimize(sequential_objective(suggest, build, training), n_trials=8)
+    summary = optimize(fused, suggest, build, training, n_trials=8, group_size=4, table=tmp_path / "t.json",
+                       progress=False, sizing_share=1.0)  # fmt: skip
+    assert [len(g.trials) for g in summary.groups] == [4, 4]
+    assert summary.groups[0].strategy == summary.groups[1].strategy in STRATEGIES
+    assert [t.value for t in fused.trials] == pytest.approx([t.value for t in sequential.trials], rel=1e-3)
+    with pytest.warns(DispatchWarning, match="group_size=4: the table names no strategy at N=4 and sizing_share=0"):
+        summary = optimize(study(), suggest, build, TRAINING, n_trials=4, group_size=4, table=tmp_path / "none.json",
+                           progress=False, sizing_share=0)  # fmt: skip
+    assert [len(g.trials) for g in summary.groups] == [4]
+
+
 def test_a_study_with_dropout_gives_the_same_values_run_after_run():
     """A trial's dropout masks come from its seed, not from whatever drew random numbers before the
     study: a seeded sampler's study, sequential or fused, is reproducible."""

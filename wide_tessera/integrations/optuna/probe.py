@@ -65,6 +65,7 @@ class Probe:
     strategies: Sequence[str] = STRATEGIES
     model: str = ""  # the model's class: what SWITCHES are kept by
     untried: Sequence[str] = ()
+    given: bool = False  # the group size is the user's: the group goes on fused whatever the rule said
     samples: Dict[str, List[float]] = field(default_factory=dict)
     spent_s: float = 0.0
     switching_s: float = 0.0
@@ -76,12 +77,12 @@ class Probe:
     _block: List[float] = field(default_factory=list)
 
     @staticmethod
-    def planned(budget_s: float, model: str) -> "Probe":
+    def planned(budget_s: float, model: str, given: bool = False) -> "Probe":
         """A probe of `budget_s` for a model of class `model`: the strategies whose switch cost this
         process measured, after the first one it did not; the other unknown ones untried."""
         unknown = [s for s in STRATEGIES if (s, model) not in SWITCHES]
         known = [s for s in STRATEGIES if (s, model) in SWITCHES]
-        return Probe(budget_s, (*unknown[:1], *known), model, tuple(unknown[1:]))
+        return Probe(budget_s, (*unknown[:1], *known), model, tuple(unknown[1:]), given)
 
     @property
     def sides(self) -> List[str]:
@@ -138,9 +139,19 @@ class Probe:
 
     def winner(self) -> Optional[str]:
         """The strategy the group goes on with (None: the loop): the rule's, or where it did not
-        settle within the budget, the loop (fusing unknown to pay is not taken)."""
+        settle within the budget, the loop (fusing unknown to pay is not taken). A size given goes
+        on fused whatever the rule said, with the fastest strategy timed (as a size given runs the
+        strategy the table names at it whatever its verdict): the loop ran `group_size=8` alone."""
         call = self.final()
-        return call.strategy if call.kind in ("fuse", "marginal") else None
+        if self.fuses or not self.given:
+            return call.strategy if self.fuses else None
+        timed = {s: sorted(v)[len(v) // 2] for s, v in self.samples.items() if s in self.strategies and v}
+        return call.strategy or min(timed, key=timed.__getitem__, default=self.strategies[0])
+
+    @property
+    def fuses(self) -> bool:
+        """Whether the rule found a fused strategy faster."""
+        return self.final().kind in ("fuse", "marginal")
 
     def final(self) -> Call:
         if self.call is not None:
@@ -156,6 +167,7 @@ class Probe:
         verdict = f"{call.kind}{' ' + call.strategy if call.strategy else ''}"
         untried = f" ({', '.join(self.untried)} untried: no switch to it measured yet)" if self.untried else ""
         unit, cost = self.next_unit()
+        forced = "" if self.fuses or not self.given else f"; fused as the size given asks, with {self.winner()}"
         stopped = "" if self.call is not None else (
             f"; stopped before {unit} (~{'?' if math.isinf(cost) else f'{cost:.2f}'} s, "
             f"{max(0.0, self.budget_s - self.cost_s):.2f} s of the share left): not settled"
@@ -163,7 +175,7 @@ class Probe:
         return (
             f"sized on group 0's own steps at N={n}: loop, {', '.join(self.strategies)} in turns{untried}, "
             f"{rounds} round(s), {self.steps} training steps in {self.spent_s:.2f} s, costing {self.cost_s:.2f} s "
-            f"({self.switching_s:.2f} s switching) of a {self.budget_s:.2f} s share: {verdict}{stopped}"
+            f"({self.switching_s:.2f} s switching) of a {self.budget_s:.2f} s share: {verdict}{stopped}{forced}"
         )
 
     def write(self, member: Member, n: int, table: Path) -> None:

@@ -64,12 +64,15 @@ def size_groups(
             return Sizing(size, why, strategy)
         _, verdict, named = _verdicts(member, [size], table)[size]
         if verdict == "none" and budget_s > 0:
-            probe = Probe.planned(budget_s, type(member.model).__qualname__)
+            probe = Probe.planned(budget_s, type(member.model).__qualname__, given=True)
             return Sizing(size, f"{why}, the strategy probed on its first group", "loop", probe, given=True)
         if named is None:
-            line = f"group_size={given}: no strategy trains N={size} of these models correctly (verdict at N={size}: "
-            warnings.warn(f"{line}{verdict}; {table}): its groups run as a loop", DispatchWarning, stacklevel=3)
-            return Sizing(size, f"{why}, as a loop: no strategy ran correctly at N={size}", "loop")
+            cannot = (
+                f"the table names no strategy at N={size} and sizing_share=0" if verdict == "none" else
+                f"no strategy trains N={size} of these models correctly (verdict at N={size}: {verdict}; {table})"
+            )  # fmt: skip
+            warnings.warn(f"group_size={given}: {cannot}: its groups run as a loop", DispatchWarning, stacklevel=3)
+            return Sizing(size, f"{why}, as a loop: {cannot}", "loop")
         return Sizing(size, f"{why}, {named}: the strategy the table names at N={size} ({verdict}; {table})", named)
     ns = [n for n in _MEASURED_NS if n <= min(n_trials, cap)]
     if not ns:
