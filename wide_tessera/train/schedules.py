@@ -28,7 +28,6 @@ class _ModelGroup(torch.optim.Optimizer):
     def __init__(self, optimizer: torch.optim.Optimizer, i: int):  # torch's takes parameters: a view has none
         self.param_groups = [optimizer.param_groups[i]]
         self.defaults = optimizer.defaults  # OneCycleLR and CyclicLR read which momentum it has
-        self.state = optimizer.state
 
 
 class EachModel:
