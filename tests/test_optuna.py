@@ -179,7 +179,7 @@ def test_bad_input_is_one_line_before_any_training(kwargs, message):
         (dict(steps=0), "steps=0"),
         (dict(optimizer="lion"), "unknown optimizer 'lion'.*valid: sgd, adam, adamw, adadelta"),
         (dict(micro_batches=0), "micro_batches=0: give a positive int"),
-        (dict(schedule="cosine"), "schedule='cosine' is not callable"),
+        (dict(schedule="cosine"), "schedule='cosine' is not callable: give schedule\\(optimizer, params\\)"),
         (dict(cosine=True, schedule=_warm_up_then_cosine), "cosine=True and a schedule: give one"),
         (dict(context=torch.autocast("cpu")), "context=.* is a context manager: give a function that makes one"),
         (dict(clip=-1), "clip=-1"),

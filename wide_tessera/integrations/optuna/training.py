@@ -17,6 +17,12 @@ from ...train import OPTIMIZERS, EachModel, Step, separate_step, wide_step
 
 # schedule(optimizer, params): one trial's learning-rate scheduler over its optimizer
 TrialSchedule = Callable[[torch.optim.Optimizer, Dict[str, Any]], Any]
+# Training's optional functions, and what each is called with and returns
+_CALLED = {
+    "evaluate": "evaluate(model, params) -> the value told",
+    "schedule": "schedule(optimizer, params) -> a learning-rate scheduler",
+    "context": "context() -> a context manager",
+}
 
 
 @dataclass(frozen=True)
@@ -70,9 +76,10 @@ class Training:
         for name in ("batch", "loss"):
             if not callable(getattr(self, name)):  # (a list of tensors was printed whole)
                 raise WideTesseraError(f"Training: {name} is a {type(getattr(self, name)).__name__}, not a function")
-        for name in ("evaluate", "schedule", "context"):
-            if getattr(self, name) is not None and not callable(getattr(self, name)):
-                raise WideTesseraError(f"Training: {name}={getattr(self, name)!r} is not callable")
+        for name, valid in _CALLED.items():
+            value = getattr(self, name)
+            if value is not None and not callable(value):
+                raise WideTesseraError(f"Training: {name}={value!r} is not callable: give {valid}, or None")
         if self.cosine and self.schedule is not None:
             raise WideTesseraError("Training: cosine=True and a schedule: give one (cosine=True is a cosine schedule)")
         if hasattr(self.context, "__enter__"):  # (torch.autocast is one, and callable as a decorator)
