@@ -6,12 +6,18 @@ which trains each group of trials as one wide model.
                                                         # of the study's time; written to sweep_table.json)
     python examples/optuna_sweep.py --group-size 8      # a size of your own
     python examples/optuna_sweep.py --plot sweep.png    # and draw both studies' best value against time
+    python examples/optuna_sweep.py --warm-up --micro-batches 4 --autocast
+                                                        # training as people write it: a warm-up chain of a
+                                                        # length drawn per trial, gradient accumulation, bfloat16
 
 The data is generated: a noisy nonlinear regression of 32 features. Each trial trains a 3-layer
 MLP (hidden 64, dropout) with AdamW and a cosine schedule for --steps steps of batch 64, reports
 its mean training loss every 20 steps, and is told its loss on held-out data. Both studies use
 TPE with the same seed and a median pruner. The dropout rate is drawn as a float: trials of
 different rates share a group, each trial's model dropping at its own rate (widen.rates).
+--warm-up: a linear warm-up of a length drawn per trial, then the cosine (torch's SequentialLR,
+written for one model); --micro-batches K: each step's batch in K micro-batches (gradient
+accumulation); --autocast: forward and loss under torch.autocast to bfloat16.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Tuple
 
 import optuna
 import torch
@@ -61,6 +67,23 @@ def suggest(trial: Any) -> Dict[str, Any]:
     }
 
 
+def suggest_warm_up(trial: Any) -> Dict[str, Any]:
+    return {**suggest(trial), "warm_up": trial.suggest_int("warm_up", 1, 20)}
+
+
+def warm_up_then_cosine(steps: int) -> Callable[[torch.optim.Optimizer, Dict[str, Any]], Any]:
+    """One trial's schedule, as one writes it for one model: a linear warm-up of the trial's length,
+    then a cosine to 0."""
+
+    def schedule(optimizer: torch.optim.Optimizer, params: Dict[str, Any]) -> Any:
+        warm = params["warm_up"]
+        return torch.optim.lr_scheduler.SequentialLR(optimizer, [
+            torch.optim.lr_scheduler.LinearLR(optimizer, 0.1, total_iters=warm),
+            torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=steps - warm)], milestones=[warm])  # fmt: skip
+
+    return schedule
+
+
 def best_over_time(study: optuna.Study, start: float) -> List[Tuple[float, float]]:
     """(seconds since the study began, best value so far) at each trial's completion."""
     done = sorted(
@@ -83,6 +106,9 @@ def main() -> None:
     parser.add_argument("--table", type=Path, default=Path("sweep_table.json"), help="the dispatch table it reads")
     parser.add_argument("--sizing-share", type=float, default=0.1, help="most of the study's time spent sizing")
     parser.add_argument("--plot", type=Path, default=None, help="draw both studies' best value against time")
+    parser.add_argument("--warm-up", action="store_true", help="a warm-up of a length drawn per trial, then the cosine")
+    parser.add_argument("--micro-batches", type=int, default=1, help="each step's batch in K micro-batches")
+    parser.add_argument("--autocast", action="store_true", help="forward and loss under autocast to bfloat16")
     args = parser.parse_args()
     torch.set_num_threads(1)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -92,10 +118,13 @@ def main() -> None:
         with torch.no_grad():
             return float(F.mse_loss(model.eval()(held_x), held_y))
 
+    autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if args.autocast else None
     training = Training(
         steps=args.steps, batch=lambda params, step: (x[step], y[step]), loss=F.mse_loss, optimizer="adamw",
-        cosine=True, report_every=20, evaluate=evaluate,
+        cosine=not args.warm_up, schedule=warm_up_then_cosine(args.steps) if args.warm_up else None,
+        report_every=20, evaluate=evaluate, micro_batches=args.micro_batches, context=autocast,
     )  # fmt: skip
+    drawn = suggest_warm_up if args.warm_up else suggest
 
     def build(params: Dict[str, Any]) -> nn.Module:
         return MLP(params["dropout"])
@@ -110,11 +139,11 @@ def main() -> None:
     optimize(create(), suggest, build, warm, n_trials=2, group_size=2, strategy="vmap", progress=False)
     began = time.time()
     sequential = create()
-    sequential.optimize(sequential_objective(suggest, build, training), n_trials=args.trials)
+    sequential.optimize(sequential_objective(drawn, build, training), n_trials=args.trials)
     sequential_s, sequential_curve = time.time() - began, best_over_time(sequential, began)
     began = time.time()
     fused = create()
-    summary = optimize(fused, suggest, build, training, n_trials=args.trials, group_size=args.group_size,
+    summary = optimize(fused, drawn, build, training, n_trials=args.trials, group_size=args.group_size,
                        table=args.table, sizing_share=args.sizing_share)  # fmt: skip
     fused_s, fused_curve = time.time() - began, best_over_time(fused, began)
     print(summary)

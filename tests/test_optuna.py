@@ -14,6 +14,7 @@ from wide_tessera.core.errors import WideTesseraError
 
 optuna = pytest.importorskip("optuna")
 from wide_tessera.integrations.optuna import Training, optimize, sequential_objective  # noqa: E402
+from wide_tessera.integrations.optuna.probe import STRATEGIES  # noqa: E402
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 D, B, STEPS = 8, 16, 30
@@ -55,6 +56,24 @@ TRAINING = Training(steps=STEPS, batch=lambda params, step: (X[step], Y[step]), 
 def study(pruner=None):
     sampler = optuna.samplers.RandomSampler(seed=0)  # the same trials whatever was told: fused and sequential alike
     return optuna.create_study(sampler=sampler, pruner=pruner or optuna.pruners.NopPruner())
+
+
+def _warm_up_then_cosine(optimizer, params):
+    """A warm-up chain as one writes it for one model, its length the trial's."""
+    warm = params["warm_up"]
+    return torch.optim.lr_scheduler.SequentialLR(optimizer, [
+        torch.optim.lr_scheduler.LinearLR(optimizer, 0.1, total_iters=warm),
+        torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=STEPS - warm)], milestones=[warm])  # fmt: skip
+
+
+def _with(**drawn):
+    """suggest, and each of `drawn` (name: (low, high)) drawn per trial."""
+
+    def more(trial):
+        return {**suggest(trial), **{k: trial.suggest_float(k, *r) if isinstance(r[0], float) else
+                                     trial.suggest_int(k, *r) for k, r in drawn.items()}}  # fmt: skip
+
+    return more
 
 
 @pytest.mark.parametrize("strategy", ["vmap", "surgery"])
@@ -158,7 +177,11 @@ def test_bad_input_is_one_line_before_any_training(kwargs, message):
     "kwargs, message",
     [
         (dict(steps=0), "steps=0"),
-        (dict(optimizer="lion"), "unknown optimizer 'lion'"),
+        (dict(optimizer="lion"), "unknown optimizer 'lion'.*valid: sgd, adam, adamw, adadelta"),
+        (dict(micro_batches=0), "micro_batches=0: give a positive int"),
+        (dict(schedule="cosine"), "schedule='cosine' is not callable: give schedule\\(optimizer, params\\)"),
+        (dict(cosine=True, schedule=_warm_up_then_cosine), "cosine=True and a schedule: give one"),
+        (dict(context=torch.autocast("cpu")), "context=.* is a context manager: give a function that makes one"),
         (dict(clip=-1), "clip=-1"),
         (dict(batch=[torch.zeros(40, 2)] * 3), "^Training: batch is a list, not a function$"),  # (printed whole)
     ],
@@ -168,17 +191,25 @@ def test_a_training_of_bad_settings_is_refused(kwargs, message):
         Training(**{**dict(steps=5, batch=TRAINING.batch, loss=F.mse_loss), **kwargs})
 
 
-@pytest.mark.slow
-def _clock(monkeypatch, loop_s, fused_s):
-    """The probe's clock replaced: each loop step takes `loop_s`, each fused one `fused_s`, and a
-    switch nothing."""
-    from wide_tessera.integrations.optuna import probe
+def _clock(monkeypatch, loop_s, fused_s, builds=None, measured=STRATEGIES):
+    """The probe's clock replaced: each loop step takes `loop_s`, each fused one `fused_s`, each
+    build of a group `builds[strategy]` (default: nothing); the switches to `measured` known to
+    the process, as a study before this one measured them."""
+    from wide_tessera.integrations.optuna import group, probe
 
-    ticks = iter(range(10**9))
-    monkeypatch.setattr("wide_tessera.integrations.optuna.group.now", lambda: next(ticks) * 1e-9)
+    clock = [0.0]
+    monkeypatch.setattr(group, "now", lambda: clock[0])
+    monkeypatch.setattr(probe, "SWITCHES", {(s, "MLP"): (builds or {}).get(s, 0.0) for s in measured})
     timed = probe.Probe.timed
-    monkeypatch.setattr(probe.Probe, "timed", lambda self, step, s: timed(
-        self, step, loop_s if self.side(step) == probe.BASELINE else fused_s))  # fmt: skip
+    monkeypatch.setattr(probe.Probe, "timed", lambda self, step, s, switch_s=None: timed(
+        self, step, loop_s if self.side(step) == probe.BASELINE else fused_s, switch_s))  # fmt: skip
+    build = group._Group.__init__
+
+    def built(self, members, plan):
+        clock[0] += (builds or {}).get(plan.strategy or "loop", 0.0)
+        build(self, members, plan)
+
+    monkeypatch.setattr(group._Group, "__init__", built)
 
 
 def test_a_shape_the_table_lacks_is_sized_on_its_first_groups_own_steps(tmp_path, monkeypatch):
@@ -226,6 +257,31 @@ def test_where_the_probe_finds_the_loop_faster_the_trials_go_on_one_at_a_time(tm
     assert [v["verdict"] for v in entry["verdicts"]] == ["loop"]
 
 
+@pytest.mark.parametrize(
+    "measured, tried, stopped",
+    [((), "vmap in turns (surgery untried", "2 round(s), 16 training steps in 0.24 s, costing 0.15 s (0.15 s "
+      "switching) of a 0.16 s share: open; stopped before a switch to the loop (~0.05 s, 0.01 s of the share left)"),
+     (STRATEGIES, "vmap, surgery in turns,", "0 round(s), 8 training steps in 0.09 s, costing 0.05 s (0.05 s "
+      "switching) of a 0.16 s share: open; stopped before a switch to surgery (~0.50 s, 0.11 s of the share left)")],
+)  # fmt: skip
+def test_sizing_stops_before_a_unit_that_would_overrun_its_share(measured, tried, stopped, tmp_path, monkeypatch):
+    """Each unit of the probe (a switch with its build, a step) is taken only where its cost, as
+    last measured, fits what is left of the share; a switch nothing measured yet only first. The
+    clock is replaced: a surgery build costs 0.5 s, a vmap or loop one 0.05 s, the share 0.16 s
+    (a vmap turn, then a surgery switch, took a conv study's 3.3 s share to 6.4 s)."""
+    from wide_tessera.integrations.optuna import study as study_module
+
+    _clock(monkeypatch, loop_s=1e-2, fused_s=1e-3, builds={"loop": 0.05, "vmap": 0.05, "surgery": 0.5},
+           measured=measured)  # fmt: skip
+    monkeypatch.setattr(study_module, "step_seconds", lambda member, training, device: 1e-3)  # 0.16 s sequential
+    training = Training(steps=40, batch=lambda p, step: (X[step % STEPS], Y[step % STEPS]), loss=F.mse_loss,
+                        optimizer="adamw", report_every=10)  # fmt: skip
+    summary = optimize(study(), suggest, build, training, n_trials=4, table=tmp_path / "t.json", progress=False,
+                       sizing_share=1.0)  # fmt: skip
+    why = summary.groups[0].why
+    assert tried in why and stopped in why
+
+
 def test_with_no_sizing_share_a_shape_the_table_lacks_trains_one_trial_at_a_time(tmp_path):
     table = tmp_path / "table.json"
     training = Training(steps=3, batch=TRAINING.batch, loss=F.mse_loss, report_every=3)
@@ -260,6 +316,28 @@ def test_the_group_size_asked_for_is_the_size_trained_with_the_strategy_the_tabl
     assert [g.strategy for g in summary.groups] == [runs, runs]
     said = [str(w.message) for w in caught if issubclass(w.category, DispatchWarning)]
     assert len(said) == (runs is None) and all("group_size=4" in s and verdict in s for s in said)
+
+
+def test_a_group_size_the_table_knows_nothing_of_is_fused_with_the_strategy_its_probe_names(tmp_path, monkeypatch):
+    """group_size=4 alone, an empty table: the first group's probe names the strategy, and both
+    groups of 4 run it fused even where the loop was faster (its trials went on one at a time);
+    with sizing_share=0 nothing measures, and one line says so before any training."""
+    from wide_tessera.dispatch.fuse import DispatchWarning
+
+    _clock(monkeypatch, loop_s=1e-3, fused_s=1e-2)
+    training = Training(steps=40, batch=lambda p, step: (X[step % STEPS], Y[step % STEPS]), loss=F.mse_loss,
+                        optimizer="adamw", report_every=10)  # fmt: skip
+    sequential, fused = study(), study()
+    sequential.optimize(sequential_objective(suggest, build, training), n_trials=8)
+    summary = optimize(fused, suggest, build, training, n_trials=8, group_size=4, table=tmp_path / "t.json",
+                       progress=False, sizing_share=1.0)  # fmt: skip
+    assert [len(g.trials) for g in summary.groups] == [4, 4]
+    assert summary.groups[0].strategy == summary.groups[1].strategy in STRATEGIES
+    assert [t.value for t in fused.trials] == pytest.approx([t.value for t in sequential.trials], rel=1e-3)
+    with pytest.warns(DispatchWarning, match="group_size=4: the table names no strategy at N=4 and sizing_share=0"):
+        summary = optimize(study(), suggest, build, TRAINING, n_trials=4, group_size=4, table=tmp_path / "none.json",
+                           progress=False, sizing_share=0)  # fmt: skip
+    assert [len(g.trials) for g in summary.groups] == [4]
 
 
 def test_a_study_with_dropout_gives_the_same_values_run_after_run():
@@ -449,6 +527,92 @@ def test_an_optimizer_setting_suggested_in_some_trials_only_takes_torchs_default
     optimize(fused, conditional, build, training, n_trials=6, group_size=6, strategy="vmap", progress=False)
     assert {"momentum" in t.params for t in fused.trials} == {True, False}
     assert [t.value for t in fused.trials] == pytest.approx([t.value for t in sequential.trials], rel=1e-5)
+
+
+def _rmse(out, y):  # a loss whose mean over micro-batches is not the batch's
+    return F.mse_loss(out, y).sqrt()
+
+
+# Training as people write it, each fused as the sequential loop trains it: (what is drawn per
+# trial, the settings tested, the settings they are tested beside)
+TRAINED_AS_WRITTEN = {
+    "a warm-up chain, its length per trial": (
+        _with(warm_up=(2, 8)), dict(schedule=_warm_up_then_cosine), dict(optimizer="adamw")),
+    "wide_tessera.optim's StepLR, its gamma per trial": (
+        _with(gamma=(0.3, 0.9)), dict(schedule=lambda o, p: wt.optim.StepLR(o, step_size=4, gamma=p["gamma"])), {}),
+    "a LambdaLR": (suggest, dict(schedule=lambda o, p: torch.optim.lr_scheduler.LambdaLR(
+        o, lambda step: 1 / (1 + p["lr"] * 100 * step))), dict(optimizer="sgd")),
+    "Adadelta, its rho per trial": (_with(rho=(0.5, 0.95)), dict(optimizer="adadelta"), {}),
+    "gradient accumulation over 4 micro-batches": (suggest, dict(micro_batches=4), dict(loss=_rmse, clip=0.5)),
+    "autocast to bfloat16 on the CPU": (suggest, dict(context=lambda: torch.autocast("cpu", torch.bfloat16)), {}),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(TRAINED_AS_WRITTEN))
+def test_training_as_people_write_it_fuses_as_the_sequential_loop_trains_it(case):
+    """Every wide_tessera.optim optimizer and any schedule of one model's (its settings the
+    trial's), and a step of the user's own (micro-batches, a context such as autocast): each
+    trial's curve and final weights in its group as in the sequential loop (Training took three
+    optimizers, a cosine and a fixed step)."""
+    drawn, tested, beside = TRAINED_AS_WRITTEN[case]
+    weights, rounding = {}, 1e-4
+
+    def kept(model, params):  # the value told: the final weights' sum of squares, the weights kept
+        final = torch.cat([p.detach().flatten() for p in model.parameters()])
+        weights.setdefault(repr(sorted(params.items())), []).append(final)
+        return float(final.square().sum())
+
+    def trained(**settings):
+        return Training(**{**dict(steps=12, batch=TRAINING.batch, loss=F.mse_loss, report_every=4, evaluate=kept),
+                           **beside, **settings})  # fmt: skip
+
+    without, sequential, fused = study(), study(), study()
+    without.optimize(sequential_objective(drawn, build, trained()), n_trials=4)
+    sequential.optimize(sequential_objective(drawn, build, trained(**tested)), n_trials=4)
+    optimize(fused, drawn, build, trained(**tested), n_trials=4, group_size=4, strategy="surgery", progress=False)
+    for a, b in zip(sequential.trials, fused.trials):
+        assert a.params == b.params and b.state.name == "COMPLETE"
+        assert list(b.intermediate_values.values()) == pytest.approx(list(a.intermediate_values.values()), rel=rounding)
+    for untested, alone, grouped in weights.values():
+        atol = rounding * float(alone.abs().max())
+        torch.testing.assert_close(grouped, alone, rtol=rounding, atol=atol)
+        assert (alone - untested).abs().max() > 10 * atol  # what is tested changed the training the paths agree on
+
+
+def test_a_schedule_is_carried_with_its_trial_when_its_group_is_repacked():
+    """A pruned trial leaves its group: each survivor's warm-up chain goes on where it was (a
+    scheduler's state, as torch's state_dict has it) and it ends as the sequential loop ends it."""
+    training = Training(steps=STEPS, batch=TRAINING.batch, loss=F.mse_loss, optimizer="adamw",
+                        schedule=_warm_up_then_cosine, report_every=5)  # fmt: skip
+    sequential, pruned = study(), study(_PrunesOddTrialsAtStep(9))
+    sequential.optimize(sequential_objective(_with(warm_up=(2, 12)), build, training), n_trials=4)
+    summary = optimize(pruned, _with(warm_up=(2, 12)), build, training, n_trials=4, group_size=4, strategy="surgery",
+                       progress=False)  # fmt: skip
+    assert summary.groups[0].repacked == [2] and summary.groups[0].pruned == [1, 3]
+    for a, b in zip(sequential.trials[::2], pruned.trials[::2]):
+        assert b.value == pytest.approx(a.value, rel=1e-4)
+
+
+class _PrunesOddTrialsAtStep(optuna.pruners.BasePruner):
+    def __init__(self, step):
+        self.step = step
+
+    def prune(self, study, trial):
+        return trial.number % 2 == 1 and max(trial.intermediate_values) == self.step
+
+
+def test_a_schedule_or_a_split_that_cannot_run_fails_its_trial_in_one_line():
+    plateau = Training(steps=4, batch=TRAINING.batch, loss=F.mse_loss, report_every=2,
+                       schedule=lambda o, p: torch.optim.lr_scheduler.ReduceLROnPlateau(o))  # fmt: skip
+    split = Training(steps=4, batch=TRAINING.batch, loss=F.mse_loss, report_every=2, micro_batches=B + 1)
+    for training, message in [(plateau, "returned ReduceLROnPlateau: return a learning-rate scheduler"),
+                              (split, f"micro_batches={B + 1}: the batch's tensors have \\[{B}\\] rows")]:  # fmt: skip
+        with pytest.raises(WideTesseraError, match=message):
+            study().optimize(sequential_objective(suggest, build, training), n_trials=1)
+        s = study()
+        with pytest.raises(WideTesseraError, match=message):
+            optimize(s, suggest, build, training, n_trials=2, group_size=2, strategy="vmap", progress=False)
+        assert {t.state.name for t in s.trials} == {"FAIL"}  # before any training
 
 
 def test_trials_run_one_at_a_time_train_exactly_as_the_sequential_loop_trains_them():

@@ -63,10 +63,13 @@ class Recipe:
         implementation: None, N torch optimizers in torch's default implementation, or 'foreach' /
         'fused', one torch optimizer of N parameter groups in it."""
         settings = [self._settings(i) for i in range(self.n)]
+        def cosine(optimizer: torch.optim.Optimizer) -> Any:  # each param group (each model) from its own lr
+            return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=TRAIN_STEPS)
+
         if wide:
             (module,) = modules
-            return wide_step(module, "adamw", settings, MAX_NORM, TRAIN_STEPS)
-        return separate_step(modules, "adamw", settings, MAX_NORM, TRAIN_STEPS, implementation)
+            return wide_step(module, "adamw", settings, MAX_NORM, cosine)
+        return separate_step(modules, "adamw", settings, MAX_NORM, cosine, implementation)
 
     def states(self, modules: List[nn.Module], wide: bool) -> List[Dict[str, torch.Tensor]]:
         """The N models' parameters and persistent buffers (a tied weight under its first name)."""

@@ -13,8 +13,8 @@ from ..core import trees
 __all__ = ["STATE_PER_WEIGHT", "bytes_per_model"]
 
 # the tensors each of our optimizers (and torch's) keeps per weight: SGD's momentum buffer, Adam's
-# and AdamW's two moments
-STATE_PER_WEIGHT = {"sgd": 1, "adam": 2, "adamw": 2}
+# and AdamW's two moments, Adadelta's two running averages
+STATE_PER_WEIGHT = {"sgd": 1, "adam": 2, "adamw": 2, "adadelta": 2}
 
 
 def bytes_per_model(model: nn.Module, inputs: Any, outputs: Any, optimizer: Optional[str]) -> int:

@@ -16,37 +16,35 @@ from torch import nn
 
 from .. import optim
 
-__all__ = ["OPTIMIZERS", "Step", "separate_step", "wide_step"]
+__all__ = ["OPTIMIZERS", "Schedule", "Step", "separate_step", "wide_step"]
+
+
+def _paired() -> Dict[str, Tuple[Type[torch.optim.Optimizer], Any]]:
+    """Every optimizer wide_tessera.optim exports, by its name in lower case, with torch's of it."""
+    found: Dict[str, Tuple[Type[torch.optim.Optimizer], Any]] = {}
+    for name in optim.__all__:
+        ours: Any = getattr(optim, name)
+        if isinstance(getattr(ours, "TORCH", None), type):  # one of N models', naming torch's for one
+            found[name.lower()] = (ours.TORCH, ours)
+    return found
+
 
 # an optimizer's name, and its two forms: torch's for one model, ours for N models as one
-OPTIMIZERS: Dict[str, Tuple[Type[torch.optim.Optimizer], Any]] = {
-    "sgd": (torch.optim.SGD, optim.SGD),
-    "adam": (torch.optim.Adam, optim.Adam),
-    "adamw": (torch.optim.AdamW, optim.AdamW),
-}
+OPTIMIZERS = _paired()
+
+# what schedules an optimizer's learning rates, made when the step is (None: a constant rate): a
+# scheduler of torch's or of wide_tessera.optim's, or any object stepped once per step
+Schedule = Callable[[torch.optim.Optimizer], Any]
 
 
 class Step:
     """Clip, step, zero the gradients, schedule: call it after each backward. `optimizers` and
-    `schedules` are open to a caller that freezes a model, saves its state or repacks."""
+    `schedules` (one per optimizer) are open to a caller that freezes a model, saves its state or
+    repacks."""
 
-    def __init__(
-        self,
-        optimizers: List[torch.optim.Optimizer],
-        clip: Callable[[], None],
-        cosine_steps: Optional[int],
-        schedule: Callable[[torch.optim.Optimizer, int, int], Any],
-    ):
-        self.optimizers, self._clip, self._cosine_steps, self._schedule = optimizers, clip, cosine_steps, schedule
-        self.schedules: List[Any] = []
-        self.restart_schedules(-1)
-
-    def restart_schedules(self, last_epoch: int) -> None:
-        """Each schedule anew at `last_epoch` (-1: from the start; k: k + 1 steps taken, the
-        optimizers' learning rates and initial ones as they were then, a repack's)."""
-        if self._cosine_steps is not None:
-            steps = self._cosine_steps
-            self.schedules = [self._schedule(o, steps, last_epoch) for o in self.optimizers]
+    def __init__(self, optimizers: List[torch.optim.Optimizer], clip: Callable[[], None], schedule: Optional[Schedule]):
+        self.optimizers, self._clip = optimizers, clip
+        self.schedules: List[Any] = [schedule(o) for o in optimizers] if schedule is not None else []
 
     def __call__(self) -> None:
         self._clip()
@@ -70,11 +68,11 @@ def wide_step(
     optimizer: str,
     settings: Sequence[Dict[str, Any]],
     clip: Optional[float] = None,
-    cosine_steps: Optional[int] = None,
+    schedule: Optional[Schedule] = None,
 ) -> Step:
     """The step of one module of N models (what fuse() returned): wide_tessera.optim's `optimizer`
     with the N models' `settings` (one dict each), each model clipped to `clip` by its own norm,
-    its learning rate on a cosine to 0 over `cosine_steps` (None: constant)."""
+    its learning rates scheduled by `schedule(optimizer)` (None: constant)."""
     cls = OPTIMIZERS[optimizer][1]
     kwargs = _per_model_kwargs(cls, settings)
     # N pairs (Adam's betas) read two ways for two models, and the optimizer refuses them
@@ -90,7 +88,7 @@ def wide_step(
         if clip is not None:
             optim.clip_grad_norm_(module, clip)
 
-    return Step([opt], clip_each, cosine_steps, lambda o, t, last: optim.CosineAnnealingLR(o, T_max=t, last_epoch=last))
+    return Step([opt], clip_each, schedule)
 
 
 def separate_step(
@@ -98,12 +96,12 @@ def separate_step(
     optimizer: str,
     settings: Sequence[Dict[str, Any]],
     clip: Optional[float] = None,
-    cosine_steps: Optional[int] = None,
+    schedule: Optional[Schedule] = None,
     implementation: Optional[str] = None,
 ) -> Step:
     """The step of N separate modules: torch's `optimizer`, one per model (implementation None,
     torch's default), or one of N parameter groups in 'foreach' or 'fused'; each model clipped to
-    `clip` by torch, its schedule torch's."""
+    `clip` by torch; each optimizer's learning rates scheduled by `schedule(optimizer)`."""
     cls = OPTIMIZERS[optimizer][0]
     if implementation is None:
         optimizers = [cls(m.parameters(), **s) for m, s in zip(modules, settings)]
@@ -117,7 +115,4 @@ def separate_step(
             for m in modules:
                 torch.nn.utils.clip_grad_norm_(m.parameters(), clip)
 
-    def cosine(o: torch.optim.Optimizer, t: int, last: int) -> Any:
-        return torch.optim.lr_scheduler.CosineAnnealingLR(o, T_max=t, last_epoch=last)
-
-    return Step(optimizers, clip_each, cosine_steps, cosine)
+    return Step(optimizers, clip_each, schedule)

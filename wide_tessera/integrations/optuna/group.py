@@ -8,18 +8,17 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-import torch
 from tqdm.auto import tqdm
 
 from ...core.roles import BASELINE
 from ...dispatch.build import Fused
 from ...dispatch.fuse import fuse
 from .host import optuna
-from .probe import TURN_STEPS, Probe, now
-from .sequential import train_alone
+from .probe import Probe, now
+from .sequential import Resume, train_alone
 from .summary import GroupRecord
 from .tell import Teller
-from .training import Training, loss_of, on_device
+from .training import Training, forward_backward, on_device
 from .trial import Member
 
 
@@ -57,32 +56,29 @@ class _Group:
                 batches[i] = on_device(self.plan.device, m.draws.batch(training, m.params, step))
             except Exception as error:  # noqa: BLE001  the trial's own code (batch, loss): it fails alone
                 failed[i] = error
-        if not batches:
-            return {}
-        stand_in = next(iter(batches.values()))
-        xs = [batches.get(i, stand_in)[0] for i in range(len(self.members))]
-        outs = self.fused.unpack(self.fused(self.fused.pack(xs)))
-        losses = {}
-        for i, (_, y) in batches.items():
-            try:
-                losses[i] = loss_of(training, outs[i], y)
-            except Exception as error:  # noqa: BLE001  the trial's own code (batch, loss): it fails alone
-                failed[i] = error
+        fused = self.fused
+        losses = forward_backward(training, lambda xs: fused.unpack(fused(fused.pack(xs))), batches,
+                                  len(self.members), failed)  # fmt: skip
         if losses:
-            torch.autograd.backward(list(losses.values()))
             self.after_backward()
-        return {i: float(loss.detach()) for i, loss in losses.items()}
+        return losses
+
+    def schedule_states(self) -> List[Optional[Dict[str, Any]]]:
+        """Each member's scheduler state (None where the training has no schedule)."""
+        schedules = self.after_backward.schedules
+        return schedules[0].state_dicts() if schedules else [None] * len(self.members)
 
     def without(self, kept: List[int], step: int, strategy: Optional[str] = None) -> "_Group":
         """The group repacked with only the members at `kept`, after step `step`: their weights and
         optimizer states as they are, their schedule where it is; `strategy`: run this one from now
         on (a probe's turn, or its winner)."""
         models = self.fused.unfuse()
-        states = self.opt.state_dicts()
+        states, schedules = self.opt.state_dicts(), self.schedule_states()
         members = [replace(self.members[i], model=models[i]) for i in kept]
         regroup = _Group(members, self.plan if strategy is None else replace(self.plan, strategy=strategy))
         regroup.opt.load_state_dicts([states[i] for i in kept])  # each model's lr as scheduled, its initial lr
-        regroup.after_backward.restart_schedules(step)  # at its position: step + 1 steps taken
+        if regroup.after_backward.schedules:  # each where it was: step + 1 steps taken
+            regroup.after_backward.schedules[0].load_state_dicts([schedules[i] for i in kept])
         return regroup
 
 
@@ -107,8 +103,10 @@ def _train_fused(
 ) -> GroupRecord:
     """A group of several trials trained as one fused model (see train_group)."""
     start, training, probe = time.perf_counter(), plan.training, plan.probe
-    alone = False
+    alone, began = False, now()
     group = _Group(members, plan)
+    if probe is not None:  # the loop's build: what a switch back to it is predicted by
+        probe.switch_s.setdefault(BASELINE, now() - began)
     record = GroupRecord(
         [m.trial.number for m in members], key, group.fused.strategy, group.fused.decision.match.reason, 0.0
     )
@@ -120,15 +118,12 @@ def _train_fused(
     for step in range(training.steps):
         failed: Dict[int, Exception] = {}
         if probe is not None and not probe.done:
-            if step % TURN_STEPS == 0:
-                probe.last_turn_s, turn_began = 0.0, probe.cost_s
-            group = _turn(group, probe, probe.side(step), step)
+            group, switch_s = _turn(group, probe.side(step), step)
             began = now()
             losses = group.step(step, failed)
-            probe.timed(step, now() - began)
-            probe.last_turn_s = probe.cost_s - turn_began
-            if probe.done:
-                group = _turn(group, probe, probe.winner() or BASELINE, step + 1)
+            probe.timed(step, now() - began, switch_s)
+            if probe.done:  # the winner's build: what a group the table sized builds too, not sizing
+                group, _ = _turn(group, probe.winner() or BASELINE, step + 1)
                 record.strategy, record.why = group.fused.strategy, probe.said(len(members))
                 _label_trials(group.members, group.fused.strategy)
                 alone = probe.winner() is None
@@ -181,11 +176,12 @@ def _one_at_a_time(
     trains it (train_alone: torch's optimizer, its state and schedule carried over from the
     group's), then told: where the group would have run as a loop, each trial pays no wrapper and
     can be pruned against the ones finished before it."""
-    models, states = group.fused.unfuse(), group.opt.state_dicts()
+    models, states, schedules = group.fused.unfuse(), group.opt.state_dicts(), group.schedule_states()
     for i, m in enumerate(group.members):
         try:
+            resume = Resume(start, states[i], schedules[i], history[m.trial.number])
             value = train_alone(m.trial, m.params, models[i], m.draws, group.plan.training, group.plan.device,
-                                resume=(start, states[i], history[m.trial.number]))  # fmt: skip
+                                resume=resume)  # fmt: skip
         except optuna.TrialPruned:
             teller.tell(m.trial, state=optuna.trial.TrialState.PRUNED)
             record.pruned.append(m.trial.number)
@@ -196,16 +192,15 @@ def _one_at_a_time(
             teller.tell(m.trial, value)
 
 
-def _turn(group: _Group, probe: Probe, side: str, step: int) -> _Group:
-    """The group running `side` (the loop: BASELINE) from `step` on, repacked where it ran another;
-    the switch's time counted as the probe's cost."""
+def _turn(group: _Group, side: str, step: int) -> Tuple[_Group, Optional[float]]:
+    """The group running `side` (the loop: BASELINE) from `step` on, repacked where it ran another,
+    and the switch's seconds (None: no switch)."""
     strategy = "loop" if side == BASELINE else side
     if (group.fused.strategy or "loop") == strategy:
-        return group
+        return group, None
     began = now()
     group = group.without(list(range(len(group.members))), step - 1, strategy)
-    probe.switching_s += now() - began
-    return group
+    return group, now() - began
 
 
 def _refuses_settings(teller: Teller, member: Member, plan: Plan) -> bool:

@@ -14,10 +14,11 @@ pass; a loss as 'loop'; nothing settled as 'open', so that the next study probes
 from __future__ import annotations
 
 import datetime
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -35,23 +36,53 @@ TURN_STEPS = 4
 # rounds the interval is the ratios' range, so a decision needs all three to agree
 LOOKS = (3, 5, 10, 20, 40)
 LEVEL = 1 - ALPHA / len(LOOKS)
+# the fused strategies a probe times against the loop
+STRATEGIES = ("vmap", "surgery")
+
+
+# What a switch into each strategy cost (its repack, build and first step beyond a loop step), by
+# (strategy, the model's class), the last measured in this process: a capture's cost recurs each
+# time the class is built (surgery's torch.export of a model with dropout: 0.5 to 2.3 s a build on
+# the loaded 2-core machine, where a vmap switch took 20 ms).
+SWITCHES: Dict[Tuple[str, str], float] = {}
 
 
 @dataclass
 class Probe:
     """The first group's turns: which side trains each step, the ms of each side's timed steps
-    by round, and what the rule decided."""
+    by round, and what the rule decided.
+
+    It spends at most `budget_s`: before each unit (a step, or a switch to another side with its
+    first step) it predicts the unit's cost by the last one of its kind measured, and stops where
+    the unit would not fit. A unit begun is not cut (a switch's build and capture run to their
+    end), so a side whose switch nothing has measured yet is tried only first, while nothing is
+    spent: the sides are the loop, at most one strategy of unknown cost, then those this process
+    measured (STRATEGIES' others wait for a later study of the class: `untried`). Counting a
+    turn's cost only after it began, the 3.3 s share of a conv study was overrun by a vmap turn
+    and a surgery switch to 6.4 s."""
 
     budget_s: float
-    strategies: Sequence[str] = ("vmap", "surgery")
+    strategies: Sequence[str] = STRATEGIES
+    model: str = ""  # the model's class: what SWITCHES are kept by
+    untried: Sequence[str] = ()
+    given: bool = False  # the group size is the user's: the group goes on fused whatever the rule said
     samples: Dict[str, List[float]] = field(default_factory=dict)
     spent_s: float = 0.0
     switching_s: float = 0.0
     excess_s: float = 0.0  # what the fused turns' steps took beyond the loop's (the sequential's) time
-    last_turn_s: float = 0.0  # the cost of the last switch and its turn: the next one is taken only if it fits
+    switch_s: Dict[str, float] = field(default_factory=dict)  # each side's last switch, with its first step
+    step_s: Dict[str, float] = field(default_factory=dict)  # each side's last timed step beyond the loop's
     call: Optional[Call] = None
     steps: int = 0
     _block: List[float] = field(default_factory=list)
+
+    @staticmethod
+    def planned(budget_s: float, model: str, given: bool = False) -> "Probe":
+        """A probe of `budget_s` for a model of class `model`: the strategies whose switch cost this
+        process measured, after the first one it did not; the other unknown ones untried."""
+        unknown = [s for s in STRATEGIES if (s, model) not in SWITCHES]
+        known = [s for s in STRATEGIES if (s, model) in SWITCHES]
+        return Probe(budget_s, (*unknown[:1], *known), model, tuple(unknown[1:]), given)
 
     @property
     def sides(self) -> List[str]:
@@ -61,17 +92,23 @@ class Probe:
         """The side that trains `step` while the probe runs."""
         return self.sides[(step // TURN_STEPS) % len(self.sides)]
 
-    def timed(self, step: int, seconds: float) -> None:
-        """One step's time on its side; after each round, a look where one is due."""
-        self.spent_s += seconds
+    def timed(self, step: int, seconds: float, switch_s: Optional[float] = None) -> None:
+        """One step's time on its side (`switch_s`: the switch to the side just before it); after
+        each round, a look where one is due."""
+        self.spent_s += seconds + (switch_s or 0.0)
         self.steps += 1
-        loop = self.samples.get(BASELINE)
-        if self.side(step) != BASELINE and loop:
-            self.excess_s += max(0.0, seconds - sorted(loop)[len(loop) // 2] / 1e3)
+        side, loop = self.side(step), self.samples.get(BASELINE)
+        excess = max(0.0, seconds - sorted(loop)[len(loop) // 2] / 1e3) if side != BASELINE and loop else 0.0
+        self.excess_s += excess
+        if switch_s is not None:
+            self.switching_s += switch_s
+            self.switch_s[side] = SWITCHES[(side, self.model)] = switch_s + excess
+        else:
+            self.step_s[side] = excess
         if step % TURN_STEPS:
             self._block.append(seconds * 1e3)
         if step % TURN_STEPS == TURN_STEPS - 1:
-            self.samples.setdefault(self.side(step), []).append(sum(self._block) / len(self._block))
+            self.samples.setdefault(side, []).append(sum(self._block) / len(self._block))
             self._block = []
         rounds = min((len(self.samples.get(s, [])) for s in self.sides), default=0)
         if step % (TURN_STEPS * len(self.sides)) == TURN_STEPS * len(self.sides) - 1 and rounds in LOOKS:
@@ -84,16 +121,37 @@ class Probe:
         (the steps themselves train: a step the loop takes is the sequential study's own cost)."""
         return self.switching_s + self.excess_s
 
+    def next_unit(self) -> Tuple[str, float]:
+        """The unit the next step begins (a switch to a side, or a step of one) and its predicted
+        cost: the last of its kind measured (a switch this process measured for the class); a
+        switch nothing measured, nothing if nothing is spent yet, else more than any share."""
+        step, side = self.steps, self.side(self.steps)
+        if step and step % TURN_STEPS == 0:
+            measured = self.switch_s.get(side, SWITCHES.get((side, self.model)))
+            if measured is None:
+                measured = 0.0 if self.cost_s == 0.0 else math.inf
+            return f"a switch to {_named(side)}", measured
+        return f"a step of {_named(side)}", self.step_s.get(side, 0.0)
+
     @property
     def done(self) -> bool:
-        at_turn = self.steps % TURN_STEPS == 0
-        return self.call is not None or self.cost_s + (self.last_turn_s if at_turn else 0.0) >= self.budget_s
+        return self.call is not None or self.cost_s + self.next_unit()[1] > self.budget_s
 
     def winner(self) -> Optional[str]:
         """The strategy the group goes on with (None: the loop): the rule's, or where it did not
-        settle within the budget, the loop (fusing unknown to pay is not taken)."""
+        settle within the budget, the loop (fusing unknown to pay is not taken). A size given goes
+        on fused whatever the rule said, with the fastest strategy timed (as a size given runs the
+        strategy the table names at it whatever its verdict): the loop ran `group_size=8` alone."""
         call = self.final()
-        return call.strategy if call.kind in ("fuse", "marginal") else None
+        if self.fuses or not self.given:
+            return call.strategy if self.fuses else None
+        timed = {s: sorted(v)[len(v) // 2] for s, v in self.samples.items() if s in self.strategies and v}
+        return call.strategy or min(timed, key=timed.__getitem__, default=self.strategies[0])
+
+    @property
+    def fuses(self) -> bool:
+        """Whether the rule found a fused strategy faster."""
+        return self.final().kind in ("fuse", "marginal")
 
     def final(self) -> Call:
         if self.call is not None:
@@ -102,15 +160,22 @@ class Probe:
         return Call("open") if rounds < LOOKS[0] else _open(decide(self.samples, self.strategies, LEVEL))
 
     def said(self, n: int) -> str:
-        """What was measured, for how long, and what it cost, in one line."""
+        """What was measured, for how long, what it cost against the share, and why it stopped, in
+        one line."""
         call = self.final()
         rounds = min((len(self.samples.get(s, [])) for s in self.sides), default=0)
         verdict = f"{call.kind}{' ' + call.strategy if call.strategy else ''}"
+        untried = f" ({', '.join(self.untried)} untried: no switch to it measured yet)" if self.untried else ""
+        unit, cost = self.next_unit()
+        forced = "" if self.fuses or not self.given else f"; fused as the size given asks, with {self.winner()}"
+        stopped = "" if self.call is not None else (
+            f"; stopped before {unit} (~{'?' if math.isinf(cost) else f'{cost:.2f}'} s, "
+            f"{max(0.0, self.budget_s - self.cost_s):.2f} s of the share left): not settled"
+        )  # fmt: skip
         return (
-            f"sized on group 0's own steps at N={n}: loop, {', '.join(self.strategies)} in turns, {rounds} round(s), "
-            f"{self.steps} training steps in {self.spent_s:.1f} s, costing {self.cost_s:.1f} s "
-            f"({self.switching_s:.1f} s switching) of a {self.budget_s:.1f} s budget: {verdict}"
-            f"{'' if self.call is not None else ' (not settled)'}"
+            f"sized on group 0's own steps at N={n}: loop, {', '.join(self.strategies)} in turns{untried}, "
+            f"{rounds} round(s), {self.steps} training steps in {self.spent_s:.2f} s, costing {self.cost_s:.2f} s "
+            f"({self.switching_s:.2f} s switching) of a {self.budget_s:.2f} s share: {verdict}{stopped}{forced}"
         )
 
     def write(self, member: Member, n: int, table: Path) -> None:
@@ -131,6 +196,10 @@ class Probe:
         )  # fmt: skip
         table.parent.mkdir(parents=True, exist_ok=True)
         merge_entries(table, [entry])
+
+
+def _named(side: str) -> str:
+    return "the loop" if side == BASELINE else side
 
 
 def _open(call: Call) -> Call:

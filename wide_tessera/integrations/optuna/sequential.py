@@ -4,15 +4,14 @@ clipping and schedule."""
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional
 
-import torch
 from torch import nn
 
 from ...core import trees
 from ...core.seeding import seeded
 from .host import optuna
-from .training import Training, loss_of, on_device
+from .training import Training, forward_backward, on_device
 from .trial import Draws, build_model, suggested, trial_seed
 
 
@@ -36,28 +35,36 @@ def sequential_objective(
     return objective
 
 
+class Resume(NamedTuple):
+    """Where a group left a trial: the steps taken, its optimizer's and its scheduler's state
+    (torch's format; None: no schedule), its losses so far."""
+
+    step: int
+    optimizer: Dict[str, Any]
+    schedule: Optional[Dict[str, Any]]
+    losses: List[float]
+
+
 def train_alone(
     trial: Any, params: Dict[str, Any], model: nn.Module, draws: Draws, training: Training, device: str,
-    tick: Callable[[], None] = lambda: None, resume: Optional[Tuple[int, Dict[str, Any], List[float]]] = None,
+    tick: Callable[[], None] = lambda: None, resume: Optional[Resume] = None,
 ) -> float:  # fmt: skip
     """One trial trained alone with torch's own optimizer, clipping and schedule, reporting each
     mean loss and raising optuna.TrialPruned where the pruner says so: the sequential loop's
     training, and a group of one's (`tick`: after each step, for a progress bar). `resume`: go on
-    from a step (its optimizer's torch state, its losses so far), where a group left it."""
+    from where a group left it."""
     model.train()
     after_backward = training.alone_step(model, params)
     first, losses = 0, []
     if resume is not None:
-        first, state, losses = resume[0], resume[1], list(resume[2])
-        after_backward.optimizers[0].load_state_dict(state)
-        after_backward.restart_schedules(first - 1)  # `first` steps taken
+        first, losses = resume.step, list(resume.losses)
+        after_backward.optimizers[0].load_state_dict(resume.optimizer)  # after the scheduler set its lr
+        if resume.schedule is not None:
+            after_backward.schedules[0].load_state_dict(resume.schedule)
     value = training.reported(losses) if losses else math.nan
     for step in range(first, training.steps):
-        x, y = on_device(device, draws.batch(training, params, step))
-        loss = loss_of(training, trees.call(model, x), y)
-        torch.autograd.backward(loss)
-        after_backward()
-        losses.append(float(loss.detach()))
+        batch = on_device(device, draws.batch(training, params, step))
+        losses.append(step_alone(training, model, after_backward, batch))
         tick()
         if training.reports_at(step):
             value = training.reported(losses)
@@ -65,3 +72,13 @@ def train_alone(
             if trial.should_prune():
                 raise optuna.TrialPruned()
     return training.evaluate(model, params) if training.evaluate is not None else value
+
+
+def step_alone(training: Training, model: nn.Module, after_backward: Callable[[], None], batch: Any) -> float:
+    """One training step of one model alone (its forward and backward, then `after_backward`): its loss."""
+    failed: Dict[int, Exception] = {}
+    losses = forward_backward(training, lambda xs: [trees.call(model, xs[0])], {0: batch}, 1, failed)
+    if failed:
+        raise failed[0]
+    after_backward()
+    return losses[0]

@@ -18,7 +18,8 @@ from ...core import trees
 from ...dispatch.fuse import DispatchWarning, decide_at
 from ...train.memory import bytes_per_model
 from .probe import Probe
-from .training import Training, loss_of, on_device
+from .sequential import step_alone
+from .training import Training, on_device
 from .trial import Member
 
 # the group sizes a measurement tries, at most
@@ -63,11 +64,15 @@ def size_groups(
             return Sizing(size, why, strategy)
         _, verdict, named = _verdicts(member, [size], table)[size]
         if verdict == "none" and budget_s > 0:
-            return Sizing(size, f"{why}, the strategy probed on its first group", "loop", Probe(budget_s), given=True)
+            probe = Probe.planned(budget_s, type(member.model).__qualname__, given=True)
+            return Sizing(size, f"{why}, the strategy probed on its first group", "loop", probe, given=True)
         if named is None:
-            line = f"group_size={given}: no strategy trains N={size} of these models correctly (verdict at N={size}: "
-            warnings.warn(f"{line}{verdict}; {table}): its groups run as a loop", DispatchWarning, stacklevel=3)
-            return Sizing(size, f"{why}, as a loop: no strategy ran correctly at N={size}", "loop")
+            cannot = (
+                f"the table names no strategy at N={size} and sizing_share=0" if verdict == "none" else
+                f"no strategy trains N={size} of these models correctly (verdict at N={size}: {verdict}; {table})"
+            )  # fmt: skip
+            warnings.warn(f"group_size={given}: {cannot}: its groups run as a loop", DispatchWarning, stacklevel=3)
+            return Sizing(size, f"{why}, as a loop: {cannot}", "loop")
         return Sizing(size, f"{why}, {named}: the strategy the table names at N={size} ({verdict}; {table})", named)
     ns = [n for n in _MEASURED_NS if n <= min(n_trials, cap)]
     if not ns:
@@ -78,7 +83,7 @@ def size_groups(
         if budget_s <= 0:
             return Sizing(1, f"1, one trial at a time: the table decides nothing ({said}) and sizing_share=0")
         return Sizing(ns[-1], f"{ns[-1]}, probed on its first group ({said}; {table}), {memory}", "loop",
-                      Probe(budget_s))  # fmt: skip
+                      Probe.planned(budget_s, type(member.model).__qualname__))  # fmt: skip
     fusing = [n for n, (fuses, _, _) in verdicts.items() if fuses]
     if not fusing:
         return Sizing(1, f"1, one trial at a time: no measured N fuses a training step ({said}; {table})", strategy)
@@ -144,10 +149,7 @@ def step_seconds(member: Member, training: Training, device: str) -> float:
     times = []
     for step in range(5):
         begin = time.perf_counter()
-        x, y = member.draws.batch(training, member.params, step % training.steps, keep=False)
-        loss = loss_of(training, trees.call(model, on_device(device, x)), on_device(device, y))
-        torch.autograd.backward(loss)
-        after_backward()
-        float(loss.detach())
+        batch = member.draws.batch(training, member.params, step % training.steps, keep=False)
+        step_alone(training, model, after_backward, on_device(device, batch))
         times.append(time.perf_counter() - begin)
     return sorted(times[1:])[len(times[1:]) // 2]
