@@ -51,6 +51,8 @@ __all__ = [
     "decide",
     "measured_entry",
     "N_VERDICTS",
+    "LOOP_VERDICTS",
+    "SETTLED_VERDICTS",
     "MAX_RATIO",
     "TABLE_ENV",
 ]
@@ -70,6 +72,10 @@ FIRST_CALL = "first call"
 #   open: undecided at the budget or over its passes; unstable: the passes contradicted each other; disturbed: the
 #   measurement could not be cleaned; failed: no measurement
 N_VERDICTS = ("fuse", "unconfirmed", "marginal", "same", "loop", "open", "unstable", "disturbed", "failed")
+# The verdicts that keep the N separate calls: they were measured as fast as any strategy.
+LOOP_VERDICTS = ("marginal", "same", "loop")
+# The verdicts that settled a measured N one way or the other; the rest ask to measure it again.
+SETTLED_VERDICTS = ("fuse", *LOOP_VERDICTS)
 
 # A measured entry decides a case only when every size axis is within this factor of the
 # case's: a crossover measured at batch 16 says little about batch 4096.

@@ -31,7 +31,7 @@ from ..core.user_input import check_number
 from ..dispatch.build import op_trials
 from ..dispatch.first_call import FirstCall
 from ..dispatch.fuse import DispatchWarning, tune_command
-from ..dispatch.table import Case, DispatchTable, Match, decide, default_table_path
+from ..dispatch.table import LOOP_VERDICTS, Case, DispatchTable, Match, decide, default_table_path
 from ..ops.hf_experts import (
     OWN_STRATEGIES,
     TRANSFORMERS_MISSING,
@@ -49,8 +49,6 @@ NAME = "wide_tessera"
 # (PreTrainedModel.get_correct_experts_implementation, transformers 5.24).
 DEFAULT = "grouped_mm"
 MEASURES = ("table", "first-call")
-# The table's verdicts that measured the separate calls as fast as any strategy (dispatch.table.N_VERDICTS).
-LOOP_VERDICTS = {"loop", "same", "marginal"}
 
 Key = Tuple[Any, ...]
 
@@ -142,7 +140,7 @@ def _measured_choice(answer: Match) -> Tuple[str, str]:
     if answer.fuse and answer.strategy is not None:
         return answer.strategy, answer.reason
     verdicts = {v.verdict for e in answer.entries for v in e.verdicts if v.n == answer.measured_n}
-    if verdicts and verdicts <= LOOP_VERDICTS:
+    if verdicts and verdicts <= set(LOOP_VERDICTS):
         return "eager", answer.reason
     return DEFAULT, f"{answer.reason}: no conclusive answer that runs here, transformers' default"
 

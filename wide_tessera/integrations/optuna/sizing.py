@@ -16,6 +16,7 @@ import torch
 
 from ...core import trees
 from ...dispatch.fuse import DispatchWarning, decide_at
+from ...dispatch.table import SETTLED_VERDICTS
 from ...train.memory import bytes_per_model
 from .probe import Probe
 from .sequential import step_alone
@@ -79,7 +80,7 @@ def size_groups(
         return Sizing(1, f"1: {memory} allows one model", strategy)
     verdicts = _verdicts(member, ns, table)
     said = ", ".join(f"N={n} {v}" for n, (_, v, _) in verdicts.items())
-    if not any(v in _DECIDED for _, v, _ in verdicts.values()):  # nothing measured, or nothing settled
+    if not any(v in SETTLED_VERDICTS for _, v, _ in verdicts.values()):  # nothing measured, or nothing settled
         if budget_s <= 0:
             return Sizing(1, f"1, one trial at a time: the table decides nothing ({said}) and sizing_share=0")
         return Sizing(ns[-1], f"{ns[-1]}, probed on its first group ({said}; {table}), {memory}", "loop",
@@ -103,10 +104,6 @@ def probed(sizing: Sizing, member: Member, n: int, table: Path) -> Sizing:
     if winner is None and not sizing.given:
         return Sizing(1, f"1, one trial at a time after group 0: {probe.said(n)}")
     return Sizing(sizing.size, f"{sizing.size}, {probe.said(n)}", winner or "loop", given=sizing.given)
-
-
-# the table's verdicts that decided something (dispatch.table.N_VERDICTS): the others ask to measure again
-_DECIDED = ("fuse", "marginal", "same", "loop")
 
 
 def _verdicts(member: Member, ns: Sequence[int], table: Path) -> Dict[int, Tuple[bool, str, Optional[str]]]:
