@@ -3,14 +3,15 @@ sampler seeds: wall time, sizing's share of it, and the best value each study re
 the other was done.
 
 Each trial trains a small conv net (Conv2d 3->8, BatchNorm, ReLU, Conv2d 8->16 stride 2,
-BatchNorm, ReLU, average pool, dropout, Linear 16->10) on generated 16x16 images labelled by a
-fixed random teacher, with AdamW for --steps steps of batch 32; lr, weight decay and a dropout
-rate drawn as a float are suggested by TPE (`constant_liar=True`, which gives trials asked while
-their group mates are running something to lie about), and a successive-halving pruner stops
-trials every 10 steps. The value told is the held-out cross-entropy. Per seed, the sequential
-study (`sequential_objective` under `study.optimize`, torch's own AdamW) and the fused study
-(`optimize`, with an empty dispatch table of its own, so it sizes its groups within
-`--sizing-share` of its estimated sequential time) run back to back, each from a fresh study.
+BatchNorm, ReLU, average pool, dropout, Linear 16->10) on generated 16x16 images (each its
+class's random pattern plus noise of the same size), with AdamW for --steps steps of batch 32;
+lr, weight decay and a dropout rate drawn as a float are suggested by TPE (`constant_liar=True`,
+which gives trials asked while their group mates run something to lie about), and a
+successive-halving pruner stops trials every 10 steps. The value told is the held-out
+cross-entropy. Per seed, the sequential study (`sequential_objective` under `study.optimize`,
+torch's own AdamW) and the fused study (`optimize`, with an empty dispatch table of its own, so
+it sizes its groups within `--sizing-share` of its estimated sequential time) run back to back,
+each from a fresh study.
 
 Columns: each study's wall time; fused/sequential speed (>1: the fused study was faster);
 sizing's seconds and its share of the fused study; each study's best value at the moment the
@@ -63,11 +64,11 @@ class ConvNet(nn.Module):
 
 
 def data(steps: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Images and their teacher's labels: `steps` training batches and 512 held-out images."""
+    """Images and their classes: `steps` training batches and 512 held-out images."""
     g = torch.Generator().manual_seed(0)
-    teacher = torch.randn(3 * SIDE * SIDE, CLASSES, generator=g)
-    images = torch.randn(steps * BATCH + 512, 3, SIDE, SIDE, generator=g)
-    labels = (images.flatten(1) @ teacher).argmax(-1)
+    patterns = torch.randn(CLASSES, 3, SIDE, SIDE, generator=g)
+    labels = torch.randint(CLASSES, (steps * BATCH + 512,), generator=g)
+    images = patterns[labels] + torch.randn(len(labels), 3, SIDE, SIDE, generator=g)
     x, y = images[: steps * BATCH], labels[: steps * BATCH]
     return x.view(steps, BATCH, 3, SIDE, SIDE), y.view(steps, BATCH), images[steps * BATCH :], labels[steps * BATCH :]
 
