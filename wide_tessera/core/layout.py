@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence
+from itertools import chain
+from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -47,6 +48,8 @@ __all__ = [
     "model_state_dicts",
     "persistent_tensors",
     "held_once",
+    "tied_aliases",
+    "second_names",
 ]
 
 
@@ -148,6 +151,26 @@ def _bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 # an integer dtype of each element size: a tensor viewed as one compares bit for bit (NaN equal to itself)
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def second_names(named: Iterable[Tuple[str, object]]) -> Dict[str, str]:
+    """Each second name of an object named twice (a weight tied to another, a layer registered
+    under two paths) -> its first."""
+    first: Dict[int, str] = {}
+    aliases = {}
+    for name, thing in named:
+        if id(thing) in first:
+            aliases[name] = first[id(thing)]
+        else:
+            first[id(thing)] = name
+    return aliases
+
+
+def tied_aliases(module: nn.Module) -> Dict[str, str]:
+    """Each second name of a tied parameter or buffer (GPT-2's lm_head.weight, its embedding's
+    table) -> its first name, the one named_parameters and named_buffers give."""
+    tensors = chain(module.named_parameters(remove_duplicate=False), module.named_buffers(remove_duplicate=False))
+    return second_names(tensors)
 
 
 class Slot(NamedTuple):

@@ -40,7 +40,7 @@ from torch import fx, nn
 from torch.utils._pytree import tree_flatten, tree_map
 
 from ..core.errors import NotApplicable, one_line
-from ..core.layout import SHARED, STACKED, Slot, prefixed, slots_of
+from ..core.layout import SHARED, STACKED, Slot, prefixed, second_names, slots_of, tied_aliases
 from ..ops.base import fusing_ops
 from .capture import (
     CHECKS,
@@ -53,11 +53,12 @@ from .capture import (
     probe_call,
     signature,
 )
-from .functional import model_size, python_draws_refused, tied_aliases
+from .host_draws import python_draws_refused
 from .layers import LayerChoice, LayerLoop, hold, wide_layer
 from .lowering import lower
 from .moe import WideSparseMoe, is_sparse_moe
 from .rules import Segment, layer_held_once
+from .stacked import model_size
 
 __all__ = ["ExportedSurgery"]
 
@@ -139,7 +140,7 @@ class ExportedSurgery(nn.Module):
         # may call or read it by the other, which was then neither swapped nor stacked, but held
         # as a constant of the captured model's: every model ran with model 0's weights. Each second
         # name -> its first.
-        self._aliases = {**tied_aliases(modules[0]), **_module_aliases(modules[0])}
+        self._aliases = {**tied_aliases(modules[0]), **second_names(modules[0].named_modules(remove_duplicate=False))}
         self._captures: "OrderedDict[int, Capture]" = OrderedDict()  # the latest used last
         self.train(modules[0].training)
 
@@ -375,16 +376,6 @@ def _copies_itself(node: fx.Node) -> bool:
     if not isinstance(source, fx.Node) or not isinstance(source.target, torch._ops.OpOverload):
         return False
     return source.target._schema.name.endswith("_") and source.args[0] is into
-
-
-def _module_aliases(model: nn.Module) -> Dict[str, str]:
-    """Each second path of a submodule registered under two -> its first."""
-    first: Dict[int, str] = {}
-    aliases = {}
-    for path, sub in model.named_modules(remove_duplicate=False):
-        aliases.update({path: first[id(sub)]} if id(sub) in first else {})
-        first.setdefault(id(sub), path)
-    return aliases
 
 
 def _holders(model: nn.Module) -> Dict[int, Set[int]]:

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from .functional import with_ones
+from .stacked import with_ones
 
 __all__ = ["RULES", "Lowered", "draws", "lower"]
 

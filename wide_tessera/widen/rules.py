@@ -26,8 +26,9 @@ from torch.utils._pytree import tree_leaves, tree_map
 
 from ..core.environment import cpu_l2_bytes
 from ..core.layout import SHARED, Slot, held_once, prefixed, slots_of
-from .functional import EMBEDDINGS, is_shared, model_size, tensors_only, under_vmap, vmap_dims, with_ones, with_others
 from .lowering import Lowered, draws
+from .stacked import is_shared, model_size, with_ones
+from .vmapping import EMBEDDINGS, tensors_only, under_vmap, vmap_dims, with_others
 
 __all__ = [
     "ELEMENTWISE_MODULES",

@@ -38,18 +38,13 @@ from torch import fx, nn
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from ..core.errors import NotApplicable, one_line
-from ..core.layout import Slot, prefixed, slots_of
+from ..core.layout import Slot, prefixed, slots_of, tied_aliases
 from ..ops.base import check_alike, fusing_ops
 from .capture import none_defaults, trace_fx
 from .exported import ExportedSurgery
-from .functional import (
-    StackedIO,
-    WideFunctional,
-    is_shared,
-    tied_aliases,
-    unpacked,
-)
+from .functional import WideFunctional
 from .layers import LayerChoice, LayerLoop, hold, wide_layer
+from .packing import StackedIO, unpacked
 from .rules import (
     ELEMENTWISE_MODULES,
     Elementwise,
@@ -66,6 +61,7 @@ from .rules import (
     leaf_flags,
     method_call,
 )
+from .stacked import is_shared
 
 __all__ = ["WideSurgery"]
 
