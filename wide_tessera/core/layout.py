@@ -48,6 +48,7 @@ __all__ = [
     "model_state_dicts",
     "persistent_tensors",
     "held_once",
+    "held",
     "tied_aliases",
     "second_names",
 ]
@@ -140,6 +141,18 @@ def held_once(values: Sequence[Any]) -> bool:
     if not all(isinstance(v, nn.Parameter) and not v.requires_grad for v in values):
         return False
     return all(v is first or _bitwise_equal(v, first) for v in values[1:])
+
+
+def held(values: Sequence[torch.Tensor]) -> Tuple[torch.Tensor, Layout]:
+    """The N models' tensors of one name as a wide module holds them, and how: one frozen tensor
+    all hold (`held_once`), the models' own, SHARED; else stacked on a new leading axis, STACKED,
+    a parameter staying a parameter that trains where the models' do."""
+    if held_once(values):
+        return values[0], SHARED
+    stacked = STACKED.join([v.detach() for v in values])
+    if isinstance(values[0], nn.Parameter):
+        return nn.Parameter(stacked, requires_grad=values[0].requires_grad), STACKED
+    return stacked, STACKED
 
 
 def _bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -263,11 +276,11 @@ def model_state_dicts(
 def _in_order(state: Dict[str, Any], template: nn.Module) -> Dict[str, Any]:
     """`state` keyed and ordered as `template.state_dict()`: a key missing from it is a tied alias
     of one present (the same tensor in the template), given its value."""
-    own = template.state_dict(keep_vars=True)
-    held = {id(t): key for key, t in own.items() if key in state}  # a tensor's name in `state`
+    first = tied_aliases(template)
+    given = {first.get(key, key): key for key in state}  # a tensor, by its first name -> its key in `state`
     ordered = {}
-    for key, t in own.items():
-        if id(t) not in held:
+    for key in template.state_dict(keep_vars=True):
+        if first.get(key, key) not in given:
             raise ContractError(f"the wide module holds no {key!r} of the models")
-        ordered[key] = state[held[id(t)]]
+        ordered[key] = state[given[first.get(key, key)]]
     return ordered

@@ -11,7 +11,7 @@ from torch import nn
 from torch.func import functional_call, vmap
 
 from ..core.errors import NotApplicable, unknown
-from ..core.layout import SHARED, STACKED, Slot, held_once, tied_aliases
+from ..core.layout import SHARED, STACKED, Slot, held, tied_aliases
 from ..ops.base import shared_config
 from .host_draws import python_draws_refused
 from .packing import StackedIO, unpacked
@@ -22,10 +22,6 @@ __all__ = ["WideFunctional", "RANDOMNESS"]
 # vmap's randomness modes: 'error' refuses random ops; 'different' gives each model its own
 # draws (N dropout masks, as N separate calls have); 'same' draws once for all N models.
 RANDOMNESS = ("error", "different", "same")
-
-
-def _stacked(values: List[nn.Parameter]) -> nn.Parameter:
-    return nn.Parameter(STACKED.join([p.detach() for p in values]), requires_grad=values[0].requires_grad)
 
 
 class WideFunctional(StackedIO, nn.Module):
@@ -47,19 +43,17 @@ class WideFunctional(StackedIO, nn.Module):
         self._looked: Set[bool] = set()  # the modes (training or not) of calls looked at for buffers assigned
         # its backward raised torch's "reshape is not implemented for sparse tensors"
         self.sparse = next((p for p, m in modules[0].named_modules() if getattr(m, "sparse", False) is True), None)
-        params = {name: [m.get_parameter(name) for m in modules] for name, _ in modules[0].named_parameters()}
-        buffers = {name: STACKED.join([m.get_buffer(name) for m in modules]) for name, _ in modules[0].named_buffers()}
-        self._param_names, self._buffer_names = list(params), list(buffers)
         # a frozen tensor every model holds (a LoRA base): the models' own, held once and read
         # once by the N models' calls (vmap's in_dims None), not stacked into N copies
-        self._once = {name for name, values in params.items() if held_once(values)}
+        params = {name: held([m.get_parameter(name) for m in modules]) for name, _ in modules[0].named_parameters()}
+        buffers = {name: held([m.get_buffer(name) for m in modules])[0] for name, _ in modules[0].named_buffers()}
+        self._param_names, self._buffer_names = list(params), list(buffers)
+        self._once = {name for name, (_, layout) in params.items() if layout.shared}
         # a weight tied to another (GPT-2's lm_head to its embedding) under its second name: the
         # skeleton on the meta device no longer ties them, and functional_call left lm_head's
         # weight a meta tensor (logits off by 1e24)
         self._aliases = tied_aliases(modules[0])
-        self.stacked_params = nn.ParameterList(
-            [values[0] if name in self._once else _stacked(values) for name, values in params.items()]
-        )
+        self.stacked_params = nn.ParameterList([tensor for tensor, _ in params.values()])
         kept = modules[0].state_dict()  # a buffer the model does not save (rotary tables) is not saved here either
         for i, (name, b) in enumerate(buffers.items()):
             self.register_buffer(f"stacked_buffer_{i}", b, persistent=name in kept)

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from ..core.errors import WideTesseraError
-from ..core.layout import SHARED, STACKED, Layout, Slot, held_once, loop_slots, prefixed, slots_of
+from ..core.layout import STACKED, Layout, Slot, held, loop_slots, prefixed, slots_of
 from ..ops.base import WideOp, op_fusing
 
 __all__ = ["wide_layer", "hold", "LayerChoice", "LayerLoop"]
@@ -86,14 +86,11 @@ def hold(holder: nn.Module, name: str, values: List[Any], persistent: bool = Tru
     models' own: core.layout.held_once), else stacked: a parameter stays a parameter; a buffer
     the models do not save (`persistent` False: rotary tables) is not saved here either. Returns
     how it is held."""
-    if held_once(values):
-        holder.register_parameter(name, values[0])
-        return SHARED
     if not isinstance(values[0], torch.Tensor):
         raise WideTesseraError(f"surgery: attribute of type {type(values[0]).__name__} read in forward")
-    stacked = STACKED.join([v.detach() for v in values])
-    if isinstance(values[0], nn.Parameter):
-        holder.register_parameter(name, nn.Parameter(stacked, requires_grad=values[0].requires_grad))
+    tensor, layout = held(values)
+    if isinstance(tensor, nn.Parameter):
+        holder.register_parameter(name, tensor)
     else:
-        holder.register_buffer(name, stacked, persistent=persistent)
-    return STACKED
+        holder.register_buffer(name, tensor, persistent=persistent)
+    return layout
