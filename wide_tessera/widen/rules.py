@@ -1,5 +1,5 @@
 """What surgery does with each op of a captured graph, given which of its values are stacked on
-the N axis: the rules that both lowerings (surgery.py from torch.fx, exported.py from
+the N axis (n_axis.py marks them): the rules that both lowerings (surgery.py from torch.fx, exported.py from
 torch.export) apply.
 
 * an elementwise function (activations, +, *, ...) on stacked values of one rank runs on the
