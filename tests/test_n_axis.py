@@ -56,3 +56,26 @@ def test_the_marked_graph_computes_what_the_models_compute():
     out = wide.unpack(wide(wide.pack(xs)))
     for model, x, o in zip(models, xs, out):
         torch.testing.assert_close(o, model(x))
+
+
+class _ActivatedConstant(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin, self.act = nn.Linear(4, 4), nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) + self.act(torch.ones(4) - 0.5)
+
+
+def test_an_activation_of_values_all_models_share_gives_a_value_they_share():
+    """It was taken for each model's own: the constant's [4] met the stacked [N, 2, 4] as if it
+    were N models' rows (torch's size mismatch)."""
+    torch.manual_seed(0)
+    models = [_ActivatedConstant() for _ in range(3)]
+    xs = [torch.randn(2, 4) for _ in models]
+    wide = WideSurgery(models)
+    marks = {n.name: n.meta[N_AXIS] for n in wide.graph_module.graph.nodes}
+    assert marks["act"] is None and marks["add"] == 0
+    for model, x, o in zip(models, xs, wide.unpack(wide(wide.pack(xs)))):
+        torch.testing.assert_close(o, model(x))
+

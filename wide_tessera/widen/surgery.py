@@ -107,7 +107,8 @@ class WideSurgery(StackedIO, nn.Module):
         graph = traced.graph
         attributes = _attributes(graph, modules, traced)
         folded = _folded_layers(graph, modules)
-        mark(graph.nodes, lambda node: _source(node, attributes, folded))
+        following = folded | _activations(graph, modules)
+        mark(graph.nodes, lambda node: _source(node, attributes, following))
         holder = nn.Module()  # what the rewritten graph calls
         self._slots: Dict[str, Slot] = {}  # the holder's tensors, by their names in one model
         held: Dict[str, Tuple[str, Any]] = {}  # a model's attribute or layer -> its name in holder (and mask)
@@ -193,7 +194,7 @@ class WideSurgery(StackedIO, nn.Module):
     ) -> nn.Module:
         """The wide layer standing for `subs` (submodule `where` of each model) at this call;
         `folded`: they are one frozen layer (rules.layer_held_once)."""
-        if isinstance(subs[0], ELEMENTWISE_MODULES) and not any(p.numel() for p in subs[0].parameters()):
+        if _is_activation(subs[0]):
             act = _InPlaceUnlessShared(subs[0]) if getattr(subs[0], "inplace", False) else subs[0]
             return act if alone_among_numbers(node, mask) else Elementwise(act, mask, self.randomness)
         if folded:
@@ -378,24 +379,40 @@ def _attributes(graph: fx.Graph, modules: Sequence[nn.Module], traced: fx.GraphM
     return attributes
 
 
+def _called(graph: fx.Graph) -> List[str]:
+    return list(dict.fromkeys(str(node.target) for node in graph.nodes if node.op == "call_module"))
+
+
 def _folded_layers(graph: fx.Graph, modules: Sequence[nn.Module]) -> Set[str]:
     """The layers the graph calls that every model holds as one frozen layer (rules.layer_held_once)."""
-    called = dict.fromkeys(str(node.target) for node in graph.nodes if node.op == "call_module")
-    return {where for where in called if layer_held_once([m.get_submodule(where) for m in modules])}
+    return {where for where in _called(graph) if layer_held_once([m.get_submodule(where) for m in modules])}
 
 
-def _source(node: fx.Node, attributes: Dict[str, Any], folded: Set[str]) -> Optional[bool]:
+def _is_activation(layer: nn.Module) -> bool:
+    """An elementwise layer holding no tensor (nn.ReLU, nn.GELU, ...)."""
+    return isinstance(layer, ELEMENTWISE_MODULES) and not any(p.numel() for p in layer.parameters())
+
+
+def _activations(graph: fx.Graph, modules: Sequence[nn.Module]) -> Set[str]:
+    """The activations the graph calls: each gives values all models share from values they share.
+    Taken for a model's own values, an activation of a constant made in forward (relu(torch.ones(4)))
+    was added to each model's output as if it held each model's row, and the sizes did not match."""
+    return {where for where in _called(graph) if _is_activation(modules[0].get_submodule(where))}
+
+
+def _source(node: fx.Node, attributes: Dict[str, Any], following: Set[str]) -> Optional[bool]:
     """What a node of torch.fx's graph says of its N axis whatever its inputs say (n_axis.mark):
     an input carries it (but one torch.fx traced as None), an attribute held stacked does, and so
-    does a layer holding each model's weights (one held once follows its inputs); a shape query
-    and a model fact (x.device) answer for one model, the same for all."""
+    does a layer holding each model's weights (one held once and an activation, `following`,
+    follow their inputs); a shape query and a model fact (x.device) answer for one model, the
+    same for all."""
     if node.op == "placeholder":
         return node.args != (None,)
     if node.op == "get_attr":
         layout = attributes[str(node.target)][1]
         return layout is not None and not layout.shared
     if node.op == "call_module":
-        return None if node.target in folded else True
+        return None if node.target in following else True
     if is_model_fact(node) or is_shape_query(node):
         return False
     return None
