@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence
+from itertools import chain
+from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -47,6 +48,9 @@ __all__ = [
     "model_state_dicts",
     "persistent_tensors",
     "held_once",
+    "held",
+    "tied_aliases",
+    "second_names",
 ]
 
 
@@ -139,6 +143,18 @@ def held_once(values: Sequence[Any]) -> bool:
     return all(v is first or _bitwise_equal(v, first) for v in values[1:])
 
 
+def held(values: Sequence[torch.Tensor]) -> Tuple[torch.Tensor, Layout]:
+    """The N models' tensors of one name as a wide module holds them, and how: one frozen tensor
+    all hold (`held_once`), the models' own, SHARED; else stacked on a new leading axis, STACKED,
+    a parameter staying a parameter that trains where the models' do."""
+    if held_once(values):
+        return values[0], SHARED
+    stacked = STACKED.join([v.detach() for v in values])
+    if isinstance(values[0], nn.Parameter):
+        return nn.Parameter(stacked, requires_grad=values[0].requires_grad), STACKED
+    return stacked, STACKED
+
+
 def _bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     if (a.shape, a.dtype, a.device) != (b.shape, b.dtype, b.device) or a.device.type == "meta":
         return False
@@ -148,6 +164,26 @@ def _bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 # an integer dtype of each element size: a tensor viewed as one compares bit for bit (NaN equal to itself)
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def second_names(named: Iterable[Tuple[str, object]]) -> Dict[str, str]:
+    """Each second name of an object named twice (a weight tied to another, a layer registered
+    under two paths) -> its first."""
+    first: Dict[int, str] = {}
+    aliases = {}
+    for name, thing in named:
+        if id(thing) in first:
+            aliases[name] = first[id(thing)]
+        else:
+            first[id(thing)] = name
+    return aliases
+
+
+def tied_aliases(module: nn.Module) -> Dict[str, str]:
+    """Each second name of a tied parameter or buffer (GPT-2's lm_head.weight, its embedding's
+    table) -> its first name, the one named_parameters and named_buffers give."""
+    tensors = chain(module.named_parameters(remove_duplicate=False), module.named_buffers(remove_duplicate=False))
+    return second_names(tensors)
 
 
 class Slot(NamedTuple):
@@ -240,11 +276,11 @@ def model_state_dicts(
 def _in_order(state: Dict[str, Any], template: nn.Module) -> Dict[str, Any]:
     """`state` keyed and ordered as `template.state_dict()`: a key missing from it is a tied alias
     of one present (the same tensor in the template), given its value."""
-    own = template.state_dict(keep_vars=True)
-    held = {id(t): key for key, t in own.items() if key in state}  # a tensor's name in `state`
+    first = tied_aliases(template)
+    given = {first.get(key, key): key for key in state}  # a tensor, by its first name -> its key in `state`
     ordered = {}
-    for key, t in own.items():
-        if id(t) not in held:
+    for key in template.state_dict(keep_vars=True):
+        if first.get(key, key) not in given:
             raise ContractError(f"the wide module holds no {key!r} of the models")
-        ordered[key] = state[held[id(t)]]
+        ordered[key] = state[given[first.get(key, key)]]
     return ordered

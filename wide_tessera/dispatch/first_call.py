@@ -39,7 +39,7 @@ from ..measurement.settings import RunSettings
 from ..measurement.timing import TimedFunctionError, TimingConfig, measure_paired, once_s
 from ..results.decisions import Call, decide, level_of, stop_rule
 from ..results.manifest import now
-from ..widen.functional import HostGenerators
+from ..widen.host_draws import HostGenerators
 from .build import DispatchDecision, Fused, LoopedModules, Trials, layer_notes
 from .handover import replaced
 from .table import FIRST_CALL, Case, DispatchEntry, Match, NVerdict, measured_entry, merge_entries

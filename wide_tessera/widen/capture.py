@@ -30,7 +30,8 @@ from ..core.errors import NotApplicable
 from ..core.kept import plain_values
 from ..ops.base import fusing_ops
 from ..ops.exact import has_hooks
-from .functional import is_shared, python_draws_refused
+from .host_draws import python_draws_refused
+from .stacked import is_shared
 
 __all__ = [
     "CHECKS",

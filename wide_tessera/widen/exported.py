@@ -40,7 +40,7 @@ from torch import fx, nn
 from torch.utils._pytree import tree_flatten, tree_map
 
 from ..core.errors import NotApplicable, one_line
-from ..core.layout import SHARED, STACKED, Slot, prefixed, slots_of
+from ..core.layout import SHARED, STACKED, Slot, prefixed, second_names, slots_of, tied_aliases
 from ..ops.base import fusing_ops
 from .capture import (
     CHECKS,
@@ -53,11 +53,14 @@ from .capture import (
     probe_call,
     signature,
 )
-from .functional import model_size, python_draws_refused, tied_aliases
+from .host_draws import python_draws_refused
 from .layers import LayerChoice, LayerLoop, hold, wide_layer
 from .lowering import lower
 from .moe import WideSparseMoe, is_sparse_moe
+from .n_axis import mark
+from .n_axis import stacked as is_stacked
 from .rules import Segment, layer_held_once
+from .stacked import model_size
 
 __all__ = ["ExportedSurgery"]
 
@@ -139,7 +142,7 @@ class ExportedSurgery(nn.Module):
         # may call or read it by the other, which was then neither swapped nor stacked, but held
         # as a constant of the captured model's: every model ran with model 0's weights. Each second
         # name -> its first.
-        self._aliases = {**tied_aliases(modules[0]), **_module_aliases(modules[0])}
+        self._aliases = {**tied_aliases(modules[0]), **second_names(modules[0].named_modules(remove_duplicate=False))}
         self._captures: "OrderedDict[int, Capture]" = OrderedDict()  # the latest used last
         self.train(modules[0].training)
 
@@ -232,10 +235,11 @@ class ExportedSurgery(nn.Module):
             elif _copies_itself(node):
                 graph.erase_node(node)
         self._swap_layers(graph)
+        mark(graph.nodes, self._source)
         holder = nn.Module()
         holder.s, holder.w, holder.c = self.stacked, self.wides, nn.Module()
-        unstacked = self._hold_attributes(graph, exported, holder.c)
-        rewritten = fx.GraphModule(holder, _in_segments(graph, holder, unstacked, self.n, self.randomness), "Captured")
+        self._hold_attributes(graph, exported, holder.c)
+        rewritten = fx.GraphModule(holder, _in_segments(graph, holder, self.n, self.randomness), "Captured")
         return Capture(rewritten, fixed, dims, names, guards)
 
     def _swap_layers(self, graph: fx.Graph) -> None:
@@ -280,17 +284,24 @@ class ExportedSurgery(nn.Module):
             for node in reversed(nodes):
                 graph.erase_node(node)
 
-    def _hold_attributes(self, graph: fx.Graph, exported: nn.Module, constants: nn.Module) -> Set[fx.Node]:
+    def _source(self, node: fx.Node) -> Optional[bool]:
+        """What a node of torch.export's graph says of its N axis whatever its inputs say
+        (n_axis.mark): an input carries it, and so do a swapped layer's output and a model's tensor
+        held stacked; one held once and a constant the capture made do not, nor a size read from
+        a value, which answers for one model."""
+        if node.op in ("placeholder", "call_module"):
+            return True
+        if node.op == "get_attr":
+            return node.target in self._stacked_names and node.target not in self._once
+        return False if node.target is model_size else None
+
+    def _hold_attributes(self, graph: fx.Graph, exported: nn.Module, constants: nn.Module) -> None:
         """Each attribute the graph reads, pointed at its stacked tensor (or the one held once), or,
-        for a constant the capture made (torch.ones(3) in forward), held as it is; returns the
-        nodes of the values all models share: those held once, and the constants."""
-        unstacked = set()
+        for a constant the capture made (torch.ones(3) in forward), held as it is."""
         for node in [n for n in graph.nodes if n.op == "get_attr"]:
             if not node.users:
                 graph.erase_node(node)
             elif node.target in self._stacked_names:
-                if node.target in self._once:  # one value all models read
-                    unstacked.add(node)
                 node.target = f"s.{self._stacked_names[node.target]}"
             elif node.target.startswith(_within(list(self._wide_names))):
                 raise NotApplicable(f"surgery: {node.target} is read outside its layer's call (a tied weight?)")
@@ -303,8 +314,6 @@ class ExportedSurgery(nn.Module):
                 name = f"c{len(constants._buffers)}"
                 constants.register_buffer(name, operator.attrgetter(node.target)(exported))
                 node.target = f"c.{name}"
-                unstacked.add(node)
-        return unstacked
 
 
 class _MoeStandIn(nn.Module):
@@ -316,7 +325,7 @@ class _MoeStandIn(nn.Module):
         return next(t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)).clone()
 
 
-def _in_segments(graph: fx.Graph, holder: nn.Module, unstacked: Set[fx.Node], n: int, randomness: str) -> fx.Graph:
+def _in_segments(graph: fx.Graph, holder: nn.Module, n: int, randomness: str) -> fx.Graph:
     """`graph` with its ops between swapped layers in vmapped segments (added to `holder`).
 
     A swapped layer's depth is one more than the deepest layer it depends on, and an op's is
@@ -354,7 +363,7 @@ def _in_segments(graph: fx.Graph, holder: nn.Module, unstacked: Set[fx.Node], n:
         sub.output(tuple(local[o] for o in outputs))
         name = f"g{d}"
         plain = all(isinstance(o.meta.get("val"), torch.Tensor) for o in outputs)
-        stacked = [a not in unstacked for a in inputs]
+        stacked = [_given_stacked(a) for a in inputs]
         once, why = lower(nodes, inputs, outputs, stacked, randomness)
         holder.add_module(name, Segment(fx.GraphModule(nn.Module(), sub), stacked, plain, n, randomness, once, why))
         call = out.call_module(name, tuple(env[a] for a in inputs))
@@ -362,6 +371,12 @@ def _in_segments(graph: fx.Graph, holder: nn.Module, unstacked: Set[fx.Node], n:
             env[o] = out.call_function(operator.getitem, (call, j))
     out.node_copy(graph.output_node(), env.__getitem__)
     return out
+
+
+def _given_stacked(value: fx.Node) -> bool:
+    """Whether a segment is given `value` stacked: where it carries the N axis (n_axis), and where
+    another segment gives it, which gives every output stacked (one all models share expanded)."""
+    return is_stacked(value) or (value.op == "call_function" and value.target is not model_size)
 
 
 def _copies_itself(node: fx.Node) -> bool:
@@ -375,16 +390,6 @@ def _copies_itself(node: fx.Node) -> bool:
     if not isinstance(source, fx.Node) or not isinstance(source.target, torch._ops.OpOverload):
         return False
     return source.target._schema.name.endswith("_") and source.args[0] is into
-
-
-def _module_aliases(model: nn.Module) -> Dict[str, str]:
-    """Each second path of a submodule registered under two -> its first."""
-    first: Dict[int, str] = {}
-    aliases = {}
-    for path, sub in model.named_modules(remove_duplicate=False):
-        aliases.update({path: first[id(sub)]} if id(sub) in first else {})
-        first.setdefault(id(sub), path)
-    return aliases
 
 
 def _holders(model: nn.Module) -> Dict[int, Set[int]]:

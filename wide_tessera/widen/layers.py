@@ -5,16 +5,16 @@ and N models' tensor attribute held stacked, or once."""
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable, Dict, List, Optional, Sequence, Type
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Type
 
 import torch
 from torch import nn
 
 from ..core.errors import WideTesseraError
-from ..core.layout import SHARED, STACKED, Layout, Slot, held_once, loop_slots, prefixed, slots_of
+from ..core.layout import STACKED, Layout, Slot, held, loop_slots, prefixed, slots_of
 from ..ops.base import WideOp, op_fusing
 
-__all__ = ["wide_layer", "hold", "LayerChoice", "LayerLoop"]
+__all__ = ["wide_layer", "hold", "attribute_held", "keep", "LayerChoice", "LayerLoop"]
 
 # Why N copies of a layer inside a wide model run as N calls, not as their op's wide module:
 # given the op and the N layers, a reason (the op loses there on this machine), or None to fuse
@@ -82,18 +82,24 @@ class LayerLoop(nn.Module):
 
 
 def hold(holder: nn.Module, name: str, values: List[Any], persistent: bool = True) -> Layout:
+    """Each model's tensor attribute as `holder`'s `name` (attribute_held, keep). Returns how it is held."""
+    tensor, layout = attribute_held(values)
+    keep(holder, name, tensor, persistent)
+    return layout
+
+
+def attribute_held(values: List[Any]) -> Tuple[torch.Tensor, Layout]:
     """Each model's tensor attribute, held once where it is one frozen tensor of all models (the
-    models' own: core.layout.held_once), else stacked: a parameter stays a parameter; a buffer
-    the models do not save (`persistent` False: rotary tables) is not saved here either. Returns
-    how it is held."""
-    if held_once(values):
-        holder.register_parameter(name, values[0])
-        return SHARED
+    models' own: core.layout.held_once), else stacked; and how."""
     if not isinstance(values[0], torch.Tensor):
         raise WideTesseraError(f"surgery: attribute of type {type(values[0]).__name__} read in forward")
-    stacked = STACKED.join([v.detach() for v in values])
-    if isinstance(values[0], nn.Parameter):
-        holder.register_parameter(name, nn.Parameter(stacked, requires_grad=values[0].requires_grad))
+    return held(values)
+
+
+def keep(holder: nn.Module, name: str, tensor: torch.Tensor, persistent: bool = True) -> None:
+    """`tensor` as `holder`'s `name`: a parameter stays a parameter; a buffer the models do not
+    save (`persistent` False: rotary tables) is not saved here either."""
+    if isinstance(tensor, nn.Parameter):
+        holder.register_parameter(name, tensor)
     else:
-        holder.register_buffer(name, stacked, persistent=persistent)
-    return STACKED
+        holder.register_buffer(name, tensor, persistent=persistent)

@@ -1,9 +1,10 @@
 """A stretch of a captured graph between swapped layers, lowered to run once on the N models'
 stacked values, without vmap.
 
-Each value's layout is data: a tensor is either *stacked* (each model's tensor, of the rank
-`ranks` records, on a new leading N axis; a list of them from a split, a tuple of ranks) or
-*shared* (one value all models read: a constant, a size, a RoPE table computed once). A registry
+Each value's layout is data: a tensor is either *stacked* (each model's tensor on a new leading
+N axis; a list of them from a split) or *shared* (one value all models read: a constant, a size,
+a RoPE table computed once), as n_axis.mark marked it in `node.meta`; a stretch's inputs are
+as the segment gives them (another segment's output comes stacked, a shared one expanded). A registry
 of rules keyed by aten op (`RULES`) says how an op runs on stacked operands: an elementwise op
 gives each stacked operand of lower rank 1s after its N axis, so broadcasting aligns every
 model's trailing dimensions as it does for one; an op with dimension arguments (transpose,
@@ -21,13 +22,14 @@ layer's attention stretch, 40 ops, cost more under vmap than its 7 swapped linea
 from __future__ import annotations
 
 import operator
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Set, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from .functional import with_ones
+from .n_axis import stacked as is_stacked
+from .stacked import with_ones
 
 __all__ = ["RULES", "Lowered", "draws", "lower"]
 
@@ -57,14 +59,13 @@ def lower(
     """The stretch `nodes` (reading `inputs`, of which `stacked` are the models' own, giving
     `outputs`) as a graph that runs once on the stacked values and returns every output stacked;
     or (None, why not): the first op no rule takes."""
-    lo = _Lowering(randomness)
+    lo = _Lowering(randomness, inputs)
     lo.n = lo.graph.placeholder("n")
     for a, st in zip(inputs, stacked):
         lo.env[a] = lo.graph.placeholder(a.name)
         val = a.meta.get("val")
-        ranks = _ranks(val)
-        if st and ranks is not None:  # a tensor, or a tuple of them (a swapped GRU's output and state)
-            lo.ranks[a] = ranks
+        if st and _ranks(val) is not None:  # a tensor, or a tuple of them (a swapped GRU's output and state)
+            lo.given.add(a)
         elif st and ("val" not in a.meta or isinstance(val, (tuple, list))):
             return None, f"{a.name}'s layout is not known"
     for node in nodes:
@@ -74,16 +75,19 @@ def lower(
     outs = []
     for o in outputs:
         val = o.meta.get("val")
-        if isinstance(lo.ranks.get(o), tuple) or not isinstance(val, (torch.Tensor, int, float, bool, torch.SymInt)):
+        if (lo.stacked(o) and isinstance(_ranks(val), tuple)) or not isinstance(
+            val, (torch.Tensor, int, float, bool, torch.SymInt)
+        ):
             return None, f"{o.name} leaves the stretch as a {type(val).__name__}"
         outs.append(lo.stacked_value(o) if isinstance(val, torch.Tensor) else lo.env[o])
     lo.graph.output(tuple(outs))
-    sliced = tuple(a in lo.ranks for a in inputs)
-    values = [i for i, a in enumerate(inputs) if isinstance(lo.ranks.get(a), int) and a.op != "get_attr"]
+    sliced = tuple(a in lo.given for a in inputs)
+    own = [i for i, a in enumerate(inputs) if a in lo.given and a.op != "get_attr"]
+    values = [i for i in own if isinstance(_ranks(inputs[i].meta["val"]), int)]
     scale = max(values, key=lambda i: _elements(inputs[i]), default=None)
-    largest = max((_elements(a) for a in (*(inputs[i] for i in values), *nodes) if a in lo.ranks), default=0)
+    largest = max((_elements(a) for a in (*(inputs[i] for i in values), *nodes) if lo.stacked(a)), default=0)
     growth = largest / _elements(inputs[scale]) if scale is not None and _elements(inputs[scale]) else 0.0
-    passes = sum(_rule(a.target) is _elementwise and 2 * _elements(a) >= largest for a in nodes if a in lo.ranks)
+    passes = sum(_rule(a.target) is _elementwise and 2 * _elements(a) >= largest for a in nodes if lo.stacked(a))
     return Lowered(fx.GraphModule(nn.Module(), lo.graph), sliced, scale, growth, passes), ""
 
 
@@ -98,21 +102,22 @@ def _elements(node: fx.Node) -> int:
 
 class _Lowering:
     """The graph being built (`graph`, `env`: an op of the stretch -> its value there) and the
-    layout of each value: `ranks` holds each stacked one's rank for one model; the rest are shared."""
+    layout of each value: an input is stacked where it is `given` so, an op where n_axis marked it."""
 
-    def __init__(self, randomness: str):
+    def __init__(self, randomness: str, inputs: Sequence[fx.Node]):
         self.randomness = randomness
         self.n: Any = None  # the graph's input: how many models' values it is given
         self.graph = fx.Graph()
         self.env: Dict[fx.Node, fx.Node] = {}
-        self.ranks: Dict[fx.Node, Any] = {}
+        self.inputs = set(inputs)
+        self.given: Set[fx.Node] = set()  # the inputs given stacked
 
     def add(self, node: fx.Node) -> str:
         """`node` lowered into the graph; why not, where it cannot be."""
         name = getattr(node.target, "__name__", str(node.target))
         if node.op != "call_function":
             return f"{node.op} {name}"
-        if not any(self.stacked(a) for a in node.all_input_nodes):
+        if not self.stacked(node):  # no model's own value reaches it
             if draws(node):  # computed once, it would draw once for all models
                 return f"{name} draws at random from no model's value"
             self.env[node] = self.graph.node_copy(node, self.env.__getitem__)
@@ -124,11 +129,13 @@ class _Lowering:
         out = rule(self, node) if ranks is not None else None
         if out is None:
             return f"{name} has no rule for its arguments here"
-        self.env[node], self.ranks[node] = out, ranks
+        self.env[node] = out
         return ""
 
     def stacked(self, a: Any) -> bool:
-        return isinstance(a, fx.Node) and a in self.ranks
+        if not isinstance(a, fx.Node):
+            return False
+        return a in self.given if a in self.inputs else is_stacked(a)
 
     def value(self, a: Any) -> fx.Node:
         """`a` (an op of the stretch or one of its inputs) on the new graph."""
@@ -146,7 +153,7 @@ class _Lowering:
 
     def lifted(self, a: Any, rank: int) -> Any:
         """`a` on the new graph; a stacked tensor of a lower rank than `rank` with 1s after its N axis."""
-        if self.stacked(a) and self.ranks[a] < rank:
+        if self.stacked(a) and self.rank(a) < rank:
             return self.call(with_ones, self.env[a], rank)
         return self.new(a)
 
@@ -242,7 +249,7 @@ def _dims(*names: str, extra: int = 0) -> Rule:
         x = _args(node)[0]
         if not lo.stacked(x) or any(lo.stacked(a) for a in node.all_input_nodes if a is not x):
             return None
-        rank = lo.ranks[x] + extra
+        rank = lo.rank(x) + extra
         changed = {}
         for name in names:
             d = _argument(node, name)
@@ -258,7 +265,7 @@ def _dims(*names: str, extra: int = 0) -> Rule:
 def _permute(lo: _Lowering, node: fx.Node) -> Optional[fx.Node]:
     """A permutation of a model's dimensions, the N axis kept in front (without it, a crash)."""
     x, dims = _args(node)[0], _args(node)[1]
-    moved = [_moved(d, lo.ranks[x]) for d in dims]
+    moved = [_moved(d, lo.rank(x)) for d in dims]
     return None if None in moved else lo.call(aten.permute.default, lo.value(x), [0, *moved])
 
 
@@ -293,7 +300,7 @@ def _expand(lo: _Lowering, node: fx.Node) -> Optional[fx.Node]:
 def _transposed(lo: _Lowering, node: fx.Node) -> Optional[fx.Node]:
     """t(): a model's matrix transposed; a vector or a scalar as it is."""
     x = _args(node)[0]
-    return lo.call(aten.transpose.int, lo.value(x), 1, 2) if lo.ranks[x] == 2 else lo.value(x)
+    return lo.call(aten.transpose.int, lo.value(x), 1, 2) if lo.rank(x) == 2 else lo.value(x)
 
 
 def _joined(extra: int) -> Rule:
@@ -413,7 +420,7 @@ def _folded_attention(
 def _item(lo: _Lowering, node: fx.Node) -> Optional[fx.Node]:
     """One tensor of a stacked list (a split's parts)."""
     parts = _args(node)[0]
-    if not isinstance(lo.ranks.get(parts), tuple):
+    if not (lo.stacked(parts) and isinstance(_ranks(parts.meta.get("val")), tuple)):
         return None
     return lo.call(operator.getitem, lo.value(parts), _args(node)[1])
 

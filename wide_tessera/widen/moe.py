@@ -27,7 +27,8 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from ..core.errors import NotApplicable
 from ..core.layout import JOINED, Slot, prefixed, slots_of
-from .functional import StackedIO, WideFunctional, unpacked
+from .functional import WideFunctional
+from .packing import StackedIO, unpacked
 
 __all__ = ["WideSparseMoe", "is_sparse_moe", "loops_over_experts"]
 

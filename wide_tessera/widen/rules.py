@@ -1,5 +1,5 @@
 """What surgery does with each op of a captured graph, given which of its values are stacked on
-the N axis: the rules that both lowerings (surgery.py from torch.fx, exported.py from
+the N axis (n_axis.py marks them): the rules that both lowerings (surgery.py from torch.fx, exported.py from
 torch.export) apply.
 
 * an elementwise function (activations, +, *, ...) on stacked values of one rank runs on the
@@ -26,8 +26,9 @@ from torch.utils._pytree import tree_leaves, tree_map
 
 from ..core.environment import cpu_l2_bytes
 from ..core.layout import SHARED, Slot, held_once, prefixed, slots_of
-from .functional import EMBEDDINGS, is_shared, model_size, tensors_only, under_vmap, vmap_dims, with_ones, with_others
 from .lowering import Lowered, draws
+from .stacked import is_shared, model_size, with_ones
+from .vmapping import EMBEDDINGS, tensors_only, under_vmap, vmap_dims, with_others
 
 __all__ = [
     "ELEMENTWISE_MODULES",

@@ -38,18 +38,14 @@ from torch import fx, nn
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from ..core.errors import NotApplicable, one_line
-from ..core.layout import Slot, prefixed, slots_of
+from ..core.layout import Slot, prefixed, slots_of, tied_aliases
 from ..ops.base import check_alike, fusing_ops
 from .capture import none_defaults, trace_fx
 from .exported import ExportedSurgery
-from .functional import (
-    StackedIO,
-    WideFunctional,
-    is_shared,
-    tied_aliases,
-    unpacked,
-)
-from .layers import LayerChoice, LayerLoop, hold, wide_layer
+from .functional import WideFunctional
+from .layers import LayerChoice, LayerLoop, attribute_held, hold, keep, wide_layer
+from .n_axis import mark, stacked
+from .packing import StackedIO, unpacked
 from .rules import (
     ELEMENTWISE_MODULES,
     Elementwise,
@@ -66,6 +62,7 @@ from .rules import (
     leaf_flags,
     method_call,
 )
+from .stacked import is_shared
 
 __all__ = ["WideSurgery"]
 
@@ -107,103 +104,100 @@ class WideSurgery(StackedIO, nn.Module):
     def _rewrite(self, modules: Sequence[nn.Module], traced: fx.GraphModule) -> None:
         """torch.fx's graph of one model rewritten for N: each layer an op fuses swapped, the rest run under vmap."""
         self._traced_as_none, self._model_name = none_defaults(modules[0]), type(modules[0]).__name__
-        holder = nn.Module()  # what the rewritten graph calls
         graph = traced.graph
-        stacked: Set[fx.Node] = set()
-        ops = fusing_ops()
+        attributes = _attributes(graph, modules, traced)
+        folded = _folded_layers(graph, modules)
+        following = folded | _activations(graph, modules)
+        mark(graph.nodes, lambda node: _source(node, attributes, following))
+        holder = nn.Module()  # what the rewritten graph calls
         self._slots: Dict[str, Slot] = {}  # the holder's tensors, by their names in one model
         held: Dict[str, Tuple[str, Any]] = {}  # a model's attribute or layer -> its name in holder (and mask)
-        once: Set[str] = set()  # the attributes held once (core.layout.held_once): not stacked
-        saved = modules[0].state_dict()
+        saved, ops = modules[0].state_dict(), fusing_ops()
         for node in list(graph.nodes):
-            mask = tree_map(
-                lambda a: isinstance(a, fx.Node) and a in stacked,  # (a slice is unhashable before Python 3.12)
-                (node.args, node.kwargs),
-                is_leaf=lambda a: isinstance(a, fx.Node),
-            )
-            inputs_stacked = any(a in stacked for a in node.all_input_nodes)
             name = f"n{len(holder._modules) + len(holder._parameters) + len(holder._buffers)}"
-            if node.op == "placeholder":
-                if node.args != (None,):  # not an argument trace_fx specialised to None
-                    stacked.add(node)
-            elif node.op == "get_attr":
-                where = node.target
-                if where in held:  # read twice: one stacked tensor, or training would update two copies
-                    if where not in once:
-                        stacked.add(node)
-                    node.target = held[where][0]
-                    continue
-                try:
-                    layout = hold(holder, name, [operator.attrgetter(where)(m) for m in modules], where in saved)
-                    if layout.shared:
-                        once.add(where)
-                    else:
-                        stacked.add(node)
-                    held[where] = (name, None)
-                    if where in saved:
-                        self._slots[name] = Slot(where, layout)
-                except AttributeError:  # a tensor the tracer made a constant (torch.ones(3) in forward)
-                    holder.register_buffer(name, operator.attrgetter(where)(traced), persistent=False)
-                node.target = name
+            if node.op == "get_attr":
+                node.target = self._attribute(holder, name, str(node.target), attributes, held, saved)
             elif node.op == "call_module":
-                where = node.target
-                if where not in held:
-                    layer = self._layer(node, where, [m.get_submodule(where) for m in modules], mask, ops)
-                    holder.add_module(name, layer)
-                    held[where] = (name, mask)
-                    if layer.state_dict():
-                        self._slots.update(prefixed(slots_of(layer), name, where))
-                elif held[where][1] != mask:
-                    raise NotApplicable(
-                        f"surgery: layer {where} is called twice with different arguments stacked; its one wide "
-                        "layer cannot take both"
-                    )
-                node.target = held[where][0]
-                if inputs_stacked or not isinstance(getattr(holder, node.target), (*ELEMENTWISE_MODULES, Folded)):
-                    stacked.add(node)
-            elif _is_record(node):
-                if inputs_stacked:  # made of the stacked values as they are: each field is the models' own
-                    stacked.add(node)
-            elif is_model_fact(node) and node.args[0] in stacked:
-                pass  # x.device, x.dtype, ...: the same for the stack as for each model, and not stacked
-            elif is_shape_query(node) and node.args[0] in stacked:
-                # one model's shape, the same for every model: not stacked
-                holder.add_module(name, ShapeQuery(node))
-                node.op, node.target = "call_module", name
-            elif node.op in ("call_function", "call_method") and inputs_stacked:
-                fn = node.target if node.op == "call_function" else method_call(node.target)
-                if is_elementwise(node) and alone_among_numbers(node, mask):
-                    pass  # one stacked value and numbers: elementwise on the stack as it is
-                else:
-                    kind = GetItem if fn is operator.getitem else Elementwise if is_elementwise(node) else Vmapped
-                    holder.add_module(name, kind(fn, (mask[0], mask[1]), self.randomness))
-                    node.op, node.target = "call_module", name
-                stacked.add(node)
+                subs = [m.get_submodule(str(node.target)) for m in modules]
+                node.target = self._call_layer(holder, name, node, subs, held, node.target in folded, ops)
+            elif node.op in ("call_function", "call_method"):
+                self._call(holder, name, node)
             elif node.op == "output":
-                # which output leaves no model's input or parameter shaped: the same for all N
-                self.output_stacked = leaf_flags(
-                    tree_map(
-                        lambda a: not isinstance(a, fx.Node) or a in stacked,
-                        _opened(node.args[0]),
-                        is_leaf=lambda a: isinstance(a, fx.Node),
-                    )
-                )
+                self.output_stacked = _output_stacked(node)
         aliases = tied_aliases(modules[0])
         _tie(holder, self._slots, aliases)
         self.graph_module = fx.GraphModule(holder, graph, class_name=f"Wide{type(modules[0]).__name__}")
-        # a tensor the forward never reads is still each model's (the graph module keeps only what
-        # its graph reads): unfuse() and state_dicts() refused to give the models back without it
+        self._hold_unread(modules, saved, aliases)
+
+    def _attribute(
+        self, holder: nn.Module, name: str, where: str, attributes: Dict[str, Any], held: Dict[str, Any],
+        saved: Dict[str, Any],
+    ) -> str:  # fmt: skip
+        """The holder's name of the models' attribute `where`, held there on its first read: read
+        twice, it is one tensor, or training would update two copies."""
+        if where not in held:
+            tensor, layout = attributes[where]
+            keep(holder, name, tensor, layout is not None and where in saved)
+            held[where] = (name, None)
+            if layout is not None and where in saved:
+                self._slots[name] = Slot(where, layout)
+        return str(held[where][0])
+
+    def _call_layer(
+        self, holder: nn.Module, name: str, node: fx.Node, subs: List[nn.Module], held: Dict[str, Any],
+        folded: bool, ops: Dict[type, type],
+    ) -> str:  # fmt: skip
+        """The holder's name of the wide layer standing for `subs` (submodule `node.target` of each
+        model), built on its first call for the arguments it is given stacked."""
+        where, mask = str(node.target), _mask((node.args, node.kwargs))
+        if where not in held:
+            layer = self._layer(node, where, subs, mask, folded, ops)
+            holder.add_module(name, layer)
+            held[where] = (name, mask)
+            if layer.state_dict():
+                self._slots.update(prefixed(slots_of(layer), name, where))
+        elif held[where][1] != mask:
+            raise NotApplicable(
+                f"surgery: layer {where} is called twice with different arguments stacked; its one wide "
+                "layer cannot take both"
+            )
+        return str(held[where][0])
+
+    def _call(self, holder: nn.Module, name: str, node: fx.Node) -> None:
+        """A function or method called on stacked values, as rules.py says it runs: a shape query
+        answered for one model; an elementwise call on one stacked value and numbers, as it is; any
+        other, by its rule. What no model's value reaches, a model fact (x.device) and a
+        ModelOutput made of stacked fields run as they are."""
+        if is_shape_query(node) and stacked(node.args[0]):
+            holder.add_module(name, ShapeQuery(node))
+            node.op, node.target = "call_module", name
+            return
+        mask = _mask((node.args, node.kwargs))
+        if not stacked(node) or _is_record(node) or (is_elementwise(node) and alone_among_numbers(node, mask)):
+            return
+        fn: Any = node.target if node.op == "call_function" else method_call(str(node.target))
+        kind = GetItem if fn is operator.getitem else Elementwise if is_elementwise(node) else Vmapped
+        holder.add_module(name, kind(fn, (mask[0], mask[1]), self.randomness))
+        node.op, node.target = "call_module", name
+
+    def _hold_unread(self, modules: Sequence[nn.Module], saved: Dict[str, Any], aliases: Dict[str, str]) -> None:
+        """A tensor the forward never reads, held too: it is still each model's (the graph module
+        keeps only what its graph reads), and unfuse() and state_dicts() refused to give the models
+        back without it."""
         read = {aliases.get(slot.name, slot.name) for slot in self._slots.values()}
         for i, where in enumerate(w for w in saved if w not in aliases and w not in read):
             values = [operator.attrgetter(where)(m) for m in modules]
             self._slots[f"unread{i}"] = Slot(where, hold(self.graph_module, f"unread{i}", values, True))
 
-    def _layer(self, node: fx.Node, where: str, subs: List[nn.Module], mask: Any, ops: Dict[type, type]) -> nn.Module:
-        """The wide layer standing for `subs` (submodule `where` of each model) at this call."""
-        if isinstance(subs[0], ELEMENTWISE_MODULES) and not any(p.numel() for p in subs[0].parameters()):
+    def _layer(
+        self, node: fx.Node, where: str, subs: List[nn.Module], mask: Any, folded: bool, ops: Dict[type, type]
+    ) -> nn.Module:
+        """The wide layer standing for `subs` (submodule `where` of each model) at this call;
+        `folded`: they are one frozen layer (rules.layer_held_once)."""
+        if _is_activation(subs[0]):
             act = _InPlaceUnlessShared(subs[0]) if getattr(subs[0], "inplace", False) else subs[0]
             return act if alone_among_numbers(node, mask) else Elementwise(act, mask, self.randomness)
-        if layer_held_once(subs):
+        if folded:
             self.folded.append(where)
             return Folded(subs[0], mask, self.randomness)
         own = all(leaf_flags(mask[0])) and not node.kwargs  # every argument the models' own, stacked
@@ -353,3 +347,72 @@ def _opened(arg: Any) -> Any:
     )
 
 
+def _is_node(a: Any) -> bool:
+    return isinstance(a, fx.Node)
+
+
+def _output_stacked(output: fx.Node) -> List[bool]:
+    """Which leaves of the output carry the N axis: one no model's input or parameter shaped is
+    the same for all N (and expanded to N by forward)."""
+    leaves = _opened(output.args[0])
+    return leaf_flags(tree_map(lambda a: not _is_node(a) or stacked(a), leaves, is_leaf=_is_node))
+
+
+def _mask(tree: Any) -> Any:
+    """`tree` (a call's arguments) with each node replaced by whether it carries the N axis, each
+    other value by False (a slice is unhashable before Python 3.12: no set of nodes)."""
+    return tree_map(stacked, tree, is_leaf=_is_node)
+
+
+def _attributes(graph: fx.Graph, modules: Sequence[nn.Module], traced: fx.GraphModule) -> Dict[str, Any]:
+    """Each attribute the graph reads -> (the N models' tensors as the wide model holds them, how:
+    layers.attribute_held); a tensor the tracer made a constant (torch.ones(3) in forward) ->
+    (it, None)."""
+    attributes: Dict[str, Any] = {}
+    for where in dict.fromkeys(str(node.target) for node in graph.nodes if node.op == "get_attr"):
+        try:
+            values = [operator.attrgetter(where)(m) for m in modules]
+        except AttributeError:
+            attributes[where] = (operator.attrgetter(where)(traced), None)
+        else:
+            attributes[where] = attribute_held(values)
+    return attributes
+
+
+def _called(graph: fx.Graph) -> List[str]:
+    return list(dict.fromkeys(str(node.target) for node in graph.nodes if node.op == "call_module"))
+
+
+def _folded_layers(graph: fx.Graph, modules: Sequence[nn.Module]) -> Set[str]:
+    """The layers the graph calls that every model holds as one frozen layer (rules.layer_held_once)."""
+    return {where for where in _called(graph) if layer_held_once([m.get_submodule(where) for m in modules])}
+
+
+def _is_activation(layer: nn.Module) -> bool:
+    """An elementwise layer holding no tensor (nn.ReLU, nn.GELU, ...)."""
+    return isinstance(layer, ELEMENTWISE_MODULES) and not any(p.numel() for p in layer.parameters())
+
+
+def _activations(graph: fx.Graph, modules: Sequence[nn.Module]) -> Set[str]:
+    """The activations the graph calls: each gives values all models share from values they share.
+    Taken for a model's own values, an activation of a constant made in forward (relu(torch.ones(4)))
+    was added to each model's output as if it held each model's row, and the sizes did not match."""
+    return {where for where in _called(graph) if _is_activation(modules[0].get_submodule(where))}
+
+
+def _source(node: fx.Node, attributes: Dict[str, Any], following: Set[str]) -> Optional[bool]:
+    """What a node of torch.fx's graph says of its N axis whatever its inputs say (n_axis.mark):
+    an input carries it (but one torch.fx traced as None), an attribute held stacked does, and so
+    does a layer holding each model's weights (one held once and an activation, `following`,
+    follow their inputs); a shape query and a model fact (x.device) answer for one model, the
+    same for all."""
+    if node.op == "placeholder":
+        return node.args != (None,)
+    if node.op == "get_attr":
+        layout = attributes[str(node.target)][1]
+        return layout is not None and not layout.shared
+    if node.op == "call_module":
+        return None if node.target in following else True
+    if is_model_fact(node) or is_shape_query(node):
+        return False
+    return None
