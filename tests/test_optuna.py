@@ -113,7 +113,7 @@ def test_groups_never_mix_shapes_and_the_summary_names_what_tells_them_apart():
 
 def test_a_batch_size_suggested_per_trial_groups_trials_by_it_and_trains_as_the_sequential_loop():
     """A batch size changes no model, but pack stacks the N inputs: trials of different batch
-    sizes grouped together failed the whole study at their first step (found by a review)."""
+    sizes grouped together failed the whole study at their first step."""
 
     def batched(trial):
         return {**suggest(trial), "batch_size": trial.suggest_categorical("batch_size", [4, 16])}

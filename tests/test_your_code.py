@@ -913,8 +913,8 @@ class ReadsItsRnn(nn.Module):
 @pytest.mark.parametrize("rnn", [nn.GRU, nn.LSTM])
 def test_a_recurrent_layer_whose_output_the_model_reads_is_swapped_in_a_captured_graph(rnn):
     """torch.export's graph reads an nn.GRU's output as its op's first result; the wide GRU
-    gives (output, state), which went on whole, and the next op failed on a tuple (found by
-    an adversarial review). It now takes the output; a model reading the state is refused in one line."""
+    gives (output, state), which went on whole, and the next op failed on a tuple. It now
+    takes the output; a model reading the state is refused in one line."""
     from wide_tessera.core.errors import NotApplicable
     from wide_tessera.widen.surgery import WideSurgery
 
@@ -963,7 +963,7 @@ def test_an_elementwise_call_on_a_shared_table_of_the_stacks_rank_keeps_each_mod
 @pytest.mark.parametrize("traced_by", ["fx", "export"])
 def test_dropout_in_training_with_randomness_error_is_refused_in_one_line(traced_by):
     """vmap's refusal of a draw under randomness='error' came as torch's 80-line traceback from
-    WideSurgery and fuse() (found by a review); it now says what to give instead."""
+    WideSurgery and fuse(); it now says what to give instead."""
     from wide_tessera.core.errors import WideTesseraError
     from wide_tessera.widen.surgery import WideSurgery
 
@@ -995,7 +995,7 @@ def _heads(t):
     return t.view(t.shape[0], 5, 2, 4).transpose(1, 2)
 
 
-# Each found by an adversarial review of the lowering, each wrong or a crash before its fix.
+# Stretches the lowering got wrong or crashed on, each before its fix.
 STRETCHES = {
     "permute keeps N in front": lambda m, h, x, mem: h.permute(0, 2, 1).relu().permute(0, 2, 1),
     "SDPA of keys over a batch of 1": lambda m, h, x, mem: F.scaled_dot_product_attention(
@@ -1029,7 +1029,7 @@ def test_a_stretch_lowered_computes_what_each_model_does(monkeypatch, what, grou
 
 def test_dropout_of_a_value_every_model_shares_draws_a_mask_for_each():
     """A stretch that reads only an input given once for all models ran once, and drew one
-    dropout mask for all of them, even with randomness='different' (found by a review)."""
+    dropout mask for all of them, even with randomness='different'."""
     from wide_tessera.widen.surgery import WideSurgery
 
     models = [Between(lambda m, h, x, mem: h + F.dropout(mem, 0.5, True).expand(2, 5, 8)) for _ in range(3)]
@@ -1043,7 +1043,7 @@ def test_dropout_of_a_value_every_model_shares_draws_a_mask_for_each():
 
 def test_a_swapped_grus_output_in_a_stretch_run_in_groups(monkeypatch):
     """The wide GRU's (output, state) went whole to every group of models, and the groups'
-    results were joined N x N (found by a review)."""
+    results were joined N x N."""
     from wide_tessera.widen import rules
     from wide_tessera.widen.surgery import WideSurgery
 
@@ -1095,7 +1095,7 @@ def test_dropout_in_a_stretch_run_at_once_draws_for_each_model_its_own_mask():
 
 
 class WithATemperature(nn.Module):
-    """A 0-dim buffer of a higher dtype than the activations, each model's own (found by a review)."""
+    """A 0-dim buffer of a higher dtype than the activations, each model's own."""
 
     def __init__(self):
         super().__init__()
@@ -1231,7 +1231,7 @@ class KeepsState(nn.Module):
 def test_what_a_model_computes_of_its_buffers_alone_and_updates_in_them_is_each_models_own(branches, plus):
     """torch.fx ran what a model computes of a buffer alone at trace time, on the traced model's,
     and kept it as a constant for all N (models 1 and 2 off by 1.39 and 1.01), and left updates in
-    place out of its graph (found by a review)."""
+    place out of its graph."""
     from wide_tessera.widen.surgery import WideSurgery
 
     torch.manual_seed(0)
@@ -1276,7 +1276,7 @@ class SharesALayer(nn.Module):
 def test_a_layer_and_a_buffer_registered_under_two_names_are_each_models_own_in_a_captured_graph():
     """torch.export's graph called the layer and read the buffer by their second names, which
     named_modules and named_buffers skip: neither swapped nor stacked, they were held as the
-    captured model's, and every model ran with model 0's weights (found by a review)."""
+    captured model's, and every model ran with model 0's weights."""
     from wide_tessera.widen.surgery import WideSurgery
 
     torch.manual_seed(0)
@@ -1316,7 +1316,7 @@ class Running(nn.Module):
 def test_a_buffer_updated_by_plus_equals_and_multiplied_in_trains_as_each_model_does():
     """torch.export writes the buffer back with copy_ (c.add_, then c.copy_(c)), which bumped the
     version of what the product had saved: backward raised "modified by an inplace operation"
-    where each model alone trains (found by a review)."""
+    where each model alone trains."""
     from wide_tessera.widen.surgery import WideSurgery
 
     torch.manual_seed(0)
@@ -1333,7 +1333,7 @@ def test_a_buffer_updated_by_plus_equals_and_multiplied_in_trains_as_each_model_
 
 def test_a_buffer_assigned_in_forward_is_kept_by_surgery_and_refused_by_vmap_in_one_line():
     """vmap's functional_call put each model's given buffer back after forward: the assignment was
-    lost and outputs were 1.1 off from the second call, silently (found by a review)."""
+    lost and outputs were 1.1 off from the second call, silently."""
     from wide_tessera import fuse
     from wide_tessera.core.errors import NotApplicable
 
@@ -1372,7 +1372,7 @@ class DropsAtRandom(Branching):
 @pytest.mark.parametrize("strategy,branches", [("vmap", False), ("surgery", False), ("surgery", True)])
 def test_models_that_draw_from_pythons_generator_are_refused_in_one_line(strategy, branches):
     """A captured graph kept the draw its capture made for every call, and vmap drew once for all N
-    models, where N separate calls draw N times: silently another training (found by a review)."""
+    models, where N separate calls draw N times: silently another training."""
     from wide_tessera import fuse
     from wide_tessera.core.errors import NotApplicable
 
@@ -1394,7 +1394,7 @@ class ModeBranch(Branching):
 @pytest.mark.parametrize("built_in", ["train", "eval"])
 def test_surgery_follows_train_and_eval_as_the_models_do(branches, built_in):
     """torch.fx read `self.training` once, as the Python value it is at the trace: after
-    fused.eval() the graph ran the train branch for good (an error of 1.99; found by a review)."""
+    fused.eval() the graph ran the train branch for good (an error of 1.99)."""
     from wide_tessera import fuse
 
     models = [ModeBranch(branches).train(built_in == "train") for _ in range(3)]
@@ -1493,7 +1493,7 @@ def test_surgery_refuses_in_one_line_what_its_captured_graph_cannot_keep(branche
     """A value the forward keeps and branches on (the capture's branch ran at every call: 0.67
     off from the third), a parameter read under torch.no_grad (a teacher's weights got gradients
     of 65; a stop-gradient target's, 0.66 off), an autocast region (float32 where the models give
-    bfloat16): silently another training on both captures (found by reviews). vmap runs the first
+    bfloat16): silently another training on both captures. vmap runs the first
     four as the models do."""
     from wide_tessera import fuse
     from wide_tessera.core.errors import NotApplicable
@@ -1547,7 +1547,7 @@ class BiasedAttention(nn.Module):
 def test_a_tensor_every_model_shares_given_by_keyword_to_a_layer_under_vmap_is_given_to_each(n):
     """A layer surgery runs under vmap took a keyword tensor the models share as N models' own,
     mapped over its first axis: with N equal to batch * heads (2 here), each model ran another's
-    head bias (an error of 0.126); with N=3, torch's error (found by a review)."""
+    head bias (an error of 0.126); with N=3, torch's error."""
     from wide_tessera import fuse
 
     models = [BiasedAttention() for _ in range(n)]
@@ -1584,7 +1584,7 @@ class SkipBeforeInPlace(nn.Module):
 
 
 def test_an_activation_in_place_acts_on_what_else_holds_its_input():
-    """Run out of place everywhere, the skip kept before it stayed as it was (1.71 off; found by a review)."""
+    """Run out of place everywhere, the skip kept before it stayed as it was (1.71 off)."""
     from wide_tessera import fuse
 
     models = [SkipBeforeInPlace() for _ in range(3)]

@@ -14,7 +14,7 @@ from ..core.errors import ContractError, WideTesseraError, unknown
 from ..core.job import DTYPES, BenchmarkJob, SweepParams, Work
 from ..core.layout import JOINED, STACKED, Layout, Slot, own_slots, prefixed, slots_of
 from ..core.user_input import check_shape
-from .alike import check_alike, layout_of, shared_config
+from .alike import check_alike
 from .exact import not_the_op
 from .registry import REGISTRY, RESERVED_STRATEGY_NAMES, op_names, outside_strategies
 
@@ -24,10 +24,6 @@ __all__ = [
     "fusing_ops",
     "wide_module",
     "TRITON",
-    # ops.alike's, still imported from here by widen.functional, widen.surgery and integrations.optuna.study
-    "check_alike",
-    "layout_of",
-    "shared_config",
 ]
 
 

@@ -131,7 +131,7 @@ class _Tracer(fx.Tracer):
         a trained parameter (a teacher under `with torch.no_grad():`, a stop-gradient target of
         shared weights: the graph trained what the models keep fixed, a teacher's weights got
         gradients of 65, a shared weight's 0.66 off), or in a region of torch.autocast (a bfloat16
-        region ran in float32, 0.0049 off); found by reviews. What it computes so and returns not
+        region ran in float32, 0.0049 off). What it computes so and returns not
         (a statistic kept in a buffer) is no matter."""
         depends: Dict[fx.Node, Optional[str]] = {}  # a node -> a trained parameter its value depends on
         for node in graph.nodes:
@@ -322,7 +322,7 @@ def numbers_kept(model: nn.Module, what: str) -> Iterator[None]:
     number, a string, or a list or dict of them: `self.calls += 1`, `self.phase = "main"`,
     `self.seen["steps"] += 1`): a captured graph keeps the branches its capture took on it for
     good, and a warm-up counted in the module ran as its capture's call did at every call (0.67
-    off from the third; found by reviews). vmap runs the models' Python, as their calls do."""
+    off from the third). vmap runs the models' Python, as their calls do."""
     before = _kept(model)
     yield
     after = _kept(model)

@@ -12,7 +12,7 @@ from torch.func import functional_call, vmap
 
 from ..core.errors import NotApplicable, unknown
 from ..core.layout import SHARED, STACKED, Slot, held, tied_aliases
-from ..ops.base import shared_config
+from ..ops.alike import shared_config
 from .host_draws import python_draws_refused
 from .packing import StackedIO, unpacked
 from .vmapping import pads_embeddings, tensors_only, under_vmap, vmap_dims, with_others

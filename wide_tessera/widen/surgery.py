@@ -39,7 +39,8 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from ..core.errors import NotApplicable, one_line
 from ..core.layout import Slot, prefixed, slots_of, tied_aliases
-from ..ops.base import check_alike, fusing_ops
+from ..ops.alike import check_alike
+from ..ops.base import fusing_ops
 from .capture import none_defaults, trace_fx
 from .exported import ExportedSurgery
 from .functional import WideFunctional
@@ -278,7 +279,7 @@ class _InPlaceUnlessShared(nn.Module):
     """An activation in place (nn.ReLU(inplace=True)), out of place on an input all models share,
     passed once: torch refused the write into it. In place elsewhere, as the
     models run it: a skip saved just before it is activated too (out of place everywhere, the
-    skip stayed as it was, 1.71 off; found by the next review)."""
+    skip stayed as it was, 1.71 off)."""
 
     def __init__(self, act: nn.Module):
         super().__init__()

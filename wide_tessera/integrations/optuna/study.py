@@ -16,7 +16,7 @@ from ...core.seeding import forked, seeded
 from ...core.user_input import check_number
 from ...dispatch.table import default_table_path
 from ...measurement.settings import resolve_device
-from ...ops.base import layout_of
+from ...ops.alike import layout_of
 from ...widen.rates import rate_settings
 from .group import Plan, train_group
 from .host import optuna
@@ -157,7 +157,7 @@ def _asking(start: float, timeout: Optional[float], teller: Teller) -> bool:
 
 def _shape_key(model: nn.Module, x: Any) -> str:
     """What N models must share to train as one: their class, what every fused strategy needs
-    alike (ops.base.layout_of: each tensor's shape, dtype and device, each plain setting but a
+    alike (ops.alike.layout_of: each tensor's shape, dtype and device, each plain setting but a
     rate, which fuse() runs per model: widen.rates), and their inputs' shapes and dtypes, which
     pack stacks: a batch size suggested per trial changes no model, and its trials, grouped
     together, failed the whole study at their first step."""
