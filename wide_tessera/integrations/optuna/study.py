@@ -57,6 +57,32 @@ def optimize(
     alone, its group going on without it, and the error is raised once the trials asked are told,
     unless `catch` names its type). sizing_share: the most of the study's estimated sequential time
     spent probing a shape the table decides nothing for (0: the table's or the given size alone)."""
+    _check_arguments(study, n_trials, group_size, training)
+    device = resolve_device(device)
+    timeout, catch, listed = checked_contract(timeout, catch, callbacks)
+    share = check_number("sizing_share", sizing_share, 0.0, 1.0, low_ok=True)
+    teller = Teller(study, catch, listed, gc_after_trial)
+    table_path = Path(table) if table is not None else default_table_path()
+    run = _Scheduler(teller, suggest, build, training, n_trials, table_path, device, timeout, progress)
+    # every draw the study makes (sizing, timing, training) on a fork: the caller's generator stays as it was
+    with forked(device):
+        try:
+            while run.asking() or run.pending:
+                ready = next((k for k, ms in run.pending.items() if len(ms) >= run.sizes[k].size), None)
+                if ready is None and run.asking():
+                    run.ask(group_size, strategy, share)
+                else:
+                    run.train(ready if ready is not None else next(iter(run.pending)))
+            if teller.raised is not None:
+                raise teller.raised
+        except BaseException:  # as study.optimize does: a trial interrupted, or asked and left by an error, FAILED
+            teller.fail_running()
+            raise
+    return run.summary()
+
+
+def _check_arguments(study: Any, n_trials: Any, group_size: Any, training: Any) -> None:
+    """One line naming what `optimize` cannot take, before any trial is asked."""
     if optuna is None:
         raise MissingDependency("wide_tessera.integrations.optuna needs optuna: pip install optuna")
     if not isinstance(study, optuna.Study):
@@ -67,86 +93,107 @@ def optimize(
         raise WideTesseraError(f"group_size={group_size!r}: give a positive int, or None to size groups by measurement")
     if not isinstance(training, Training):
         raise WideTesseraError(f"training={training!r}: give a wide_tessera.integrations.optuna.Training")
-    device = resolve_device(device)
     if len(study.directions) != 1:
         raise WideTesseraError(
             f"the study has {len(study.directions)} objectives: optimize trains each trial to one loss; give a "
             "single-objective study"
         )
-    timeout, catch, listed = checked_contract(timeout, catch, callbacks)
-    share = check_number("sizing_share", sizing_share, 0.0, 1.0, low_ok=True)
-    teller = Teller(study, catch, listed, gc_after_trial)
-    table_path = Path(table) if table is not None else default_table_path()
-    start = time.perf_counter()
-    pending: Dict[str, List[Member]] = {}
-    sizes: Dict[str, Sizing] = {}  # per shape
-    shapes: Dict[str, List[Dict[str, Any]]] = {}
-    groups: List[GroupRecord] = []
-    estimate: Optional[float] = None
-    asked, sizing, pruned_by_suggest = 0, 0.0, 0
-    # every draw the study makes (sizing, timing, training) on a fork: the caller's generator stays as it was
-    with forked(device):
+
+
+class _Scheduler:
+    """One `optimize` call's state: the trials asked and waiting for their group to fill, per shape
+    (`pending`), each shape's group size (`sizes`), the groups trained, and the seconds spent sizing."""
+
+    def __init__(
+        self,
+        teller: Teller,
+        suggest: Callable[[Any], Dict[str, Any]],
+        build: Callable[[Dict[str, Any]], nn.Module],
+        training: Training,
+        n_trials: int,
+        table_path: Path,
+        device: str,
+        timeout: Optional[float],
+        progress: bool,
+    ) -> None:
+        self.teller, self.suggest, self.build, self.training = teller, suggest, build, training
+        self.n_trials, self.table_path, self.device, self.timeout, self.progress = (
+            n_trials, table_path, device, timeout, progress
+        )  # fmt: skip
+        self.start = time.perf_counter()
+        self.pending: Dict[str, List[Member]] = {}
+        self.sizes: Dict[str, Sizing] = {}  # per shape
+        self.shapes: Dict[str, List[Dict[str, Any]]] = {}
+        self.groups: List[GroupRecord] = []
+        self.estimate: Optional[float] = None
+        self.asked, self.sizing, self.pruned_by_suggest = 0, 0.0, 0
+
+    def asking(self) -> bool:
+        """Whether another trial is asked: trials are left, time is left, and nothing raised."""
+        return self.asked < self.n_trials and _asking(self.start, self.timeout, self.teller)
+
+    def ask(self, group_size: Optional[int], strategy: Optional[str], share: float) -> None:
+        """Ask one trial, build its model and put it with its shape's waiting trials; the first
+        trial of a shape sizes its groups. A trial whose own code raises fails alone."""
+        trial = self.teller.ask()
+        self.asked += 1
         try:
-            while (asked < n_trials and _asking(start, timeout, teller)) or pending:
-                ready = next((k for k, ms in pending.items() if len(ms) >= sizes[k].size), None)
-                if ready is None and asked < n_trials and _asking(start, timeout, teller):
-                    trial = teller.ask()
-                    asked += 1
-                    try:
-                        params = suggested(suggest, trial)
-                        seed = trial_seed(trial, params)
-                        model = build_model(build, trial, params, device).to(device)
-                        member = Member(trial, params, model, Draws(seed, device))
-                        key = _shape_key(member.model, member.draws.batch(training, params, 0, keep=False)[0])
-                    except optuna.TrialPruned:  # as study.optimize does: this trial is over, the study goes on
-                        teller.tell(trial, state=optuna.trial.TrialState.PRUNED)
-                        pruned_by_suggest += 1
-                        continue
-                    except Exception as error:  # noqa: BLE001  the trial's own code raised: it fails alone
-                        teller.failed(trial, error)
-                        continue
-                    if estimate is None:
-                        estimate = step_seconds(member, training, device) * training.steps * n_trials
-                    if key not in sizes:
-                        began = time.perf_counter()
-                        sizes[key] = size_groups(
-                            member, training, group_size, strategy, table_path, n_trials, device, share * estimate
-                        )
-                        sizing += time.perf_counter() - began
-                    pending.setdefault(key, []).append(member)
-                    shapes.setdefault(key, []).append(params)
-                    continue
-                key = ready if ready is not None else next(iter(pending))
-                members, rest = pending[key][: sizes[key].size], pending[key][sizes[key].size :]
-                if rest:
-                    pending[key] = rest
-                else:
-                    del pending[key]
-                plan = Plan(training, table_path, sizes[key].strategy, device, sizes[key].probe)
-                clock = (start, estimate or 0.0) if progress else None
-                with seeded(members[0].draws.training_seed, device):  # the group's dropout masks
-                    groups.append(train_group(teller, members, plan, clock, len(groups), key))
-                if plan.probe is not None:  # the later groups of the shape run what it decided
-                    sizes[key] = probed(sizes[key], members[0], len(members), table_path)
-                    sizing += plan.probe.cost_s
-            if teller.raised is not None:
-                raise teller.raised
-        except BaseException:  # as study.optimize does: a trial interrupted, or asked and left by an error, FAILED
-            teller.fail_running()
-            raise
-    told_apart = shape_params(shapes)
-    labels = {key: label(key, params[0], told_apart) for key, params in shapes.items()}
-    for g in groups:
-        g.shape = labels[g.shape]
-    return StudySummary(
-        {labels[key]: s.why for key, s in sizes.items()},
-        groups,
-        time.perf_counter() - start,
-        estimate or 0.0,
-        told_apart,
-        sizing,
-        pruned_by_suggest,
-    )
+            params = suggested(self.suggest, trial)
+            seed = trial_seed(trial, params)
+            model = build_model(self.build, trial, params, self.device).to(self.device)
+            member = Member(trial, params, model, Draws(seed, self.device))
+            key = _shape_key(member.model, member.draws.batch(self.training, params, 0, keep=False)[0])
+        except optuna.TrialPruned:  # as study.optimize does: this trial is over, the study goes on
+            self.teller.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            self.pruned_by_suggest += 1
+            return
+        except Exception as error:  # noqa: BLE001  the trial's own code raised: it fails alone
+            self.teller.failed(trial, error)
+            return
+        if self.estimate is None:
+            self.estimate = step_seconds(member, self.training, self.device) * self.training.steps * self.n_trials
+        if key not in self.sizes:
+            began = time.perf_counter()
+            self.sizes[key] = size_groups(
+                member, self.training, group_size, strategy, self.table_path, self.n_trials, self.device,
+                share * self.estimate,
+            )  # fmt: skip
+            self.sizing += time.perf_counter() - began
+        self.pending.setdefault(key, []).append(member)
+        self.shapes.setdefault(key, []).append(params)
+
+    def train(self, key: str) -> None:
+        """Train the next group of shape `key`: its size's first waiting trials (all that wait once
+        no more are asked); a group that probed leaves its decision to the shape's later groups."""
+        size = self.sizes[key].size
+        members, rest = self.pending[key][:size], self.pending[key][size:]
+        if rest:
+            self.pending[key] = rest
+        else:
+            del self.pending[key]
+        plan = Plan(self.training, self.table_path, self.sizes[key].strategy, self.device, self.sizes[key].probe)
+        clock = (self.start, self.estimate or 0.0) if self.progress else None
+        with seeded(members[0].draws.training_seed, self.device):  # the group's dropout masks
+            self.groups.append(train_group(self.teller, members, plan, clock, len(self.groups), key))
+        if plan.probe is not None:  # the later groups of the shape run what it decided
+            self.sizes[key] = probed(self.sizes[key], members[0], len(members), self.table_path)
+            self.sizing += plan.probe.cost_s
+
+    def summary(self) -> StudySummary:
+        """What the study did, its shapes labelled by the parameters that tell them apart."""
+        told_apart = shape_params(self.shapes)
+        labels = {key: label(key, params[0], told_apart) for key, params in self.shapes.items()}
+        for g in self.groups:
+            g.shape = labels[g.shape]
+        return StudySummary(
+            {labels[key]: s.why for key, s in self.sizes.items()},
+            self.groups,
+            time.perf_counter() - self.start,
+            self.estimate or 0.0,
+            told_apart,
+            self.sizing,
+            self.pruned_by_suggest,
+        )
 
 
 def _asking(start: float, timeout: Optional[float], teller: Teller) -> bool:
