@@ -24,6 +24,14 @@ from wide_tessera.sweep.session import measure_jobs
 from .helpers import SometimesWrongLinear
 
 
+@pytest.fixture(autouse=True)
+def _quiet_machine(monkeypatch):
+    """The runner's passes are tested on a quiet machine: on a busy one (CI's, once) an op whose
+    first two points are disturbed stops before its confirmations, which is not what is tested
+    here. The tests of a disturbed run say so themselves."""
+    monkeypatch.setattr(HealthMonitor, "round_disturbed", lambda self: False)
+
+
 @pytest.fixture
 def wrong_op():
     register("test_sometimes_wrong")(SometimesWrongLinear)
@@ -165,8 +173,7 @@ def test_a_run_saved_after_every_point_encodes_each_point_once_it_is_analysed(fa
     """The results file is written after every point and encodes each point object once: a run
     whose analysis made new copies of every point at every write encoded the whole op again each
     time, growing with the square of its points. A quiet machine: on a busy one the op stops
-    after two disturbed points, which is not what is tested here."""
-    monkeypatch.setattr(HealthMonitor, "round_disturbed", lambda self: False)
+    after two disturbed points, which is not what is tested here (see _quiet_machine)."""
     encoded = []
     to_dict = PointResult.to_dict
     monkeypatch.setattr(PointResult, "to_dict", lambda self: encoded.append(self.n) or to_dict(self))
