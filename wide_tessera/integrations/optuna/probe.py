@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime
 import math
+import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -98,7 +99,7 @@ class Probe:
         self.spent_s += seconds + (switch_s or 0.0)
         self.steps += 1
         side, loop = self.side(step), self.samples.get(BASELINE)
-        excess = max(0.0, seconds - sorted(loop)[len(loop) // 2] / 1e3) if side != BASELINE and loop else 0.0
+        excess = max(0.0, seconds - statistics.median_high(loop) / 1e3) if side != BASELINE and loop else 0.0
         self.excess_s += excess
         if switch_s is not None:
             self.switching_s += switch_s
@@ -143,9 +144,11 @@ class Probe:
         on fused whatever the rule said, with the fastest strategy timed (as a size given runs the
         strategy the table names at it whatever its verdict): the loop ran `group_size=8` alone."""
         call = self.final()
-        if self.fuses or not self.given:
-            return call.strategy if self.fuses else None
-        timed = {s: sorted(v)[len(v) // 2] for s, v in self.samples.items() if s in self.strategies and v}
+        if self.fuses:
+            return call.strategy
+        if not self.given:
+            return None
+        timed = {s: statistics.median_high(v) for s, v in self.samples.items() if s in self.strategies and v}
         return call.strategy or min(timed, key=timed.__getitem__, default=self.strategies[0])
 
     @property
