@@ -679,3 +679,18 @@ def test_a_killed_workers_trials_fail_as_stale_at_the_next_optimize(tmp_path):
     same_space = lambda t: {"lr": t.suggest_float("lr", 1e-4, 1e-2)}  # noqa: E731  the worker's
     optimize(resumed, same_space, build, training, n_trials=1, group_size=1, progress=False)
     assert [t.state.name for t in resumed.trials] == ["FAIL"] * 3 + ["COMPLETE"]
+
+
+def test_a_sides_step_after_its_first_switch_is_predicted_by_the_step_the_switch_took(monkeypatch):
+    """Before any plain step of a side was timed, its next step is predicted to cost what the
+    step after the switch cost beyond the loop's, not nothing: a probe took a surgery step it had
+    no room for."""
+    from wide_tessera.integrations.optuna import probe
+
+    monkeypatch.setattr(probe, "SWITCHES", {})
+    sizing = probe.Probe.planned(budget_s=1.0, model="Net")
+    for step in range(probe.TURN_STEPS):
+        sizing.timed(step, 0.01)
+    sizing.timed(probe.TURN_STEPS, 0.04, switch_s=0.2)
+    unit, predicted = sizing.next_unit()
+    assert unit == f"a step of {sizing.strategies[0]}" and predicted == pytest.approx(0.03)
