@@ -6,7 +6,7 @@ from typing import Dict, Optional, Tuple
 
 import click
 
-from ..api import build_job
+from ..api import preset_sweep
 from ..core.capabilities import unmet_need
 from ..core.errors import WideTesseraError
 from ..core.job import DTYPES
@@ -53,14 +53,16 @@ def _points_here(op: str, preset: str, device: str) -> Tuple[int, Dict[str, str]
     """The points a run of `preset` measures on `device` (presets leave out dtypes the device lacks
     or emulates), and the strategies skipped at every one of them, with the reason."""
     try:
-        job = build_job(op, preset, device, {}, verbose=False)
+        sweep = preset_sweep(op, preset, device)
     except WideTesseraError:  # no dtype of the preset runs here
         return 0, {}
-    points = job.sweep.points()
+    cls = REGISTRY[op]
+    points = sweep.points()
+    needs = cls.strategy_needs()
     skipped = {}
-    for strategy in job.strategies:
+    for strategy in [*cls.BENCHMARK_STRATEGIES, *outside_strategies(cls)]:
         reasons = [
-            unmet_need(job.strategy_needs.get(strategy), device, DTYPES[params.get("dtype", "float32")], params)
+            unmet_need(needs.get(strategy), device, DTYPES[params.get("dtype", "float32")], params)
             for _, params in points
         ]
         if points and all(reasons):
