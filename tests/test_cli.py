@@ -202,6 +202,23 @@ def test_parse_override():
         parse_override("=3")
 
 
+# The optional libraries an op or integration imports where it runs: `list` runs none of them
+# (transformers' experts made it 26 s where torch alone took 6 s, 2-core CPU, loaded), and it
+# imports every module that `--help` and the other commands' start do.
+OPTIONAL = ("transformers", "peft", "optuna", "pandas", "matplotlib")
+
+
+def test_list_imports_no_optional_library():
+    code = (
+        "import sys; from click.testing import CliRunner; from wide_tessera.cli import cli; "
+        "r = CliRunner().invoke(cli, ['list']); assert r.exit_code == 0, r.output; "
+        f"print(*[m for m in {OPTIONAL!r} if m in sys.modules])"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == ""
+
+
 @pytest.mark.slow
 def test_python_dash_m_works():
     r = subprocess.run([sys.executable, "-m", "wide_tessera", "list"], capture_output=True, text=True, timeout=120)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Dict, Optional, Tuple
 
 import click
@@ -51,14 +52,15 @@ def list_ops(imports: Tuple[str, ...], device: Optional[str]) -> None:
 
 def _points_here(op: str, preset: str, device: str) -> Tuple[int, Dict[str, str]]:
     """The points a run of `preset` measures on `device` (presets leave out dtypes the device lacks
-    or emulates), and the strategies skipped at every one of them, with the reason."""
+    or emulates), and the strategies skipped at every one of them, with the reason (a probe that
+    runs the op is left to the run: Needs.probe_runs_op)."""
     try:
         sweep = preset_sweep(op, preset, device)
     except WideTesseraError:  # no dtype of the preset runs here
         return 0, {}
     cls = REGISTRY[op]
     points = sweep.points()
-    needs = cls.strategy_needs()
+    needs = {s: replace(n, probe=None) if n.probe_runs_op else n for s, n in cls.strategy_needs().items()}
     skipped = {}
     for strategy in [*cls.BENCHMARK_STRATEGIES, *outside_strategies(cls)]:
         reasons = [
