@@ -29,6 +29,8 @@ def test_list_shows_every_op_with_strategies_presets_and_axes():
         assert op in r.output
     assert "strategies: baseline, grouped, channels_last, vmap" in r.output
     assert "kernel_size=" in r.output and "quick" in r.output
+    # a probe that builds the op is left to the run, and list says so rather than nothing
+    assert "deepgemm, batched_mm, sonicmoe: whether each runs here, the run asks at each point" in r.output
 
 
 @pytest.mark.slow

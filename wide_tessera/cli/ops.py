@@ -48,6 +48,9 @@ def list_ops(imports: Tuple[str, ...], device: Optional[str]) -> None:
         click.echo("  " + table.replace("\n", "\n  "))
         for strategy, reason in skipped.items():
             click.echo(f"  on {device}, {strategy} is skipped: {reason}")
+        asked = [s for s, needs in cls.strategy_needs().items() if needs.probe_runs_op and s not in skipped]
+        if asked:
+            click.echo(f"  {', '.join(asked)}: whether each runs here, the run asks at each point (by building the op)")
 
 
 def _points_here(op: str, preset: str, device: str) -> Tuple[int, Dict[str, str]]:
