@@ -29,6 +29,8 @@ def test_list_shows_every_op_with_strategies_presets_and_axes():
         assert op in r.output
     assert "strategies: baseline, grouped, channels_last, vmap" in r.output
     assert "kernel_size=" in r.output and "quick" in r.output
+    # a probe that builds the op is left to the run, and list says so rather than nothing
+    assert "deepgemm, batched_mm, sonicmoe: whether each runs here, the run asks at each point" in r.output
 
 
 @pytest.mark.slow
@@ -200,6 +202,23 @@ def test_parse_override():
     assert parse_override(" dtype = float32 ") == ("dtype", [" float32 "])  # the axis's kind reads (and strips) it
     with pytest.raises(WideTesseraError, match="expected AXIS=V1,V2"):
         parse_override("=3")
+
+
+# The optional libraries an op or integration imports where it runs: `list` runs none of them
+# (transformers' experts made it 26 s where torch alone took 6 s, 2-core CPU, loaded), and it
+# imports every module that `--help` and the other commands' start do.
+OPTIONAL = ("transformers", "peft", "optuna", "pandas", "matplotlib")
+
+
+def test_list_imports_no_optional_library():
+    code = (
+        "import sys; from click.testing import CliRunner; from wide_tessera.cli import cli; "
+        "r = CliRunner().invoke(cli, ['list']); assert r.exit_code == 0, r.output; "
+        f"print(*[m for m in {OPTIONAL!r} if m in sys.modules])"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == ""
 
 
 @pytest.mark.slow

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Dict, Optional, Tuple
 
 import click
 
-from ..api import build_job
+from ..api import preset_sweep
 from ..core.capabilities import unmet_need
 from ..core.errors import WideTesseraError
 from ..core.job import DTYPES
@@ -47,20 +48,26 @@ def list_ops(imports: Tuple[str, ...], device: Optional[str]) -> None:
         click.echo("  " + table.replace("\n", "\n  "))
         for strategy, reason in skipped.items():
             click.echo(f"  on {device}, {strategy} is skipped: {reason}")
+        asked = [s for s, needs in cls.strategy_needs().items() if needs.probe_runs_op and s not in skipped]
+        if asked:
+            click.echo(f"  {', '.join(asked)}: whether each runs here, the run asks at each point (by building the op)")
 
 
 def _points_here(op: str, preset: str, device: str) -> Tuple[int, Dict[str, str]]:
     """The points a run of `preset` measures on `device` (presets leave out dtypes the device lacks
-    or emulates), and the strategies skipped at every one of them, with the reason."""
+    or emulates), and the strategies skipped at every one of them, with the reason (a probe that
+    runs the op is left to the run: Needs.probe_runs_op)."""
     try:
-        job = build_job(op, preset, device, {}, verbose=False)
+        sweep = preset_sweep(op, preset, device)
     except WideTesseraError:  # no dtype of the preset runs here
         return 0, {}
-    points = job.sweep.points()
+    cls = REGISTRY[op]
+    points = sweep.points()
+    needs = {s: replace(n, probe=None) if n.probe_runs_op else n for s, n in cls.strategy_needs().items()}
     skipped = {}
-    for strategy in job.strategies:
+    for strategy in [*cls.BENCHMARK_STRATEGIES, *outside_strategies(cls)]:
         reasons = [
-            unmet_need(job.strategy_needs.get(strategy), device, DTYPES[params.get("dtype", "float32")], params)
+            unmet_need(needs.get(strategy), device, DTYPES[params.get("dtype", "float32")], params)
             for _, params in points
         ]
         if points and all(reasons):

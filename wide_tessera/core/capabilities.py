@@ -30,6 +30,10 @@ class Needs:
     dtypes: Optional[Tuple[str, ...]] = None
     triton: bool = False
     probe: Optional[Probe] = None
+    # The probe builds and calls the op itself (hf_experts' asks transformers' experts at the
+    # point's sizes: 14.8 s of `wide_tessera list`'s 33.7 s under cProfile, 2-core CPU, loaded):
+    # a run asks it before measuring a point, `wide_tessera list` leaves it to the run.
+    probe_runs_op: bool = False
     # Under torch.compile, where tracing accepts fewer dtypes than the eager kernels do.
     compiled_dtypes: Optional[Tuple[str, ...]] = None
 

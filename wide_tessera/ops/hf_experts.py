@@ -350,7 +350,7 @@ class WideHFExperts(WideOp, nn.Module):
     # at decode sizes a third of their time (ci preset, 4 experts, 2 tokens: eager 1.53x as fast)
     BENCHMARK_STRATEGIES = (*hf_implementations(), "eager", *OWN_STRATEGIES)
     STRATEGY_NEEDS = {
-        **{name: Needs(probe=_hf_unavailable(name)) for name in hf_implementations()},
+        **{name: Needs(probe=_hf_unavailable(name), probe_runs_op=True) for name in hf_implementations()},
         "foreach_mm": Needs(probe=_foreach_mm_unavailable),
         "triton": TRITON,
     }

@@ -23,7 +23,6 @@ from torch import fx, nn
 from torch.export import Dim
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten, tree_map
-from torch.utils._sympy.numbers import int_oo
 
 from ..core import trees
 from ..core.errors import NotApplicable
@@ -412,5 +411,9 @@ def _dim(size: Any, ranges: Dict[Any, Any]) -> Any:
     bounds = ranges.get(size.node.expr)
     if bounds is None:  # torch.export's least: sizes 0 and 1 are specialised
         return (2, _UNBOUNDED)
+    # Imported here, where a capture has already loaded sympy: at the top it was sympy's import,
+    # 1.2 s of every command's start (`wide_tessera list`, -X importtime, 2-core CPU, loaded)
+    from torch.utils._sympy.numbers import int_oo
+
     # torch's unbounded size (int_oo) says it is finite, and int() of it fails
     return (int(bounds.lower), _UNBOUNDED if bounds.upper == int_oo else int(bounds.upper))
