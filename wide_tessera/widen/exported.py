@@ -21,6 +21,9 @@ The captured graph is rewritten:
 * the ops between them are cut into as few segments as the data flow allows, each run as one
   vmapped call over the stacked values. vmap costs per call it enters: cut op by op, a
   LlamaDecoderLayer would enter it about 60 times a call; in segments it enters it 5 times.
+  A segment lowering.py lowers runs at once instead; where it does so at every call (given a
+  model's own value, and too few passes over its values to run in groups), its lowered ops are
+  the graph's own, as torch.fx's graph calls its ops, else a Segment decides at each call.
 """
 
 from __future__ import annotations
@@ -55,12 +58,12 @@ from .capture import (
 )
 from .host_draws import python_draws_refused
 from .layers import LayerChoice, LayerLoop, hold, wide_layer
-from .lowering import lower
+from .lowering import Lowered, lower
 from .moe import WideSparseMoe, is_sparse_moe
 from .n_axis import mark
 from .n_axis import stacked as is_stacked
-from .rules import Segment, layer_held_once
-from .stacked import model_size
+from .rules import Segment, layer_held_once, may_group
+from .stacked import is_shared, model_size
 
 __all__ = ["ExportedSurgery"]
 
@@ -239,7 +242,8 @@ class ExportedSurgery(nn.Module):
         holder = nn.Module()
         holder.s, holder.w, holder.c = self.stacked, self.wides, nn.Module()
         self._hold_attributes(graph, exported, holder.c)
-        rewritten = fx.GraphModule(holder, _in_segments(graph, holder, self.n, self.randomness), "Captured")
+        own = _own_values(graph, tree_flatten((args, kwargs))[0])
+        rewritten = fx.GraphModule(holder, _in_segments(graph, holder, self.n, self.randomness, own), "Captured")
         return Capture(rewritten, fixed, dims, names, guards)
 
     def _swap_layers(self, graph: fx.Graph) -> None:
@@ -325,8 +329,11 @@ class _MoeStandIn(nn.Module):
         return next(t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)).clone()
 
 
-def _in_segments(graph: fx.Graph, holder: nn.Module, n: int, randomness: str) -> fx.Graph:
-    """`graph` with its ops between swapped layers in vmapped segments (added to `holder`).
+def _in_segments(graph: fx.Graph, holder: nn.Module, n: int, randomness: str, own: Set[fx.Node]) -> fx.Graph:
+    """`graph` with its ops between swapped layers in segments: each lowered one that runs at
+    once at every call, its lowered ops in `graph` itself; each other, a Segment (added to `holder`),
+    which decides per call how it runs. `own`: the values each model's own at every call the
+    capture takes (not one all share), of which a segment given one runs at once (Segment.forward).
 
     A swapped layer's depth is one more than the deepest layer it depends on, and an op's is
     that of the deepest layer it depends on. Segment d holds the ops of depth d: it runs after
@@ -356,21 +363,57 @@ def _in_segments(graph: fx.Graph, holder: nn.Module, n: int, randomness: str) ->
         inside = set(nodes)
         inputs = list(dict.fromkeys(a for node in nodes for a in node.all_input_nodes if a not in inside))
         outputs = [node for node in nodes if any(u not in inside for u in node.users)]
-        sub = fx.Graph()
-        local = {a: sub.placeholder(a.name) for a in inputs}
-        for node in nodes:
-            local[node] = sub.node_copy(node, local.__getitem__)
-        sub.output(tuple(local[o] for o in outputs))
-        name = f"g{d}"
-        plain = all(isinstance(o.meta.get("val"), torch.Tensor) for o in outputs)
         stacked = [_given_stacked(a) for a in inputs]
         once, why = lower(nodes, inputs, outputs, stacked, randomness)
-        holder.add_module(name, Segment(fx.GraphModule(nn.Module(), sub), stacked, plain, n, randomness, once, why))
+        if once is not None and not may_group(once) and own.intersection(inputs):
+            # what Segment.forward would run at every call, without its call, its checks and a second
+            # graph's: two Segments cost 150 to 230 us of a 1.1 to 1.4 ms call of scripts/capture_paths.py's
+            # Mlp (N=16, hidden 64, one thread, loaded 2-core CPU)
+            env.update(zip(outputs, _inlined(out, once.graph.graph, [n, *(env[a] for a in inputs)])))
+            continue
+        name = f"g{d}"
+        holder.add_module(name, _segment(nodes, inputs, outputs, stacked, n, randomness, once, why))
         call = out.call_module(name, tuple(env[a] for a in inputs))
         for j, o in enumerate(outputs):
             env[o] = out.call_function(operator.getitem, (call, j))
     out.node_copy(graph.output_node(), env.__getitem__)
     return out
+
+
+def _segment(
+    nodes: List[fx.Node], inputs: List[fx.Node], outputs: List[fx.Node], stacked: List[bool], n: int,
+    randomness: str, once: Optional[Lowered], why: str,
+) -> Segment:  # fmt: skip
+    """The ops `nodes` (reading `inputs`, giving `outputs`) as a Segment."""
+    sub = fx.Graph()
+    local = {a: sub.placeholder(a.name) for a in inputs}
+    for node in nodes:
+        local[node] = sub.node_copy(node, local.__getitem__)
+    sub.output(tuple(local[o] for o in outputs))
+    plain = all(isinstance(o.meta.get("val"), torch.Tensor) for o in outputs)
+    return Segment(fx.GraphModule(nn.Module(), sub), stacked, plain, n, randomness, once, why)
+
+
+def _inlined(out: fx.Graph, lowered: fx.Graph, given: List[Any]) -> Tuple[Any, ...]:
+    """The ops of `lowered` copied into `out`, its inputs given `given` (in order): its outputs there."""
+    env: Dict[fx.Node, Any] = dict(zip(lowered.find_nodes(op="placeholder"), given))
+    for node in lowered.nodes:
+        if node.op == "output":
+            return tuple(fx.map_arg(node.args[0], env.__getitem__))
+        if node.op != "placeholder":
+            env[node] = out.node_copy(node, env.__getitem__)
+    raise AssertionError("a graph without an output")
+
+
+def _own_values(graph: fx.Graph, leaves: List[Any]) -> Set[fx.Node]:
+    """The values of `graph` (n_axis marked) each model's own at every call its capture takes,
+    given the wide input's `leaves`: an input tensor not shared (a capture is specialised to
+    which are, capture.signature; the graph's inputs are the leaves, in order), a swapped layer's
+    output, and a tensor held stacked."""
+    inputs = zip(graph.find_nodes(op="placeholder"), leaves)
+    own = {node for node, x in inputs if isinstance(x, torch.Tensor) and not is_shared(x)}
+    layers = {node for node in graph.nodes if node.op == "call_module"}
+    return own | layers | {node for node in graph.nodes if node.op == "get_attr" and is_stacked(node)}
 
 
 def _given_stacked(value: fx.Node) -> bool:
