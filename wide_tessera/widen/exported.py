@@ -24,6 +24,9 @@ The captured graph is rewritten:
   A segment lowering.py lowers runs at once instead; where it does so at every call (given a
   model's own value, and too few passes over its values to run in groups), its lowered ops are
   the graph's own, as torch.fx's graph calls its ops, else a Segment decides at each call.
+
+The rewritten graph takes the input's leaves; an input of the last one's input_key runs on the
+capture that took it, found without a lookup.
 """
 
 from __future__ import annotations
@@ -36,11 +39,12 @@ import time
 import warnings
 from collections import OrderedDict, defaultdict
 from itertools import chain
-from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import torch
 from torch import fx, nn
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.fx.graph import _PyTreeCodeGen
+from torch.utils._pytree import TreeSpec, tree_flatten, tree_map, tree_unflatten
 
 from ..core.errors import NotApplicable, one_line
 from ..core.layout import SHARED, STACKED, Slot, prefixed, second_names, slots_of, tied_aliases
@@ -53,6 +57,7 @@ from .capture import (
     export_graph,
     guards_of,
     input_dims,
+    input_key,
     probe_call,
     signature,
 )
@@ -147,6 +152,9 @@ class ExportedSurgery(nn.Module):
         # name -> its first.
         self._aliases = {**tied_aliases(modules[0]), **second_names(modules[0].named_modules(remove_duplicate=False))}
         self._captures: "OrderedDict[int, Capture]" = OrderedDict()  # the latest used last
+        # the last input's input_key and the capture that took it (a list: setting a module's attribute
+        # costs 5 us a call)
+        self._last: List[Any] = [None, None]
         self.train(modules[0].training)
 
     @property
@@ -180,8 +188,19 @@ class ExportedSurgery(nn.Module):
         return 0.0 if self._captures else ExportedSurgery.capture_s
 
     def forward(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
-        fixed, shapes = signature(self.training, (args, kwargs))
-        leaves = tree_flatten((args, kwargs))[0]
+        leaves, spec = tree_flatten((args, kwargs))
+        # An input of the last one's key runs on the capture that took it: found by its guards at every
+        # call, it cost 100 us of a 1.3 ms call (scripts/capture_paths.py's Mlp, one thread, loaded 2-core CPU)
+        key = input_key(self.training, spec, leaves)
+        if self._last[0] != key or self._last[1] not in self._captures:
+            self._last[:] = key, self._found(args, kwargs, spec, leaves)
+        capture = self._captures[self._last[1]]
+        return tree_unflatten(capture.graph(*leaves), capture.out_spec)
+
+    def _found(self, args: Tuple[Any, ...], kwargs: Dict[str, Any], spec: TreeSpec, leaves: List[Any]) -> int:
+        """The capture that takes the wide input (`leaves` of structure `spec`), the latest used
+        first, made where none does; it is the latest used now."""
+        fixed, shapes = signature(self.training, spec, leaves)
         found = next((k for k, c in reversed(self._captures.items()) if c.takes(fixed, shapes, leaves)), None)
         if found is None:
             if self._captures:
@@ -189,7 +208,7 @@ class ExportedSurgery(nn.Module):
                 warnings.warn(
                     f"surgery captures {type(self._skeleton[0]).__name__} again: {last.why_not(fixed, shapes, leaves)} "
                     f"(each capture costs a trace; at most {MOST_CAPTURES} are kept)",
-                    stacklevel=2,
+                    stacklevel=3,
                 )
             found = max(self._captures, default=-1) + 1
             started = time.perf_counter()
@@ -198,7 +217,7 @@ class ExportedSurgery(nn.Module):
             if len(self._captures) > MOST_CAPTURES:
                 self._captures.popitem(last=False)
         self._captures.move_to_end(found)
-        return self._captures[found].graph(*args, **kwargs)
+        return found
 
     def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> "ExportedSurgery":
         # .to(), .half(), ...: the graphs hold the old tensors and devices; capture again
@@ -207,7 +226,7 @@ class ExportedSurgery(nn.Module):
         super()._apply(fn, recurse)  # type: ignore[no-untyped-call]
         return self
 
-    def _capture(self, args: Tuple[Any, ...], kwargs: Dict[str, Any], fixed: Hashable) -> Capture:
+    def _capture(self, args: Tuple[Any, ...], kwargs: Dict[str, Any], fixed: Any) -> Capture:
         model = self._skeleton[0].train(self.training)
         one_args, one_kwargs = tree_map(lambda t: t[0] if isinstance(t, torch.Tensor) else t, (args, kwargs))
         try:  # a failed export prints the graph it got so far to stderr, hundreds of lines: the reason is enough
@@ -244,7 +263,9 @@ class ExportedSurgery(nn.Module):
         self._hold_attributes(graph, exported, holder.c)
         own = _own_values(graph, tree_flatten((args, kwargs))[0])
         rewritten = fx.GraphModule(holder, _in_segments(graph, holder, self.n, self.randomness, own), "Captured")
-        return Capture(rewritten, fixed, dims, names, guards)
+        codegen = graph._codegen  # torch.export's: the model's (args, kwargs) in, its output's structure out
+        assert isinstance(codegen, _PyTreeCodeGen) and codegen.pytree_info.out_spec is not None
+        return Capture(rewritten, fixed, dims, names, guards, codegen.pytree_info.out_spec)
 
     def _swap_layers(self, graph: fx.Graph) -> None:
         """The ops of each call of a swapped layer, one call of its wide module."""
@@ -348,8 +369,9 @@ def _in_segments(graph: fx.Graph, holder: nn.Module, n: int, randomness: str, ow
             layers[depth[node]].append(node)
         elif node.op in ("call_function", "call_method") and node.target is not model_size:
             segments[depth[node]].append(node)
+    # the input's leaves in, the output's out, as forward flattens them: torch.export's graph flattened
+    # them again, 21 of the 178 Python calls of a call of scripts/capture_paths.py's Mlp
     out = fx.Graph()
-    out._codegen = graph._codegen  # torch.export's: the model's (args, kwargs) in, its output's structure out
     env: Dict[fx.Node, fx.Node] = {}
     for node in graph.nodes:  # inputs, and the sizes read from them (outside vmap, which has no rule for them)
         if node.op in ("placeholder", "get_attr") or node.target is model_size:
