@@ -874,13 +874,13 @@ def test_a_stretch_run_in_groups_of_models_computes_what_each_model_does(monkeyp
     wide = WideSurgery(models)
     cos = torch.rand(5, 4)
     xs = [(torch.randn(2, 5, 8, requires_grad=True), torch.randn(1, 2, 5, 5), cos) for _ in range(9)]
+    monkeypatch.setattr(rules, "MANY_PASSES", 0)  # (a stretch that may run in groups is a Segment when captured)
     wide(wide.pack(xs))  # captured
     groups = []
     for capture in wide.captured._captures.values():
         for segment in (m for m in capture.graph.modules() if isinstance(m, rules.Segment) and m.once):
             graph = segment.once.graph
             segment.once = segment.once._replace(graph=lambda n, *a, graph=graph: groups.append(n) or graph(n, *a))
-    monkeypatch.setattr(rules, "MANY_PASSES", 0)
     # a model's largest value: its 2 x 5 x 24 projections, 960 bytes: alone, then in twos
     for l2, group in [(1, 1), (2 * 960, 2)]:
         monkeypatch.setattr(rules, "L2_BYTES", l2)

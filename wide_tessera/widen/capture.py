@@ -16,13 +16,13 @@ import dataclasses
 import inspect
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Hashable, Iterator, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
 import torch
 from torch import fx, nn
 from torch.export import Dim
 from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._pytree import TreeSpec, tree_flatten, tree_map
 
 from ..core import trees
 from ..core.errors import NotApplicable
@@ -41,6 +41,7 @@ __all__ = [
     "trace_fx",
     "probe_call",
     "signature",
+    "input_key",
     "export_graph",
     "guards_of",
     "input_dims",
@@ -254,17 +255,19 @@ _UNBOUNDED = 2**63 - 1
 @dataclass(frozen=True)
 class Capture:
     """A rewritten graph and what it takes: the input's structure, and per tensor its dtype,
-    device and whether it is shared, and per dimension its size or, where dynamic, its range."""
+    device and whether it is shared, and per dimension its size or, where dynamic, its range.
+    The graph takes the input's leaves and gives the output's, shaped by `out_spec`."""
 
     graph: fx.GraphModule
-    fixed: Hashable  # training, structure, dtypes, devices, sharing, and every other value
+    fixed: Any  # training, structure, dtypes, devices, sharing, and every other value (signature)
     dims: Tuple[Tuple[Any, ...], ...]  # per tensor, per dimension: a size, or a (low, high) range
     names: Tuple[str, ...]  # per tensor, its input's name in the graph
     # torch.export's guards (sizes equal to each other, a size's parity, ...) and the positions
     # of the inputs they read among the input's leaves; None where the capture has none
     guards: Optional[Tuple[Callable[..., None], Tuple[int, ...]]]
+    out_spec: TreeSpec
 
-    def takes(self, fixed: Hashable, shapes: Tuple[Tuple[int, ...], ...], leaves: List[Any]) -> bool:
+    def takes(self, fixed: Any, shapes: Tuple[Tuple[int, ...], ...], leaves: List[Any]) -> bool:
         """Whether this graph computes the models' call on the wide input of `leaves`: per
         dimension its range, and the guards torch.export drew from the model's code, on one
         model's values. Without the guards, a model whose branch read `x.shape[1] == y.shape[1]`,
@@ -287,7 +290,7 @@ class Capture:
             return str(e)
         return None
 
-    def why_not(self, fixed: Hashable, shapes: Tuple[Tuple[int, ...], ...], leaves: List[Any]) -> str:
+    def why_not(self, fixed: Any, shapes: Tuple[Tuple[int, ...], ...], leaves: List[Any]) -> str:
         """Why this capture does not take the wide input, in words."""
         if fixed != self.fixed:
             return "its input's structure, dtypes, devices or mode differ from the last capture's"
@@ -303,16 +306,27 @@ def _fits(size: int, dim: Any) -> bool:
     return size == dim if isinstance(dim, int) else dim[0] <= size <= dim[1]
 
 
-def signature(training: bool, value: Any) -> Tuple[Hashable, Tuple[Tuple[int, ...], ...]]:
+def signature(training: bool, spec: TreeSpec, leaves: List[Any]) -> Tuple[Any, Tuple[Tuple[int, ...], ...]]:
     """What a capture is specialised to (the input's structure, each tensor's dtype and device and
-    whether it is shared, each other value itself), and each tensor's shape without its N axis."""
-    leaves, spec = tree_flatten(value)
+    whether it is shared, each other value itself), and each tensor's shape without its N axis,
+    of a wide input flattened to `leaves` of structure `spec` (compared as torch.export's own
+    module compares its input's)."""
     fixed = (
         training,
-        repr(spec),
+        spec,
         tuple((x.dtype, x.device, is_shared(x)) if isinstance(x, torch.Tensor) else repr(x) for x in leaves),
     )
     return fixed, tuple(tuple(x.shape[1:]) for x in leaves if isinstance(x, torch.Tensor))
+
+
+def input_key(training: bool, spec: TreeSpec, leaves: List[Any]) -> Any:
+    """All that `signature` and `Capture.takes` read of a wide input (as `signature` takes it),
+    the guards' part too: a guard of torch.export's reads a tensor's sizes, strides and storage
+    offset, and any other input. Two inputs of one key are taken alike."""
+    return training, spec, tuple(
+        (x.dtype, x.device, x.shape, x.stride(), x.storage_offset()) if isinstance(x, torch.Tensor) else repr(x)
+        for x in leaves
+    )
 
 
 @contextmanager

@@ -21,6 +21,12 @@ The captured graph is rewritten:
 * the ops between them are cut into as few segments as the data flow allows, each run as one
   vmapped call over the stacked values. vmap costs per call it enters: cut op by op, a
   LlamaDecoderLayer would enter it about 60 times a call; in segments it enters it 5 times.
+  A segment lowering.py lowers runs at once instead; where it does so at every call (given a
+  model's own value, and too few passes over its values to run in groups), its lowered ops are
+  the graph's own, as torch.fx's graph calls its ops, else a Segment decides at each call.
+
+The rewritten graph takes the input's leaves; an input of the last one's input_key runs on the
+capture that took it, found without a lookup.
 """
 
 from __future__ import annotations
@@ -33,11 +39,12 @@ import time
 import warnings
 from collections import OrderedDict, defaultdict
 from itertools import chain
-from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import torch
 from torch import fx, nn
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.fx.graph import _PyTreeCodeGen
+from torch.utils._pytree import TreeSpec, tree_flatten, tree_map, tree_unflatten
 
 from ..core.errors import NotApplicable, one_line
 from ..core.layout import SHARED, STACKED, Slot, prefixed, second_names, slots_of, tied_aliases
@@ -50,17 +57,18 @@ from .capture import (
     export_graph,
     guards_of,
     input_dims,
+    input_key,
     probe_call,
     signature,
 )
 from .host_draws import python_draws_refused
 from .layers import LayerChoice, LayerLoop, hold, wide_layer
-from .lowering import lower
+from .lowering import Lowered, lower
 from .moe import WideSparseMoe, is_sparse_moe
 from .n_axis import mark
 from .n_axis import stacked as is_stacked
-from .rules import Segment, layer_held_once
-from .stacked import model_size
+from .rules import Segment, layer_held_once, may_group
+from .stacked import is_shared, model_size
 
 __all__ = ["ExportedSurgery"]
 
@@ -144,6 +152,9 @@ class ExportedSurgery(nn.Module):
         # name -> its first.
         self._aliases = {**tied_aliases(modules[0]), **second_names(modules[0].named_modules(remove_duplicate=False))}
         self._captures: "OrderedDict[int, Capture]" = OrderedDict()  # the latest used last
+        # the last input's input_key and the capture that took it (a list: setting a module's attribute
+        # costs 5 us a call)
+        self._last: List[Any] = [None, None]
         self.train(modules[0].training)
 
     @property
@@ -177,8 +188,19 @@ class ExportedSurgery(nn.Module):
         return 0.0 if self._captures else ExportedSurgery.capture_s
 
     def forward(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
-        fixed, shapes = signature(self.training, (args, kwargs))
-        leaves = tree_flatten((args, kwargs))[0]
+        leaves, spec = tree_flatten((args, kwargs))
+        # An input of the last one's key runs on the capture that took it: found by its guards at every
+        # call, it cost 100 us of a 1.3 ms call (scripts/capture_paths.py's Mlp, one thread, loaded 2-core CPU)
+        key = input_key(self.training, spec, leaves)
+        if self._last[0] != key or self._last[1] not in self._captures:
+            self._last[:] = key, self._found(args, kwargs, spec, leaves)
+        capture = self._captures[self._last[1]]
+        return tree_unflatten(capture.graph(*leaves), capture.out_spec)
+
+    def _found(self, args: Tuple[Any, ...], kwargs: Dict[str, Any], spec: TreeSpec, leaves: List[Any]) -> int:
+        """The capture that takes the wide input (`leaves` of structure `spec`), the latest used
+        first, made where none does; it is the latest used now."""
+        fixed, shapes = signature(self.training, spec, leaves)
         found = next((k for k, c in reversed(self._captures.items()) if c.takes(fixed, shapes, leaves)), None)
         if found is None:
             if self._captures:
@@ -186,7 +208,7 @@ class ExportedSurgery(nn.Module):
                 warnings.warn(
                     f"surgery captures {type(self._skeleton[0]).__name__} again: {last.why_not(fixed, shapes, leaves)} "
                     f"(each capture costs a trace; at most {MOST_CAPTURES} are kept)",
-                    stacklevel=2,
+                    stacklevel=3,
                 )
             found = max(self._captures, default=-1) + 1
             started = time.perf_counter()
@@ -195,7 +217,7 @@ class ExportedSurgery(nn.Module):
             if len(self._captures) > MOST_CAPTURES:
                 self._captures.popitem(last=False)
         self._captures.move_to_end(found)
-        return self._captures[found].graph(*args, **kwargs)
+        return found
 
     def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> "ExportedSurgery":
         # .to(), .half(), ...: the graphs hold the old tensors and devices; capture again
@@ -204,7 +226,7 @@ class ExportedSurgery(nn.Module):
         super()._apply(fn, recurse)  # type: ignore[no-untyped-call]
         return self
 
-    def _capture(self, args: Tuple[Any, ...], kwargs: Dict[str, Any], fixed: Hashable) -> Capture:
+    def _capture(self, args: Tuple[Any, ...], kwargs: Dict[str, Any], fixed: Any) -> Capture:
         model = self._skeleton[0].train(self.training)
         one_args, one_kwargs = tree_map(lambda t: t[0] if isinstance(t, torch.Tensor) else t, (args, kwargs))
         try:  # a failed export prints the graph it got so far to stderr, hundreds of lines: the reason is enough
@@ -239,8 +261,11 @@ class ExportedSurgery(nn.Module):
         holder = nn.Module()
         holder.s, holder.w, holder.c = self.stacked, self.wides, nn.Module()
         self._hold_attributes(graph, exported, holder.c)
-        rewritten = fx.GraphModule(holder, _in_segments(graph, holder, self.n, self.randomness), "Captured")
-        return Capture(rewritten, fixed, dims, names, guards)
+        own = _own_values(graph, tree_flatten((args, kwargs))[0])
+        rewritten = fx.GraphModule(holder, _in_segments(graph, holder, self.n, self.randomness, own), "Captured")
+        codegen = graph._codegen  # torch.export's: the model's (args, kwargs) in, its output's structure out
+        assert isinstance(codegen, _PyTreeCodeGen) and codegen.pytree_info.out_spec is not None
+        return Capture(rewritten, fixed, dims, names, guards, codegen.pytree_info.out_spec)
 
     def _swap_layers(self, graph: fx.Graph) -> None:
         """The ops of each call of a swapped layer, one call of its wide module."""
@@ -325,8 +350,11 @@ class _MoeStandIn(nn.Module):
         return next(t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)).clone()
 
 
-def _in_segments(graph: fx.Graph, holder: nn.Module, n: int, randomness: str) -> fx.Graph:
-    """`graph` with its ops between swapped layers in vmapped segments (added to `holder`).
+def _in_segments(graph: fx.Graph, holder: nn.Module, n: int, randomness: str, own: Set[fx.Node]) -> fx.Graph:
+    """`graph` with its ops between swapped layers in segments: each lowered one that runs at
+    once at every call, its lowered ops in `graph` itself; each other, a Segment (added to `holder`),
+    which decides per call how it runs. `own`: the values each model's own at every call the
+    capture takes (not one all share), of which a segment given one runs at once (Segment.forward).
 
     A swapped layer's depth is one more than the deepest layer it depends on, and an op's is
     that of the deepest layer it depends on. Segment d holds the ops of depth d: it runs after
@@ -341,8 +369,9 @@ def _in_segments(graph: fx.Graph, holder: nn.Module, n: int, randomness: str) ->
             layers[depth[node]].append(node)
         elif node.op in ("call_function", "call_method") and node.target is not model_size:
             segments[depth[node]].append(node)
+    # the input's leaves in, the output's out, as forward flattens them: torch.export's graph flattened
+    # them again, 21 of the 178 Python calls of a call of scripts/capture_paths.py's Mlp
     out = fx.Graph()
-    out._codegen = graph._codegen  # torch.export's: the model's (args, kwargs) in, its output's structure out
     env: Dict[fx.Node, fx.Node] = {}
     for node in graph.nodes:  # inputs, and the sizes read from them (outside vmap, which has no rule for them)
         if node.op in ("placeholder", "get_attr") or node.target is model_size:
@@ -356,21 +385,57 @@ def _in_segments(graph: fx.Graph, holder: nn.Module, n: int, randomness: str) ->
         inside = set(nodes)
         inputs = list(dict.fromkeys(a for node in nodes for a in node.all_input_nodes if a not in inside))
         outputs = [node for node in nodes if any(u not in inside for u in node.users)]
-        sub = fx.Graph()
-        local = {a: sub.placeholder(a.name) for a in inputs}
-        for node in nodes:
-            local[node] = sub.node_copy(node, local.__getitem__)
-        sub.output(tuple(local[o] for o in outputs))
-        name = f"g{d}"
-        plain = all(isinstance(o.meta.get("val"), torch.Tensor) for o in outputs)
         stacked = [_given_stacked(a) for a in inputs]
         once, why = lower(nodes, inputs, outputs, stacked, randomness)
-        holder.add_module(name, Segment(fx.GraphModule(nn.Module(), sub), stacked, plain, n, randomness, once, why))
+        if once is not None and not may_group(once) and own.intersection(inputs):
+            # what Segment.forward would run at every call, without its call, its checks and a second
+            # graph's: two Segments cost 150 to 230 us of a 1.1 to 1.4 ms call of scripts/capture_paths.py's
+            # Mlp (N=16, hidden 64, one thread, loaded 2-core CPU)
+            env.update(zip(outputs, _inlined(out, once.graph.graph, [n, *(env[a] for a in inputs)])))
+            continue
+        name = f"g{d}"
+        holder.add_module(name, _segment(nodes, inputs, outputs, stacked, n, randomness, once, why))
         call = out.call_module(name, tuple(env[a] for a in inputs))
         for j, o in enumerate(outputs):
             env[o] = out.call_function(operator.getitem, (call, j))
     out.node_copy(graph.output_node(), env.__getitem__)
     return out
+
+
+def _segment(
+    nodes: List[fx.Node], inputs: List[fx.Node], outputs: List[fx.Node], stacked: List[bool], n: int,
+    randomness: str, once: Optional[Lowered], why: str,
+) -> Segment:  # fmt: skip
+    """The ops `nodes` (reading `inputs`, giving `outputs`) as a Segment."""
+    sub = fx.Graph()
+    local = {a: sub.placeholder(a.name) for a in inputs}
+    for node in nodes:
+        local[node] = sub.node_copy(node, local.__getitem__)
+    sub.output(tuple(local[o] for o in outputs))
+    plain = all(isinstance(o.meta.get("val"), torch.Tensor) for o in outputs)
+    return Segment(fx.GraphModule(nn.Module(), sub), stacked, plain, n, randomness, once, why)
+
+
+def _inlined(out: fx.Graph, lowered: fx.Graph, given: List[Any]) -> Tuple[Any, ...]:
+    """The ops of `lowered` copied into `out`, its inputs given `given` (in order): its outputs there."""
+    env: Dict[fx.Node, Any] = dict(zip(lowered.find_nodes(op="placeholder"), given))
+    for node in lowered.nodes:
+        if node.op == "output":
+            return tuple(fx.map_arg(node.args[0], env.__getitem__))
+        if node.op != "placeholder":
+            env[node] = out.node_copy(node, env.__getitem__)
+    raise AssertionError("a graph without an output")
+
+
+def _own_values(graph: fx.Graph, leaves: List[Any]) -> Set[fx.Node]:
+    """The values of `graph` (n_axis marked) each model's own at every call its capture takes,
+    given the wide input's `leaves`: an input tensor not shared (a capture is specialised to
+    which are, capture.signature; the graph's inputs are the leaves, in order), a swapped layer's
+    output, and a tensor held stacked."""
+    inputs = zip(graph.find_nodes(op="placeholder"), leaves)
+    own = {node for node, x in inputs if isinstance(x, torch.Tensor) and not is_shared(x)}
+    layers = {node for node in graph.nodes if node.op == "call_module"}
+    return own | layers | {node for node in graph.nodes if node.op == "get_attr" and is_stacked(node)}
 
 
 def _given_stacked(value: fx.Node) -> bool:

@@ -40,6 +40,7 @@ __all__ = [
     "ShapeQuery",
     "Repeated",
     "Segment",
+    "may_group",
     "leaf_flags",
     "alone_among_numbers",
     "is_shape_query",
@@ -268,6 +269,12 @@ L2_BYTES = cpu_l2_bytes() or 2 << 20
 MANY_PASSES = 4
 
 
+def may_group(once: Lowered) -> bool:
+    """Whether the lowered stretch `once` may run in groups of models (where its values outgrow
+    L2 on a CPU): whether many of its ops pass over its largest values; else it runs at once."""
+    return once.passes >= MANY_PASSES
+
+
 def _own(value: Any) -> bool:
     """Whether `value` holds a model's own tensor: one not shared (a GRU's output and state, a tuple, are)."""
     if isinstance(value, (tuple, list)):
@@ -322,7 +329,7 @@ class Segment(nn.Module):
         values far larger than L2 on a CPU, in groups of models whose values fit it (L2_BYTES)."""
         x = values[once.scale] if once.scale is not None else None
         group = self.n
-        if isinstance(x, torch.Tensor) and x.device.type == "cpu" and once.passes >= MANY_PASSES:
+        if isinstance(x, torch.Tensor) and x.device.type == "cpu" and may_group(once):
             per_model = once.growth * x[0].numel() * x.element_size()
             if per_model * self.n > 4 * L2_BYTES:
                 group = int(min(self.n, max(1, L2_BYTES // per_model)))
