@@ -444,9 +444,20 @@ def test_bisection_finds_the_crossover_in_about_log2_measurements():
     assert measured == []  # the largest N loses: it never crosses, nothing more to measure
 
 
+@pytest.fixture
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def _busy(seconds: float) -> None:
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
+    """Work of `seconds` on this thread's CPU clock: the run times it by that clock (one torch
+    thread), so other processes taking the core stretch neither the work nor its measurement.
+    Spun on wall time, beside two busy loops N=32 stayed open ('up to 71.9% at stake')."""
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
         pass
 
 
@@ -484,10 +495,11 @@ class FixedCost(WideOp, nn.Module):
         return [torch.randn(d) for _ in range(n)]
 
 
-def test_search_finds_a_known_crossover_and_measures_only_what_it_needs(monkeypatch):
+def test_search_finds_a_known_crossover_and_measures_only_what_it_needs(monkeypatch, one_thread):
     """The bisection, on a machine the health monitor finds quiet: beside a CI run the largest N was
     once disturbed, and a search rightly stops there with the group 'not known' (tested apart,
-    test_a_group_whose_largest_n_was_never_measured_clean_does_not_say_never)."""
+    test_a_group_whose_largest_n_was_never_measured_clean_does_not_say_never). One torch thread:
+    timed by the CPU clock its work is counted on (_busy)."""
     monkeypatch.setattr(HealthMonitor, "round_disturbed", lambda self: False)
     monkeypatch.setattr(HealthMonitor, "busy", lambda self: False)
     register("test_fixed_cost")(FixedCost)  # leaves with the test (conftest)
