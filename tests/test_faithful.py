@@ -304,6 +304,15 @@ def test_models_whose_settings_differ_are_refused_in_one_line_not_run_with_model
                 fuse(models, strategy=strategy)
 
 
+def test_models_whose_layers_differ_in_class_alone_are_refused_not_run_with_model_0s():
+    """An activation chosen per model (nn.ReLU and nn.SiLU keep the same settings): vmap and surgery
+    ran model 0's ReLU for both (0.28 off); and N classes of one sweep, one shape each."""
+    models = [nn.Sequential(nn.Linear(4, 4), act()) for act in (nn.ReLU, nn.SiLU)]
+    for strategy in ("vmap", "surgery", None):
+        with pytest.raises(WideTesseraError, match=r"'1 \(its class\)' is a torch.nn.modules.activation.SiLU"):
+            fuse(models, strategy=strategy)
+
+
 class Shift(NamedTuple):
     scale: float
     shift: float
