@@ -14,8 +14,13 @@ from __future__ import annotations
 import copy
 import dataclasses
 import inspect
+import operator
+import warnings
+from collections import OrderedDict
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
 import torch
@@ -27,6 +32,7 @@ from torch.utils._pytree import TreeSpec, tree_flatten, tree_map
 from ..core import trees
 from ..core.errors import NotApplicable
 from ..core.kept import plain_values
+from ..ops.alike import layout_of
 from ..ops.base import fusing_ops
 from ..ops.exact import has_hooks
 from .host_draws import python_draws_refused
@@ -39,10 +45,10 @@ __all__ = [
     "Capture",
     "none_defaults",
     "trace_fx",
-    "probe_call",
     "signature",
     "input_key",
     "export_graph",
+    "exports_kept",
     "guards_of",
     "input_dims",
 ]
@@ -355,7 +361,79 @@ def _kept(model: nn.Module) -> Dict[str, Any]:
     return {f"{path}.{name}".lstrip("."): value for path, values in kept for name, value in values.items()}
 
 
+# torch.export's graphs kept within `exports_kept` (None outside it), by what a graph depends on
+# (_export_key), each with its model's parameters and buffers on the meta device, so that it
+# keeps no model's weights alive.
+_KEPT: ContextVar[Optional["OrderedDict[Tuple[type, str], Tuple[fx.GraphModule, Dict[Any, Any]]]"]] = ContextVar(
+    "exports_kept", default=None
+)
+MOST_EXPORTS = 8
+
+
+@contextmanager
+def exports_kept() -> Iterator[None]:
+    """Within it, a surgery of models laid out like earlier ones (a probe's switch, a group
+    repacked after a pruned trial) reuses their torch.export graph, copied with its own tensors:
+    each exported the model again, 0.27 s a time for the small conv net of
+    scripts/study_quality.py (2.2 s the first in a process), where a copy takes 0.01 s. A scope
+    whose models one code builds (an Optuna study's `build`), not the process: a helper the
+    forward calls, changed in a notebook and run again, leaves the class and its layout as they
+    were, and a graph kept since would run the old code."""
+    token = _KEPT.set(OrderedDict())
+    try:
+        yield
+    finally:
+        _KEPT.reset(token)
+
+
 def export_graph(
+    model: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]
+) -> Tuple[fx.GraphModule, Dict[Any, Any]]:
+    """torch.export's graph of `model` on one model's input (probe_call first), and its dynamic
+    sizes' ranges; within `exports_kept`, made once for every model laid out alike
+    (ops.alike.layout_of, which the N models of one surgery share too) given the same input
+    structure, modes and training flags, and copied with `model`'s own tensors in it, as its
+    export would hold them. A model with hooks is exported each time (two models' hooks may
+    count alike and differ)."""
+    kept = _KEPT.get()
+    key = None if kept is None or has_hooks(model) else _export_key(model, args, kwargs)
+    if kept is not None and key is not None and key in kept:
+        kept.move_to_end(key)
+        graph, ranges = kept[key]
+        return _with_tensors(graph, lambda name, _: operator.attrgetter(name)(model)), ranges
+    probe_call(model, args, kwargs)
+    graph, ranges = _export(model, args, kwargs)
+    if kept is not None and key is not None:
+        kept[key] = (_with_tensors(graph, lambda _, t: torch.empty_like(t, device="meta")), ranges)
+        if len(kept) > MOST_EXPORTS:
+            kept.popitem(last=False)
+    return graph, ranges
+
+
+def _export_key(model: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Tuple[type, str]:
+    """What torch.export's graph of `model` depends on: its class and layout (each module's
+    class, tensors' shapes and settings), each module's training flag, the input's structure,
+    each leaf's shape, dtype, device and gradient flag (a plain value as it is), and the grad
+    and autocast modes."""
+    leaves, spec = tree_flatten((args, kwargs))
+    inputs = [
+        (tuple(t.shape), t.dtype, t.device, t.requires_grad) if isinstance(t, torch.Tensor) else repr(t) for t in leaves
+    ]
+    flags = [m.training for m in model.modules()]
+    said = repr((sorted(layout_of(model).items()), flags, spec, inputs, torch.is_grad_enabled(), _autocast_state()))
+    return type(model), said  # the class itself: one redefined under its old name is another
+
+
+def _with_tensors(graph: fx.GraphModule, each: Callable[[str, torch.Tensor], torch.Tensor]) -> fx.GraphModule:
+    """A copy of `graph` whose every parameter and buffer is each(its name, it)."""
+    named = chain(graph.named_parameters(remove_duplicate=False), graph.named_buffers(remove_duplicate=False))
+    memo = {id(t): each(name, t) for name, t in named}
+    with warnings.catch_warnings():  # torch's own treespec, copied: "isinstance(treespec, LeafSpec) is deprecated"
+        warnings.simplefilter("ignore", FutureWarning)
+        return copy.deepcopy(graph, memo)
+
+
+def _export(
     model: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]
 ) -> Tuple[fx.GraphModule, Dict[Any, Any]]:
     """torch.export's graph of `model` on one model's input and its dynamic sizes' ranges, every

@@ -58,7 +58,6 @@ from .capture import (
     guards_of,
     input_dims,
     input_key,
-    probe_call,
     signature,
 )
 from .host_draws import python_draws_refused
@@ -235,7 +234,6 @@ class ExportedSurgery(nn.Module):
                 # tensor attribute assigned during export: torch's own module, nothing the user can change
                 warnings.filterwarnings("ignore", message="The tensor attributes .* were assigned during export")
                 with python_draws_refused("torch.export"):
-                    probe_call(model, tuple(one_args), dict(one_kwargs))
                     program = export_graph(model, tuple(one_args), dict(one_kwargs))
         except Exception as e:  # noqa: BLE001  whatever stops the capture: the vmap strategy covers the model
             why = one_line(e)[:200]

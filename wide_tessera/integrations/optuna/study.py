@@ -17,6 +17,7 @@ from ...core.user_input import check_number
 from ...dispatch.table import default_table_path
 from ...measurement.settings import resolve_device
 from ...ops.alike import layout_of
+from ...widen.capture import exports_kept
 from ...widen.rates import rate_settings
 from .group import Plan, train_group
 from .host import optuna
@@ -64,8 +65,9 @@ def optimize(
     teller = Teller(study, catch, listed, gc_after_trial)
     table_path = Path(table) if table is not None else default_table_path()
     run = _Scheduler(teller, suggest, build, training, n_trials, table_path, device, timeout, progress)
-    # every draw the study makes (sizing, timing, training) on a fork: the caller's generator stays as it was
-    with forked(device):
+    # every draw the study makes (sizing, timing, training) on a fork: the caller's generator stays
+    # as it was; a surgery rebuilt for a probe's switch or a repack copies the export it made before
+    with forked(device), exports_kept():
         try:
             while run.asking() or run.pending:
                 ready = next((k for k, ms in run.pending.items() if len(ms) >= run.sizes[k].size), None)
