@@ -39,7 +39,7 @@ def sweep(dropout):
 
 
 def study():
-    return optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    return optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0), pruner=optuna.pruners.NopPruner())
 
 
 @pytest.mark.parametrize("strategy", ["vmap", "surgery"])

@@ -14,7 +14,7 @@ from wide_tessera.core.errors import WideTesseraError
 
 optuna = pytest.importorskip("optuna")
 from wide_tessera.integrations.optuna import Training, optimize, sequential_objective  # noqa: E402
-from wide_tessera.integrations.optuna.probe import STRATEGIES  # noqa: E402
+from wide_tessera.integrations.optuna.probe import BASELINE, STRATEGIES, TURN_STEPS  # noqa: E402
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 D, B, STEPS = 8, 16, 30
@@ -196,13 +196,21 @@ def _clock(monkeypatch, loop_s, fused_s, builds=None, measured=STRATEGIES):
     build of a group `builds[strategy]` (default: nothing); the switches to `measured` known to
     the process, as a study before this one measured them."""
     from wide_tessera.integrations.optuna import group, probe
+    from wide_tessera.integrations.optuna import study as scheduler
 
     clock = [0.0]
     monkeypatch.setattr(group, "now", lambda: clock[0])
+    monkeypatch.setattr(probe, "now", lambda: clock[0])
     monkeypatch.setattr(probe, "SWITCHES", {(s, "MLP"): (builds or {}).get(s, 0.0) for s in measured})
+    monkeypatch.setattr(scheduler, "step_seconds", lambda *_: 1.0)  # an estimate the share never reaches
     timed = probe.Probe.timed
-    monkeypatch.setattr(probe.Probe, "timed", lambda self, step, s, switch_s=None: timed(
-        self, step, loop_s if self.side(step) == probe.BASELINE else fused_s, switch_s))  # fmt: skip
+
+    def step(self, s, switch_s=None):
+        s = loop_s if self.side == probe.BASELINE else fused_s
+        clock[0] += s
+        timed(self, s, switch_s)
+
+    monkeypatch.setattr(probe.Probe, "timed", step)
     build = group._Group.__init__
 
     def built(self, members, plan):
@@ -243,7 +251,7 @@ def test_where_the_probe_finds_the_loop_faster_the_trials_go_on_one_at_a_time(tm
     """No fused strategy wins: the first group's trials go on alone from where the probe left them
     (torch's optimizer state and schedule carried over), end as they end sequentially, and the
     shape's later trials train one at a time; the table says 'loop'."""
-    _clock(monkeypatch, loop_s=1e-3, fused_s=1e-2)
+    _clock(monkeypatch, loop_s=1e-2, fused_s=2e-2)
     table = tmp_path / "table.json"
     training = Training(steps=40, batch=lambda p, step: (X[step % STEPS], Y[step % STEPS]), loss=F.mse_loss,
                         optimizer="adamw", cosine=True, report_every=10)  # fmt: skip
@@ -254,24 +262,25 @@ def test_where_the_probe_finds_the_loop_faster_the_trials_go_on_one_at_a_time(tm
     assert [len(g.trials) for g in summary.groups] == [4, 1, 1] and "one at a time" in summary.groups[0].why
     assert [t.value for t in fused.trials] == pytest.approx([t.value for t in sequential.trials], rel=1e-3)
     (entry,) = json.loads(table.read_text())["entries"]
-    assert [v["verdict"] for v in entry["verdicts"]] == ["loop"]
+    assert [v["verdict"] for v in entry["verdicts"]] == ["loop"], summary.groups[0].why
 
 
 @pytest.mark.parametrize(
     "measured, tried, stopped",
     [((), "vmap in turns (surgery untried", "2 round(s), 16 training steps in 0.24 s, costing 0.15 s (0.15 s "
-      "switching) of a 0.16 s share: open; stopped before a switch to the loop (~0.05 s, 0.01 s of the share left)"),
-     (STRATEGIES, "vmap, surgery in turns,", "0 round(s), 8 training steps in 0.09 s, costing 0.05 s (0.05 s "
-      "switching) of a 0.16 s share: open; stopped before a switch to surgery (~0.50 s, 0.11 s of the share left)")],
+      "switching) of a 0.16 s share (100% of its estimated sequential 0.2 s): open; stopped before a switch to the "
+      "loop (~0.05 s, 0.01 s of the share left)"),
+     (STRATEGIES, "vmap, surgery in turns, 0 round(s)",
+      "stopped before a switch to surgery (~0.12 s, 0.11 s of the share left)")],
 )  # fmt: skip
 def test_sizing_stops_before_a_unit_that_would_overrun_its_share(measured, tried, stopped, tmp_path, monkeypatch):
     """Each unit of the probe (a switch with its build, a step) is taken only where its cost, as
     last measured, fits what is left of the share; a switch nothing measured yet only first. The
-    clock is replaced: a surgery build costs 0.5 s, a vmap or loop one 0.05 s, the share 0.16 s
-    (a vmap turn, then a surgery switch, took a conv study's 3.3 s share to 6.4 s)."""
+    clock is replaced: a surgery build costs 0.12 s, a vmap or loop one 0.05 s, the share 0.16 s
+    at most (a vmap turn, then a surgery switch, took a conv study's 3.3 s share to 6.4 s)."""
     from wide_tessera.integrations.optuna import study as study_module
 
-    _clock(monkeypatch, loop_s=1e-2, fused_s=1e-3, builds={"loop": 0.05, "vmap": 0.05, "surgery": 0.5},
+    _clock(monkeypatch, loop_s=1e-2, fused_s=1e-3, builds={"loop": 0.05, "vmap": 0.05, "surgery": 0.12},
            measured=measured)  # fmt: skip
     monkeypatch.setattr(study_module, "step_seconds", lambda member, training, device: 1e-3)  # 0.16 s sequential
     training = Training(steps=40, batch=lambda p, step: (X[step % STEPS], Y[step % STEPS]), loss=F.mse_loss,
@@ -279,7 +288,7 @@ def test_sizing_stops_before_a_unit_that_would_overrun_its_share(measured, tried
     summary = optimize(study(), suggest, build, training, n_trials=4, table=tmp_path / "t.json", progress=False,
                        sizing_share=1.0)  # fmt: skip
     why = summary.groups[0].why
-    assert tried in why and stopped in why
+    assert tried in why and stopped in why, why
 
 
 def test_with_no_sizing_share_a_shape_the_table_lacks_trains_one_trial_at_a_time(tmp_path):
@@ -681,16 +690,68 @@ def test_a_killed_workers_trials_fail_as_stale_at_the_next_optimize(tmp_path):
     assert [t.state.name for t in resumed.trials] == ["FAIL"] * 3 + ["COMPLETE"]
 
 
+def _driven(monkeypatch, share=1.0, switches=None):
+    """A probe of the first group (16 trials) on a clock of its own, and one step of training on
+    it: the side the probe picks runs `cost(side, n)` seconds, after a switch of `switch_s` where
+    the side changed. `switches`: what this process measured before, by strategy."""
+    from wide_tessera.integrations.optuna import probe
+
+    clock = [0.0]
+    monkeypatch.setattr(probe, "now", lambda: clock[0])
+    monkeypatch.setattr(probe, "SWITCHES", {(s, "Net"): c for s, c in (switches or {}).items()})
+    sizing = probe.Probe.planned(share=share, estimate_s=1e9, model="Net")
+    sizing.began(16)
+    sizing.switch_s.setdefault(BASELINE, (switches or {}).get(BASELINE, 1e-3))  # the loop's build, as a group's
+
+    def step(cost, switch_s=0.0):
+        before = sizing.side
+        side = sizing.begin_step()
+        switched = switch_s if side != before else None
+        seconds = cost(side, sizing.n)
+        clock[0] += seconds + (switched or 0.0)
+        sizing.timed(seconds, switched)
+
+    return sizing, step
+
+
 def test_a_sides_step_after_its_first_switch_is_predicted_by_the_step_the_switch_took(monkeypatch):
     """Before any plain step of a side was timed, its next step is predicted to cost what the
     step after the switch cost beyond the loop's, not nothing: a probe took a surgery step it had
     no room for."""
-    from wide_tessera.integrations.optuna import probe
-
-    monkeypatch.setattr(probe, "SWITCHES", {})
-    sizing = probe.Probe.planned(budget_s=1.0, model="Net")
-    for step in range(probe.TURN_STEPS):
-        sizing.timed(step, 0.01)
-    sizing.timed(probe.TURN_STEPS, 0.04, switch_s=0.2)
+    sizing, step = _driven(monkeypatch)
+    for _ in range(TURN_STEPS):
+        step(lambda side, n: 0.01)
+    step(lambda side, n: 0.04, switch_s=0.2)
     unit, predicted = sizing.next_unit()
     assert unit == f"a step of {sizing.strategies[0]}" and predicted == pytest.approx(0.03)
+
+
+def test_a_probe_whose_group_shrinks_compares_steps_of_one_size_only(monkeypatch):
+    """Trials pruned while the first group probes repack it smaller: a loop turn timed at N=16
+    against a fused turn at 15 made a fused side that is no faster look 7% faster, and settle
+    'fuse'. Here every step costs the same per trial on both sides, and the group loses one
+    trial a turn: the rounds begin again at each size, so nothing settles."""
+    sizing, step = _driven(monkeypatch)
+    for _ in range(6 * TURN_STEPS):
+        step(lambda side, n: n * 1e-2, switch_s=1e-3)
+        if sizing.turn_steps == TURN_STEPS:
+            sizing.resized(sizing.n - 1)
+    assert not sizing.fuses and sizing.final().kind == "open" and sizing.n == 10
+    assert "at N=10 (of 16, the others pruned)" in sizing.said()
+
+
+def test_probing_costs_at_most_its_share_of_the_study_so_far_waiting_on_a_side_that_costs_nothing(monkeypatch):
+    """A share of the study's estimated sequential time let a pruned study (3 s sequential) spend
+    18-32% of its fused time sizing: the share is now of the study's time so far. With switches of
+    50 ms and loop steps of 10 ms, a 10% share waits on the loop until the study has run 0.5 s
+    before its first switch, and on vmap (faster than the loop) before each switch back; it never
+    costs more than its share, and settles in the end."""
+    sizing, step = _driven(monkeypatch, share=0.1, switches={"vmap": 0.05, "surgery": 1e9, BASELINE: 0.05})
+    sides = []
+    for _ in range(600):
+        step(lambda side, n: 0.01 if side == BASELINE else 0.004, switch_s=0.05)
+        sides.append(sizing.side)
+        assert sizing.cost_s <= sizing.budget_s + 1e-9
+        if sizing.done:
+            break
+    assert sides.index("vmap") >= 50 and sizing.final().kind == "fuse" and sizing.winner() == "vmap", sizing.said()

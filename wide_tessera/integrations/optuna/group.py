@@ -107,6 +107,7 @@ def _train_fused(
     group = _Group(members, plan)
     if probe is not None:  # the loop's build: what a switch back to it is predicted by
         probe.switch_s.setdefault(BASELINE, now() - began)
+        probe.began(len(members))
     record = GroupRecord(
         [m.trial.number for m in members], key, group.fused.strategy, group.fused.decision.match.reason, 0.0
     )
@@ -118,13 +119,13 @@ def _train_fused(
     for step in range(training.steps):
         failed: Dict[int, Exception] = {}
         if probe is not None and not probe.done:
-            group, switch_s = _turn(group, probe.side(step), step)
+            group, switch_s = _turn(group, probe.begin_step(), step)
             began = now()
             losses = group.step(step, failed)
-            probe.timed(step, now() - began, switch_s)
+            probe.timed(now() - began, switch_s)
             if probe.done:  # the winner's build: what a group the table sized builds too, not sizing
                 group, _ = _turn(group, probe.winner() or BASELINE, step + 1)
-                record.strategy, record.why = group.fused.strategy, probe.said(len(members))
+                record.strategy, record.why = group.fused.strategy, probe.said()
                 _label_trials(group.members, group.fused.strategy)
                 alone = probe.winner() is None
         else:
@@ -143,6 +144,8 @@ def _train_fused(
         if len(kept) < len(group.members):  # a pruned or failed trial stops costing time
             group = group.without(kept, step)
             record.repacked.append(len(kept))
+            if probe is not None and not probe.done:
+                probe.resized(len(kept))
         if clock is not None:
             elapsed = f"{time.perf_counter() - clock[0]:.0f}s of ~{clock[1]:.0f}s sequential"
             bar.set_postfix(training=len(group.members), pruned=len(record.pruned), study=elapsed)
@@ -153,6 +156,8 @@ def _train_fused(
             record.seconds = time.perf_counter() - start
             return record
     bar.close()
+    if probe is not None and not probe.done:  # its training ended first: what it measured, said
+        record.why = probe.said()
     if kept:
         models = group.fused.unfuse() if training.evaluate is not None else []
         for i, m in enumerate(group.members):

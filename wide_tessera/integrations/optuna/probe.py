@@ -5,8 +5,10 @@ or the study's sizing share is spent; the group goes on with the winner.
 Measuring a shape the table lacked by benchmark_custom at N = 2, 4, 8, ... cost 114 s of a
 137 s study whose sequential run took 5.5 to 19.4 s, and on a busy machine decided nothing.
 Here every step timed is a step of training (both sides compute the same step of the same
-trials, so nothing is thrown away but the switches between them), and a study never spends
-more than `share` of its own estimated sequential time before it decides. What it learns is
+trials, so nothing is thrown away but the switches between them), and what probing costs is at
+most `share` of the study's time so far (and of its estimated sequential time): a share of the
+estimate alone, which counts every trial's every step, let a pruned study (3 s sequential,
+estimated 9 s unpruned) spend 18-32% of its fused time sizing. What it learns is
 written to the dispatch table: a win as 'unconfirmed', which a second study's agreeing probe
 confirms ('fuse', which fuse() then acts on), the way the benchmark confirms a win by a second
 pass; a loss as 'loop'; nothing settled as 'open', so that the next study probes again."""
@@ -53,16 +55,21 @@ class Probe:
     """The first group's turns: which side trains each step, the ms of each side's timed steps
     by round, and what the rule decided.
 
-    It spends at most `budget_s`: before each unit (a step, or a switch to another side with its
-    first step) it predicts the unit's cost by the last one of its kind measured, and stops where
-    the unit would not fit. A unit begun is not cut (a switch's build and capture run to their
-    end), so a side whose switch nothing has measured yet is tried only first, while nothing is
-    spent: the sides are the loop, at most one strategy of unknown cost, then those this process
-    measured (STRATEGIES' others wait for a later study of the class: `untried`). Counting a
-    turn's cost only after it began, the 3.3 s share of a conv study was overrun by a vmap turn
-    and a surgery switch to 6.4 s."""
+    It costs at most `budget_s`, `share` of the study's time so far (at most of `estimate_s`):
+    before each unit (a step, or a switch to another side with its first step) it predicts the
+    unit's cost by the last one of its kind measured. A turn over, it switches to the next side
+    where the switch fits; else it waits, its side training on, while that side costs nothing
+    beyond the loop's steps (the loop's own, or a faster one's) and the share still grows with
+    the study's time; else it stops. A unit begun is not cut (a switch's build and capture run to
+    their end), so a side whose switch nothing has measured yet is tried only first, while
+    nothing is spent: the sides are the loop, at most one strategy of unknown cost, then those
+    this process measured (STRATEGIES' others wait for a later study of the class: `untried`).
+    Counting a turn's cost only after it began, the 3.3 s share of a conv study was overrun by a
+    vmap turn and a surgery switch to 6.4 s."""
 
-    budget_s: float
+    share: float
+    estimate_s: float
+    start: float  # when the study began, on the probe's clock (now)
     strategies: Sequence[str] = STRATEGIES
     model: str = ""  # the model's class: what SWITCHES are kept by
     untried: Sequence[str] = ()
@@ -75,30 +82,53 @@ class Probe:
     step_s: Dict[str, float] = field(default_factory=dict)  # each side's last timed step beyond the loop's
     call: Optional[Call] = None
     steps: int = 0
+    n: int = 0  # the group's size, which its samples were timed at
+    began_n: int = 0  # its size when the probe began
+    turn: int = 0  # the sides take turns: sides[turn % len(sides)] trains now
+    turn_steps: int = 0  # the steps of this turn so far (after TURN_STEPS, it waits for its switch)
     _block: List[float] = field(default_factory=list)
+    _setting_up: bool = False  # the turn's steps since a repack pay its set-up: not sampled
 
     @staticmethod
-    def planned(budget_s: float, model: str, given: bool = False) -> "Probe":
-        """A probe of `budget_s` for a model of class `model`: the strategies whose switch cost this
-        process measured, after the first one it did not; the other unknown ones untried."""
+    def planned(share: float, estimate_s: float, model: str, given: bool = False) -> "Probe":
+        """A probe of `share` of the study's time (beginning now, at most of `estimate_s`) for a
+        model of class `model`: the strategies whose switch cost this process measured within
+        what the share can reach, after the first one it did not; the others untried (a side
+        whose switch never fits holds every round open)."""
         unknown = [s for s in STRATEGIES if (s, model) not in SWITCHES]
         known = [s for s in STRATEGIES if (s, model) in SWITCHES]
-        return Probe(budget_s, (*unknown[:1], *known), model, tuple(unknown[1:]), given)
+        reached = [s for s in known if SWITCHES[(s, model)] <= share * estimate_s]
+        untried = (*unknown[1:], *(s for s in known if s not in reached))
+        return Probe(share, estimate_s, now(), (*unknown[:1], *reached), model, untried, given)
 
     @property
     def sides(self) -> List[str]:
         return [BASELINE, *self.strategies]
 
-    def side(self, step: int) -> str:
-        """The side that trains `step` while the probe runs."""
-        return self.sides[(step // TURN_STEPS) % len(self.sides)]
+    @property
+    def side(self) -> str:
+        """The side that trains now."""
+        return self.sides[self.turn % len(self.sides)]
 
-    def timed(self, step: int, seconds: float, switch_s: Optional[float] = None) -> None:
-        """One step's time on its side (`switch_s`: the switch to the side just before it); after
+    @property
+    def budget_s(self) -> float:
+        """What probing may have cost by now: `share` of the study's time so far, at most of its
+        estimated sequential time."""
+        return self.share * max(0.0, min(self.estimate_s, now() - self.start))
+
+    def begin_step(self) -> str:
+        """The side the next step trains on: the next one once this turn's steps are done and the
+        switch to it fits, else this one (see the class's docstring)."""
+        if self.turn_steps >= TURN_STEPS and self._switch_fits():
+            self.turn, self.turn_steps = self.turn + 1, 0
+        return self.side
+
+    def timed(self, seconds: float, switch_s: Optional[float] = None) -> None:
+        """The step's time on its side (`switch_s`: the switch to the side just before it); after
         each round, a look where one is due."""
         self.spent_s += seconds + (switch_s or 0.0)
         self.steps += 1
-        side, loop = self.side(step), self.samples.get(BASELINE)
+        side, loop = self.side, self.samples.get(BASELINE)
         excess = max(0.0, seconds - statistics.median_high(loop) / 1e3) if side != BASELINE and loop else 0.0
         self.excess_s += excess
         if switch_s is not None:
@@ -110,15 +140,28 @@ class Probe:
             self.step_s.setdefault(side, excess)
         else:
             self.step_s[side] = excess
-        if step % TURN_STEPS:
+        # a turn's first step pays the switch's lazy set-up, and the steps while it waits are not its
+        if 0 < self.turn_steps < TURN_STEPS and not self._setting_up:
             self._block.append(seconds * 1e3)
-        if step % TURN_STEPS == TURN_STEPS - 1:
-            self.samples.setdefault(side, []).append(sum(self._block) / len(self._block))
-            self._block = []
-        rounds = min((len(self.samples.get(s, [])) for s in self.sides), default=0)
-        if step % (TURN_STEPS * len(self.sides)) == TURN_STEPS * len(self.sides) - 1 and rounds in LOOKS:
-            call = decide(self.samples, self.strategies, LEVEL)
-            self.call = call if call.settled else None
+        self.turn_steps += 1
+        if self.turn_steps == TURN_STEPS:
+            if self._block:
+                self.samples.setdefault(side, []).append(sum(self._block) / len(self._block))
+            self._block, self._setting_up = [], False
+            rounds = min((len(self.samples.get(s, [])) for s in self.sides), default=0)
+            if side == self.sides[-1] and rounds in LOOKS:
+                call = decide(self.samples, self.strategies, LEVEL)
+                self.call = call if call.settled else None
+
+    def resized(self, n: int) -> None:
+        """The group repacked to `n` trials (some pruned or failed): its rounds begin again, at n. A
+        step of N trials is not a step of n: a loop turn timed at 16 against a fused one at 4 made
+        the fused side look 4x faster than it is."""
+        self.n, self.samples, self._block, self._setting_up, self.call = n, {}, [], True, None
+
+    def began(self, n: int) -> None:
+        """The probe's group, of `n` trials, begins."""
+        self.n = self.began_n = n
 
     @property
     def cost_s(self) -> float:
@@ -126,21 +169,43 @@ class Probe:
         (the steps themselves train: a step the loop takes is the sequential study's own cost)."""
         return self.switching_s + self.excess_s
 
+    def _switch(self) -> Tuple[str, float]:
+        """The next side, and the predicted cost of the switch to it: the last this process
+        measured for the class; where nothing measured one, nothing if nothing is spent yet, else
+        more than any share."""
+        side = self.sides[(self.turn + 1) % len(self.sides)]
+        measured = self.switch_s.get(side, SWITCHES.get((side, self.model)))
+        if measured is None:
+            measured = 0.0 if self.cost_s == 0.0 else math.inf
+        return side, measured
+
+    def _switch_fits(self) -> bool:
+        return self.cost_s + self._switch()[1] <= self.budget_s
+
+    @property
+    def _waiting(self) -> bool:
+        """Whether the turn is over and its switch does not fit yet."""
+        return self.turn_steps >= TURN_STEPS and not self._switch_fits()
+
     def next_unit(self) -> Tuple[str, float]:
         """The unit the next step begins (a switch to a side, or a step of one) and its predicted
-        cost: the last of its kind measured (a switch this process measured for the class); a
-        switch nothing measured, nothing if nothing is spent yet, else more than any share."""
-        step, side = self.steps, self.side(self.steps)
-        if step and step % TURN_STEPS == 0:
-            measured = self.switch_s.get(side, SWITCHES.get((side, self.model)))
-            if measured is None:
-                measured = 0.0 if self.cost_s == 0.0 else math.inf
-            return f"a switch to {_named(side)}", measured
-        return f"a step of {_named(side)}", self.step_s.get(side, 0.0)
+        cost (the last of its kind measured, see _switch)."""
+        if self.turn_steps >= TURN_STEPS:
+            side, cost = self._switch()
+            return f"a switch to {_named(side)}", cost
+        return f"a step of {_named(self.side)}", self.step_s.get(self.side, 0.0)
 
     @property
     def done(self) -> bool:
-        return self.call is not None or self.cost_s + self.next_unit()[1] > self.budget_s
+        """Settled; down to one trial (nothing left to fuse); or the next unit does not fit and
+        cannot be waited for: a switch nothing measured, a side that costs more than the loop's
+        steps, or a share that has stopped growing (the study's time past its estimate)."""
+        if self.call is not None or self.n < 2:
+            return True
+        if not self._waiting:
+            return self.cost_s + self.next_unit()[1] > self.budget_s
+        waits = self.step_s.get(self.side, 0.0) == 0.0 and not math.isinf(self._switch()[1])
+        return not (waits and now() - self.start < self.estimate_s)
 
     def winner(self) -> Optional[str]:
         """The strategy the group goes on with (None: the loop): the rule's, or where it did not
@@ -166,27 +231,43 @@ class Probe:
         rounds = min((len(self.samples.get(s, [])) for s in self.sides), default=0)
         return Call("open") if rounds < LOOKS[0] else _open(decide(self.samples, self.strategies, LEVEL))
 
-    def said(self, n: int) -> str:
+    def said(self) -> str:
         """What was measured, for how long, what it cost against the share, and why it stopped, in
         one line."""
         call = self.final()
         rounds = min((len(self.samples.get(s, [])) for s in self.sides), default=0)
         verdict = f"{call.kind}{' ' + call.strategy if call.strategy else ''}"
-        untried = f" ({', '.join(self.untried)} untried: no switch to it measured yet)" if self.untried else ""
+        untried = (
+            f" ({', '.join(self.untried)} untried: no switch to it measured yet, or one the share cannot reach)"
+            if self.untried else ""
+        )  # fmt: skip
         unit, cost = self.next_unit()
         forced = "" if self.fuses or not self.given else f"; fused as the size given asks, with {self.winner()}"
-        stopped = "" if self.call is not None else (
-            f"; stopped before {unit} (~{'?' if math.isinf(cost) else f'{cost:.2f}'} s, "
+        stopped = "" if self.call is not None else "; stopped with one trial left: not settled" if self.n < 2 else (
+            f"; the group's training ended first, waiting for {unit} (~{cost:.2f} s) to fit: not settled"
+            if not self.done else f"; stopped before {unit} (~{'?' if math.isinf(cost) else f'{cost:.2f}'} s, "
             f"{max(0.0, self.budget_s - self.cost_s):.2f} s of the share left): not settled"
         )  # fmt: skip
+        elapsed = max(0.0, now() - self.start)
+        share = f"{self.share:.0%} of the study's {elapsed:.1f} s so far" if elapsed < self.estimate_s else (
+            f"{self.share:.0%} of its estimated sequential {self.estimate_s:.1f} s"
+        )  # fmt: skip
         return (
-            f"sized on group 0's own steps at N={n}: loop, {', '.join(self.strategies)} in turns{untried}, "
+            f"sized on the first group's own steps at N={self.n}{self._repacked}: loop, "
+            f"{', '.join(self.strategies)} in turns{untried}, "
             f"{rounds} round(s), {self.steps} training steps in {self.spent_s:.2f} s, costing {self.cost_s:.2f} s "
-            f"({self.switching_s:.2f} s switching) of a {self.budget_s:.2f} s share: {verdict}{stopped}{forced}"
+            f"({self.switching_s:.2f} s switching) of a {self.budget_s:.2f} s share ({share}): "
+            f"{verdict}{stopped}{forced}"
         )
 
-    def write(self, member: Member, n: int, table: Path) -> None:
-        """What the probe learned, as a dispatch table entry at N (see the module's docstring)."""
+    @property
+    def _repacked(self) -> str:
+        return f" (of {self.began_n}, the others pruned)" if self.n != self.began_n else ""
+
+    def write(self, member: Member, table: Path) -> None:
+        """What the probe learned, as a dispatch table entry at the N it timed (see the module's
+        docstring)."""
+        n = self.n
         match, case = decide_at(member.model, n, table, mode="train")
         call = self.final()
         before = [v for e in match.entries for v in e.verdicts if v.n == n]

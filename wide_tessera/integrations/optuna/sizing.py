@@ -37,7 +37,7 @@ class Sizing:
     why: str
     strategy: Optional[str] = None
     probe: Optional[Probe] = None
-    given: bool = False  # the caller's size: kept whatever the probe decides
+    given: bool = False  # the caller's size: kept whatever the probe decides, and from the first trial
 
 
 def size_groups(
@@ -48,24 +48,26 @@ def size_groups(
     table: Path,
     n_trials: int,
     device: str,
-    budget_s: float,
+    share: float,
+    estimate_s: float,
 ) -> Sizing:
     """How the trials of this shape train. A given size K runs the strategy given, else the one the
     table names at N=K whatever its verdict (`group_size=8` alone ran the loop where the verdict
     at 8 was 'disturbed'), probed on the first group where the table has nothing at K; where no
     strategy trains K models correctly, one line says so and the groups run as a loop. Without a
     size: the largest N the table says fuses, capped by memory; where it decides nothing, the
-    largest N memory allows, probed on the first group within `budget_s` (0: one trial at a time)."""
+    largest N memory allows, probed on the first group within `share` of the study's time (at most
+    of its estimated sequential time, `estimate_s`; 0: one trial at a time)."""
     cap, memory = _memory_cap(member, training, device)
     if given is not None:
         size = min(given, n_trials)
         capped = f" ({given} given; {n_trials} trials)" if size < given else ""
         why = f"{size}, as given{capped}" + (f" (memory would allow {cap})" if cap < size else "")
         if strategy is not None or size == 1:
-            return Sizing(size, why, strategy)
+            return Sizing(size, why, strategy, given=True)
         _, verdict, named = _verdicts(member, [size], table)[size]
-        if verdict == "none" and budget_s > 0:
-            probe = Probe.planned(budget_s, type(member.model).__qualname__, given=True)
+        if verdict == "none" and share > 0:
+            probe = Probe.planned(share, estimate_s, type(member.model).__qualname__, given=True)
             return Sizing(size, f"{why}, the strategy probed on its first group", "loop", probe, given=True)
         if named is None:
             cannot = (
@@ -73,18 +75,20 @@ def size_groups(
                 f"no strategy trains N={size} of these models correctly (verdict at N={size}: {verdict}; {table})"
             )  # fmt: skip
             warnings.warn(f"group_size={given}: {cannot}: its groups run as a loop", DispatchWarning, stacklevel=3)
-            return Sizing(size, f"{why}, as a loop: {cannot}", "loop")
-        return Sizing(size, f"{why}, {named}: the strategy the table names at N={size} ({verdict}; {table})", named)
+            return Sizing(size, f"{why}, as a loop: {cannot}", "loop", given=True)
+        return Sizing(
+            size, f"{why}, {named}: the strategy the table names at N={size} ({verdict}; {table})", named, given=True
+        )
     ns = [n for n in _MEASURED_NS if n <= min(n_trials, cap)]
     if not ns:
         return Sizing(1, f"1: {memory} allows one model", strategy)
     verdicts = _verdicts(member, ns, table)
     said = ", ".join(f"N={n} {v}" for n, (_, v, _) in verdicts.items())
     if not any(v in SETTLED_VERDICTS for _, v, _ in verdicts.values()):  # nothing measured, or nothing settled
-        if budget_s <= 0:
+        if share <= 0:
             return Sizing(1, f"1, one trial at a time: the table decides nothing ({said}) and sizing_share=0")
         return Sizing(ns[-1], f"{ns[-1]}, probed on its first group ({said}; {table}), {memory}", "loop",
-                      Probe.planned(budget_s, type(member.model).__qualname__))  # fmt: skip
+                      Probe.planned(share, estimate_s, type(member.model).__qualname__))  # fmt: skip
     fusing = [n for n, (fuses, _, _) in verdicts.items() if fuses]
     if not fusing:
         return Sizing(1, f"1, one trial at a time: no measured N fuses a training step ({said}; {table})", strategy)
@@ -93,17 +97,17 @@ def size_groups(
     return Sizing(size, why, strategy)
 
 
-def probed(sizing: Sizing, member: Member, n: int, table: Path) -> Sizing:
+def probed(sizing: Sizing, member: Member, table: Path) -> Sizing:
     """The sizing of a shape once its first group's probe has decided (written to the table): its
     size and the winner, or where the loop won or nothing settled, one trial at a time (a size
     given stays, as a loop)."""
     probe = sizing.probe
     assert probe is not None
-    probe.write(member, n, table)
+    probe.write(member, table)
     winner = probe.winner()
     if winner is None and not sizing.given:
-        return Sizing(1, f"1, one trial at a time after group 0: {probe.said(n)}")
-    return Sizing(sizing.size, f"{sizing.size}, {probe.said(n)}", winner or "loop", given=sizing.given)
+        return Sizing(1, f"1, one trial at a time after group 0: {probe.said()}")
+    return Sizing(sizing.size, f"{sizing.size}, {probe.said()}", winner or "loop", given=sizing.given)
 
 
 def _verdicts(member: Member, ns: Sequence[int], table: Path) -> Dict[int, Tuple[bool, str, Optional[str]]]:
