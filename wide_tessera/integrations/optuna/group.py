@@ -71,8 +71,9 @@ class _Group:
     def without(self, kept: List[int], step: int, strategy: Optional[str] = None) -> "_Group":
         """The group repacked with only the members at `kept`, after step `step`: their weights and
         optimizer states as they are, their schedule where it is; `strategy`: run this one from now
-        on (a probe's turn, or its winner)."""
-        models = self.fused.unfuse()
+        on (a probe's turn, or its winner). The weights go back into the members' own modules
+        (fuse() copied them): copies of 16 small conv nets made most of a probe's switch."""
+        models = self.fused.unfuse(into=[m.model for m in self.members])
         states, schedules = self.opt.state_dicts(), self.schedule_states()
         members = [replace(self.members[i], model=models[i]) for i in kept]
         regroup = _Group(members, self.plan if strategy is None else replace(self.plan, strategy=strategy))
