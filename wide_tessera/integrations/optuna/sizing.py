@@ -49,15 +49,16 @@ def size_groups(
     n_trials: int,
     device: str,
     share: float,
-    estimate_s: float,
+    each_s: float,
 ) -> Sizing:
     """How the trials of this shape train. A given size K runs the strategy given, else the one the
     table names at N=K whatever its verdict (`group_size=8` alone ran the loop where the verdict
     at 8 was 'disturbed'), probed on the first group where the table has nothing at K; where no
     strategy trains K models correctly, one line says so and the groups run as a loop. Without a
     size: the largest N the table says fuses, capped by memory; where it decides nothing, the
-    largest N memory allows, probed on the first group within `share` of the study's time (at most
-    of its estimated sequential time, `estimate_s`; 0: one trial at a time)."""
+    largest N memory allows, probed on the first group within `share` of the study's time
+    (probe.Probe; `each_s`: one model's step alone; 0: one trial at a time)."""
+    model, estimate_s = type(member.model).__qualname__, each_s * training.steps * n_trials
     cap, memory = _memory_cap(member, training, device)
     if given is not None:
         size = min(given, n_trials)
@@ -67,7 +68,7 @@ def size_groups(
             return Sizing(size, why, strategy, given=True)
         _, verdict, named = _verdicts(member, [size], table)[size]
         if verdict == "none" and share > 0:
-            probe = Probe.planned(share, estimate_s, type(member.model).__qualname__, given=True)
+            probe = Probe.planned(share, each_s, training.steps, estimate_s, model, given=True)
             return Sizing(size, f"{why}, the strategy probed on its first group", "loop", probe, given=True)
         if named is None:
             cannot = (
@@ -88,7 +89,7 @@ def size_groups(
         if share <= 0:
             return Sizing(1, f"1, one trial at a time: the table decides nothing ({said}) and sizing_share=0")
         return Sizing(ns[-1], f"{ns[-1]}, probed on its first group ({said}; {table}), {memory}", "loop",
-                      Probe.planned(share, estimate_s, type(member.model).__qualname__))  # fmt: skip
+                      Probe.planned(share, each_s, training.steps, estimate_s, model))  # fmt: skip
     fusing = [n for n, (fuses, _, _) in verdicts.items() if fuses]
     if not fusing:
         return Sizing(1, f"1, one trial at a time: no measured N fuses a training step ({said}; {table})", strategy)

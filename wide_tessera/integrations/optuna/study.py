@@ -57,8 +57,8 @@ def optimize(
     is asked after `timeout` seconds, the groups asked train to the end; a trial that raises fails
     alone, its group going on without it, and the error is raised once the trials asked are told,
     unless `catch` names its type). sizing_share: the most probing a shape the table decides nothing
-    for may cost, as a share of the study's time so far and of its estimated sequential time (0:
-    the table's or the given size alone)."""
+    for may cost, as a share of the study's time so far and of its first group's steps left, at
+    most of its estimated sequential time (probe.Probe; 0: the table's or the given size alone)."""
     _check_arguments(study, n_trials, group_size, training)
     device = resolve_device(device)
     timeout, catch, listed = checked_contract(timeout, catch, callbacks)
@@ -129,6 +129,7 @@ class _Scheduler:
         self.shapes: Dict[str, List[Dict[str, Any]]] = {}
         self.groups: List[GroupRecord] = []
         self.estimate: Optional[float] = None
+        self.each_s: Optional[float] = None  # one model's step alone
         self.asked, self.sizing, self.pruned_by_suggest = 0, 0.0, 0
 
     def asking(self) -> bool:
@@ -153,13 +154,14 @@ class _Scheduler:
         except Exception as error:  # noqa: BLE001  the trial's own code raised: it fails alone
             self.teller.failed(trial, error)
             return
-        if self.estimate is None:
-            self.estimate = step_seconds(member, self.training, self.device) * self.training.steps * self.n_trials
+        if self.each_s is None:
+            self.each_s = step_seconds(member, self.training, self.device)
+            self.estimate = self.each_s * self.training.steps * self.n_trials
         if key not in self.sizes:
             began = time.perf_counter()
             self.sizes[key] = size_groups(
                 member, self.training, group_size, strategy, self.table_path, self.n_trials, self.device, share,
-                self.estimate,
+                self.each_s,
             )  # fmt: skip
             self.sizing += time.perf_counter() - began
         self.pending.setdefault(key, []).append(member)
