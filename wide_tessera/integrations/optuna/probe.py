@@ -59,15 +59,15 @@ class Probe:
     by round, and what the rule decided.
 
     It costs at most `budget_s`: `share` of the study's time so far and of its group's steps left
-    as the loop would take them (`each_s` a model's step; at most of `estimate_s`), which shrinks
-    as its trials are pruned. Before each unit (a step, or a switch to another side with its first step) it predicts the
-    unit's cost by the last one of its kind measured. A turn over, it switches to the next side
-    where the switch fits; else it waits, its side training on, while that side costs nothing
-    beyond the loop's steps (the loop's own, or a faster one's) and the share still grows with
-    the study's time; else it stops. A unit begun is not cut (a switch's build and capture run to
-    their end), so a side whose switch nothing has measured yet is tried only first, while
-    nothing is spent: the sides are the loop, at most one strategy of unknown cost, then those
-    this process measured (STRATEGIES' others wait for a later study of the class: `untried`).
+    as the loop would take them (`each_s` a model's step; at most of `estimate_s`), which shrink
+    as its trials are pruned. Before each unit (a step, or a switch to another side with its
+    first step) it predicts the unit's cost by the last one of its kind measured. A turn over,
+    it switches to the next side where the switch fits; else it waits, its side training on,
+    while that side costs nothing beyond the loop's steps (the loop's own, or a faster one's);
+    else it stops. A unit begun is not cut (a switch's build and capture run to their end), so a
+    side whose switch nothing has measured yet is tried only first, while nothing is spent: the
+    sides are the loop, at most one strategy of unknown cost, then those this process measured
+    (STRATEGIES' others wait for a later study of the class: `untried`).
     Counting a turn's cost only after it began, the 3.3 s share of a conv study was overrun by a
     vmap turn and a surgery switch to 6.4 s."""
 
