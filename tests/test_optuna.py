@@ -754,3 +754,22 @@ def test_probing_costs_at_most_its_share_of_the_study_so_far_waiting_on_a_side_t
         if sizing.done:
             break
     assert sides.index("vmap") >= 50 and sizing.final().kind == "fuse" and sizing.winner() == "vmap", sizing.said()
+
+
+def test_trials_train_alone_while_the_pruner_waits_for_finished_ones_and_a_lone_trial_probes_nothing(tmp_path):
+    """A median pruner judges a trial once n_startup_trials have finished: until then the study's
+    trials train one at a time, as sequentially (a first group of 16 pruned none of its trials);
+    a group size of the caller's is kept. A trial left alone at the end times nothing: its
+    probe wrote the table an entry at N=0."""
+    table = tmp_path / "t.json"
+    training = Training(steps=4, batch=TRAINING.batch, loss=F.mse_loss, report_every=2)
+    summary = optimize(study(optuna.pruners.MedianPruner(n_startup_trials=2)), suggest, build, training, n_trials=3,
+                       table=table, progress=False)  # fmt: skip
+    assert [len(g.trials) for g in summary.groups] == [1, 1, 1]
+    assert "alone: the MedianPruner judges a trial once 2 have finished" in summary.groups[0].why
+    assert not table.exists() or all(
+        v["n"] >= 2 for e in json.loads(table.read_text())["entries"] for v in e["verdicts"]
+    )
+    summary = optimize(study(optuna.pruners.MedianPruner(n_startup_trials=2)), suggest, build, training, n_trials=4,
+                       group_size=2, strategy="vmap", progress=False)  # fmt: skip
+    assert [len(g.trials) for g in summary.groups] == [2, 2]

@@ -193,7 +193,7 @@ class _Scheduler:
             self.pending[key] = rest
         else:
             del self.pending[key]
-        probe = self.sizes[key].probe if size > 1 else None  # a trial alone times nothing to size by
+        probe = self.sizes[key].probe if len(members) > 1 else None  # a trial alone times nothing to size by
         plan = Plan(self.training, self.table_path, self.sizes[key].strategy, self.device, probe)
         clock = (self.start, self.estimate or 0.0) if self.progress else None
         with seeded(members[0].draws.training_seed, self.device):  # the group's dropout masks
