@@ -69,12 +69,20 @@ class _Gelu(_Mlp):
     """_Mlp's layout, another class: a graph of its own."""
 
 
+class _Shifted(_Mlp):
+    """A constant made in forward, which the capture holds (not a tensor of the model's)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) + torch.tensor([0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0])
+
+
 def test_within_exports_kept_a_surgery_of_models_laid_out_alike_reuses_the_export_with_its_own_tensors(monkeypatch):
     """An Optuna group's probe switch and each repack after a pruned trial built a surgery of other
     models laid out alike, and exported again (0.27 s a time for a small conv net): within
     exports_kept (as an Optuna study runs) the graph is copied with the new models' tensors,
-    each model computing with its own, and the graph kept holds no model's weights; outside it,
-    every surgery exports its own."""
+    each model computing with its own, and the graph kept holds no model's weights (a constant
+    made in forward it holds: taken for a model's tensor, it was looked up on the next model and
+    refused); outside it, every surgery exports its own."""
     exports = []
     original = capture._export
     monkeypatch.setattr(capture, "_export", lambda *a: exports.append(type(a[0])) or original(*a))
@@ -87,9 +95,9 @@ def test_within_exports_kept_a_surgery_of_models_laid_out_alike_reuses_the_expor
             torch.testing.assert_close(wide((x,), {}), torch.stack([m(x[i]) for i, m in enumerate(models)]))
 
     with capture.exports_kept():
-        build_each(_Mlp, _Mlp, _Gelu)
-        kept = [t for graph, _ in capture._KEPT.get().values() for t in [*graph.parameters(), *graph.buffers()]]
-    assert exports == [_Mlp, _Gelu], "the second _Mlp surgery reused the first's export"
+        build_each(_Mlp, _Mlp, _Gelu, _Shifted, _Shifted)
+        kept = [t for graph, _ in capture._KEPT.get().values() for t in graph.parameters()]
+    assert exports == [_Mlp, _Gelu, _Shifted], "the second _Mlp and _Shifted surgeries reused the first's export"
     assert kept and all(t.is_meta for t in kept)
     exports.clear()
     build_each(_Mlp, _Mlp)

@@ -397,14 +397,15 @@ def export_graph(
     count alike and differ)."""
     kept = _KEPT.get()
     key = None if kept is None or has_hooks(model) else _export_key(model, args, kwargs)
+    own = {name for name, _ in _tensors_of(model)}
     if kept is not None and key is not None and key in kept:
         kept.move_to_end(key)
         graph, ranges = kept[key]
-        return _with_tensors(graph, lambda name, _: operator.attrgetter(name)(model)), ranges
+        return _with_tensors(graph, own, lambda name, _: operator.attrgetter(name)(model)), ranges
     probe_call(model, args, kwargs)
     graph, ranges = _export(model, args, kwargs)
     if kept is not None and key is not None:
-        kept[key] = (_with_tensors(graph, lambda _, t: torch.empty_like(t, device="meta")), ranges)
+        kept[key] = (_with_tensors(graph, own, lambda _, t: torch.empty_like(t, device="meta")), ranges)
         if len(kept) > MOST_EXPORTS:
             kept.popitem(last=False)
     return graph, ranges
@@ -424,13 +425,22 @@ def _export_key(model: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any])
     return type(model), said  # the class itself: one redefined under its old name is another
 
 
-def _with_tensors(graph: fx.GraphModule, each: Callable[[str, torch.Tensor], torch.Tensor]) -> fx.GraphModule:
-    """A copy of `graph` whose every parameter and buffer is each(its name, it)."""
-    named = chain(graph.named_parameters(remove_duplicate=False), graph.named_buffers(remove_duplicate=False))
-    memo = {id(t): each(name, t) for name, t in named}
+def _with_tensors(
+    graph: fx.GraphModule, own: Set[str], each: Callable[[str, torch.Tensor], torch.Tensor]
+) -> fx.GraphModule:
+    """A copy of `graph` whose parameters and buffers named in `own` (the model's) are each(its
+    name, it), the others (constants the capture made: torch.tensor(...) in forward) copied as
+    they are: a constant taken for a model's tensor was looked up on the next model, which has
+    no 'lifted_tensor_0'."""
+    memo = {id(t): each(name, t) for name, t in _tensors_of(graph) if name in own}
     with warnings.catch_warnings():  # torch's own treespec, copied: "isinstance(treespec, LeafSpec) is deprecated"
         warnings.simplefilter("ignore", FutureWarning)
         return copy.deepcopy(graph, memo)
+
+
+def _tensors_of(module: nn.Module) -> Iterator[Tuple[str, torch.Tensor]]:
+    """Every parameter and buffer of `module` by name, a tied one under each of its names."""
+    return chain(module.named_parameters(remove_duplicate=False), module.named_buffers(remove_duplicate=False))
 
 
 def _export(
