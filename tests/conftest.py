@@ -62,6 +62,15 @@ def fast_timing():
     return FAST
 
 
+@pytest.fixture
+def one_thread():
+    """One torch thread for the test (a run then times by the measuring thread's CPU clock)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def saved_results(tmp_path_factory):
     """A real results file of two results: gemm at N=1,2, and an op with a wrong and a raising strategy.

@@ -444,14 +444,6 @@ def test_bisection_finds_the_crossover_in_about_log2_measurements():
     assert measured == []  # the largest N loses: it never crosses, nothing more to measure
 
 
-@pytest.fixture
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _busy(seconds: float) -> None:
     """Work of `seconds` on this thread's CPU clock: the run times it by that clock (one torch
     thread), so other processes taking the core stretch neither the work nor its measurement.

@@ -233,14 +233,6 @@ def test_a_function_that_runs_but_cannot_be_captured_is_not_capturable(monkeypat
         capture_graph(lambda: 1)
 
 
-@pytest.fixture
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def test_one_torch_thread_is_timed_by_its_cpu_clock_unless_wall_is_asked(one_thread):
     spin = lambda: torch.ones(256, 256) @ torch.ones(256, 256)  # noqa: E731
     timed = measure_paired({"a": spin, "b": spin})
