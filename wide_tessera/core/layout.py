@@ -27,7 +27,7 @@ from __future__ import annotations
 import operator
 from dataclasses import dataclass
 from itertools import chain
-from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -41,6 +41,7 @@ __all__ = [
     "SHARED",
     "Slot",
     "slots_of",
+    "named_tensors",
     "prefixed",
     "own_slots",
     "loop_slots",
@@ -179,11 +180,15 @@ def second_names(named: Iterable[Tuple[str, object]]) -> Dict[str, str]:
     return aliases
 
 
+def named_tensors(module: nn.Module) -> Iterator[Tuple[str, torch.Tensor]]:
+    """Every parameter and buffer of `module` by name, a tied one under each of its names."""
+    return chain(module.named_parameters(remove_duplicate=False), module.named_buffers(remove_duplicate=False))
+
+
 def tied_aliases(module: nn.Module) -> Dict[str, str]:
     """Each second name of a tied parameter or buffer (GPT-2's lm_head.weight, its embedding's
     table) -> its first name, the one named_parameters and named_buffers give."""
-    tensors = chain(module.named_parameters(remove_duplicate=False), module.named_buffers(remove_duplicate=False))
-    return second_names(tensors)
+    return second_names(named_tensors(module))
 
 
 class Slot(NamedTuple):

@@ -20,7 +20,6 @@ from collections import OrderedDict
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from itertools import chain
 from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
 import torch
@@ -32,6 +31,7 @@ from torch.utils._pytree import TreeSpec, tree_flatten, tree_map
 from ..core import trees
 from ..core.errors import NotApplicable
 from ..core.kept import plain_values
+from ..core.layout import named_tensors
 from ..ops.alike import layout_of
 from ..ops.base import fusing_ops
 from ..ops.exact import has_hooks
@@ -397,7 +397,7 @@ def export_graph(
     count alike and differ)."""
     kept = _KEPT.get()
     key = None if kept is None or has_hooks(model) else _export_key(model, args, kwargs)
-    own = {name for name, _ in _tensors_of(model)}
+    own = {name for name, _ in named_tensors(model)}
     if kept is not None and key is not None and key in kept:
         kept.move_to_end(key)
         graph, ranges = kept[key]
@@ -432,15 +432,10 @@ def _with_tensors(
     name, it), the others (constants the capture made: torch.tensor(...) in forward) copied as
     they are: a constant taken for a model's tensor was looked up on the next model, which has
     no 'lifted_tensor_0'."""
-    memo = {id(t): each(name, t) for name, t in _tensors_of(graph) if name in own}
+    memo = {id(t): each(name, t) for name, t in named_tensors(graph) if name in own}
     with warnings.catch_warnings():  # torch's own treespec, copied: "isinstance(treespec, LeafSpec) is deprecated"
         warnings.simplefilter("ignore", FutureWarning)
         return copy.deepcopy(graph, memo)
-
-
-def _tensors_of(module: nn.Module) -> Iterator[Tuple[str, torch.Tensor]]:
-    """Every parameter and buffer of `module` by name, a tied one under each of its names."""
-    return chain(module.named_parameters(remove_duplicate=False), module.named_buffers(remove_duplicate=False))
 
 
 def _export(
