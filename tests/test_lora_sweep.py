@@ -1,6 +1,8 @@
 """A LoRA sweep: an Optuna study of learning rate, alpha and dropout over one frozen base trains
 its trials in one fused group, the base held once, each trial as it trains alone."""
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -66,3 +68,24 @@ def test_a_lora_sweep_trains_in_one_group_over_one_base_as_each_trial_alone(stra
     assert [len(g.trials) for g in summary.groups] == [4]
     assert [t.value for t in together.trials] == pytest.approx([t.value for t in sequential.trials], rel=1e-5)
     assert BASE.weight.grad is None
+
+
+@pytest.mark.parametrize("strategy", ["vmap", "surgery"])
+def test_a_sweep_of_peft_wrapped_trials_trains_in_one_group_as_each_trial_alone(strategy):
+    """A trial's model built with PEFT (get_peft_model over one frozen base) keeps alpha in PEFT's
+    dicts: each alpha was a configuration of its own, 4 trials in 4 groups of one. They share a
+    group now, and each trial's value is the one it reaches alone."""
+    peft = pytest.importorskip("peft")
+    base = nn.Sequential(nn.Linear(D, D), nn.ReLU(), nn.Linear(D, D)).requires_grad_(False)
+
+    def build_peft(params):
+        config = peft.LoraConfig(r=RANK, lora_alpha=params["alpha"], target_modules=["0", "2"])
+        return peft.get_peft_model(copy.deepcopy(base), config)
+
+    sequential, together = study(), study()
+    sequential.optimize(sequential_objective(sweep((0.0, 0.0)), build_peft, TRAINING), n_trials=4)
+    summary = optimize(together, sweep((0.0, 0.0)), build_peft, TRAINING, n_trials=4, group_size=4,
+                       strategy=strategy, progress=False)  # fmt: skip
+    assert [(len(g.trials), g.strategy) for g in summary.groups] == [(4, strategy)]
+    assert len({t.params["alpha"] for t in together.trials}) == 4
+    assert [t.value for t in together.trials] == pytest.approx([t.value for t in sequential.trials], rel=1e-5)

@@ -1,6 +1,8 @@
 """Per-model rates (widen.rates): models that differ only in a dropout's p or a LeakyReLU's slope
 fuse, each model computing with its own, as each separate model does."""
 
+import copy
+
 import pytest
 import torch
 from torch import nn
@@ -104,6 +106,29 @@ def test_lora_layers_differing_in_alpha_fuse_each_with_its_own_scaling_over_one_
     back = fused.unfuse()
     assert [(type(m), m.scaling) for m in back] == [(LoRALinear, alpha / 2) for alpha in (1.0, 4.0, 9.0)]
     assert {m.base.weight.data_ptr() for m in back} == {base.weight.data_ptr()}
+
+
+@pytest.mark.parametrize("strategy", ["vmap", "surgery"])
+def test_peft_models_differing_in_lora_alpha_and_dropout_fuse_each_with_its_own(strategy):
+    """PEFT's LoRA layers keep alpha and scaling as dicts of floats by adapter name: every alpha
+    was a configuration of its own, refused by fuse() and a group of one in a sweep. Each model
+    computes with its own scaling, its base the one frozen tensor; unfuse gives PEFT's dicts back."""
+    peft = pytest.importorskip("peft")
+    base = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4)).requires_grad_(False)
+    given = []
+    for alpha, p in [(1.0, 0.0), (4.0, 0.1), (16.0, 0.3)]:
+        config = peft.LoraConfig(r=2, lora_alpha=alpha, lora_dropout=p, target_modules=["0", "2"])
+        model = peft.get_peft_model(base, config) if not given else peft.get_peft_model(copy.deepcopy(base), config)
+        for name, t in model.named_parameters():
+            if "lora_B" in name:  # PEFT's zeros would leave the scaling out of the output
+                nn.init.normal_(t, generator=torch.Generator().manual_seed(len(given)))
+        given.append(model)
+    fused = wt.fuse(given, strategy=strategy, randomness="same")
+    xs = inputs()[: len(given)]
+    for out, m, x in zip(fused.unpack(fused.eval()(fused.pack(xs))), given, xs):
+        torch.testing.assert_close(out, m.eval()(x))
+    back = fused.unfuse()
+    assert [dict(m.base_model.model[0].scaling) for m in back] == [{"default": a / 2} for a in (1.0, 4.0, 16.0)]
 
 
 def test_models_that_differ_in_more_than_a_rate_are_still_refused():

@@ -15,7 +15,7 @@ from torch import nn
 
 from ..core.errors import WideTesseraError
 
-__all__ = ["shared_config", "check_alike", "layout_difference", "layout_of"]
+__all__ = ["shared_config", "check_alike", "class_setting", "layout_difference", "layout_of"]
 
 
 def check_alike(modules: Sequence[nn.Module], where: str) -> None:
@@ -61,7 +61,7 @@ def layout_of(module: nn.Module) -> Dict[str, Any]:
         name: _TensorLayout(tuple(t.shape), t.dtype, t.device, t.requires_grad) for name, t in tensors.items()
     }
     for path, sub in module.named_modules():
-        layout[f"{path or 'the model'} (its class)"] = type(sub)
+        layout[class_setting(path)] = type(sub)
         for key, value in vars(sub).items():
             if key.startswith("_") or key == "training":
                 continue
@@ -69,6 +69,11 @@ def layout_of(module: nn.Module) -> Dict[str, Any]:
         # hooks run model 0's: a hook on model 1 alone was dropped by vmap and surgery (4.4 off)
         layout[f"hooks on {path or 'the model'}"] = len(sub._forward_hooks) + len(sub._forward_pre_hooks)
     return layout
+
+
+def class_setting(path: str) -> str:
+    """The name `layout_of` gives the class of the module at `path`."""
+    return f"{path or 'the model'} (its class)"
 
 
 _UNCOMPARED = object()

@@ -1,11 +1,13 @@
 """Per-model rates: a number a layer keeps that changes no shape (a dropout's p, a LeakyReLU's
-slope, a LoRA layer's scaling), held as a buffer of each model so that N models differing only
-in it run as one.
+slope, a LoRA layer's scaling, ours or PEFT's), held as a buffer of each model so that N models
+differing only in it run as one.
 
 A hyperparameter sweep draws a dropout rate per trial; kept as a plain setting, every rate was
 a configuration of its own (`ops.alike.layout_of`), so trials differing in it never fused: 8
 trials with a float rate each ran alone, 103 s against 17 s sequential; a LoRA sweep's alpha
-(`ops.lora.LoRALinear` keeps alpha / rank as a float) made each of 8 trials a group of one.
+(`ops.lora.LoRALinear` keeps alpha / rank as a float) made each of 8 trials a group of one, and
+so did a study of PEFT-wrapped models (PEFT's LoRA layers keep `lora_alpha` and `scaling` as
+dicts of floats, by adapter name).
 `with_own_rates` gives copies of the models with each such layer swapped for one that reads its
 number from a buffer (0-dimensional, not saved: the state_dicts are the models' own), which
 vmap and surgery stack like any buffer, so model i computes with its own number, and the loop
@@ -21,12 +23,14 @@ integration's `Training.loss`), not to a module.
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable, Dict, List, Sequence, Tuple, Type
+import sys
+from collections.abc import MutableMapping
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple, Type
 
 import torch
 from torch import nn
 
-from ..ops.alike import layout_of
+from ..ops.alike import class_setting, layout_of
 from ..ops.lora import LoRALinear
 
 __all__ = ["RateDropout", "RateLeakyReLU", "RATE_LAYERS", "rate_settings", "rates_differ_alone", "with_own_rates"]
@@ -82,21 +86,104 @@ def _scaling_held(layer: LoRALinear) -> LoRALinear:
     return layer
 
 
-# a layer class (exactly: a subclass may read its number otherwise), the setting that is its
-# rate, and the layer that reads it from a buffer, built from the layer (a copy: it may be changed)
-RATE_LAYERS: Dict[Type[nn.Module], Tuple[str, Callable[[Any], nn.Module]]] = {
-    nn.Dropout: ("p", lambda m: RateDropout(m.p, m.inplace)),
-    nn.LeakyReLU: ("negative_slope", lambda m: RateLeakyReLU(m.negative_slope, m.inplace)),
-    LoRALinear: ("scaling", _scaling_held),
+class _HeldRates(MutableMapping[str, torch.Tensor]):
+    """A PEFT LoRA layer's dict of numbers by adapter name (`scaling`, `lora_alpha`), each number
+    a 0-dimensional float32 buffer of the layer read at lookup: vmap and surgery swap the layer's
+    buffers for the stacked ones, and a lookup reads model i's (through getattr, as torch.fx's
+    tracer sees a buffer read; a tensor read past it was kept as a constant of model 0's). Not a
+    dict, so `ops.alike.layout_of` does not compare it: models differing in it are alike."""
+
+    def __init__(self, layer: nn.Module, prefix: str, numbers: Dict[str, Any]):
+        self._layer, self._prefix = layer, prefix
+        for adapter, number in numbers.items():
+            self[adapter] = number
+
+    def _name(self, adapter: str) -> str:
+        return f"{self._prefix}_{adapter}"
+
+    def __getitem__(self, adapter: str) -> torch.Tensor:
+        if self._name(adapter) not in self._layer._buffers:
+            raise KeyError(adapter)
+        held: torch.Tensor = getattr(self._layer, self._name(adapter))
+        return held
+
+    def __setitem__(self, adapter: str, number: Any) -> None:
+        held = torch.as_tensor(number, dtype=torch.float32, device=_device(self._layer))
+        self._layer.register_buffer(self._name(adapter), held.detach().clone(), persistent=False)
+
+    def __delitem__(self, adapter: str) -> None:
+        del self._layer._buffers[self._name(adapter)]
+
+    def __iter__(self) -> Iterator[str]:
+        start = f"{self._prefix}_"
+        return (name[len(start) :] for name in list(self._layer._buffers) if name.startswith(start))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+def _peft_scaling_held(layer: nn.Module) -> nn.Module:
+    """The PEFT LoRA layer with `scaling` and `lora_alpha` held as buffers (_HeldRates): its
+    forward multiplies by `self.scaling[adapter]`, a float32 0-dimensional tensor where it was
+    the float (the same product in float32, no promotion of a bfloat16 output), and
+    `set_scale` writes there as it did."""
+    for setting in _PEFT_RATES:
+        setattr(layer, setting, _HeldRates(layer, f"rate_{setting}", dict(getattr(layer, setting))))
+    return layer
+
+
+# a layer class (exactly: a subclass may read its number otherwise), the settings that are its
+# rates, and the layer that reads them from buffers, built from the layer (a copy: it may be changed)
+RATE_LAYERS: Dict[Type[nn.Module], Tuple[Tuple[str, ...], Callable[[Any], nn.Module]]] = {
+    nn.Dropout: (("p",), lambda m: RateDropout(m.p, m.inplace)),
+    nn.LeakyReLU: (("negative_slope",), lambda m: RateLeakyReLU(m.negative_slope, m.inplace)),
+    LoRALinear: (("scaling",), _scaling_held),
 }
+# PEFT's LoRA layers whose forward multiplies the adapter's output by `self.scaling[adapter]`,
+# read by name only once PEFT is imported (a model built with it has imported it)
+_PEFT_LAYERS = ("Linear", "Embedding", "Conv1d", "Conv2d", "Conv3d")
+_PEFT_RATES = ("scaling", "lora_alpha")
+
+
+def _rates_of(module: nn.Module) -> Optional[Tuple[Tuple[str, ...], Callable[[Any], nn.Module]]]:
+    """The rates `module` keeps and how to hold them (RATE_LAYERS), or None."""
+    if type(module) in RATE_LAYERS:
+        return RATE_LAYERS[type(module)]
+    return (_PEFT_RATES, _peft_scaling_held) if _is_peft_lora(module) else None
+
+
+def _is_peft_lora(module: nn.Module) -> bool:
+    """Whether `module` is one of PEFT's LoRA layers that scale by `self.scaling[adapter]`."""
+    peft_lora = sys.modules.get("peft.tuners.lora.layer")
+    return (
+        peft_lora is not None
+        and type(module).__module__ == peft_lora.__name__
+        and type(module).__name__ in _PEFT_LAYERS
+        and isinstance(getattr(module, "scaling", None), dict)
+    )
 
 
 def rate_settings(module: nn.Module) -> List[str]:
-    """The names, as `ops.alike.layout_of` gives them, of the settings in `module` that are rates."""
+    """The names, as `ops.alike.layout_of` gives them, of the settings in `module` that are rates;
+    a PEFT adapter's dropout is one whether it is an nn.Dropout or, at a rate of 0, PEFT's
+    nn.Identity (its class and settings: _dropouts_of)."""
     return [
-        f"{path}.{RATE_LAYERS[type(m)][0]}" if path else RATE_LAYERS[type(m)][0]
+        *(
+            f"{path}.{setting}" if path else setting
+            for path, m in module.named_modules()
+            for setting in (_rates_of(m) or ((), None))[0]
+        ),
+        *(name for path in _dropouts_of(module) for name in (class_setting(path), f"{path}.inplace")),
+    ]
+
+
+def _dropouts_of(module: nn.Module) -> List[str]:
+    """The paths of the PEFT adapters' dropouts in `module` (`lora_dropout[adapter]`)."""
+    return [
+        f"{path}.lora_dropout.{adapter}" if path else f"lora_dropout.{adapter}"
         for path, m in module.named_modules()
-        if type(m) in RATE_LAYERS
+        if _is_peft_lora(m)
+        for adapter in m.lora_dropout
     ]
 
 
@@ -116,8 +203,12 @@ def with_own_rates(modules: Sequence[nn.Module]) -> List[nn.Module]:
     """Copies of `modules`, every rate layer swapped for its buffer form: models that differed only
     in their rates are then one configuration, each model's rate in its buffer. Each copy shares
     its model's frozen parameters (a LoRA base): fuse() holds a base all N models hold once, the
-    models' own, and N deep copies of it cost N times its memory before that."""
-    return [_swapped(copy.deepcopy(m, _frozen(m))).to(_device(m)) for m in modules]
+    models' own, and N deep copies of it cost N times its memory before that. A PEFT adapter's
+    dropout that is an nn.Identity (PEFT's for a rate of 0) where another model's is an nn.Dropout
+    becomes a dropout of rate 0 (one that draws: all N run one code), and stays as it is where
+    every model's is (a model that draws nothing must not need `randomness`)."""
+    dropping = {path for m in modules for path in _dropouts_of(m) if type(m.get_submodule(path)) is nn.Dropout}
+    return [_swapped(copy.deepcopy(m, _frozen(m)), "", dropping).to(_device(m)) for m in modules]
 
 
 def _frozen(module: nn.Module) -> Dict[int, Any]:
@@ -131,9 +222,14 @@ def _device(module: nn.Module) -> torch.device:
     return first.device if first is not None else torch.device("cpu")
 
 
-def _swapped(module: nn.Module) -> nn.Module:
-    if type(module) in RATE_LAYERS:  # then its children: a LoRA layer's dropout is a rate too
-        module = RATE_LAYERS[type(module)][1](module).train(module.training)
+def _swapped(module: nn.Module, path: str, dropping: Set[str]) -> nn.Module:
+    """`module` (at `path`) with its rate layers in their buffer form; an nn.Identity at a path of
+    `dropping` a dropout of rate 0."""
+    rates = _rates_of(module)
+    if rates is not None:  # then its children: a LoRA layer's dropout is a rate too
+        module = rates[1](module).train(module.training)
+    elif path in dropping and type(module) is nn.Identity:
+        module = RateDropout(0.0).train(module.training)
     for name, child in list(module.named_children()):
-        setattr(module, name, _swapped(child))
+        setattr(module, name, _swapped(child, f"{path}.{name}" if path else name, dropping))
     return module

@@ -22,7 +22,7 @@ work as usual.
 
 * **Groups.** Trials are asked one at a time; a trial joins the trials waiting whose models have
   its shape (every parameter's and buffer's name, shape and dtype, and every setting a module
-  keeps but a rate: a dropout's p, a LeakyReLU's slope and a LoRA layer's alpha run per trial
+  keeps but a rate: a dropout's p, a LeakyReLU's slope and a LoRA layer's alpha (ours or PEFT's) run per trial
   within a group, widen.rates). A group trains when it has `group_size` trials (or when no trial is left to ask).
   The summary says which suggested parameters told groups apart.
 * **Group size.** The user's number, or the measurement's: the largest N at which this
