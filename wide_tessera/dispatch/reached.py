@@ -86,7 +86,10 @@ class Reached:
         self, output: Any, wide: torch.Tensor, split: Callable[[Any], List[Any]], record: _Output
     ) -> Callable[[Any], None]:
         def mark(grad: Any) -> None:
-            if grad is None or not record.unpacked:
+            # every model already marked by its part's hook (which runs before the whole tensor's
+            # gradient is summed): nothing to add. Splitting the gradient made a 16-trial MLP
+            # sweep's training step 2.6 ms slower of 17 ms (one thread, hidden 64)
+            if grad is None or not record.unpacked or (self._marked is not None and len(self._marked) == self.n):
                 return
             leaves, structure = trees.flat(output)
             swapped = [
