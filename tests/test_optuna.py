@@ -111,6 +111,23 @@ def test_groups_never_mix_shapes_and_the_summary_names_what_tells_them_apart():
     assert all(t.state == optuna.trial.TrialState.COMPLETE for t in s.trials)
 
 
+def test_where_every_shape_holds_one_trial_the_summary_names_no_parameter_and_numbers_the_shapes():
+    """With one trial a shape, every parameter is one value within each shape: a study told apart
+    by `hidden` alone said "groups told apart by: hidden, lr, weight_decay", and the size lines
+    of shapes labelled alike by the parameters named collapsed into one."""
+
+    def one_shape_each(trial):
+        return {**suggest(trial), "hidden": 8 * (trial.number + 1)}
+
+    training = Training(steps=5, batch=TRAINING.batch, loss=F.mse_loss, report_every=5)
+    summary = optimize(study(), one_shape_each, build, training, n_trials=3, group_size=2, strategy="vmap",
+                       progress=False)  # fmt: skip
+    assert summary.shape_params == []
+    assert [len(g.trials) for g in summary.groups] == [1, 1, 1]
+    assert list(summary.sizes) == ["MLP (shape 1)", "MLP (shape 2)", "MLP (shape 3)"]
+    assert "3 shapes, told apart by no one suggested parameter" in str(summary)
+
+
 def test_a_batch_size_suggested_per_trial_groups_trials_by_it_and_trains_as_the_sequential_loop():
     """A batch size changes no model, but pack stacks the N inputs: trials of different batch
     sizes grouped together failed the whole study at their first step."""

@@ -22,7 +22,7 @@ from ...widen.rates import rate_settings
 from .group import Plan, train_group
 from .host import optuna
 from .sizing import Sizing, probed, size_groups, step_seconds
-from .summary import GroupRecord, StudySummary, label, shape_params
+from .summary import GroupRecord, StudySummary, labels, shape_params
 from .tell import Callback, Teller, checked_contract
 from .training import Training
 from .trial import Draws, Member, build_model, suggested, trial_seed
@@ -210,11 +210,11 @@ class _Scheduler:
     def summary(self) -> StudySummary:
         """What the study did, its shapes labelled by the parameters that tell them apart."""
         told_apart = shape_params(self.shapes)
-        labels = {key: label(key, params[0], told_apart) for key, params in self.shapes.items()}
+        named = labels(self.shapes, told_apart)
         for g in self.groups:
-            g.shape = labels[g.shape]
+            g.shape = named[g.shape]
         return StudySummary(
-            {labels[key]: s.why for key, s in self.sizes.items()},
+            {named[key]: s.why for key, s in self.sizes.items()},
             self.groups,
             time.perf_counter() - self.start,
             self.estimate or 0.0,

@@ -48,6 +48,11 @@ class StudySummary:
             lines.append(f"of which {self.sizing_s:.1f} s went to sizing the groups (see the group sizes)")
         if self.shape_params:
             lines.append(f"groups told apart by: {', '.join(self.shape_params)}")
+        elif len(self.sizes) > 1:
+            lines.append(
+                f"{len(self.sizes)} shapes, told apart by no one suggested parameter the trials show (one is "
+                "named where it is one value within each shape of 2 or more trials)"
+            )
         lines += [f"group size for {shape}: {why}" for shape, why in self.sizes.items()]
         for index, g in enumerate(self.groups):
             repacked = f" (repacked to N={', '.join(map(str, g.repacked))})" if g.repacked else ""
@@ -58,17 +63,24 @@ class StudySummary:
         return "\n".join(lines)
 
 
-def label(key: str, params: Dict[str, Any], told_apart: List[str]) -> str:
-    """A shape as a person reads it: the model's class, and the values of the parameters that
-    tell the shapes apart."""
-    name = key[2 : key.index("'", 2)]  # _shape_key's repr begins with the class's name
-    return " ".join([name, *(f"{p}={params[p]!r}" for p in told_apart)])
+def labels(shapes: Dict[str, List[Dict[str, Any]]], told_apart: List[str]) -> Dict[str, str]:
+    """Each shape as a person reads it: the model's class, and the values of the parameters that
+    tell the shapes apart (of its first trial); numbered where that names two shapes alike."""
+    named = {
+        key: " ".join([key[2 : key.index("'", 2)], *(f"{p}={params[0][p]!r}" for p in told_apart)])
+        for key, params in shapes.items()  # _shape_key's repr begins with the class's name
+    }
+    if len(set(named.values())) < len(named):
+        return {key: f"{name} (shape {i + 1})" for i, (key, name) in enumerate(named.items())}
+    return named
 
 
 def shape_params(shapes: Dict[str, List[Dict[str, Any]]]) -> List[str]:
     """The suggested parameters whose values tell the groups' shapes apart: one value within each
-    shape, different values between them."""
-    if len(shapes) < 2:
+    shape, different values between them. Only a shape of two trials or more can show a
+    parameter is not one (its trials differ in it): where every shape held one trial, every
+    parameter passed, and a study told apart by alpha alone said "alpha, lr"."""
+    if len(shapes) < 2 or all(len(ps) < 2 for ps in shapes.values()):
         return []
     names = set.intersection(*(set(p) for ps in shapes.values() for p in ps))
     found = []
