@@ -170,7 +170,8 @@ def test_load_rejects_bad_files(tmp_path, content, match):
     [
         (lambda: benchmark("conv1", preset="ci"), "unknown op 'conv1'; did you mean 'conv1d'"),
         (lambda: benchmark("gemm", preset="fast"), "unknown preset for gemm 'fast'.*valid: ci, quick, full"),
-        (lambda: benchmark("gemm", preset="ci", chanels=[4]), "unknown sweep axis 'chanels'.*in_features"),
+        (lambda: benchmark("gemm", preset="ci", chanels=[4]), "'chanels'.*in_features"),
+        (lambda: benchmark("gemm", preset="ci", sed=3), "'sed'; did you mean 'seed'.*seed.*in_features"),
         (lambda: benchmark("gemm", preset="ci", n_values=[0, 4]), "n_values: 0 is not a positive integer"),
         (lambda: benchmark("gemm", preset="ci", n_values=[2.5]), "n_values: 2.5 is not a positive integer"),
         (lambda: benchmark("gemm", preset="ci", n_values=[]), "n_values: empty list"),

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from . import ops  # noqa: F401  (registers the built-in ops)
-from .core.errors import WideTesseraError
+from .core.errors import WideTesseraError, unknown
 from .core.job import DTYPES, BenchmarkJob, SweepParams
 from .core.stats import TimingStats
 from .core.user_input import check_instance
@@ -100,10 +100,22 @@ def benchmark(name: str, preset: str = "full", *, verbose: bool = True, **option
     channels=[32], dtype=['float32']). Progress goes to stderr unless `verbose=False`.
     """
     given, overrides = RunSettings.split(options)
+    _check_names(name, preset, overrides)
     settings = RunSettings.of(preset=preset, **given)
     assert settings.device is not None  # RunSettings.__post_init__ resolves it
     job = build_job(name, preset, settings.device, overrides, verbose)
     return run(job, settings, verbose=verbose)
+
+
+def _check_names(name: str, preset: str, overrides: Dict[str, Any]) -> None:
+    """That each keyword that is no run setting is a sweep axis of the op's preset, else one line
+    naming both lists: `seed` mistyped as `sed=3` was "unknown sweep axis 'sed'", listing the axes
+    alone. (An unknown op or preset is build_job's to name.)"""
+    sweep = get_op(name).BENCHMARK_SWEEPS.get(preset)
+    axes = ["n_values", *sweep.axes] if sweep is not None else []
+    for key in overrides:
+        if sweep is not None and key not in axes:
+            raise unknown("run setting or sweep axis", key, [*RunSettings.names(), *axes])
 
 
 def benchmark_custom(
