@@ -131,6 +131,32 @@ def test_peft_models_differing_in_lora_alpha_and_dropout_fuse_each_with_its_own(
     assert [dict(m.base_model.model[0].scaling) for m in back] == [{"default": a / 2} for a in (1.0, 4.0, 16.0)]
 
 
+@pytest.mark.parametrize("strategy", ["vmap", "surgery"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float64])
+def test_a_rate_multiplies_as_torch_multiplies_by_the_float_in_every_dtype(strategy, dtype):
+    """Held as a float32 tensor and multiplied in the output's dtype, a bfloat16 model's LoRA
+    scaling and LeakyReLU slope were rounded to bfloat16 first (2.3e-3 to 5e-3 off the separate
+    calls, which multiply in float32), and a float64 model's to float32 (5e-8 off). Weights and
+    inputs are small integers, so every sum is exact in any order: only the rates can round."""
+
+    def integers(*shape):
+        return torch.randint(-1, 2, shape, generator=torch.Generator().manual_seed(sum(shape))).to(dtype)
+
+    base = nn.Linear(8, 8).to(dtype).requires_grad_(False)
+    with torch.no_grad():
+        base.weight.copy_(integers(8, 8)), base.bias.zero_()
+    given = []
+    for alpha, slope in [(16.0, 0.01), (7.0, 0.3), (5.0, 1 / 3), (1.0, 0.7)]:
+        lora = LoRALinear(base, 3, alpha).to(dtype)  # 16 / 3 is neither a bfloat16 nor a float32
+        with torch.no_grad():
+            lora.lora_A.weight.copy_(integers(3, 8)), lora.lora_B.weight.copy_(integers(8, 3))
+        given.append(nn.Sequential(lora, nn.LeakyReLU(slope)).eval())
+    fused = wt.fuse(given, strategy=strategy)
+    xs = [torch.randint(-3, 4, (5, 8), generator=torch.Generator().manual_seed(i)).to(dtype) for i in range(4)]
+    for i, (out, m, x) in enumerate(zip(fused.unpack(fused.eval()(fused.pack(xs))), given, xs)):
+        assert torch.equal(out, m(x)), f"model {i}: {(out - m(x)).abs().max().item():.3g} off"
+
+
 def test_models_that_differ_in_more_than_a_rate_are_still_refused():
     a, b = models()[:2]
     b[0].eps_like_setting = 3  # a plain setting that is no rate

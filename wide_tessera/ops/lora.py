@@ -22,6 +22,7 @@ from ..core.errors import NotApplicable, WideTesseraError
 from ..core.job import SweepParams, Work
 from ..core.layout import SHARED, STACKED, Slot
 from .base import TRITON, WideOp, itemsize
+from .exact import times
 from .experts import grouped_mm_probe, routing_sizes
 from .registry import register
 
@@ -46,7 +47,9 @@ class LoRALinear(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.base(x) + self.lora_B(self.lora_A(self.dropout(x))) * self.scaling
+        h = self.lora_B(self.lora_A(self.dropout(x)))
+        # a scaling held per model (widen.rates) is a tensor: multiplied as the float is
+        return self.base(x) + (h * self.scaling if isinstance(self.scaling, float) else times(h, self.scaling))
 
 
 @lru_cache(maxsize=1)
@@ -127,7 +130,8 @@ class WideLoRA(WideOp, nn.Module):
         weight = base.weight
         self.lora_A = nn.Parameter(weight.new_empty(n, rank, base.in_features))
         self.lora_B = nn.Parameter(weight.new_empty(n, base.out_features, rank))
-        self.register_buffer("scaling", torch.tensor(list(scaling), device=weight.device), persistent=False)
+        scales = torch.tensor([float(s) for s in scaling], dtype=torch.float64, device=weight.device)
+        self.register_buffer("scaling", scales, persistent=False)  # float64: each a Python float's value
         self.dropout = [float(p) for p in dropout] or [0.0] * n
         # None: as many tokens for every adapter, whatever comes (a model's stacked batches)
         self.sizes: Optional[List[int]] = None
@@ -202,11 +206,11 @@ class WideLoRA(WideOp, nn.Module):
             sizes = self._group_sizes(x.shape[0])
             offsets = sizes.cumsum(0, dtype=torch.int32)
             h = torch._grouped_mm(x, self.lora_A.transpose(1, 2), offs=offsets)
-            h = h * self.scaling.to(h.dtype).repeat_interleave(sizes, output_size=x.shape[0])[:, None]
+            h = times(h, self.scaling.repeat_interleave(sizes, output_size=x.shape[0])[:, None])
             h = torch._grouped_mm(h, self.lora_B.transpose(1, 2), offs=offsets)
             return (y + h.to(y.dtype)).reshape(*lead, -1)
         h = torch.bmm(x.view(self.n, -1, x.shape[-1]), self.lora_A.transpose(1, 2))
-        h = h * self.scaling.to(h.dtype)[:, None, None]
+        h = times(h, self.scaling[:, None, None])
         return (y + torch.bmm(h, self.lora_B.transpose(1, 2)).view(y.shape).to(y.dtype)).reshape(*lead, -1)
 
     def _group_sizes(self, tokens: int) -> torch.Tensor:

@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from ..ops.alike import class_setting, layout_of
+from ..ops.exact import times
 from ..ops.lora import LoRALinear
 
 __all__ = ["RateDropout", "RateLeakyReLU", "RATE_LAYERS", "rate_settings", "rates_differ_alone", "with_own_rates"]
@@ -48,7 +49,7 @@ class RateDropout(nn.Module):
     def __init__(self, p: float, inplace: bool = False):
         super().__init__()
         self.inplace = inplace
-        self.register_buffer("rate", torch.tensor(float(p)), persistent=False)
+        self.register_buffer("rate", torch.tensor(float(p), dtype=torch.float64), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training:
@@ -61,34 +62,34 @@ class RateDropout(nn.Module):
 
 class RateLeakyReLU(nn.Module):
     """nn.LeakyReLU whose negative slope is the buffer `slope`: x where x > 0, else x * slope
-    (torch's own product, so the same bits; at exactly 0 the gradient is the slope's, as torch's:
-    with `>=` a zero bias on zero-padded rows stepped 0.97 off the separate models)."""
+    (rounded as torch rounds x times the float: ops.exact.times, so the same bits; at exactly 0
+    the gradient is the slope's, as torch's: with `>=` a zero bias on zero-padded rows stepped
+    0.97 off the separate models)."""
 
     slope: torch.Tensor
 
     def __init__(self, negative_slope: float = 0.01, inplace: bool = False):
         super().__init__()
         self.inplace = inplace
-        self.register_buffer("slope", torch.tensor(float(negative_slope)), persistent=False)
+        self.register_buffer("slope", torch.tensor(float(negative_slope), dtype=torch.float64), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = torch.where(x > 0, x, x * self.slope.to(x.dtype))
+        out = torch.where(x > 0, x, times(x, self.slope))
         return x.copy_(out) if self.inplace else out
 
 
 def _scaling_held(layer: LoRALinear) -> LoRALinear:
-    """The LoRA layer with its scaling (alpha / rank) a buffer: its forward multiplies by it as by
-    the float (a 0-dimensional float32 tensor: the same product in float32, and no promotion of
-    a bfloat16 output)."""
+    """The LoRA layer with its scaling (alpha / rank) a float64 buffer, which its forward
+    multiplies by as by the float (ops.exact.times)."""
     scaling = float(layer.scaling)
     del layer.scaling
-    layer.register_buffer("scaling", torch.tensor(scaling), persistent=False)
+    layer.register_buffer("scaling", torch.tensor(scaling, dtype=torch.float64), persistent=False)
     return layer
 
 
 class _HeldRates(MutableMapping[str, torch.Tensor]):
     """A PEFT LoRA layer's dict of numbers by adapter name (`scaling`, `lora_alpha`), each number
-    a 0-dimensional float32 buffer of the layer read at lookup: vmap and surgery swap the layer's
+    a 0-dimensional float64 buffer of the layer read at lookup: vmap and surgery swap the layer's
     buffers for the stacked ones, and a lookup reads model i's (through getattr, as torch.fx's
     tracer sees a buffer read; a tensor read past it was kept as a constant of model 0's). Not a
     dict, so `ops.alike.layout_of` does not compare it: models differing in it are alike."""
@@ -108,7 +109,7 @@ class _HeldRates(MutableMapping[str, torch.Tensor]):
         return held
 
     def __setitem__(self, adapter: str, number: Any) -> None:
-        held = torch.as_tensor(number, dtype=torch.float32, device=_device(self._layer))
+        held = torch.as_tensor(number, dtype=torch.float64, device=_device(self._layer))
         self._layer.register_buffer(self._name(adapter), held.detach().clone(), persistent=False)
 
     def __delitem__(self, adapter: str) -> None:
@@ -124,9 +125,11 @@ class _HeldRates(MutableMapping[str, torch.Tensor]):
 
 def _peft_scaling_held(layer: nn.Module) -> nn.Module:
     """The PEFT LoRA layer with `scaling` and `lora_alpha` held as buffers (_HeldRates): its
-    forward multiplies by `self.scaling[adapter]`, a float32 0-dimensional tensor where it was
-    the float (the same product in float32, no promotion of a bfloat16 output), and
-    `set_scale` writes there as it did."""
+    forward multiplies by `self.scaling[adapter]`, a float64 0-dimensional tensor where it was
+    the float, and `set_scale` writes there as it did. That product is PEFT's code, in the
+    output's dtype: the same bits as the float's in float32 and float64; in a half precision
+    (a bfloat16 model, or autocast) the number is rounded to it first, where PEFT alone
+    multiplies in float32 (a relative 2**-9 of the adapter's output in bfloat16)."""
     for setting in _PEFT_RATES:
         setattr(layer, setting, _HeldRates(layer, f"rate_{setting}", dict(getattr(layer, setting))))
     return layer
