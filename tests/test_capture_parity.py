@@ -102,3 +102,28 @@ def test_within_exports_kept_a_surgery_of_models_laid_out_alike_reuses_the_expor
     exports.clear()
     build_each(_Mlp, _Mlp)
     assert exports == [_Mlp, _Mlp]
+
+
+@pytest.mark.parametrize("path", ["torch.fx", "torch.export"])
+def test_a_fused_model_saved_after_training_loads_and_computes_as_it_did(path, monkeypatch):
+    """torch.save of a surgery-fused model wrote a file that failed to load (torch.fx rebuilds its
+    graph with the tracer's class, which took an argument), or failed to write once it had run
+    (torch.export's guards hold a function pickle cannot take): a loaded one captures again."""
+    import io
+
+    import wide_tessera as wt
+
+    if path == "torch.export":  # as for a model torch.fx cannot trace
+        monkeypatch.setattr("wide_tessera.widen.surgery.trace_fx", lambda m: (_ for _ in ()).throw(RuntimeError("no")))
+    models = [_Mlp() for _ in range(3)]
+    fused = wt.fuse(models, strategy="surgery")
+    xs = [torch.randn(2, 8) for _ in models]
+    sum(out.square().sum() for out in fused.unpack(fused(fused.pack(xs)))).backward()
+    wt.optim.SGD(fused, lr=0.1).step()
+    assert (fused.runs.captured is not None) == (path == "torch.export")
+    saved = io.BytesIO()
+    torch.save(fused, saved)
+    saved.seek(0)
+    loaded = torch.load(saved, weights_only=False)
+    for got, want in zip(loaded.unpack(loaded(loaded.pack(xs))), fused.unpack(fused(fused.pack(xs)))):
+        assert torch.equal(got, want)

@@ -116,7 +116,10 @@ class _Tracer(fx.Tracer):
     # an update in place (`self.ema.mul_(0.5)`) out of the graph
     proxy_buffer_attributes = True
 
-    def __init__(self, fused: Tuple[type, ...]):
+    def __init__(self, fused: Tuple[type, ...] = ()):
+        # () where torch.fx loads a pickled graph module: it traces the module's code again with
+        # the tracer's class, built with no arguments, every module kept whole (a surgery-fused
+        # model torch.save wrote failed to load: "missing 1 required positional argument")
         super().__init__()
         self.fused = fused
         self.without_gradient: List[fx.Node] = []  # made where forward turned gradients off

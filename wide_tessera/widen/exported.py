@@ -218,6 +218,14 @@ class ExportedSurgery(nn.Module):
         self._captures.move_to_end(found)
         return found
 
+    def __getstate__(self) -> Dict[str, Any]:
+        """What pickling keeps: all but the captures, a cache of graphs whose torch.export guards hold
+        a function pickle cannot take (torch.save of a fused model failed once it had run); a loaded
+        module captures again at its first call, as a new one does."""
+        state = dict(self.__dict__)
+        state["_captures"], state["_last"] = OrderedDict(), [None, None]
+        return state
+
     def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> "ExportedSurgery":
         # .to(), .half(), ...: the graphs hold the old tensors and devices; capture again
         self._captures.clear()
