@@ -6,7 +6,9 @@ adapter of rank 8 on both), its learning rate and lora_alpha suggested by a Rand
 seed (the same trials in both studies), trained by AdamW for --steps steps of one batch of 32
 (no dropout, so a fused trial's value is its alone value to a fused forward's rounding). The
 sequential study runs `sequential_objective` under `study.optimize`; the fused one
-`optimize(...)`, the 16 trials in one group of each strategy. Pin it or load it and say which:
+`optimize(...)`, the 16 trials in one group of each strategy, then sized as a user who names no
+group size gets it (an empty dispatch table: the first group probes on its own steps, within 10%
+of the study's time). Pin it or load it and say which:
 
     taskset -c 1 python scripts/peft_sweep.py [--hidden 256] [--steps 50]
 """
@@ -15,8 +17,10 @@ from __future__ import annotations
 
 import argparse
 import copy
+import tempfile
 import time
 from functools import partial
+from pathlib import Path
 from typing import Any, Callable, Dict, List, Tuple
 
 import optuna
@@ -64,17 +68,29 @@ def main() -> None:
     objective = sequential_objective(suggest, build, training)
     sequential_s, alone, _ = timed(lambda s: s.optimize(objective, n_trials=TRIALS))
     rows = [["sequential", f"{sequential_s:.2f}", "1.00x", "one at a time", "-"]]
-    for strategy in ("vmap", "surgery"):
-        seconds, values, summary = timed(
-            partial(optimize, suggest=suggest, build=build, training=training, n_trials=TRIALS, group_size=TRIALS,
-                    strategy=strategy, progress=False)  # fmt: skip
-        )
-        groups = " ".join(f"{len(g.trials)} {g.strategy}" for g in summary.groups)
-        worst = max(abs(a - b) / abs(b) for a, b in zip(values, alone))
-        rows.append([strategy, f"{seconds:.2f}", f"{sequential_s / seconds:.2f}x", groups, f"{worst:.1e}"])
+    with tempfile.TemporaryDirectory() as empty:
+        table = str(Path(empty) / "dispatch.json")  # the sized study's own, empty at its start
+        for strategy in ("vmap", "surgery", None):
+            size = TRIALS if strategy else None
+            seconds, values, summary = timed(
+                partial(optimize, suggest=suggest, build=build, training=training, n_trials=TRIALS, group_size=size,
+                        strategy=strategy, table=table, progress=False)  # fmt: skip
+            )
+            rows.append(row(strategy or "sized (empty table)", seconds, sequential_s, summary, values, alone))
     print(f"{TRIALS} PEFT LoRA trials (rank 8 on two Linear {h}x{h}, batch {BATCH}, {args.steps} steps), "
           f"{torch.get_num_threads()} thread(s)")  # fmt: skip
     print(format_table(["study", "wall s", "speed", "groups (trials, strategy)", "worst value rel. diff"], rows))
+    print(f"sized: {summary}")
+
+
+def row(
+    name: str, seconds: float, sequential_s: float, summary: Any, values: List[float], alone: List[float]
+) -> List[str]:
+    """A fused study's row: its time, its speed against the sequential one, its groups, and the
+    largest relative difference of a trial's value from the value it reached alone."""
+    groups = " ".join(f"{len(g.trials)} {g.strategy or 'loop'}" for g in summary.groups)
+    worst = max(abs(a - b) / abs(b) for a, b in zip(values, alone))
+    return [name, f"{seconds:.2f}", f"{sequential_s / seconds:.2f}x", groups, f"{worst:.1e}"]
 
 
 if __name__ == "__main__":

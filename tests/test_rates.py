@@ -13,6 +13,7 @@ from wide_tessera.ops.lora import LoRALinear
 from wide_tessera.widen.rates import with_own_rates
 
 RATES = [(0.0, 0.0), (0.2, 0.01), (0.5, 0.1), (0.9, 0.3)]  # (dropout p, LeakyReLU slope) per model
+RATES_AND_ALPHAS = [(1.0, 0.0, 0.01), (4.0, 0.1, 0.2), (9.0, 0.3, 0.5)]  # (LoRA alpha, its dropout p, a slope)
 
 
 def models(rates=RATES):
@@ -155,6 +156,25 @@ def test_a_rate_multiplies_as_torch_multiplies_by_the_float_in_every_dtype(strat
     xs = [torch.randint(-3, 4, (5, 8), generator=torch.Generator().manual_seed(i)).to(dtype) for i in range(4)]
     for i, (out, m, x) in enumerate(zip(fused.unpack(fused.eval()(fused.pack(xs))), given, xs)):
         assert torch.equal(out, m(x)), f"model {i}: {(out - m(x)).abs().max().item():.3g} off"
+
+
+@pytest.mark.parametrize("strategy", ["vmap", "surgery"])
+def test_fusing_models_of_different_rates_leaves_the_given_models_as_they_were(strategy):
+    """The copies that hold each model's rates share its tensors and the submodules holding no
+    rate: a step of the fused models must change none of the given models' tensors, layers or
+    settings (the fused weights are given back by unfuse)."""
+    base = nn.Linear(8, 8).requires_grad_(False)
+    given = [nn.Sequential(LoRALinear(base, 2, alpha, p), nn.LeakyReLU(s)) for alpha, p, s in RATES_AND_ALPHAS]
+    before = [copy.deepcopy(m.state_dict()) for m in given]
+    layers = [[(name, type(sub)) for name, sub in m.named_modules()] for m in given]
+    fused = wt.fuse(given, strategy=strategy, randomness="same")
+    sum(o.square().sum() for o in fused.unpack(fused(fused.pack(inputs()[: len(given)])))).backward()
+    wt.optim.SGD(fused, lr=0.5).step()
+    for m, state, kinds, (alpha, p, slope) in zip(given, before, layers, RATES_AND_ALPHAS):
+        assert [(name, type(sub)) for name, sub in m.named_modules()] == kinds
+        assert (m[0].scaling, m[0].dropout.p, m[1].negative_slope) == (alpha / 2, p, slope)
+        assert all(torch.equal(t, state[name]) for name, t in m.state_dict().items())
+    assert any(not torch.equal(a, b) for a, b in zip(fused.unfuse()[0].state_dict().values(), before[0].values()))
 
 
 def test_models_that_differ_in_more_than_a_rate_are_still_refused():
