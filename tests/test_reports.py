@@ -387,6 +387,8 @@ def test_every_result_carries_its_manifest_and_a_resume_adds_one(tmp_path):
         "1",
         "--budget",
         "0.01",
+        "--threads",  # as the resume below: left to the machine's load, the two could differ (refused)
+        "1",
         "-o",
         str(path),
     ]
@@ -404,12 +406,14 @@ def test_every_result_carries_its_manifest_and_a_resume_adds_one(tmp_path):
         "1,2",
         "--budget",
         "0.01",
+        "--threads",
+        "1",
         "--quiet",
         "-o",
         path,
         "--resume",
     )
-    assert again.exit_code == 0
+    assert again.exit_code == 0, again.output
     [r] = wt.load_results(path)
     assert len(r.runs) == 2 and r.run_id == m.run_id and r.runs[1].run_id != m.run_id
 

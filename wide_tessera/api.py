@@ -111,7 +111,7 @@ def _check_names(name: str, preset: str, overrides: Dict[str, Any]) -> None:
     """That each keyword that is no run setting is a sweep axis of the op's preset, else one line
     naming both lists: `seed` mistyped as `sed=3` was "unknown sweep axis 'sed'", listing the axes
     alone. (An unknown op or preset is build_job's to name.)"""
-    sweep = get_op(name).BENCHMARK_SWEEPS.get(preset)
+    sweep = get_op(name).BENCHMARK_SWEEPS.get(preset) if isinstance(preset, str) else None
     axes = ["n_values", *sweep.axes] if sweep is not None else []
     for key in overrides:
         if sweep is not None and key not in axes:
