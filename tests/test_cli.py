@@ -279,6 +279,30 @@ def test_a_busy_machine_is_named_before_measuring_and_auto_takes_its_free_cores(
     assert {x.timer for x in results} == {"cpu_thread_time" if used == 1 else "cpu_perf_counter"}
 
 
+def test_a_resume_naming_no_threads_continues_with_the_files_on_a_machine_busier_than_it_was(monkeypatch, tmp_path):
+    """Left to the load, a resume beside another process measured with 1 thread where the file had
+    2, and was refused ("measured with threads 2; this run asks for threads 1"): it continues with
+    the file's count now, and names the busy machine."""
+    from wide_tessera.cli import load_watch
+
+    monkeypatch.setattr("wide_tessera.measurement.health.os.sched_getaffinity", lambda pid: {0, 1})
+    before = torch.get_num_threads()
+    out = tmp_path / "r.json"
+    args = ["benchmark", "gemm", "--preset", "ci", "--budget", "0.01", "--no-save", "-o", str(out)]
+    try:
+        torch.set_num_threads(2)
+        monkeypatch.setattr(load_watch, "probe_load", lambda since: 0.0)
+        first = invoke(*args, "--n-values", "1")
+        monkeypatch.setattr(load_watch, "probe_load", lambda since: 1.9)
+        again = invoke(*args, "--n-values", "1,2", "--resume")
+    finally:
+        torch.set_num_threads(before)
+    assert first.exit_code in (0, 3) and again.exit_code in (0, 3), again.output
+    assert "--resume: measuring with 2 thread(s)" in again.output and "2 threads need 2 free" in again.output
+    [result] = load_results(out)
+    assert result.environment.threads == 2 and sorted(p.n for p in result.points) == [1, 2]
+
+
 def test_the_load_between_ops_is_read_over_the_op_just_ended_without_a_wait_of_its_own(monkeypatch):
     from wide_tessera.measurement import health
 

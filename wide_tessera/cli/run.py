@@ -74,6 +74,11 @@ def run_measuring(
             if dump_ir:
                 check_directory(dump_ir, "--dump-ir")
             settings, shard = _settings(preset, threads, n_values, held, given)
+            if resume and threads is None and shard is None and output is not None:
+                threads = _threads_measured(output)
+                if threads is not None:
+                    torch.set_num_threads(threads)
+                    click.echo(f"--resume: measuring with {threads} thread(s), as {output} was measured", err=True)
             jobs = make_jobs(settings, texts)
             for job in jobs:
                 check_runnable(job, settings)
@@ -118,6 +123,17 @@ def _close(
             save_results([*kept, *results], run_file)
         except WideTesseraError as e:
             click.echo(f"{e}: this run is kept in {output} only", err=True)
+
+
+def _threads_measured(path: str) -> Optional[int]:
+    """The thread count every result in `path` was measured with, where they agree: a --resume
+    that names none continues with it. Left to the machine's load, a resume beside another
+    process chose 1 where the file had 2, and was refused ("measured with threads 2; this run
+    asks for threads 1"); LoadWatch names a machine too busy for it, as for --threads K."""
+    if not Path(path).exists():
+        return None
+    counts = {r.environment.threads for r in load_results(path)}
+    return counts.pop() if len(counts) == 1 else None
 
 
 def _settings(
