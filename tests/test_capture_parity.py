@@ -127,3 +127,27 @@ def test_a_fused_model_saved_after_training_loads_and_computes_as_it_did(path, m
     loaded = torch.load(saved, weights_only=False)
     for got, want in zip(loaded.unpack(loaded(loaded.pack(xs))), fused.unpack(fused(fused.pack(xs)))):
         assert torch.equal(got, want)
+
+
+class _Attention(nn.Module):
+    """torch's attention, whose forward reads out_proj's weight without calling out_proj."""
+
+    def __init__(self):
+        super().__init__()
+        self.mha, self.head = nn.MultiheadAttention(8, 2, batch_first=True), nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.mha(x, x, x, need_weights=False)[0])
+
+
+def test_the_export_path_keeps_an_attention_layer_whole_and_computes_the_separate_calls():
+    """The export path swapped nn.MultiheadAttention's out_proj (an nn.Linear), which torch's
+    attention never calls: "mha.out_proj.weight is read outside its layer's call", and surgery
+    refused a model holding one that torch.fx could not trace. It runs whole as its ops, as the
+    fx path runs it, and the layers around it are still swapped."""
+    models = [_Attention().eval() for _ in range(3)]
+    xs = torch.randn(3, 2, 5, 8)
+    wide = ExportedSurgery(models, "error", "(forced)")
+    assert wide.looped == ["mha"] and wide.swapped == ["head"]
+    with torch.no_grad():
+        torch.testing.assert_close(wide((xs,), {}), torch.stack([m(x) for m, x in zip(models, xs)]))

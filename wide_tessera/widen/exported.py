@@ -117,6 +117,10 @@ class ExportedSurgery(nn.Module):
         for path, sub in modules[0].named_modules():
             moe = is_sparse_moe(sub)
             taken = _within([*self._wide_names, *self.looped])
+            reads_its_layers = isinstance(sub, _READS_ITS_LAYERS) and not isinstance(sub, fused)
+            if path and reads_its_layers and not path.startswith(taken):
+                self.looped.append(path)  # run as its ops, its layers' tensors stacked
+                continue
             if not path or not (moe or isinstance(sub, fused)) or path.startswith(taken):
                 continue  # (a fused layer's own parts, an nn.MultiheadAttention's out_proj, are its)
             if _tied_outside(sub, holders):
@@ -470,6 +474,13 @@ def _holders(model: nn.Module) -> Dict[int, Set[int]]:
         for t in chain(m.parameters(recurse=False), m.buffers(recurse=False)):
             held.setdefault(id(t), set()).add(id(m))
     return held
+
+
+# Modules whose forward reads their layers' tensors without calling the layers: torch's
+# nn.MultiheadAttention hands out_proj's weight to F.multi_head_attention_forward. Its out_proj,
+# an nn.Linear, was swapped and its weight then read outside its call: surgery refused every
+# model holding one that torch.fx could not trace. Kept whole, as torch.fx keeps it.
+_READS_ITS_LAYERS = (nn.MultiheadAttention,)
 
 
 def _tied_outside(layer: nn.Module, holders: Dict[int, Set[int]]) -> bool:
