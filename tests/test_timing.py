@@ -40,13 +40,15 @@ def test_measure_keeps_to_every_setting_it_is_given(monkeypatch):
     On a quiet machine: disturbed rounds are kept beside clean ones where too few are clean (a
     busy one gave 6 samples)."""
     monkeypatch.setattr(timing.HealthMonitor, "round_disturbed", lambda self: False)
-    config = TimingConfig(min_samples=5, max_samples=5, budget_s=10.0, min_sample_s=0.004)
+    config = TimingConfig(min_samples=5, max_samples=5, budget_s=10.0, min_sample_s=0.02)
     stats = measure(lambda: torch.ones(64).sum(), device="cpu", config=config)
     assert stats.n_samples == 5 and stats.calls_per_sample > 1
-    # A sample lasts about min_sample_s (4 ms), not the default 1 ms. Not 90% of it: the calls
-    # per sample are set while warming up, and this VM sped up by 14% between that and the
-    # samples once (3.45 ms, fresh-clone CI, 2026-11-25).
-    assert stats.median_ms * stats.calls_per_sample >= 0.004 * 1e3 * 0.5
+    # A sample lasts about min_sample_s (20 ms), not the default 1 ms. Not 90% of it: the calls
+    # per sample are set while warming up, and the machine's speed moves between that and the
+    # samples: 14% once (fresh-clone CI, 2026-11-25), 3x once on a CI run beside other work
+    # (its warm-up slowed, its samples 1.95 ms of a 4 ms setting, 2026-11-29). A quarter of it
+    # still tells the setting from the default 1 ms.
+    assert stats.median_ms * stats.calls_per_sample >= 0.02 * 1e3 * 0.25
 
 
 def test_a_function_that_raises_is_named_and_a_fault_of_the_stop_rule_is_not_blamed_on_it():
