@@ -74,25 +74,27 @@ def run_measuring(
             if dump_ir:
                 check_directory(dump_ir, "--dump-ir")
             settings, shard = _settings(preset, threads, n_values, held, given)
-            if resume and threads is None and shard is None and output is not None:
-                threads = _threads_measured(output)
-                if threads is not None:
-                    torch.set_num_threads(threads)
-                    click.echo(f"--resume: measuring with {threads} thread(s), as {output} was measured", err=True)
             jobs = make_jobs(settings, texts)
             for job in jobs:
                 check_runnable(job, settings)
             _check_trace_n(jobs, settings)
+            if output and _writes(shard):
+                held.enter_context(results_lock(output))  # until the last save: one writer per file
+            # read once, under the lock: the file as its last writer left it (1 MB of 19 results: 2 s)
+            saved = load_results(output) if resume and output is not None and Path(output).exists() else []
+            if resume and threads is None and shard is None:
+                threads = _threads_measured(saved)
+                if threads is not None:
+                    torch.set_num_threads(threads)
+                    click.echo(f"--resume: measuring with {threads} thread(s), as {output} was measured", err=True)
             # after the input is checked (a bad value is the one line said), before --resume
             # compares the threads of what it keeps, which the load may set here
             load = LoadWatch(threads, settings.timing) if shard is None and settings.device == "cpu" else None
             run = _Run(command, settings, jobs, shard, load, save_dispatch, output)
             run.say_load(lambda said: click.echo(said, err=True))
-            if output and run.writer:
-                held.enter_context(results_lock(output))  # until the last save: one writer per file
             if save_dispatch is not None and run.writer:  # locked by each merge, not the run: first calls write it too
                 check_table_target(save_dispatch, output)
-            previous = previous_results(output, settings, shard is not None) if resume else {}
+            previous = previous_results(output, saved, settings, shard is not None) if resume else {}
         run_file = _run_file(command, jobs, preset) if run.writer and not no_save else None
         saved_to = output or run_file  # saved after every point: -o FILE, else the run file (a name no other run takes)
         # --dump-ir: clock every Triton compilation of the run (nothing without triton)
@@ -125,15 +127,18 @@ def _close(
             click.echo(f"{e}: this run is kept in {output} only", err=True)
 
 
-def _threads_measured(path: str) -> Optional[int]:
-    """The thread count every result in `path` was measured with, where they agree: a --resume
-    that names none continues with it. Left to the machine's load, a resume beside another
+def _threads_measured(saved: List[BenchmarkResult]) -> Optional[int]:
+    """The thread count every result a --resume continues was measured with, where they agree: a
+    resume that names none continues with it. Left to the machine's load, a resume beside another
     process chose 1 where the file had 2, and was refused ("measured with threads 2; this run
     asks for threads 1"); LoadWatch names a machine too busy for it, as for --threads K."""
-    if not Path(path).exists():
-        return None
-    counts = {r.environment.threads for r in load_results(path)}
+    counts = {r.environment.threads for r in saved}
     return counts.pop() if len(counts) == 1 else None
+
+
+def _writes(shard: Optional[Shard]) -> bool:
+    """Whether this process writes the results file and the table: rank 0 under torchrun."""
+    return shard is None or shard.rank == 0
 
 
 def _settings(
@@ -181,7 +186,7 @@ class _Run:
     ):
         self.command, self.settings, self.jobs, self.shard, self.load = command, settings, jobs, shard, load
         self.save_dispatch, self.output = save_dispatch, output
-        self.writer = shard is None or shard.rank == 0  # rank 0 writes the results file and the table
+        self.writer = _writes(shard)
         self.in_table: List[str] = []  # the ops merged into the dispatch table so far
 
     def say_load(self, echo: Callable[[str], Any]) -> None:

@@ -11,14 +11,12 @@ import dataclasses
 import math
 import sys
 from functools import partial
-from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..core.environment import capture_environment
 from ..core.errors import Interrupted, WideTesseraError
 from ..core.job import BenchmarkJob, group_key, point_keys
 from ..measurement.settings import RunSettings
-from ..results.load import load_results
 from ..results.schema import BenchmarkResult, ResultsFile, save_results
 from .progress import Progress
 from .resume import check_resumable, point_order, points_left
@@ -28,10 +26,12 @@ from .shards import Shard, assign, joined, mark, remove_shards, shard_path, with
 __all__ = ["previous_results", "measure_jobs", "measure_shard", "points_to_measure"]
 
 
-def previous_results(path: str, settings: RunSettings, sharded: bool = False) -> Dict[str, BenchmarkResult]:
-    """Every result in the file a --resume continues, and in the shard files a sharded run left
-    beside it (a rank died), by op, each checked to be measured as this run measures."""
-    results = load_results(path) if Path(path).exists() else []
+def previous_results(
+    path: str, results: List[BenchmarkResult], settings: RunSettings, sharded: bool = False
+) -> Dict[str, BenchmarkResult]:
+    """Every result in the file a --resume continues (`results`, read from `path` by the caller),
+    and in the shard files a sharded run left beside it (a rank died), by op, each checked to be
+    measured as this run measures."""
     previous = {r.op: r for r in results}
     if len(previous) < len(results):
         raise WideTesseraError(f"--resume: {path} holds more than one result for an op; it was not written by one run")
