@@ -112,9 +112,11 @@ def _check_names(name: str, preset: str, overrides: Dict[str, Any]) -> None:
     naming both lists: `seed` mistyped as `sed=3` was "unknown sweep axis 'sed'", listing the axes
     alone. (An unknown op or preset is build_job's to name.)"""
     sweep = get_op(name).BENCHMARK_SWEEPS.get(preset) if isinstance(preset, str) else None
-    axes = ["n_values", *sweep.axes] if sweep is not None else []
+    if sweep is None:
+        return
+    axes = ["n_values", *sweep.axes]
     for key in overrides:
-        if sweep is not None and key not in axes:
+        if key not in axes:
             raise unknown("run setting or sweep axis", key, [*RunSettings.names(), *axes])
 
 

@@ -10,8 +10,8 @@ so did a study of PEFT-wrapped models (PEFT's LoRA layers keep `lora_alpha` and 
 dicts of floats, by adapter name).
 `with_own_rates` gives copies of the models with each such layer swapped for one that reads its
 number from a buffer (0-dimensional, not saved: the state_dicts are the models' own), which
-vmap and surgery stack like any buffer, so model i computes with its own number, and the loop
-runs each copy.
+vmap and surgery stack like any buffer, so model i computes with its own number; the loop runs
+the models themselves (a copy shares their tensors, and training it would train them).
 
 What stays a configuration, and why: a norm's eps is an argument of torch's native norm kernels
 (F.layer_norm, F.batch_norm take one float) and of the wide norm layers surgery swaps in, so a
