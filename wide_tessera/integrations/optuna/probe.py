@@ -48,8 +48,8 @@ STRATEGIES = ("vmap", "surgery")
 
 # What a switch into each strategy cost (its repack, build and first step beyond a loop step), by
 # (strategy, the model's class), the last measured in this process: a capture's cost recurs each
-# time the class is built (surgery's torch.export of a model with dropout: 0.5 to 2.3 s a build on
-# the loaded 2-core machine, where a vmap switch took 20 ms).
+# time the class is built (surgery's torch.export capture: 0.5 to 2.3 s a build on the loaded
+# 2-core machine, where a vmap switch took 20 ms).
 SWITCHES: Dict[Tuple[str, str], float] = {}
 
 
