@@ -13,8 +13,10 @@ from torch import nn
 
 from wide_tessera import DispatchTable, WideTesseraError, benchmark_custom, fuse
 from wide_tessera.core.errors import NotApplicable
+from wide_tessera.core.layout import STACKED
 from wide_tessera.dispatch import fuse as fusing
 from wide_tessera.dispatch.fuse import DispatchWarning
+from wide_tessera.ops.conv import WideConv2d
 from wide_tessera.widen.surgery import WideSurgery
 
 from .helpers import entry
@@ -97,6 +99,20 @@ class InvertedResidualOfAnyRank(InvertedResidual):
 
     def forward(self, x):
         return super().forward(x) if x.dim() == 4 else x
+
+
+def test_a_stacked_value_moves_into_the_channels_layout_and_back_as_views():
+    """Surgery runs a convolution or a channel norm on the N models' channels side by side: the
+    stacked value moved there is the N parts joined, and moved back, a view of the op's output,
+    which the next channel layer takes in again uncopied (joining N parts and stacking them again
+    cost a quarter of a training step of 16 small conv nets)."""
+    n, io = 3, WideConv2d.IO_LAYOUT
+    x = torch.randn(n, 2, 4, 5, 5)
+    joined = STACKED.relaid(x, n, io)
+    assert torch.equal(joined, io.join(list(x.unbind(0))))
+    back = io.relaid(joined, n, STACKED)
+    assert torch.equal(back, x)
+    assert back.data_ptr() == joined.data_ptr() == STACKED.relaid(back, n, io).data_ptr()
 
 
 @pytest.mark.parametrize("mode", ["inference", "train_step"])

@@ -78,6 +78,9 @@ class WideOp:
     # the input is: surgery swaps a call that gives that many or fewer, all the models' own (a
     # recurrent layer's input and initial state: 2).
     STACKED_ARGS: ClassVar[int] = 1
+    # Set where pack and unpack are this layout's join and parts (the channels side by side): surgery
+    # then moves a stacked value into it and back as a view (Layout.relaid), not through N parts.
+    IO_LAYOUT: ClassVar[Optional[Layout]] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """Make the subclass's own from_modules keep the models' frozen parameters frozen (_frozen_as_in)."""
@@ -257,6 +260,7 @@ class WideChannelsOp(WideOp):
     in_channels: int
     out_channels: int
     LAYOUT = JOINED
+    IO_LAYOUT = Layout(dim=1, joined=True)  # the op's input and output: [B, N*C, ...]
 
     def memory_format(self) -> torch.memory_format:
         """The layout `pack` gives its output."""
@@ -266,14 +270,10 @@ class WideChannelsOp(WideOp):
         return ["batch", self.in_channels, "..."]
 
     def pack(self, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
-        return _CHANNELS.join(self.check_inputs(inputs)).contiguous(memory_format=self.memory_format())
+        return self.IO_LAYOUT.join(self.check_inputs(inputs)).contiguous(memory_format=self.memory_format())
 
     def unpack(self, output: torch.Tensor) -> List[torch.Tensor]:
-        return [part for part in _CHANNELS.parts(output, self.n) if part is not None]
-
-
-# The channels op's input and output: the N models' channels side by side, [B, N*C, ...].
-_CHANNELS = Layout(dim=1, joined=True)
+        return [part for part in self.IO_LAYOUT.parts(output, self.n) if part is not None]
 
 
 _FACTORIES = ("bench_model", "bench_inputs", "from_modules")

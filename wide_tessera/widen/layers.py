@@ -59,7 +59,10 @@ class _Relayout(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w: Any = self.wide  # a WideOp's module: pack and unpack are its own
-        n = x.shape[0]
+        n, io = x.shape[0], w.IO_LAYOUT
+        if isinstance(io, Layout):  # a view each way (consecutive channel layers pass their values on uncopied)
+            out: torch.Tensor = w(STACKED.relaid(x, n, io).contiguous(memory_format=w.memory_format()))
+            return io.relaid(out, n, STACKED)
         return STACKED.join(w.unpack(w(w.pack(STACKED.parts(x, n)))))
 
 
