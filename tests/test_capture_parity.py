@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import nn
 
+from wide_tessera.core.errors import NotApplicable
 from wide_tessera.widen import capture
 from wide_tessera.widen.exported import ExportedSurgery
 from wide_tessera.widen.surgery import WideSurgery
@@ -151,3 +152,38 @@ def test_the_export_path_keeps_an_attention_layer_whole_and_computes_the_separat
     assert wide.looped == ["mha"] and wide.swapped == ["head"]
     with torch.no_grad():
         torch.testing.assert_close(wide((xs,), {}), torch.stack([m(x) for m, x in zip(models, xs)]))
+
+
+class _ReadTwice(nn.Module):
+    """A layer's weight also read outside its call; a grouped convolution's too, with `conv`."""
+
+    def __init__(self, conv: bool = False):
+        super().__init__()
+        self.lin, self.conv = nn.Linear(4, 4), nn.Conv1d(4, 4, 1) if conv else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.lin(x) + nn.functional.linear(x, self.lin.weight)
+        if self.conv is not None:  # a grouped convolution holds its weight joined, not stacked
+            column = x.unsqueeze(-1)
+            y = y + (self.conv(column) + nn.functional.conv1d(column, self.conv.weight))[..., 0]
+        return y
+
+
+def test_the_export_path_holds_a_weight_read_outside_its_layer_as_the_layers_own_tensor():
+    """torch.export's path refused a swapped layer's weight read again outside its call ("lin.weight
+    is read outside its layer's call"), which torch.fx's path holds as one tensor. The read takes
+    the wide layer's stacked weight: one tensor, whose gradient is each model's from both uses."""
+    torch.manual_seed(0)
+    models = [_ReadTwice() for _ in range(3)]
+    xs = [torch.randn(5, 4) for _ in range(3)]
+    export_path = ExportedSurgery(models, "error", "(forced)")
+    out = export_path((torch.stack(xs),), {})
+    torch.testing.assert_close(out, torch.stack([m(x) for m, x in zip(models, xs)]))
+    out.square().sum().backward()
+    for m, x in zip(models, xs):
+        m(x).square().sum().backward()
+    assert [name for name, _ in export_path.named_parameters()] == ["wides.w0.weight", "wides.w0.bias"]
+    torch.testing.assert_close(export_path.wides.w0.weight.grad, torch.stack([m.lin.weight.grad for m in models]))
+    joined = ExportedSurgery([_ReadTwice(conv=True) for _ in range(3)], "error", "(forced)")
+    with pytest.raises(NotApplicable, match="conv.weight is read outside its layer's call"):
+        joined((torch.stack(xs),), {})

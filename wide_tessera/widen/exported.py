@@ -327,8 +327,21 @@ class ExportedSurgery(nn.Module):
         if node.op in ("placeholder", "call_module"):
             return True
         if node.op == "get_attr":
-            return node.target in self._stacked_names and node.target not in self._once
+            target = str(node.target)
+            return (target in self._stacked_names and target not in self._once) or self._wide_tensor(target) is not None
         return False if node.target is model_size else None
+
+    def _wide_tensor(self, target: str) -> Optional[str]:
+        """The holder's name of a swapped layer's tensor `target` (its path in a model) where the
+        layer holds it stacked, as a tensor read outside a layer is held: a weight its layer uses and
+        forward reads again (F.linear(x, self.lin.weight)) is then one tensor, and training steps it
+        once. None where no swapped layer holds it so (a grouped convolution's weight is joined)."""
+        for path, w in self._wide_names.items():
+            if target.startswith(path + "."):
+                name = target[len(path) + 1 :]
+                slots = slots_of(self.wides[w]).items()
+                return next((f"w.{w}.{k}" for k, slot in slots if slot.name == name and slot.layout == STACKED), None)
+        return None
 
     def _hold_attributes(self, graph: fx.Graph, exported: nn.Module, constants: nn.Module) -> None:
         """Each attribute the graph reads, pointed at its stacked tensor (or the one held once), or,
@@ -339,7 +352,13 @@ class ExportedSurgery(nn.Module):
             elif node.target in self._stacked_names:
                 node.target = f"s.{self._stacked_names[node.target]}"
             elif node.target.startswith(_within(list(self._wide_names))):
-                raise NotApplicable(f"surgery: {node.target} is read outside its layer's call (a tied weight?)")
+                held = self._wide_tensor(node.target)
+                if held is None:
+                    raise NotApplicable(
+                        f"surgery: {node.target} is read outside its layer's call, whose wide module does not hold it "
+                        "stacked; the vmap strategy keeps it one tensor"
+                    )
+                node.target = held
             elif isinstance(operator.attrgetter(node.target)(exported), nn.Module):  # a torch.no_grad region's
                 raise NotApplicable(  # graph: registered as a constant, torch's TypeError
                     "surgery: torch.export captured a region of forward that switches gradients off (torch.no_grad), "
