@@ -187,3 +187,36 @@ def test_the_export_path_holds_a_weight_read_outside_its_layer_as_the_layers_own
     joined = ExportedSurgery([_ReadTwice(conv=True) for _ in range(3)], "error", "(forced)")
     with pytest.raises(NotApplicable, match="conv.weight is read outside its layer's call"):
         joined((torch.stack(xs),), {})
+
+
+class _Encoder(nn.Module):
+    """A recurrent layer given the initial state the model learns (GRU: h0; LSTM: (h0, c0))."""
+
+    def __init__(self, kind: str):
+        super().__init__()
+        self.kind = kind
+        self.rnn = getattr(nn, kind)(4, 6, num_layers=2, batch_first=True)
+        self.h0 = nn.Parameter(torch.randn(2, 1, 6))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.h0.expand(2, x.shape[0], 6).contiguous()
+        out, _ = self.rnn(x, h if self.kind == "GRU" else (h, torch.tanh(h)))
+        return out
+
+
+@pytest.mark.parametrize("kind", ["GRU", "LSTM"])
+def test_the_export_path_swaps_a_recurrent_layer_given_its_initial_state(kind):
+    """torch.export's path swapped a layer taking one value only ("layer rnn takes 2 values"), where
+    torch.fx's swaps a recurrent layer given its state: the wide module takes both stacked."""
+    torch.manual_seed(0)
+    models = [_Encoder(kind) for _ in range(3)]
+    xs = [torch.randn(2, 5, 4) for _ in range(3)]
+    export_path = ExportedSurgery(models, "error", "(forced)")
+    out = export_path((torch.stack(xs),), {})
+    assert export_path.swapped == ["rnn"]
+    torch.testing.assert_close(out, torch.stack([m(x) for m, x in zip(models, xs)]))
+    out.square().sum().backward()
+    for m, x in zip(models, xs):
+        m(x).square().sum().backward()
+    h0 = dict(export_path.named_parameters())[f"stacked.{export_path._stacked_names['h0']}"]
+    torch.testing.assert_close(h0.grad, torch.stack([m.h0.grad for m in models]))

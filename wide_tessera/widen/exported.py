@@ -294,11 +294,12 @@ class ExportedSurgery(nn.Module):
                 and a.target is not model_size
             }  # fmt: skip
             outputs = [n for n in nodes if any(u not in inside for u in n.users)]
-            if len(inputs) != 1 or len(outputs) != 1:
+            arguments = _layer_arguments(nodes, inputs)
+            if arguments is None or len(outputs) != 1:
                 raise NotApplicable(
                     f"surgery: layer {path} takes {len(inputs)} values and gives {len(outputs)} in this model, where "
-                    "a torch.export capture swaps a layer taking one and giving one (torch.fx's swaps a recurrent "
-                    "layer given its state)"
+                    "a torch.export capture swaps a layer taking one (or a recurrent layer's input and initial "
+                    "state) and giving one"
                 )
             out = outputs[0]
             # nn.GRU and nn.LSTM return (output, state), and their wide modules too; a model that
@@ -309,7 +310,7 @@ class ExportedSurgery(nn.Module):
             if recurrent and not (out.target is operator.getitem and source in inside and out.args[1] == 0):
                 raise NotApplicable(f"surgery: the model reads {out.name} of layer {path}, not its output alone")
             with graph.inserting_after(nodes[-1]):
-                call = graph.create_node("call_module", f"w.{self._wide_names[path]}", (inputs.pop(),))
+                call = graph.create_node("call_module", f"w.{self._wide_names[path]}", arguments)
             with graph.inserting_after(call):
                 value = graph.call_function(operator.getitem, (call, 0)) if recurrent else call
             # one model's output, as the rules read it (a recurrent layer's: its op's tuple, led by the output)
@@ -368,6 +369,28 @@ class ExportedSurgery(nn.Module):
                 name = f"c{len(constants._buffers)}"
                 constants.register_buffer(name, operator.attrgetter(node.target)(exported))
                 node.target = f"c.{name}"
+
+
+# A recurrent layer's ATen op: (input, initial state, ...), the state one tensor or an LSTM's [h, c]
+_RECURRENT = {torch.ops.aten.gru.input, torch.ops.aten.lstm.input, torch.ops.aten.rnn_tanh.input,
+              torch.ops.aten.rnn_relu.input}  # fmt: skip
+
+
+def _layer_arguments(nodes: List[fx.Node], inputs: Set[fx.Node]) -> Optional[Tuple[Any, ...]]:
+    """The arguments of the wide module standing for one call of a layer (its ops `nodes`, the
+    values it takes from outside them `inputs`): the one value it takes; for a recurrent layer
+    given its initial state, the input and the state as its op takes them (the wide module's
+    STACKED_ARGS, an LSTM's state a tuple); None where neither is so."""
+    if len(inputs) == 1:
+        return (next(iter(inputs)),)
+    op = next((n for n in nodes if n.target in _RECURRENT), None)
+    if op is None:
+        return None
+    x, state = op.args[0], op.args[1]
+    given = [x, *state] if isinstance(state, (list, tuple)) else [x, state]
+    if set(given) != inputs or len(given) != len(inputs):
+        return None
+    return (x, tuple(state) if isinstance(state, (list, tuple)) else state)
 
 
 class _MoeStandIn(nn.Module):
