@@ -220,3 +220,29 @@ def test_the_export_path_swaps_a_recurrent_layer_given_its_initial_state(kind):
         m(x).square().sum().backward()
     h0 = dict(export_path.named_parameters())[f"stacked.{export_path._stacked_names['h0']}"]
     torch.testing.assert_close(h0.grad, torch.stack([m.h0.grad for m in models]))
+
+
+class _Jittered(nn.Module):
+    """Writes its input in place, as transformers' SwitchTransformersSparseMLP's router jitter does."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x *= 1.5
+        return self.fc(x)
+
+
+def test_a_capture_of_a_model_that_writes_its_input_in_place_writes_each_models_part_once():
+    """Before torch.export captures a model, a copy of it is called on one model's input, which
+    was a view of the stacked one: model 0's part was written twice (2.25x, not 1.5x), and its
+    output was off from the first call on."""
+    models = [_Jittered() for _ in range(2)]
+    xs = [torch.randn(4, 8) for _ in models]
+    stacked = torch.stack(xs)
+    out = ExportedSurgery(models, "error", "(forced)")((stacked,), {})
+    with torch.no_grad():
+        want = torch.stack([m(x.clone()) for m, x in zip(models, xs)])
+        torch.testing.assert_close(out, want)
+        torch.testing.assert_close(stacked, torch.stack(xs) * 1.5)  # written in place, as each model writes its own
