@@ -430,6 +430,7 @@ TABLE_CASES = [
     ("N = 10**30", lambda e, v: v.update(n=10**30), "verdicts must be for distinct N from 1 to 4096"),
     ("threads = -1", lambda e, v: e.update(threads=-1), "entries[0] (gemm): threads=-1: give an integer in [1, 4096]"),
     ("measured_at yesterday", lambda e, v: e.update(measured_at="yesterday"), "measured_at 'yesterday': give a time"),
+    ("a switch of -1 s", lambda e, v: e.update(switch_s={"vmap": -1.0}), "switch_s['vmap']=-1.0: give a number"),
 ]
 
 

@@ -211,14 +211,15 @@ def test_a_training_of_bad_settings_is_refused(kwargs, message):
 def _clock(monkeypatch, loop_s, fused_s, builds=None, measured=STRATEGIES):
     """The probe's clock replaced: each loop step takes `loop_s`, each fused one `fused_s`, each
     build of a group `builds[strategy]` (default: nothing); the switches to `measured` known to
-    the process, as a study before this one measured them."""
-    from wide_tessera.integrations.optuna import group, probe
+    the dispatch table, as a study before this one measured them (None: the table's own)."""
+    from wide_tessera.integrations.optuna import group, probe, sizing
     from wide_tessera.integrations.optuna import study as scheduler
 
     clock = [0.0]
     monkeypatch.setattr(group, "now", lambda: clock[0])
     monkeypatch.setattr(probe, "now", lambda: clock[0])
-    monkeypatch.setattr(probe, "SWITCHES", {(s, "MLP"): (builds or {}).get(s, 0.0) for s in measured})
+    if measured is not None:
+        monkeypatch.setattr(sizing, "switch_costs", lambda *_: {s: (builds or {}).get(s, 0.0) for s in measured})
     monkeypatch.setattr(scheduler, "step_seconds", lambda *_: 1.0)  # an estimate the share never reaches
     timed = probe.Probe.timed
 
@@ -262,6 +263,29 @@ def test_a_shape_the_table_lacks_is_sized_on_its_first_groups_own_steps(tmp_path
     # the third study reads the confirmed entry: no probe, fuse() fuses N=4
     summary = optimize(study(), suggest, build, training, n_trials=4, table=table, progress=False)
     assert "probed" not in summary.groups[0].why and summary.groups[0].strategy == group.strategy
+
+
+def test_a_later_study_predicts_its_switches_by_the_table_and_probes_the_strategy_the_first_left_untried(
+    tmp_path, monkeypatch
+):  # fmt: skip
+    """What a switch into each strategy cost was kept by the process alone: a study in a new
+    process (as most studies run) knew none, so it probed the first strategy only and never
+    reached surgery. The table keeps them beside the probe's verdict: the next study predicts
+    vmap's switch by it and tries surgery's."""
+    _clock(monkeypatch, loop_s=1e-2, fused_s=1e-3, builds={"loop": 0.01, "vmap": 0.02, "surgery": 0.03}, measured=None)
+    table = tmp_path / "table.json"
+    training = Training(steps=40, batch=lambda p, step: (X[step % STEPS], Y[step % STEPS]), loss=F.mse_loss,
+                        optimizer="adamw", report_every=10)  # fmt: skip
+    whys, kept = [], []
+    for _ in range(2):
+        summary = optimize(study(), suggest, build, training, n_trials=4, table=table, progress=False, sizing_share=1.0)
+        (entry,) = json.loads(table.read_text())["entries"]
+        whys.append(summary.groups[0].why)
+        kept.append(entry["switch_s"])
+    assert ": loop, vmap in turns (surgery untried" in whys[0], whys[0]
+    assert ": loop, surgery, vmap in turns, " in whys[1], whys[1]
+    assert set(kept[0]) == {"vmap"} and set(kept[1]) == {"vmap", "surgery"}
+    assert kept[1]["surgery"] == pytest.approx(0.03, abs=0.01)
 
 
 def test_where_the_probe_finds_the_loop_faster_the_trials_go_on_one_at_a_time(tmp_path, monkeypatch):
@@ -709,13 +733,12 @@ def test_a_killed_workers_trials_fail_as_stale_at_the_next_optimize(tmp_path):
 def _driven(monkeypatch, share=1.0, switches=None):
     """A probe of the first group (16 trials) on a clock of its own, and one step of training on
     it: the side the probe picks runs `cost(side, n)` seconds, after a switch of `switch_s` where
-    the side changed. `switches`: what this process measured before, by strategy."""
+    the side changed. `switches`: what an earlier study measured, by strategy (the table's)."""
     from wide_tessera.integrations.optuna import probe
 
     clock = [0.0]
     monkeypatch.setattr(probe, "now", lambda: clock[0])
-    monkeypatch.setattr(probe, "SWITCHES", {(s, "Net"): c for s, c in (switches or {}).items()})
-    sizing = probe.Probe.planned(share=share, each_s=0.0, steps=10**6, estimate_s=1e9, model="Net")
+    sizing = probe.Probe.planned(share=share, each_s=0.0, steps=10**6, estimate_s=1e9, switches=switches or {})
     sizing.began(16)
     sizing.switch_s.setdefault(BASELINE, (switches or {}).get(BASELINE, 1e-3))  # the loop's build, as a group's
 

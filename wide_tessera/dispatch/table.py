@@ -129,6 +129,10 @@ class DispatchEntry(Setting):
     threads: int
     preset: str
     run_id: Optional[str] = None
+    # what switching an Optuna study's probe into each strategy cost (its build and first step
+    # beyond a loop step), the last measured: a later study, in any process, predicts its switches
+    # by it, and tries the strategies no study has switched into yet
+    switch_s: Dict[str, float] = field(default_factory=dict)
 
     def key(self) -> str:
         """What makes two entries the same measurement (one replaces the other)."""
@@ -215,6 +219,8 @@ def _check_entry(entry: DispatchEntry, where: str) -> None:
     if entry.crossover_n != _crossover(entry.verdicts):
         raise WideTesseraError(f"{where}: crossover_n {entry.crossover_n} does not follow from its verdicts")
     check_number(f"{where}: threads", entry.threads, 1, MAX_THREADS, integer=True, low_ok=True)
+    for strategy, seconds in entry.switch_s.items():
+        check_number(f"{where}: switch_s[{strategy!r}]", seconds, 0, math.inf, low_ok=True)
     try:
         datetime.datetime.fromisoformat(entry.measured_at)
     except (TypeError, ValueError):

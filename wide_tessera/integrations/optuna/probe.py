@@ -46,13 +46,6 @@ LEVEL = 1 - ALPHA / len(LOOKS)
 STRATEGIES = ("vmap", "surgery")
 
 
-# What a switch into each strategy cost (its repack, build and first step beyond a loop step), by
-# (strategy, the model's class), the last measured in this process: a capture's cost recurs each
-# time the class is built (surgery's torch.export capture: 0.5 to 2.3 s a build on the loaded
-# 2-core machine, where a vmap switch took 20 ms).
-SWITCHES: Dict[Tuple[str, str], float] = {}
-
-
 @dataclass
 class Probe:
     """The first group's turns: which side trains each step, the ms of each side's timed steps
@@ -77,14 +70,14 @@ class Probe:
     estimate_s: float  # the study's estimated sequential time
     start: float  # when the study began, on the probe's clock (now)
     strategies: Sequence[str] = STRATEGIES
-    model: str = ""  # the model's class: what SWITCHES are kept by
     untried: Sequence[str] = ()
     given: bool = False  # the group size is the user's: the group goes on fused whatever the rule said
     samples: Dict[str, List[float]] = field(default_factory=dict)
     spent_s: float = 0.0
     switching_s: float = 0.0
     excess_s: float = 0.0  # what the fused turns' steps took beyond the loop's (the sequential's) time
-    switch_s: Dict[str, float] = field(default_factory=dict)  # each side's last switch, with its first step
+    # each side's last switch, with its first step: the table's (an earlier study's) until one is timed here
+    switch_s: Dict[str, float] = field(default_factory=dict)
     step_s: Dict[str, float] = field(default_factory=dict)  # each side's last timed step beyond the loop's
     call: Optional[Call] = None
     steps: int = 0
@@ -97,17 +90,19 @@ class Probe:
 
     @staticmethod
     def planned(
-        share: float, each_s: float, steps: int, estimate_s: float, model: str, given: bool = False
+        share: float, each_s: float, steps: int, estimate_s: float, switches: Dict[str, float], given: bool = False
     ) -> "Probe":
         """A probe of `share` of the study's time (beginning now) and of its group's steps left (see
-        the class's docstring) for a model of class `model`: the strategies whose switch cost
-        this process measured within what the share can reach, after the first one it did not;
-        the others untried (a side whose switch never fits holds every round open)."""
-        unknown = [s for s in STRATEGIES if (s, model) not in SWITCHES]
-        known = [s for s in STRATEGIES if (s, model) in SWITCHES]
-        reached = [s for s in known if SWITCHES[(s, model)] <= share * estimate_s]
-        untried = (*unknown[1:], *(s for s in known if s not in reached))
-        return Probe(share, each_s, steps, estimate_s, now(), (*unknown[:1], *reached), model, untried, given)
+        the class's docstring): the strategies whose switch cost an earlier study measured
+        (`switches`, the dispatch table's) within what the share can reach, after the first one
+        none did; the others untried (a side whose switch never fits holds every round open).
+        A capture's cost recurs at every build (surgery's torch.export capture: 0.5 to 2.3 s on the
+        loaded 2-core machine, where a vmap switch took 20 ms)."""
+        unknown = [s for s in STRATEGIES if s not in switches]
+        reached = [s for s in STRATEGIES if s in switches and switches[s] <= share * estimate_s]
+        untried = [s for s in STRATEGIES if s not in (*unknown[:1], *reached)]
+        known = {s: switches[s] for s in STRATEGIES if s in switches}
+        return Probe(share, each_s, steps, estimate_s, now(), (*unknown[:1], *reached), untried, given, switch_s=known)
 
     @property
     def sides(self) -> List[str]:
@@ -149,7 +144,7 @@ class Probe:
         self.excess_s += excess
         if switch_s is not None:
             self.switching_s += switch_s
-            self.switch_s[side] = SWITCHES[(side, self.model)] = switch_s + excess
+            self.switch_s[side] = switch_s + excess
             # the side's next step, before one of its plain steps is timed, is predicted by this
             # first one (which pays its lazy set-up, so errs long): predicted as nothing, a surgery
             # turn overran a conv study's share by 0.08 s
@@ -186,11 +181,11 @@ class Probe:
         return self.switching_s + self.excess_s
 
     def _switch(self) -> Tuple[str, float]:
-        """The next side, and the predicted cost of the switch to it: the last this process
-        measured for the class; where nothing measured one, nothing if nothing is spent yet, else
+        """The next side, and the predicted cost of the switch to it: the last measured (here, or
+        by an earlier study); where nothing measured one, nothing if nothing is spent yet, else
         more than any share."""
         side = self.sides[(self.turn + 1) % len(self.sides)]
-        measured = self.switch_s.get(side, SWITCHES.get((side, self.model)))
+        measured = self.switch_s.get(side)
         if measured is None:
             measured = 0.0 if self.cost_s == 0.0 else math.inf
         return side, measured
@@ -298,6 +293,7 @@ class Probe:
             verdicts=[NVerdict(n, verdict, call.strategy)], crossover_n=n if verdict == "fuse" else None,
             measured_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             versions={"torch": torch.__version__}, threads=torch.get_num_threads(), preset="optuna-probe",
+            switch_s={s: seconds for s, seconds in self.switch_s.items() if s in STRATEGIES},
         )  # fmt: skip
         table.parent.mkdir(parents=True, exist_ok=True)
         merge_entries(table, [entry])

@@ -58,7 +58,11 @@ def size_groups(
     size: the largest N the table says fuses, capped by memory; where it decides nothing, the
     largest N memory allows, probed on the first group within `share` of the study's time
     (probe.Probe; `each_s`: one model's step alone; 0: one trial at a time)."""
-    model, estimate_s = type(member.model).__qualname__, each_s * training.steps * n_trials
+    estimate_s = each_s * training.steps * n_trials
+
+    def probe(given: bool = False) -> Probe:
+        return Probe.planned(share, each_s, training.steps, estimate_s, switch_costs(member, table), given)
+
     cap, memory = _memory_cap(member, training, device)
     if given is not None:
         size = min(given, n_trials)
@@ -68,8 +72,7 @@ def size_groups(
             return Sizing(size, why, strategy, given=True)
         _, verdict, named = _verdicts(member, [size], table)[size]
         if verdict == "none" and share > 0:
-            probe = Probe.planned(share, each_s, training.steps, estimate_s, model, given=True)
-            return Sizing(size, f"{why}, the strategy probed on its first group", "loop", probe, given=True)
+            return Sizing(size, f"{why}, the strategy probed on its first group", "loop", probe(given=True), given=True)
         if named is None:
             cannot = (
                 f"the table names no strategy at N={size} and sizing_share=0" if verdict == "none" else
@@ -88,8 +91,7 @@ def size_groups(
     if not any(v in SETTLED_VERDICTS for _, v, _ in verdicts.values()):  # nothing measured, or nothing settled
         if share <= 0:
             return Sizing(1, f"1, one trial at a time: the table decides nothing ({said}) and sizing_share=0")
-        return Sizing(ns[-1], f"{ns[-1]}, probed on its first group ({said}; {table}), {memory}", "loop",
-                      Probe.planned(share, each_s, training.steps, estimate_s, model))  # fmt: skip
+        return Sizing(ns[-1], f"{ns[-1]}, probed on its first group ({said}; {table}), {memory}", "loop", probe())
     fusing = [n for n, (fuses, _, _) in verdicts.items() if fuses]
     if not fusing:
         return Sizing(1, f"1, one trial at a time: no measured N fuses a training step ({said}; {table})", strategy)
@@ -109,6 +111,14 @@ def probed(sizing: Sizing, member: Member, table: Path) -> Sizing:
     if winner is None and not sizing.given:
         return Sizing(1, f"1, one trial at a time after group 0: {probe.said()}")
     return Sizing(sizing.size, f"{sizing.size}, {probe.said()}", winner or "loop", given=sizing.given)
+
+
+def switch_costs(member: Member, table: Path) -> Dict[str, float]:
+    """What switching a probe into each strategy cost for this model, as the table's newest entry
+    that says (an earlier study's probe, in this process or another)."""
+    match, _ = decide_at(member.model, 2, table, mode="train")
+    said = sorted((e for e in match.entries if e.switch_s), key=lambda e: e.measured_at)
+    return dict(said[-1].switch_s) if said else {}
 
 
 def _verdicts(member: Member, ns: Sequence[int], table: Path) -> Dict[int, Tuple[bool, str, Optional[str]]]:
