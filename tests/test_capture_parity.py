@@ -190,21 +190,23 @@ def test_the_export_path_holds_a_weight_read_outside_its_layer_as_the_layers_own
 
 
 class _Encoder(nn.Module):
-    """A recurrent layer given the initial state the model learns (GRU: h0; LSTM: (h0, c0))."""
+    """A recurrent layer given the initial state the model learns (GRU: h0; LSTM: (h0, c0), or
+    one tensor as both)."""
 
     def __init__(self, kind: str):
         super().__init__()
         self.kind = kind
-        self.rnn = getattr(nn, kind)(4, 6, num_layers=2, batch_first=True)
+        self.rnn = getattr(nn, kind.split()[0])(4, 6, num_layers=2, batch_first=True)
         self.h0 = nn.Parameter(torch.randn(2, 1, 6))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.h0.expand(2, x.shape[0], 6).contiguous()
-        out, _ = self.rnn(x, h if self.kind == "GRU" else (h, torch.tanh(h)))
+        state = {"GRU": h, "LSTM": (h, torch.tanh(h)), "LSTM (h, h)": (h, h)}[self.kind]
+        out, _ = self.rnn(x, state)
         return out
 
 
-@pytest.mark.parametrize("kind", ["GRU", "LSTM"])
+@pytest.mark.parametrize("kind", ["GRU", "LSTM", "LSTM (h, h)"])
 def test_the_export_path_swaps_a_recurrent_layer_given_its_initial_state(kind):
     """torch.export's path swapped a layer taking one value only ("layer rnn takes 2 values"), where
     torch.fx's swaps a recurrent layer given its state: the wide module takes both stacked."""
@@ -246,3 +248,49 @@ def test_a_capture_of_a_model_that_writes_its_input_in_place_writes_each_models_
         want = torch.stack([m(x.clone()) for m, x in zip(models, xs)])
         torch.testing.assert_close(out, want)
         torch.testing.assert_close(stacked, torch.stack(xs) * 1.5)  # written in place, as each model writes its own
+
+
+class _OwnState(nn.Module):
+    """An initial state the model keeps on its recurrent layer itself (`self.rnn.h0`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.rnn = nn.GRU(4, 5, batch_first=True)
+        self.rnn.h0 = nn.Parameter(torch.randn(1, 3, 5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.rnn(x, self.rnn.h0)[0]
+
+
+def test_the_export_path_holds_a_tensor_a_swapped_layer_keeps_beside_its_weights():
+    """The wide GRU holds a GRU's weights; `rnn.h0`, which the model added to the layer, was
+    neither held nor given: the wide GRU ran from zeros (1.9 off the separate models) and the
+    fused model's tensors lacked it."""
+    torch.manual_seed(0)
+    models = [_OwnState() for _ in range(3)]
+    xs = torch.randn(3, 3, 7, 4)
+    export_path = ExportedSurgery(models, "error", "(forced)")
+    out = export_path((xs,), {})
+    assert export_path.swapped == ["rnn"]
+    torch.testing.assert_close(out, torch.stack([m(x) for m, x in zip(models, xs)]))
+    assert "rnn.h0" in {slot.name for slot in export_path.model_slots().values()}
+
+
+class _EncoderOfState(_Encoder):
+    def __init__(self):
+        super().__init__("GRU")
+
+
+@pytest.mark.parametrize("path", ["torch.fx", "torch.export"])
+def test_a_recurrent_layer_given_its_state_runs_as_n_calls_where_its_op_loses(path):
+    """A layer run as N calls (the table says its op loses) took its input alone: given a state
+    too it raised a TypeError, and a GRU's (output, state) could not be stacked."""
+    torch.manual_seed(0)
+    models = [_EncoderOfState() for _ in range(3)]
+    xs = [torch.randn(2, 5, 4) for _ in range(3)]
+    loses = lambda op, layers: "loses here"  # noqa: E731
+    if path == "torch.fx":
+        out = WideSurgery(models, choice=loses)(torch.stack(xs))
+    else:
+        out = ExportedSurgery(models, "error", "(forced)", loses)((torch.stack(xs),), {})
+    torch.testing.assert_close(out, torch.stack([m(x) for m, x in zip(models, xs)]))

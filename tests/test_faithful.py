@@ -115,6 +115,33 @@ def test_a_stacked_value_moves_into_the_channels_layout_and_back_as_views():
     assert back.data_ptr() == joined.data_ptr() == STACKED.relaid(back, n, io).data_ptr()
 
 
+class _Gram(nn.Module):
+    """A conv's output viewed whole (a style loss's Gram matrix), and a norm after it."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.norm = nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4)
+
+    def forward(self, x):
+        f = self.norm(self.conv(x))
+        b, c, h, w = f.shape
+        f = f.view(b * c, h * w)
+        return f @ f.t()
+
+
+@pytest.mark.parametrize("batch", [2, 0])
+def test_a_channel_layers_output_is_viewed_as_each_model_views_its_own(batch):
+    """The output a swapped convolution hands on is a view of its [B, N*C, ...] layout: a model's
+    `f.view(b * c, h * w)` raised "view size is not compatible", and a batch of 0 could not be
+    moved back ("cannot reshape tensor of 0 elements")."""
+    torch.manual_seed(0)
+    models = [_Gram().eval() for _ in range(3)]
+    xs = [torch.randn(batch, 3, 5, 5) for _ in models]
+    fused = fuse(models, strategy="surgery")
+    for got, model, x in zip(fused.unpack(fused(fused.pack(xs))), models, xs):
+        torch.testing.assert_close(got, model(x))
+
+
 @pytest.mark.parametrize("mode", ["inference", "train_step"])
 def test_a_block_whose_norms_also_activate_is_fused_correctly(mode, fast_timing):
     r = benchmark_custom(

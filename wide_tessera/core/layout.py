@@ -32,6 +32,7 @@ from typing import Any, Dict, Iterable, Iterator, List, NamedTuple, Optional, Se
 import torch
 from torch import nn
 
+from . import trees
 from .errors import ContractError, WideTesseraError
 
 __all__ = [
@@ -50,6 +51,8 @@ __all__ = [
     "persistent_tensors",
     "held_once",
     "held",
+    "models_of",
+    "stacked_tree",
     "tied_aliases",
     "second_names",
 ]
@@ -108,8 +111,9 @@ class Layout:
             if not self.joined and self.dim == 0 and to.joined:
                 return wide.movedim(0, to.dim).flatten(to.dim, to.dim + 1)
             if self.joined and not to.joined and to.dim == 0:
-                dim = self.dim % wide.dim()
-                return wide.reshape(*wide.shape[:dim], n, -1, *wide.shape[dim + 1 :]).movedim(dim, 0)
+                dim = self.dim % wide.dim()  # (each model's size, not -1: a batch of 0 has no size to infer)
+                own = wide.shape[dim] // n
+                return wide.reshape(*wide.shape[:dim], n, own, *wide.shape[dim + 1 :]).movedim(dim, 0)
         raise ContractError(f"relaid: from {self} to {to}: one must be stacked on axis 0, the other joined")
 
     def spread(self, values: torch.Tensor, wide: torch.Tensor) -> torch.Tensor:
@@ -143,6 +147,21 @@ class Layout:
 STACKED = Layout()
 JOINED = Layout(joined=True)
 SHARED = Layout(shared=True)
+
+
+def models_of(wide: Any, n: int) -> List[Any]:
+    """Each of the N models' trees of a wide tree whose tensors are stacked on a leading N axis (a
+    value that is no tensor is every model's)."""
+    leaves, structure = trees.flat(wide)  # an object holding tensors (a DynamicCache) is rebuilt per model
+    parts = [STACKED.parts(t, n) if isinstance(t, torch.Tensor) else [t] * n for t in leaves]
+    return [trees.unflat(list(model), structure) for model in zip(*parts)]
+
+
+def stacked_tree(values: Sequence[Any]) -> Any:
+    """The N models' trees of one structure as one wide tree, each tensor stacked on a leading N axis."""
+    flat = [trees.flat(v) for v in values]
+    leaves = [STACKED.join(list(parts)) for parts in zip(*(leaves for leaves, _ in flat))]
+    return trees.unflat(leaves, flat[0][1])
 
 
 def held_once(values: Sequence[Any]) -> bool:

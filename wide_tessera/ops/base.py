@@ -12,7 +12,7 @@ from ..core import trees
 from ..core.capabilities import Needs
 from ..core.errors import ContractError, WideTesseraError, unknown
 from ..core.job import DTYPES, BenchmarkJob, SweepParams, Work
-from ..core.layout import JOINED, STACKED, Layout, Slot, own_slots, prefixed, slots_of
+from ..core.layout import JOINED, STACKED, Layout, Slot, models_of, own_slots, prefixed, slots_of
 from ..core.user_input import check_shape
 from .alike import check_alike
 from .exact import not_the_op
@@ -243,9 +243,8 @@ class WideOp:
     def unpack(self, output: Any) -> List[Any]:
         """The N outputs: every tensor of the output (a tensor, or a tuple such as a GRU's output
         and hidden state) split on its leading axis."""
-        leaves, structure = trees.flat(output)
-        n = getattr(self, "n", None) or (leaves[0].shape[0] if leaves else 0)
-        return [trees.unflat(list(models), structure) for models in zip(*(STACKED.parts(t, n) for t in leaves))]
+        leaves = trees.tensors(output)
+        return models_of(output, getattr(self, "n", None) or (leaves[0].shape[0] if leaves else 0))
 
 
 class WideChannelsOp(WideOp):

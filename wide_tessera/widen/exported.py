@@ -141,9 +141,14 @@ class ExportedSurgery(nn.Module):
         self.stacked = nn.Module()
         self._stacked_names: Dict[str, str] = {}  # parameter or buffer path -> its name in stacked
         self._once: Set[str] = set()  # the paths of those held once (core.layout.held_once)
+        # the swapped layers' tensors their wide modules hold; one a layer holds beside them (a
+        # GRU's `rnn.h0` the model added, given as its state) is held stacked as any other: it was
+        # dropped, and the wide GRU ran from zeros
+        self._in_wides = {f"{path}.{slot.name}" for path, w in self._wide_names.items()
+                          for slot in slots_of(self.wides[w]).values()}  # fmt: skip
         saved = modules[0].state_dict()
         for path, _ in chain(modules[0].named_parameters(), modules[0].named_buffers()):
-            if not path.startswith(_within(list(self._wide_names))):
+            if path not in self._in_wides:
                 self._stacked_names[path] = f"t{len(self._stacked_names)}"
                 values = [operator.attrgetter(path)(m) for m in modules]
                 if hold(self.stacked, self._stacked_names[path], values, persistent=path in saved).shared:
@@ -290,7 +295,7 @@ class ExportedSurgery(nn.Module):
             inside = set(nodes)
             inputs = {  # (a size read from the input is the wide module's own business)
                 a for n in nodes for a in n.all_input_nodes
-                if a not in inside and not (a.op == "get_attr" and str(a.target).startswith(path + "."))
+                if a not in inside and not (a.op == "get_attr" and str(a.target) in self._in_wides)
                 and a.target is not model_size
             }  # fmt: skip
             outputs = [n for n in nodes if any(u not in inside for u in n.users)]
@@ -352,7 +357,7 @@ class ExportedSurgery(nn.Module):
                 graph.erase_node(node)
             elif node.target in self._stacked_names:
                 node.target = f"s.{self._stacked_names[node.target]}"
-            elif node.target.startswith(_within(list(self._wide_names))):
+            elif node.target in self._in_wides:
                 held = self._wide_tensor(node.target)
                 if held is None:
                     raise NotApplicable(
@@ -388,7 +393,7 @@ def _layer_arguments(nodes: List[fx.Node], inputs: Set[fx.Node]) -> Optional[Tup
         return None
     x, state = op.args[0], op.args[1]
     given = [x, *state] if isinstance(state, (list, tuple)) else [x, state]
-    if set(given) != inputs or len(given) != len(inputs):
+    if set(given) != inputs:  # (an LSTM given one tensor as both h and c takes it twice)
         return None
     return (x, tuple(state) if isinstance(state, (list, tuple)) else state)
 

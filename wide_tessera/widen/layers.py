@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from ..core.errors import WideTesseraError
-from ..core.layout import STACKED, Layout, Slot, held, loop_slots, prefixed, slots_of
+from ..core.layout import STACKED, Layout, Slot, held, loop_slots, models_of, prefixed, slots_of, stacked_tree
 from ..ops.base import WideOp, op_fusing
 
 __all__ = ["wide_layer", "hold", "attribute_held", "keep", "LayerChoice", "LayerLoop"]
@@ -79,9 +79,11 @@ class LayerLoop(nn.Module):
     def model_slots(self) -> Dict[str, Slot]:
         return loop_slots(self.layers, "layers")
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        parts = STACKED.parts(x, len(self.layers))
-        return STACKED.join([layer(part) for layer, part in zip(self.layers, parts)])
+    def forward(self, *stacked: Any) -> Any:
+        """The layers on each model's part of every argument (a recurrent layer's input and state),
+        their outputs (a tensor, or a recurrent layer's tuple) stacked."""
+        mine = models_of(stacked, len(self.layers))
+        return stacked_tree([layer(*args) for layer, args in zip(self.layers, mine)])
 
 
 def hold(holder: nn.Module, name: str, values: List[Any], persistent: bool = True) -> Layout:

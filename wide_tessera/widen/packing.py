@@ -9,9 +9,8 @@ from typing import Any, Dict, List, Sequence, Tuple
 import torch
 from torch.utils._pytree import register_dataclass, tree_flatten, tree_unflatten
 
-from ..core import trees
 from ..core.errors import WideTesseraError
-from ..core.layout import STACKED
+from ..core.layout import models_of
 from ..ops.base import WideOp
 
 __all__ = ["Packed", "unpacked", "StackedIO"]
@@ -76,6 +75,4 @@ class StackedIO(WideOp):
         return first
 
     def unpack(self, output: Any) -> List[Any]:
-        leaves, structure = trees.flat(output)  # an object holding tensors (a DynamicCache) is rebuilt per model
-        parts = [STACKED.parts(t, self.n) if isinstance(t, torch.Tensor) else [t] * self.n for t in leaves]
-        return [trees.unflat(list(model), structure) for model in zip(*parts)]
+        return models_of(output, self.n)
