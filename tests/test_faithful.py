@@ -129,17 +129,29 @@ class _Gram(nn.Module):
         return f @ f.t()
 
 
-@pytest.mark.parametrize("batch", [2, 0])
-def test_a_channel_layers_output_is_viewed_as_each_model_views_its_own(batch):
-    """The output a swapped convolution hands on is a view of its [B, N*C, ...] layout: a model's
-    `f.view(b * c, h * w)` raised "view size is not compatible", and a batch of 0 could not be
-    moved back ("cannot reshape tensor of 0 elements")."""
+class _WritesThroughItsView(_Gram):
+    """Writes into a view of the norm's output, then reads the output itself."""
+
+    def forward(self, x):
+        f = self.norm(self.conv(x))
+        f.view(-1).mul_(2)
+        return f.sum((2, 3))
+
+
+@pytest.mark.parametrize("model,batch", [(_Gram, 2), (_Gram, 0), (_WritesThroughItsView, 2)])
+def test_a_channel_layer_hands_on_a_view_only_to_another_and_its_output_is_viewed_as_each_models(model, batch):
+    """A swapped convolution hands its output to the next channel layer as a view of its
+    [B, N*C, ...] layout; handed to anything else, a model's `f.view(b * c, h * w)` raised "view
+    size is not compatible" (a reshape in its stead lost the model's writes through its view),
+    and a batch of 0 could not be moved back ("cannot reshape tensor of 0 elements")."""
     torch.manual_seed(0)
-    models = [_Gram().eval() for _ in range(3)]
+    models = [model().eval() for _ in range(3)]
     xs = [torch.randn(batch, 3, 5, 5) for _ in models]
     fused = fuse(models, strategy="surgery")
-    for got, model, x in zip(fused.unpack(fused(fused.pack(xs))), models, xs):
-        torch.testing.assert_close(got, model(x))
+    for got, m, x in zip(fused.unpack(fused(fused.pack(xs))), models, xs):
+        torch.testing.assert_close(got, m(x))
+    relaid = {type(m.wide).__name__: m.view_out for m in fused.modules() if hasattr(m, "view_out")}
+    assert relaid == {"WideConv2d": True, "WideBatchNorm2d": False}
 
 
 @pytest.mark.parametrize("mode", ["inference", "train_step"])

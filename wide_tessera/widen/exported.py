@@ -61,7 +61,7 @@ from .capture import (
     signature,
 )
 from .host_draws import python_draws_refused
-from .layers import LayerChoice, LayerLoop, hold, wide_layer
+from .layers import LayerChoice, LayerLoop, hand_on_views, hold, wide_layer
 from .lowering import Lowered, lower
 from .moe import WideSparseMoe, is_sparse_moe
 from .n_axis import mark
@@ -278,6 +278,7 @@ class ExportedSurgery(nn.Module):
         self._hold_attributes(graph, exported, holder.c)
         own = _own_values(graph, tree_flatten((args, kwargs))[0])
         rewritten = fx.GraphModule(holder, _in_segments(graph, holder, self.n, self.randomness, own), "Captured")
+        hand_on_views(rewritten.graph, rewritten)
         codegen = graph._codegen  # torch.export's: the model's (args, kwargs) in, its output's structure out
         assert isinstance(codegen, _PyTreeCodeGen) and codegen.pytree_info.out_spec is not None
         return Capture(rewritten, fixed, dims, names, guards, codegen.pytree_info.out_spec)

@@ -8,13 +8,13 @@ import copy
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Type
 
 import torch
-from torch import nn
+from torch import fx, nn
 
 from ..core.errors import WideTesseraError
 from ..core.layout import STACKED, Layout, Slot, held, loop_slots, models_of, prefixed, slots_of, stacked_tree
 from ..ops.base import WideOp, op_fusing
 
-__all__ = ["wide_layer", "hold", "attribute_held", "keep", "LayerChoice", "LayerLoop"]
+__all__ = ["wide_layer", "hand_on_views", "hold", "attribute_held", "keep", "LayerChoice", "LayerLoop"]
 
 # Why N copies of a layer inside a wide model run as N calls, not as their op's wide module:
 # given the op and the N layers, a reason (the op loses there on this machine), or None to fuse
@@ -53,6 +53,7 @@ class _Relayout(nn.Module):
     def __init__(self, wide: nn.Module):
         super().__init__()
         self.wide = wide
+        self.view_out = False  # hand the output on as a view of the op's layout (see hand_on_views)
 
     def model_slots(self) -> Dict[str, Slot]:
         return prefixed(slots_of(self.wide), "wide", "")
@@ -62,8 +63,26 @@ class _Relayout(nn.Module):
         n, io = x.shape[0], w.IO_LAYOUT
         if isinstance(io, Layout):  # a view each way (consecutive channel layers pass their values on uncopied)
             out: torch.Tensor = w(STACKED.relaid(x, n, io).contiguous(memory_format=w.memory_format()))
-            return io.relaid(out, n, STACKED)
+            stacked = io.relaid(out, n, STACKED)
+            return stacked if self.view_out else stacked.contiguous()
         return STACKED.join(w.unpack(w(w.pack(STACKED.parts(x, n)))))
+
+
+def hand_on_views(graph: fx.Graph, root: nn.Module) -> None:
+    """Each channel layer's output (a grouped convolution's, a channel norm's) handed on as a view
+    of its [B, N*C, ...] layout where every use of it is another such layer, which takes it in
+    uncopied; else made contiguous, as each model's own output is: a model's `f.view(b * c, h * w)`
+    of the view raised "view size is not compatible", and a reshape in its stead lost the writes
+    a model makes through its view. A layer called several times hands on views only where every
+    call's uses allow it."""
+    calls = [(node, root.get_submodule(str(node.target))) for node in graph.nodes if node.op == "call_module"]
+    layers = {id(layer) for _, layer in calls if isinstance(layer, _Relayout)}
+    for layer in {id(layer): layer for _, layer in calls if id(layer) in layers}.values():
+        assert isinstance(layer, _Relayout)
+        layer.view_out = all(
+            user.op == "call_module" and id(root.get_submodule(str(user.target))) in layers
+            for node, called in calls if called is layer for user in node.users
+        )  # fmt: skip
 
 
 class LayerLoop(nn.Module):

@@ -253,22 +253,7 @@ def is_elementwise(node: fx.Node) -> bool:
 
 
 def method_call(name: str) -> Callable[..., Any]:
-    if name == "view":
-        return _view
     return lambda obj, *a, **k: getattr(obj, name)(*a, **k)
-
-
-def _view(x: Any, *args: Any, **kwargs: Any) -> Any:
-    """x.view(...), or where the stacked value's strides allow no view, x.reshape(...): the same
-    values, copied. A channel layer swapped in hands its output on as a view of [B, N*C, ...]
-    (core.layout.Layout.relaid), whose strides a model's `f.view(b * c, h * w)` cannot take (each
-    model alone has its output contiguous); torch.export's lowering reshapes too."""
-    try:
-        return x.view(*args, **kwargs)
-    except RuntimeError as error:
-        if "view size is not compatible" not in str(error):
-            raise
-        return x.reshape(*args, **kwargs)
 
 
 # A stretch run at once reads and writes the N models' values whole at each op; N separate

@@ -44,7 +44,7 @@ from ..ops.base import fusing_ops
 from .capture import none_defaults, trace_fx
 from .exported import ExportedSurgery
 from .functional import WideFunctional
-from .layers import LayerChoice, LayerLoop, attribute_held, hold, keep, wide_layer
+from .layers import LayerChoice, LayerLoop, attribute_held, hand_on_views, hold, keep, wide_layer
 from .n_axis import mark, stacked
 from .packing import StackedIO, unpacked
 from .rules import (
@@ -128,6 +128,7 @@ class WideSurgery(StackedIO, nn.Module):
         aliases = tied_aliases(modules[0])
         _tie(holder, self._slots, aliases)
         self.graph_module = fx.GraphModule(holder, graph, class_name=f"Wide{type(modules[0]).__name__}")
+        hand_on_views(self.graph_module.graph, self.graph_module)
         self._hold_unread(modules, saved, aliases)
 
     def _attribute(
