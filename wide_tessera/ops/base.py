@@ -243,8 +243,8 @@ class WideOp:
     def unpack(self, output: Any) -> List[Any]:
         """The N outputs: every tensor of the output (a tensor, or a tuple such as a GRU's output
         and hidden state) split on its leading axis."""
-        leaves = trees.tensors(output)
-        return models_of(output, getattr(self, "n", None) or (leaves[0].shape[0] if leaves else 0))
+        n = getattr(self, "n", None) or next((t.shape[0] for t in trees.tensors(output)), 0)
+        return models_of(output, n)
 
 
 class WideChannelsOp(WideOp):

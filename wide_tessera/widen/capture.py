@@ -242,7 +242,7 @@ def probe_call(model: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) 
     probe = copy.deepcopy(model)
     # on copies of the inputs: one model's input is a view of the stacked one, and a model that
     # writes its input in place (`x *= 1.5`, a router's jitter) wrote model 0's part twice
-    args, kwargs = tree_map(_copied, (args, kwargs))
+    args, kwargs = trees.clone((args, kwargs))
     mode = _TrainedWithoutGradient({id(p): name for name, p in probe.named_parameters() if p.requires_grad})
     # the CUDA generators of the model's devices too: a probe through dropout would move them on
     cuda = sorted({t.device.index or 0 for t in [*probe.parameters(), *probe.buffers()] if t.is_cuda})
@@ -260,10 +260,6 @@ def probe_call(model: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) 
             f"torch.export cannot give the model's output: it holds a {type(closed).__name__}, a class torch's pytree "
             "does not know (a transformers model returns no cache with use_cache=False)"
         )
-
-
-def _copied(value: Any) -> Any:
-    return value.clone() if isinstance(value, torch.Tensor) else value
 
 
 # Captures kept for inputs that still specialise (each a graph of the model and its rewriting):

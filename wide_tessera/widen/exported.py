@@ -141,11 +141,16 @@ class ExportedSurgery(nn.Module):
         self.stacked = nn.Module()
         self._stacked_names: Dict[str, str] = {}  # parameter or buffer path -> its name in stacked
         self._once: Set[str] = set()  # the paths of those held once (core.layout.held_once)
-        # the swapped layers' tensors their wide modules hold; one a layer holds beside them (a
-        # GRU's `rnn.h0` the model added, given as its state) is held stacked as any other: it was
-        # dropped, and the wide GRU ran from zeros
-        self._in_wides = {f"{path}.{slot.name}" for path, w in self._wide_names.items()
-                          for slot in slots_of(self.wides[w]).values()}  # fmt: skip
+        # the swapped layers' tensors their wide modules hold (a tensor's path in a model -> its name
+        # in the holder where the wide module holds it stacked, as a tensor read outside a layer is
+        # held, else None: a grouped convolution's weight is joined); a weight its layer uses and
+        # forward reads again (F.linear(x, self.lin.weight)) is then one tensor, trained once. One a
+        # layer holds beside them (a GRU's `rnn.h0` the model added, given as its state) is held
+        # stacked as any other: it was dropped, and the wide GRU ran from zeros
+        self._in_wides: Dict[str, Optional[str]] = {
+            f"{path}.{slot.name}": f"w.{w}.{name}" if slot.layout == STACKED else None
+            for path, w in self._wide_names.items() for name, slot in slots_of(self.wides[w]).items()
+        }  # fmt: skip
         saved = modules[0].state_dict()
         for path, _ in chain(modules[0].named_parameters(), modules[0].named_buffers()):
             if path not in self._in_wides:
@@ -335,20 +340,9 @@ class ExportedSurgery(nn.Module):
             return True
         if node.op == "get_attr":
             target = str(node.target)
-            return (target in self._stacked_names and target not in self._once) or self._wide_tensor(target) is not None
+            own = target in self._stacked_names and target not in self._once
+            return own or self._in_wides.get(target) is not None
         return False if node.target is model_size else None
-
-    def _wide_tensor(self, target: str) -> Optional[str]:
-        """The holder's name of a swapped layer's tensor `target` (its path in a model) where the
-        layer holds it stacked, as a tensor read outside a layer is held: a weight its layer uses and
-        forward reads again (F.linear(x, self.lin.weight)) is then one tensor, and training steps it
-        once. None where no swapped layer holds it so (a grouped convolution's weight is joined)."""
-        for path, w in self._wide_names.items():
-            if target.startswith(path + "."):
-                name = target[len(path) + 1 :]
-                slots = slots_of(self.wides[w]).items()
-                return next((f"w.{w}.{k}" for k, slot in slots if slot.name == name and slot.layout == STACKED), None)
-        return None
 
     def _hold_attributes(self, graph: fx.Graph, exported: nn.Module, constants: nn.Module) -> None:
         """Each attribute the graph reads, pointed at its stacked tensor (or the one held once), or,
@@ -359,7 +353,7 @@ class ExportedSurgery(nn.Module):
             elif node.target in self._stacked_names:
                 node.target = f"s.{self._stacked_names[node.target]}"
             elif node.target in self._in_wides:
-                held = self._wide_tensor(node.target)
+                held = self._in_wides[node.target]
                 if held is None:
                     raise NotApplicable(
                         f"surgery: {node.target} is read outside its layer's call, whose wide module does not hold it "

@@ -75,14 +75,11 @@ def hand_on_views(graph: fx.Graph, root: nn.Module) -> None:
     of the view raised "view size is not compatible", and a reshape in its stead lost the writes
     a model makes through its view. A layer called several times hands on views only where every
     call's uses allow it."""
-    calls = [(node, root.get_submodule(str(node.target))) for node in graph.nodes if node.op == "call_module"]
-    layers = {id(layer) for _, layer in calls if isinstance(layer, _Relayout)}
-    for layer in {id(layer): layer for _, layer in calls if id(layer) in layers}.values():
-        assert isinstance(layer, _Relayout)
+    called = {node: root.get_submodule(str(node.target)) for node in graph.nodes if node.op == "call_module"}
+    for layer in {id(m): m for m in called.values() if isinstance(m, _Relayout)}.values():
         layer.view_out = all(
-            user.op == "call_module" and id(root.get_submodule(str(user.target))) in layers
-            for node, called in calls if called is layer for user in node.users
-        )  # fmt: skip
+            isinstance(called.get(user), _Relayout) for node, m in called.items() if m is layer for user in node.users
+        )
 
 
 class LayerLoop(nn.Module):
