@@ -32,7 +32,6 @@ capture that took it, found without a lookup.
 from __future__ import annotations
 
 import contextlib
-import copy
 import io
 import operator
 import time
@@ -63,7 +62,7 @@ from .capture import (
 from .host_draws import python_draws_refused
 from .layers import LayerChoice, LayerLoop, hand_on_views, hold, wide_layer
 from .lowering import Lowered, lower
-from .moe import WideSparseMoe, is_sparse_moe
+from .moe import WideSparseMoe, exportable_copy, is_sparse_moe
 from .n_axis import mark
 from .n_axis import stacked as is_stacked
 from .rules import Segment, layer_held_once, may_group
@@ -95,24 +94,44 @@ class ExportedSurgery(nn.Module):
         super().__init__()
         self.n, self.randomness, self.why_not_fx = len(modules), randomness, why_not_fx
         # what torch.export runs: one model, kept out of the module tree (its weights are not the wide ones)
-        self._skeleton = (copy.deepcopy(modules[0]),)
-        for path, sub in list(self._skeleton[0].named_modules()):
-            if path and is_sparse_moe(sub):
-                if getattr(getattr(modules[0], "config", None), "output_router_logits", False):
-                    # the model records its routers' logits (for the load-balancing loss) by hooks
-                    # on blocks a stand-in replaces: torch.export's "tuple index out of range"
-                    raise NotApplicable(
-                        f"surgery swaps sparse MoE block {path} whole, and {type(modules[0]).__name__} records its "
-                        "router's logits (output_router_logits=True), which the wide block does not give"
-                    )
-                self._skeleton[0].set_submodule(path, _MoeStandIn())
-        ops = fusing_ops()
-        fused = tuple(ops)  # a layer of a class an op fuses: swapped, or named in looped
+        self._skeleton = (exportable_copy(modules[0]),)
         self.looped: List[str] = []
         self.folded: List[str] = []
         self.unfused: Dict[str, str] = {}  # a layer run as N calls (choice) -> why
         self.wides = nn.ModuleDict()
         self._wide_names: Dict[str, str] = {}  # a swapped or unfused layer's path -> its key in wides
+        self._build_wides(modules, randomness, choice)
+        self.stacked = nn.Module()
+        self._stacked_names: Dict[str, str] = {}  # parameter or buffer path -> its name in stacked
+        self._once: Set[str] = set()  # the paths of those held once (core.layout.held_once)
+        # the swapped layers' tensors their wide modules hold (a tensor's path in a model -> its name
+        # in the holder where the wide module holds it stacked, as a tensor read outside a layer is
+        # held, else None: a grouped convolution's weight is joined); a weight its layer uses and
+        # forward reads again (F.linear(x, self.lin.weight)) is then one tensor, trained once. One a
+        # layer holds beside them (a GRU's `rnn.h0` the model added, given as its state) is held
+        # stacked as any other: it was dropped, and the wide GRU ran from zeros
+        self._in_wides: Dict[str, Optional[str]] = {
+            f"{path}.{slot.name}": f"w.{w}.{name}" if slot.layout == STACKED else None
+            for path, w in self._wide_names.items() for name, slot in slots_of(self.wides[w]).items()
+        }  # fmt: skip
+        self._hold_the_rest(modules)
+        # A layer, parameter or buffer registered under two names (a layer shared by two blocks)
+        # is found by named_modules and named_parameters under its first; torch.export's graph
+        # may call or read it by the other, which was then neither swapped nor stacked, but held
+        # as a constant of the captured model's: every model ran with model 0's weights. Each second
+        # name -> its first.
+        self._aliases = {**tied_aliases(modules[0]), **second_names(modules[0].named_modules(remove_duplicate=False))}
+        self._captures: "OrderedDict[int, Capture]" = OrderedDict()  # the latest used last
+        # the last input's input_key and the capture that took it (a list: setting a module's attribute
+        # costs 5 us a call)
+        self._last: List[Any] = [None, None]
+        self.train(modules[0].training)
+
+    def _build_wides(self, modules: Sequence[nn.Module], randomness: str, choice: Optional[LayerChoice]) -> None:
+        """Each layer an op fuses, in wides (its wide module, or a LayerLoop where `choice` keeps
+        it as N calls); the rest named in looped (run as their ops) or folded (held once)."""
+        ops = fusing_ops()
+        fused = tuple(ops)  # a layer of a class an op fuses: swapped, or named in looped
         holders = _holders(modules[0])
         for path, sub in modules[0].named_modules():
             moe = is_sparse_moe(sub)
@@ -138,19 +157,10 @@ class ExportedSurgery(nn.Module):
                 self.unfused[path] = wide.reason
             self._wide_names[path] = f"w{len(self.wides)}"
             self.wides[self._wide_names[path]] = wide
-        self.stacked = nn.Module()
-        self._stacked_names: Dict[str, str] = {}  # parameter or buffer path -> its name in stacked
-        self._once: Set[str] = set()  # the paths of those held once (core.layout.held_once)
-        # the swapped layers' tensors their wide modules hold (a tensor's path in a model -> its name
-        # in the holder where the wide module holds it stacked, as a tensor read outside a layer is
-        # held, else None: a grouped convolution's weight is joined); a weight its layer uses and
-        # forward reads again (F.linear(x, self.lin.weight)) is then one tensor, trained once. One a
-        # layer holds beside them (a GRU's `rnn.h0` the model added, given as its state) is held
-        # stacked as any other: it was dropped, and the wide GRU ran from zeros
-        self._in_wides: Dict[str, Optional[str]] = {
-            f"{path}.{slot.name}": f"w.{w}.{name}" if slot.layout == STACKED else None
-            for path, w in self._wide_names.items() for name, slot in slots_of(self.wides[w]).items()
-        }  # fmt: skip
+
+    def _hold_the_rest(self, modules: Sequence[nn.Module]) -> None:
+        """Every parameter and buffer no wide module holds, in `stacked`: stacked on N, or once
+        where every model holds the same frozen tensor."""
         saved = modules[0].state_dict()
         for path, _ in chain(modules[0].named_parameters(), modules[0].named_buffers()):
             if path not in self._in_wides:
@@ -158,17 +168,6 @@ class ExportedSurgery(nn.Module):
                 values = [operator.attrgetter(path)(m) for m in modules]
                 if hold(self.stacked, self._stacked_names[path], values, persistent=path in saved).shared:
                     self._once.add(path)
-        # A layer, parameter or buffer registered under two names (a layer shared by two blocks)
-        # is found by named_modules and named_parameters under its first; torch.export's graph
-        # may call or read it by the other, which was then neither swapped nor stacked, but held
-        # as a constant of the captured model's: every model ran with model 0's weights. Each second
-        # name -> its first.
-        self._aliases = {**tied_aliases(modules[0]), **second_names(modules[0].named_modules(remove_duplicate=False))}
-        self._captures: "OrderedDict[int, Capture]" = OrderedDict()  # the latest used last
-        # the last input's input_key and the capture that took it (a list: setting a module's attribute
-        # costs 5 us a call)
-        self._last: List[Any] = [None, None]
-        self.train(modules[0].training)
 
     @property
     def swapped(self) -> List[str]:
@@ -393,15 +392,6 @@ def _layer_arguments(nodes: List[fx.Node], inputs: Set[fx.Node]) -> Optional[Tup
     return (x, tuple(state) if isinstance(state, (list, tuple)) else state)
 
 
-class _MoeStandIn(nn.Module):
-    """What torch.export captures of a sparse MoE block: a copy of its input, which its output is
-    shaped as. The block's own experts loop over the experts a batch hit (a data-dependent shape
-    torch.export refuses: DbrxBlock's capture failed on it), and its call is WideSparseMoe's anyway."""
-
-    def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
-        return next(t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)).clone()
-
-
 def _in_segments(graph: fx.Graph, holder: nn.Module, n: int, randomness: str, own: Set[fx.Node]) -> fx.Graph:
     """`graph` with its ops between swapped layers in segments: each lowered one that runs at
     once at every call, its lowered ops in `graph` itself; each other, a Segment (added to `holder`),
@@ -538,5 +528,3 @@ def _tied_outside(layer: nn.Module, holders: Dict[int, Set[int]]) -> bool:
 def _within(paths: Sequence[str]) -> Tuple[str, ...]:
     """Prefixes of what lies inside the layers at `paths` (for str.startswith)."""
     return tuple(p + "." for p in paths)
-
-

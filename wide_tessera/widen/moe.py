@@ -30,7 +30,7 @@ from ..core.layout import JOINED, Slot, prefixed, slots_of
 from .functional import WideFunctional
 from .packing import StackedIO, unpacked
 
-__all__ = ["WideSparseMoe", "is_sparse_moe", "loops_over_experts"]
+__all__ = ["WideSparseMoe", "is_sparse_moe", "loops_over_experts", "exportable_copy"]
 
 
 def moe_parts(module: nn.Module) -> Optional[Tuple[str, str, int]]:
@@ -174,3 +174,29 @@ def _stacked(tree: Any, n: int) -> Any:
 def _merged(tree: Any) -> Any:
     """Each tensor stacked on N -> the N models' values one after another on its first axis."""
     return tree_map(lambda t: t.flatten(0, 1) if isinstance(t, torch.Tensor) and t.dim() > 1 else t, tree)
+
+
+def exportable_copy(model: nn.Module) -> nn.Module:
+    """A copy of `model` for torch.export to run, each sparse MoE block replaced by a stand-in
+    (the wide block is swapped in whole)."""
+    skeleton = copy.deepcopy(model)
+    for path, sub in list(skeleton.named_modules()):
+        if path and is_sparse_moe(sub):
+            if getattr(getattr(model, "config", None), "output_router_logits", False):
+                # the model records its routers' logits (for the load-balancing loss) by hooks
+                # on blocks a stand-in replaces: torch.export's "tuple index out of range"
+                raise NotApplicable(
+                    f"surgery swaps sparse MoE block {path} whole, and {type(model).__name__} records its "
+                    "router's logits (output_router_logits=True), which the wide block does not give"
+                )
+            skeleton.set_submodule(path, _MoeStandIn())
+    return skeleton
+
+
+class _MoeStandIn(nn.Module):
+    """What torch.export captures of a sparse MoE block: a copy of its input, which its output is
+    shaped as. The block's own experts loop over the experts a batch hit (a data-dependent shape
+    torch.export refuses: DbrxBlock's capture failed on it), and its call is WideSparseMoe's anyway."""
+
+    def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return next(t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)).clone()

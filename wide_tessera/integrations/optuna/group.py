@@ -120,15 +120,7 @@ def _train_fused(
     for step in range(training.steps):
         failed: Dict[int, Exception] = {}
         if probe is not None and not probe.done:
-            group, switch_s = _turn(group, probe.begin_step(), step)
-            began = now()
-            losses = group.step(step, failed)
-            probe.timed(now() - began, switch_s)
-            if probe.done:  # the winner's build: what a group the table sized builds too, not sizing
-                group, _ = _turn(group, probe.winner() or BASELINE, step + 1)
-                record.strategy, record.why = group.fused.strategy, probe.said()
-                _label_trials(group.members, group.fused.strategy)
-                alone = probe.winner() is None
+            group, losses, alone = _probe_step(group, probe, step, failed, record)
         else:
             losses = group.step(step, failed)
         for i, error in failed.items():
@@ -160,19 +152,42 @@ def _train_fused(
     if probe is not None and not probe.done:  # its training ended first: what it measured, said
         record.why = probe.said()
     if kept:
-        models = group.fused.unfuse() if training.evaluate is not None else []
-        for i, m in enumerate(group.members):
-            try:
-                value = (
-                    training.evaluate(models[i], m.params) if training.evaluate is not None else values[m.trial.number]
-                )
-            except Exception as error:  # noqa: BLE001  the trial's own evaluate: it fails alone
-                teller.failed(m.trial, error)
-                record.failed.append(m.trial.number)
-            else:
-                teller.tell(m.trial, value)
+        _tell_finished(teller, group, values, record)
     record.seconds = time.perf_counter() - start
     return record
+
+
+def _probe_step(
+    group: _Group, probe: Probe, step: int, failed: Dict[int, Exception], record: GroupRecord
+) -> Tuple[_Group, Dict[int, float], bool]:
+    """One step on the probe's side of its turn, timed with its switch. Where that step ends the
+    probe, the group turns to the winner (its build is what a group the table sized builds too,
+    not sizing). Returns the group, the step's losses, and whether no fused strategy won."""
+    group, switch_s = _turn(group, probe.begin_step(), step)
+    began = now()
+    losses = group.step(step, failed)
+    probe.timed(now() - began, switch_s)
+    if not probe.done:
+        return group, losses, False
+    group, _ = _turn(group, probe.winner() or BASELINE, step + 1)
+    record.strategy, record.why = group.fused.strategy, probe.said()
+    _label_trials(group.members, group.fused.strategy)
+    return group, losses, probe.winner() is None
+
+
+def _tell_finished(teller: Teller, group: _Group, values: Dict[int, float], record: GroupRecord) -> None:
+    """Tell each member that trained to the end its value: the training's evaluate of its model
+    where it has one, else its last reported loss; a member whose evaluate raises fails alone."""
+    evaluate = group.plan.training.evaluate
+    models = group.fused.unfuse() if evaluate is not None else []
+    for i, m in enumerate(group.members):
+        try:
+            value = evaluate(models[i], m.params) if evaluate is not None else values[m.trial.number]
+        except Exception as error:  # noqa: BLE001  the trial's own evaluate: it fails alone
+            teller.failed(m.trial, error)
+            record.failed.append(m.trial.number)
+        else:
+            teller.tell(m.trial, value)
 
 
 def _one_at_a_time(
