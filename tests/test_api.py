@@ -51,6 +51,18 @@ def test_alias_and_default_device():
     assert r.device == ("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def test_one_typed_settings_object_runs_as_its_keywords_do_and_carries_its_preset(fast_timing):
+    """RunSettings.of(preset=..., ...) given as settings= is the run's, kept for several runs: the
+    same settings as the keywords make, the preset its own; benchmark_custom's preset is 'custom'."""
+    kept = settings.RunSettings.of(preset="ci", seed=3, confirm="none", timing=fast_timing)
+    typed = benchmark("gemm", settings=kept, verbose=False, n_values=[2])
+    keywords = benchmark("gemm", "ci", seed=3, confirm="none", timing=fast_timing, verbose=False, n_values=[2])
+    assert typed.preset == "ci" and typed.settings == keywords.settings and typed.settings.seed == 3
+    custom = benchmark_custom(Expert, (5, 16), [2], settings=settings.RunSettings(seed=5, timing=fast_timing),
+                              verbose=False)  # fmt: skip
+    assert custom.settings.preset == "custom" and custom.settings.seed == 5
+
+
 @pytest.mark.parametrize("model,shape,kwargs", [(Expert, (5, 16), {"hidden": 24}), (NormedConv, (2, 4, 10), {})])
 @pytest.mark.slow
 def test_benchmark_custom_fuses_any_module(model, shape, kwargs):

@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from torch import nn
 
 from wide_tessera import (
+    RunSettings,
     StageTimeouts,
     SweepParams,
     TimingConfig,
@@ -172,7 +173,16 @@ API_CASES = [
     ("op as a list", lambda t: benchmark(["gemm"]), "op ['gemm']: give one op name as a string"),
     ("op None", lambda t: benchmark(None), "op None"),
     ("preset list", lambda t: benchmark("gemm", preset=["ci"]), "preset=['ci']: give a preset's name"),
-    ("preset None", lambda t: benchmark("gemm", preset=None), "unknown preset for gemm None"),
+    ("preset empty", lambda t: benchmark("gemm", preset=""), "unknown preset for gemm ''"),
+    ("settings dict", lambda t: benchmark("gemm", settings={"seed": 3}), "settings={'seed': 3}: give a RunSettings"),
+    ("settings and a keyword", lambda t: benchmark("gemm", settings=RunSettings.of(preset="ci"), seed=4),
+     "seed=4 beside settings="),
+    ("settings and a preset", lambda t: benchmark("gemm", "ci", settings=RunSettings.of(preset="ci")),
+     "preset='ci' beside settings="),
+    ("settings on a device absent", lambda t: benchmark("gemm", settings=RunSettings(device="cpu:1")),
+     "unknown device 'cpu:1'"),
+    ("custom settings of a preset",
+     lambda t: benchmark_custom(Expert, (5, 16), [2], settings=RunSettings.of(preset="ci")), "preset='ci' names"),
     ("seed float", lambda t: benchmark("gemm", preset="ci", seed=1.5), "seed=1.5: give an integer"),
     ("seed str", lambda t: benchmark("gemm", preset="ci", seed="a"), "seed='a'"),
     ("seed bool", lambda t: benchmark("gemm", preset="ci", seed=True), "seed=True"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from functools import partial
 from typing import Any, Callable, Dict, Optional, Sequence
@@ -91,20 +92,54 @@ def preset_sweep(name: str, preset: str, device: str) -> SweepParams:
     return sweep.with_overrides(dtype=kept) if len(kept) < len(dtypes) else sweep
 
 
-def benchmark(name: str, preset: str = "full", *, verbose: bool = True, **options: Any) -> BenchmarkResult:
+def benchmark(
+    name: str,
+    preset: Optional[str] = None,
+    *,
+    settings: Optional[RunSettings] = None,
+    verbose: bool = True,
+    **options: Any,
+) -> BenchmarkResult:
     """Benchmark a registered op: N separate calls against each wide strategy, over the preset's sweep.
 
-    `options` are the run's settings (measurement.settings.RunSettings: device, seed, timing,
-    timeouts, memory_budget, isolate, confirm, compile, controls, roofline, mode, energy; the
-    preset's defaults fill the rest) and overrides of the sweep's axes (n_values=[8, 16],
-    channels=[32], dtype=['float32']). Progress goes to stderr unless `verbose=False`.
+    `preset`: ci, quick or full (the default). The run's settings are one typed object,
+    `settings=wt.RunSettings.of(preset='quick', seed=3, mode='train')`, which carries the preset
+    and can be kept for several runs; or, for short, keywords among `options` (device, seed,
+    timing, timeouts, memory_budget, isolate, confirm, compile, controls, roofline, mode,
+    energy: the fields of RunSettings), the preset's defaults filling the rest. The other
+    `options` override the sweep's axes (n_values=[8, 16], channels=[32], dtype=['float32']).
+    Progress goes to stderr unless `verbose=False`.
     """
     given, overrides = RunSettings.split(options)
-    _check_names(name, preset, overrides)
-    settings = RunSettings.of(preset=preset, **given)
-    assert settings.device is not None  # RunSettings.__post_init__ resolves it
-    job = build_job(name, preset, settings.device, overrides, verbose)
+    settings = _run_settings(settings, given, preset, "full")
+    assert settings.preset is not None and settings.device is not None  # _run_settings names both
+    _check_names(name, settings.preset, overrides)
+    job = build_job(name, settings.preset, settings.device, overrides, verbose)
     return run(job, settings, verbose=verbose)
+
+
+def _run_settings(
+    settings: Optional[RunSettings], given: Dict[str, Any], preset: Optional[str], default: str
+) -> RunSettings:
+    """The run's settings: `settings` as made (its preset None is `default`, whose defaults it
+    holds), or the keywords `given` over `preset`'s defaults; not both, and its device one this
+    machine has. A preset given twice, or a setting beside `settings`, is one line naming it."""
+    if settings is None:
+        return RunSettings.of(preset=default if preset is None else preset, **given)
+    check_instance("settings", settings, RunSettings)
+    if given:
+        key = next(iter(given))
+        raise WideTesseraError(
+            f"{key}={given[key]!r} beside settings=: give every run setting in one place "
+            f"(RunSettings.of(..., {key}={given[key]!r}), or keywords without settings=)"
+        )
+    if preset is not None:
+        raise WideTesseraError(
+            f"preset={preset!r} beside settings=: the settings carry the preset their defaults are "
+            f"filled for (RunSettings.of(preset={preset!r}, ...))"
+        )
+    preset = default if settings.preset is None else settings.preset
+    return dataclasses.replace(settings, preset=preset, device=resolve_device(settings.device))
 
 
 def _check_names(name: str, preset: str, overrides: Dict[str, Any]) -> None:
@@ -133,6 +168,7 @@ def benchmark_custom(
     input_factory: Optional[Callable[[], Any]] = None,
     randomness: str = "error",
     train: bool = False,
+    settings: Optional[RunSettings] = None,
     verbose: bool = True,
     **options: Any,
 ) -> BenchmarkResult:
@@ -151,8 +187,9 @@ def benchmark_custom(
     of keyword arguments (a tensor that is the same object for every model is passed once).
     `randomness` is vmap's ('error', 'different', 'same') for models that draw random
     numbers; `train` runs the models in train mode (dropout active) in the inference mode too
-    (the training modes always do). `name` defaults to the model's class's name. `options` are the
-    run's settings, as `benchmark`'s (RunSettings); the model's own arguments go in `model_kwargs`.
+    (the training modes always do). `name` defaults to the model's class's name. The run's
+    settings are `settings` (a RunSettings) or, for short, keywords among `options`, as
+    `benchmark`'s; the model's own arguments go in `model_kwargs`.
     """
     given, other = RunSettings.split(options)
     if other:
@@ -162,14 +199,15 @@ def benchmark_custom(
             f"{', '.join(RunSettings.names())}); "
             f"give the model's own arguments as model_kwargs={other!r}"
         )
-    if "preset" in given:  # a preset is an op's sweep: a custom run's N values are n_values
+    preset = given.get("preset", settings.preset if isinstance(settings, RunSettings) else None)
+    if preset not in (None, "custom"):  # a preset is an op's sweep: a custom run's N values are n_values
         raise WideTesseraError(
-            f"benchmark_custom: preset={given['preset']!r} names an op's sweep; a custom run sweeps n_values "
+            f"benchmark_custom: preset={preset!r} names an op's sweep; a custom run sweeps n_values "
             "(given), and how long it samples is timing=TimingConfig(budget_s=...)"
         )
     if model_kwargs is not None and not isinstance(model_kwargs, dict):
         raise WideTesseraError(f"model_kwargs={model_kwargs!r}: give a dict of the model's keyword arguments")
-    settings = RunSettings.of(preset="custom", **given)
+    settings = _run_settings(settings, {k: v for k, v in given.items() if k != "preset"}, None, "custom")
     job = build_custom_job(
         model_class,
         input_shape,
