@@ -105,8 +105,8 @@ def benchmark(
     `preset`: ci, quick or full (the default). The run's settings are one typed object,
     `settings=wt.RunSettings.of(preset='quick', seed=3, mode='train')`, which carries the preset
     and can be kept for several runs; or, for short, keywords among `options` (device, seed,
-    timing, timeouts, memory_budget, isolate, confirm, compile, controls, roofline, mode,
-    energy: the fields of RunSettings), the preset's defaults filling the rest. The other
+    timing, mode, confirm, regret, ...: any field of RunSettings), the preset's defaults filling
+    the rest. The other
     `options` override the sweep's axes (n_values=[8, 16], channels=[32], dtype=['float32']).
     Progress goes to stderr unless `verbose=False`.
     """
@@ -138,8 +138,8 @@ def _run_settings(
             f"preset={preset!r} beside settings=: the settings carry the preset their defaults are "
             f"filled for (RunSettings.of(preset={preset!r}, ...))"
         )
-    preset = default if settings.preset is None else settings.preset
-    return dataclasses.replace(settings, preset=preset, device=resolve_device(settings.device))
+    made = {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings)}  # through .of's checks
+    return RunSettings.of(**{**made, "preset": default if settings.preset is None else settings.preset})
 
 
 def _check_names(name: str, preset: str, overrides: Dict[str, Any]) -> None:
@@ -199,15 +199,15 @@ def benchmark_custom(
             f"{', '.join(RunSettings.names())}); "
             f"give the model's own arguments as model_kwargs={other!r}"
         )
-    preset = given.get("preset", settings.preset if isinstance(settings, RunSettings) else None)
-    if preset not in (None, "custom"):  # a preset is an op's sweep: a custom run's N values are n_values
-        raise WideTesseraError(
-            f"benchmark_custom: preset={preset!r} names an op's sweep; a custom run sweeps n_values "
-            "(given), and how long it samples is timing=TimingConfig(budget_s=...)"
-        )
     if model_kwargs is not None and not isinstance(model_kwargs, dict):
         raise WideTesseraError(f"model_kwargs={model_kwargs!r}: give a dict of the model's keyword arguments")
-    settings = _run_settings(settings, {k: v for k, v in given.items() if k != "preset"}, None, "custom")
+    preset = given.pop("preset", None)
+    settings = _run_settings(settings, given, preset, "custom")
+    if settings.preset != "custom":  # a preset is an op's sweep: a custom run's N values are n_values
+        raise WideTesseraError(
+            f"benchmark_custom: preset={settings.preset!r}: a custom run takes no op's preset (valid: None or "
+            "'custom'); it sweeps n_values (given), and how long it samples is timing=TimingConfig(budget_s=...)"
+        )
     job = build_custom_job(
         model_class,
         input_shape,

@@ -33,6 +33,7 @@ __all__ = [
     "default_timing",
     "default_controls",
     "resolve_device",
+    "device_named",
     "check_search",
     "CONTROLS_AT",
 ]
@@ -81,10 +82,9 @@ def default_controls(preset: Optional[str] = None, device: str = "cpu") -> bool:
     return torch.device(device).type in preset_run(preset).controls
 
 
-def resolve_device(device: Any) -> str:
-    """None means CUDA when available, else CPU; anything else must exist on this machine."""
-    if device is None:
-        return "cuda" if torch.cuda.is_available() else "cpu"
+def device_named(device: Any) -> torch.device:
+    """The device `device` names (cpu, cuda, cuda:N), whether or not this machine has it: a file
+    measured on a GPU still loads on a CPU. Anything else is one line."""
     try:
         d = torch.device(device) if isinstance(device, (str, torch.device)) else None
     except (RuntimeError, TypeError):
@@ -92,6 +92,14 @@ def resolve_device(device: Any) -> str:
     # torch accepts 'cpu:1', but there is one CPU device: an index there is a typo.
     if d is None or d.type not in ("cpu", "cuda") or (d.type == "cpu" and d.index is not None):
         raise WideTesseraError(f"unknown device {device!r} (valid: cpu, cuda, cuda:N)")
+    return d
+
+
+def resolve_device(device: Any) -> str:
+    """None means CUDA when available, else CPU; anything else must exist on this machine."""
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    d = device_named(device)
     if d.type == "cuda":
         if not torch.cuda.is_available():
             raise WideTesseraError(f"device {device!r}: CUDA is not available on this machine (valid here: cpu)")
@@ -223,6 +231,7 @@ class RunSettings:
 
         if self.device is None:  # a given device is resolved where it is given (RunSettings.of): a file
             fill("device", resolve_device(None))  # measured on a GPU still loads on a CPU
+        device_named(self.device)
         if self.preset is not None and not isinstance(self.preset, str):
             raise WideTesseraError(f"preset={self.preset!r}: give a preset's name")
         check_mode(self.mode)
