@@ -960,6 +960,50 @@ def test_an_elementwise_call_on_a_shared_table_of_the_stacks_rank_keeps_each_mod
         torch.testing.assert_close(got, model(x))
 
 
+class PointwiseBetween(nn.Module):
+    """Calls torch tags pointwise between two layers, none of them in a hand-written list, and a
+    function of the user's that torch.fx keeps whole (torch.fx.wrap) under a name torch also has."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = self.a(x)
+        h = h - h.mean(-1, keepdim=True)
+        h = torch.rsqrt(h.abs() + 1).clamp(0.2, 0.9) * torch.erf(h).sign() + torch.maximum(h, h.lerp(x, 0.5))
+        return self.b(add(h, x))
+
+
+@torch.fx.wrap
+def add(x, y):  # mixes positions: taken as torch.add, it would mix the models' values too
+    return x + y.flip(-1)
+
+
+def test_surgery_runs_every_call_torch_tags_pointwise_at_once_and_a_users_function_under_vmap():
+    """torch.fx's calls between layers ran at once only where a hand-written list named them
+    (add, mul, relu, gelu, ...); rsqrt, clamp, erf, sign, maximum or lerp each went through vmap.
+    The test is now torch's own pointwise tag in every form the call may take, as torch.export's
+    stretches are lowered: only a reduction (a method, named as such) and the user's `add` run under
+    vmap, and the models train as apart."""
+    from wide_tessera.widen.surgery import WideSurgery
+
+    torch.manual_seed(0)
+    models = [PointwiseBetween() for _ in range(3)]
+    wide = WideSurgery(models)
+    assert wide.captured is None and wide.what_ran().endswith("calls under vmap: mean x1, add x1"), wide.what_ran()
+    xs = [torch.randn(4, 8) for _ in range(3)]
+    stacked = wide.pack(xs).requires_grad_()
+    outs = wide.unpack(wide(stacked))
+    sum(o.square().sum() for o in outs).backward()
+    for got, grad, model, x in zip(outs, stacked.grad, models, xs):
+        x = x.clone().requires_grad_()
+        want = model(x)
+        want.square().sum().backward()
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(grad, x.grad)
+
+
 @pytest.mark.parametrize("traced_by", ["fx", "export"])
 def test_dropout_in_training_with_randomness_error_is_refused_in_one_line(traced_by):
     """vmap's refusal of a draw under randomness='error' came as torch's 80-line traceback from

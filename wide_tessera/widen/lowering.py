@@ -31,7 +31,7 @@ from torch import fx, nn
 from .n_axis import stacked as is_stacked
 from .stacked import with_ones
 
-__all__ = ["RULES", "Lowered", "draws", "lower"]
+__all__ = ["RULES", "Lowered", "draws", "lower", "pointwise"]
 
 aten = torch.ops.aten
 Rule = Callable[["_Lowering", fx.Node], Optional[fx.Node]]
@@ -426,14 +426,19 @@ def _item(lo: _Lowering, node: fx.Node) -> Optional[fx.Node]:
 
 
 def _rule(target: Any) -> Optional[Rule]:
-    """The rule for `target`: its own, or, for an op torch tags pointwise that writes nothing in
-    place and draws nothing, the elementwise one."""
+    """The rule for `target`: its own, or, for an op `pointwise`, the elementwise one."""
     rule = RULES.get(target)
     if rule is not None or not isinstance(target, torch._ops.OpOverload):
         return rule
-    tags = target.tags
-    pointwise = torch.Tag.pointwise in tags and torch.Tag.nondeterministic_seeded not in tags
-    return _elementwise if pointwise and not target._schema.is_mutable else None
+    return _elementwise if pointwise(target) else None
+
+
+def pointwise(op: torch._ops.OpOverload) -> bool:
+    """Whether `op` acts on each element on its own: torch tags it pointwise, and it writes
+    nothing in place and draws nothing. What both captures run at once on stacked values
+    (rules.is_elementwise reads it for torch.fx's calls)."""
+    tags = op.tags
+    return torch.Tag.pointwise in tags and torch.Tag.nondeterministic_seeded not in tags and not op._schema.is_mutable
 
 
 RULES: Dict[Any, Rule] = {

@@ -15,18 +15,16 @@ torch.export) apply.
 
 from __future__ import annotations
 
-import operator
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
-import torch.nn.functional as F
 from torch import fx, nn
 from torch.func import vmap
 from torch.utils._pytree import tree_leaves, tree_map
 
 from ..core.environment import cpu_l2_bytes
 from ..core.layout import SHARED, Slot, held_once, prefixed, slots_of
-from .lowering import Lowered, draws
+from .lowering import Lowered, draws, pointwise
 from .stacked import is_shared, model_size, with_ones
 from .vmapping import EMBEDDINGS, tensors_only, under_vmap, vmap_dims, with_others
 
@@ -50,14 +48,11 @@ __all__ = [
 ]
 
 
-# Functions that act on each element on its own: applied to stacked tensors of one rank, they
-# give what N separate calls give.
-_ELEMENTWISE = {
-    operator.add, operator.sub, operator.mul, operator.truediv, operator.neg, operator.pow,
-    torch.add, torch.sub, torch.mul, torch.div, torch.neg, torch.exp, torch.tanh, torch.sigmoid, torch.relu,
-    F.gelu, F.relu, F.silu, F.leaky_relu, F.elu, F.tanh, F.sigmoid, F.softplus, F.mish, F.hardswish,
-}  # fmt: skip
-_ELEMENTWISE_METHODS = {"add", "sub", "mul", "div", "neg", "exp", "tanh", "sigmoid", "relu", "pow"}
+# Python's operators by the ATen op each calls on tensors, where the names differ
+_OPERATOR_OPS = {"truediv": "div", "floordiv": "floor_divide", "mod": "remainder", "invert": "bitwise_not",
+                 "and_": "bitwise_and", "or_": "bitwise_or", "xor": "bitwise_xor"}  # fmt: skip
+# Where torch's own functions live (a function of the user's, torch.fx.wrap'ed, is never taken by its name)
+_TORCH_MODULES = ("torch", "_operator")
 ELEMENTWISE_MODULES = (nn.GELU, nn.ReLU, nn.SiLU, nn.Tanh, nn.Sigmoid, nn.LeakyReLU, nn.ELU, nn.Mish, nn.Identity)
 
 
@@ -245,15 +240,40 @@ def is_model_fact(node: fx.Node) -> bool:
 
 
 def is_elementwise(node: fx.Node) -> bool:
-    if node.op == "call_function":
-        return node.target in _ELEMENTWISE
+    """Whether a torch.fx call acts on each element on its own, so that applied to stacked tensors
+    of one rank it gives what N separate calls give: the ATen op it names (a tensor method's name,
+    or a torch or operator function's) is pointwise in every form a tensor call may take
+    (lowering.pointwise, the test torch.export's stretches are lowered by)."""
     if node.op == "call_method":
-        return node.target in _ELEMENTWISE_METHODS
-    return False
+        name = str(node.target)
+    elif node.op == "call_function" and str(getattr(node.target, "__module__", None)).startswith(_TORCH_MODULES):
+        name = getattr(node.target, "__name__", "")
+        name = _OPERATOR_OPS.get(name, name)
+    else:
+        return False
+    packet = getattr(torch.ops.aten, name, None)
+    if not isinstance(packet, torch._ops.OpOverloadPacket):
+        return False
+    ops = [getattr(packet, overload) for overload in packet.overloads()]  # type: ignore[no-untyped-call]
+    # every form a tensor call may take (its first argument a tensor; the `out=` ones write): torch.max
+    # is a reduction in one form, pointwise in another, and where(cond) alone gives indices
+    forms = [op for op in ops if _first_is_tensor(op) and not op._schema.is_mutable]
+    return bool(forms) and all(pointwise(op) for op in forms)
+
+
+def _first_is_tensor(op: torch._ops.OpOverload) -> bool:
+    arguments = op._schema.arguments
+    return bool(arguments) and str(arguments[0].type) == "Tensor"
 
 
 def method_call(name: str) -> Callable[..., Any]:
-    return lambda obj, *a, **k: getattr(obj, name)(*a, **k)
+    """A tensor method as a function, named as the method (what_ran counts calls under vmap by name)."""
+
+    def call(obj: Any, *a: Any, **k: Any) -> Any:
+        return getattr(obj, name)(*a, **k)
+
+    call.__name__ = call.__qualname__ = name
+    return call
 
 
 # A stretch run at once reads and writes the N models' values whole at each op; N separate

@@ -15,8 +15,9 @@ every value it computes from the models' inputs or parameters is stacked on a le
   layout where that is not the stacked one, as the channels of a grouped convolution are),
   where it computes what that class computes (ops.exact); or, where the caller's `choice` says
   the op loses at this size on this machine, as N calls on the models' parts (layers.LayerLoop);
-* an elementwise function (activations, +, *, ...) applied to stacked values of one rank runs
-  on the stacked tensors at once: it cannot mix the models;
+* a call torch tags pointwise (activations, +, *, rsqrt, clamp, ...: rules.is_elementwise, the
+  test torch.export's stretches are lowered by) runs on the stacked tensors at once: it cannot
+  mix the models;
 * everything else (other submodules, reshapes, reductions, a layer an op refuses) runs under
   vmap, as the `vmap` strategy runs the whole model.
 
