@@ -22,7 +22,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from click.testing import CliRunner
-from torch import nn
+from torch import fx, nn
 
 from wide_tessera import WideTesseraError, benchmark, benchmark_custom, load_results, register_strategy
 from wide_tessera.cli import cli
@@ -978,6 +978,22 @@ class PointwiseBetween(nn.Module):
 @torch.fx.wrap
 def add(x, y):  # mixes positions: taken as torch.add, it would mix the models' values too
     return x + y.flip(-1)
+
+
+def test_a_function_of_a_package_named_like_torch_is_not_taken_by_its_name():
+    """Only torch's and operator's functions are known by their names: a package whose name begins
+    "torch" (torch_geometric, torchaudio) may have an `add` that mixes positions."""
+    from wide_tessera.widen.rules import is_elementwise
+
+    def mixing(x, y):
+        return x + y.flip(-1)
+
+    mixing.__name__, mixing.__module__ = "add", "torch_geometric.utils"
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    for fn in (mixing, torch.add):
+        node = graph.call_function(fn, (x, x))
+        assert is_elementwise(node) == (fn is torch.add)
 
 
 def test_surgery_runs_every_call_torch_tags_pointwise_at_once_and_a_users_function_under_vmap():

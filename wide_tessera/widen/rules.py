@@ -51,7 +51,8 @@ __all__ = [
 # Python's operators by the ATen op each calls on tensors, where the names differ
 _OPERATOR_OPS = {"truediv": "div", "floordiv": "floor_divide", "mod": "remainder", "invert": "bitwise_not",
                  "and_": "bitwise_and", "or_": "bitwise_or", "xor": "bitwise_xor"}  # fmt: skip
-# Where torch's own functions live (a function of the user's, torch.fx.wrap'ed, is never taken by its name)
+# Where torch's own functions live (a function of the user's, torch.fx.wrap'ed, is never taken by its
+# name; nor one of a package whose name begins "torch", torch_geometric's or torchaudio's)
 _TORCH_MODULES = ("torch", "_operator")
 ELEMENTWISE_MODULES = (nn.GELU, nn.ReLU, nn.SiLU, nn.Tanh, nn.Sigmoid, nn.LeakyReLU, nn.ELU, nn.Mish, nn.Identity)
 
@@ -246,7 +247,7 @@ def is_elementwise(node: fx.Node) -> bool:
     (lowering.pointwise, the test torch.export's stretches are lowered by)."""
     if node.op == "call_method":
         name = str(node.target)
-    elif node.op == "call_function" and str(getattr(node.target, "__module__", None)).startswith(_TORCH_MODULES):
+    elif node.op == "call_function" and str(getattr(node.target, "__module__", None)).split(".")[0] in _TORCH_MODULES:
         name = getattr(node.target, "__name__", "")
         name = _OPERATOR_OPS.get(name, name)
     else:
