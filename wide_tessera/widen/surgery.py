@@ -176,10 +176,13 @@ class WideSurgery(StackedIO, nn.Module):
             node.op, node.target = "call_module", name
             return
         mask = _mask((node.args, node.kwargs))
-        if not stacked(node) or _is_record(node) or (is_elementwise(node) and alone_among_numbers(node, mask)):
+        if not stacked(node) or _is_record(node):
+            return
+        elementwise = is_elementwise(node)  # (it reads the op's every overload in torch's registry)
+        if elementwise and alone_among_numbers(node, mask):
             return
         fn: Any = node.target if node.op == "call_function" else method_call(str(node.target))
-        kind = GetItem if fn is operator.getitem else Elementwise if is_elementwise(node) else Vmapped
+        kind = GetItem if fn is operator.getitem else Elementwise if elementwise else Vmapped
         holder.add_module(name, kind(fn, (mask[0], mask[1]), self.randomness))
         node.op, node.target = "call_module", name
 
